@@ -1,0 +1,40 @@
+"""Process entry point of every worker: `python -m realhf.apps.remote worker --config PATH`.
+
+The launcher writes one YAML file per worker: `worker_class` (a built-in worker type or a
+`module:Class` path), its `WorkerContext` under `context`, and its config under `config`.
+"""
+
+import argparse
+import sys
+
+from omegaconf import OmegaConf
+
+from realhf.base import logging
+from realhf.system import worker_class
+from realhf.system.worker_base import WorkerContext
+
+
+def load_worker(config_path: str):
+    raw = OmegaConf.load(config_path)
+    ctx = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkerContext), raw.context))
+    cls = worker_class(raw.get("worker_class") or ctx.worker_type)
+    config = None
+    if cls.config_cls is not None:
+        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls.config_cls), raw.get("config") or {}))
+    return cls(ctx, config)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m realhf.apps.remote")
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="run one worker process")
+    w.add_argument("--config", required=True, help="YAML with the worker's context and config")
+    args = parser.parse_args(argv)
+    raw = OmegaConf.load(args.config)
+    logging.setup(prefix=f"[{raw.context.worker_type}/{raw.context.worker_index}]")
+    worker = load_worker(args.config)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Name-resolve keys, one helper per key of DESIGN §3.
+
+Every key lives under `{experiment}/{trial}/` so that concurrent trials never see each other.
+"""
+
+
+def _check(part: str, what: str) -> str:
+    if not part or "/" in part or part != part.strip():
+        raise ValueError(f"{what} {part!r} must be non-empty, without '/' or surrounding spaces")
+    return part
+
+
+def trial_root(experiment: str, trial: str) -> str:
+    return f"{_check(experiment, 'experiment_name')}/{_check(trial, 'trial_name')}"
+
+
+def worker_root(experiment: str, trial: str) -> str:
+    return f"{trial_root(experiment, trial)}/worker"
+
+
+def worker(experiment: str, trial: str, worker_type: str, index: int) -> str:
+    """Heartbeat of one worker (keep-alive key; value `host:pid`)."""
+    return f"{worker_root(experiment, trial)}/{_check(worker_type, 'worker type')}/{int(index)}"
+
+
+def experiment_status(experiment: str, trial: str) -> str:
+    """RUNNING / COMPLETE / ABORTED, written by the launcher and the master."""
+    return f"{trial_root(experiment, trial)}/experiment_status"
+
+
+def model_version(experiment: str, trial: str, role: str) -> str:
+    """Completed train steps of a model role, published by its rank-0 model worker."""
+    return f"{trial_root(experiment, trial)}/model_version/{_check(role, 'model role')}"
+
+
+def training_samples(experiment: str, trial: str) -> str:
+    """Prompt groups consumed by training so far."""
+    return f"{trial_root(experiment, trial)}/training_samples"
+
+
+def stale_dropped(experiment: str, trial: str) -> str:
+    """Groups the trainer dropped for exceeding the staleness bound."""
+    return f"{trial_root(experiment, trial)}/stale_dropped"
+
+
+def stream_puller(experiment: str, trial: str, dp_rank: int) -> str:
+    """`host:port` of the trajectory PULL socket of one DP head."""
+    return f"{trial_root(experiment, trial)}/stream/puller{int(dp_rank)}"
+
+
+def stream_pullers(experiment: str, trial: str) -> str:
+    """Subtree with one entry per registered puller (value: its DP rank)."""
+    return f"{trial_root(experiment, trial)}/stream/pullers"
+
+
+def request_reply_master(experiment: str, trial: str) -> str:
+    """`host:port` of the master's ROUTER socket."""
+    return f"{trial_root(experiment, trial)}/rr/master"
+
+
+def gen_servers(experiment: str, trial: str) -> str:
+    """Subtree with one entry per generation server (value: its base URL)."""
+    return f"{trial_root(experiment, trial)}/gen_servers"
+
+
+def gserver_manager(experiment: str, trial: str) -> str:
+    """Base URL of the GserverManager."""
+    return f"{trial_root(experiment, trial)}/gserver_manager"
+
+
+def distributed_master(experiment: str, trial: str) -> str:
+    """`host:port` for the torch.distributed rendezvous of the model workers."""
+    return f"{trial_root(experiment, trial)}/distributed/master"

@@ -1,0 +1,76 @@
+"""Child processes that never outlive their parent, and killing whole process trees."""
+
+import ctypes
+import os
+import signal
+import time
+from typing import Iterable, List
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` for subprocess.Popen: the kernel SIGKILLs the child when its parent dies.
+
+    This is the last line of defence when the parent itself is SIGKILLed and cannot clean up.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux: rely on the parent's own clean-up
+        pass
+
+
+def process_tree(pid: int) -> List[psutil.Process]:
+    """The process and all its descendants (those still alive)."""
+    try:
+        root = psutil.Process(pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_process_trees(pids: Iterable[int], timeout: float = 5.0) -> List[psutil.Process]:
+    """SIGTERM every process of the trees, SIGKILL what is left after `timeout` s.
+
+    Returns the processes that could not be killed (normally none).
+    """
+    procs: List[psutil.Process] = []
+    for pid in pids:
+        procs.extend(process_tree(pid))
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=2.0)
+    return alive
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def own_pid_str() -> str:
+    return f"{os.uname().nodename}:{os.getpid()}"

@@ -1,0 +1,110 @@
+"""A private redis-server for one trial: free loopback port, no persistence, optional password.
+
+The launcher starts one when no Redis address is configured, and stops it last.
+"""
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Optional
+
+from realhf.base import logging
+from realhf.base.network import find_free_port
+from realhf.base.process import die_with_parent, kill_process_trees
+
+logger = logging.getLogger("redis_server")
+
+
+class RedisServerError(RuntimeError):
+    pass
+
+
+class RedisServer:
+    """`with RedisServer() as r: r.url` — a redis-server that lives as long as the block."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, password: Optional[str] = None,
+                 startup_timeout: float = 15.0, binary: str = "redis-server"):
+        self.host = host
+        self.port = port or find_free_port(host)
+        self.password = password
+        self._startup_timeout = startup_timeout
+        self._binary = binary
+        self._proc: Optional[subprocess.Popen] = None
+        self._dir: Optional[str] = None
+
+    @classmethod
+    def with_random_password(cls, **kw) -> "RedisServer":
+        return cls(password=secrets.token_hex(16), **kw)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> "RedisServer":
+        exe = shutil.which(self._binary)
+        if exe is None:
+            raise RedisServerError(
+                f"'{self._binary}' is not on PATH: install it (Debian: apt-get install -y redis-server) "
+                "or set cluster.name_resolve.redis_url to an existing Redis"
+            )
+        self._dir = tempfile.mkdtemp(prefix="realhf-redis-")
+        cmd = [exe, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+               "--dir", self._dir, "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        self._wait_ready()
+        logger.info(f"redis-server started on {self.host}:{self.port} (pid {self._proc.pid})")
+        return self
+
+    def _wait_ready(self):
+        import redis
+
+        client = redis.Redis(host=self.host, port=self.port, password=self.password, socket_connect_timeout=1)
+        deadline = time.monotonic() + self._startup_timeout
+        try:
+            while True:
+                if self._proc.poll() is not None:
+                    out = self._proc.stdout.read().decode(errors="replace")[-2000:]
+                    self.stop()
+                    raise RedisServerError(f"redis-server on port {self.port} exited with code {self._proc.returncode}: {out}")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() >= deadline:
+                    self.stop()
+                    raise RedisServerError(f"redis-server on port {self.port} did not answer PING within {self._startup_timeout:.0f}s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            kill_process_trees([self._proc.pid], timeout=5)
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if self._proc.stdout:
+                self._proc.stdout.close()
+        if self._dir and os.path.isdir(self._dir):
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,166 @@
+"""Prompt datasets: strict JSONL loading, sharding across rollout workers, and a seeded,
+restartable epoch sampler.
+
+One row per line:
+    {"query_id": "train-000001", "prompt": "Q: ...\\nA:", "solutions": [" 5-2=3\\n#### 3"], "task": "math"}
+
+Loading is all-or-nothing: the first malformed row raises `DatasetFormatError` naming the file
+and line, because a run that silently skips rows trains on a different dataset than the one
+the user named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple, Union
+
+_FIELDS: Tuple[Tuple[str, type], ...] = (("query_id", str), ("prompt", str), ("solutions", list), ("task", str))
+
+
+class DatasetFormatError(ValueError):
+    """A dataset file that does not follow the JSONL prompt schema; the message is `path:line: what`."""
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    query_id: str
+    prompt: str
+    solutions: Tuple[str, ...]  # reference completions; math ones end in "#### <answer>"
+    task: str
+
+
+def _parse_row(obj: Any, where: str, seen: Dict[str, int]) -> PromptRow:
+    if not isinstance(obj, dict):
+        raise DatasetFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for name, typ in _FIELDS:
+        if name not in obj:
+            raise DatasetFormatError(f"{where}: missing field {name!r}")
+        if not isinstance(obj[name], typ):
+            raise DatasetFormatError(
+                f"{where}: field {name!r} must be {typ.__name__}, got {type(obj[name]).__name__}"
+            )
+    if not obj["query_id"]:
+        raise DatasetFormatError(f"{where}: field 'query_id' is empty")
+    if not obj["solutions"]:
+        raise DatasetFormatError(f"{where}: field 'solutions' is empty; a row needs a reference answer")
+    for i, s in enumerate(obj["solutions"]):
+        if not isinstance(s, str):
+            raise DatasetFormatError(f"{where}: solutions[{i}] must be str, got {type(s).__name__}")
+    qid = obj["query_id"]
+    if qid in seen:
+        raise DatasetFormatError(f"{where}: duplicate query_id {qid!r} (first on line {seen[qid]})")
+    return PromptRow(query_id=qid, prompt=obj["prompt"], solutions=tuple(obj["solutions"]), task=obj["task"])
+
+
+def load_jsonl_prompts(path: Union[str, Path]) -> List[PromptRow]:
+    """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped."""
+    rows: List[PromptRow] = []
+    seen: Dict[str, int] = {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetFormatError(f"{where}: not UTF-8 (byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            row = _parse_row(obj, where, seen)
+            seen[row.query_id] = lineno
+            rows.append(row)
+    if not rows:
+        raise DatasetFormatError(f"{path}:1: the file has no rows")
+    return rows
+
+
+def shard(rows: Sequence[PromptRow], index: int, count: int) -> List[PromptRow]:
+    """Shard `index` of `count`: strided, so shard sizes differ by at most one; the shards are
+    disjoint and together hold every row, in a deterministic order."""
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard index {index} out of range for {count} shards")
+    return list(rows[index::count])
+
+
+def _fingerprint(rows: Sequence[PromptRow]) -> str:
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(r.query_id.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class PromptSampler:
+    """Endless iteration over `rows`, reshuffled every epoch with a seed-derived order.
+
+    The position is (epoch, index within the epoch's order); `state_dict()` captures it and
+    `load_state_dict()` resumes exactly there, e.g. after a crash. The order of an epoch depends
+    only on (seed, epoch), so a resumed sampler yields the same rows a never-stopped one would.
+    """
+
+    def __init__(self, rows: Sequence[PromptRow], seed: int, shuffle: bool = True):
+        if not rows:
+            raise ValueError("PromptSampler needs at least one row")
+        self._rows = list(rows)
+        self._seed = seed
+        self._shuffle = shuffle
+        self.epoch = 0
+        self._pos = 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> List[int]:
+        order = list(range(len(self._rows)))
+        if self._shuffle:
+            # An integer seed: str/tuple seeds would hash differently across Python versions.
+            random.Random(self._seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next(self) -> PromptRow:
+        if self._pos == len(self._order):
+            self.epoch += 1
+            self._pos = 0
+            self._order = self._epoch_order(self.epoch)
+        row = self._rows[self._order[self._pos]]
+        self._pos += 1
+        return row
+
+    def next_batch(self, n: int) -> List[PromptRow]:
+        """`n` rows; a batch may straddle two epochs."""
+        return [self.next() for _ in range(n)]
+
+    def __iter__(self) -> "PromptSampler":
+        return self
+
+    def __next__(self) -> PromptRow:
+        return self.next()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "seed": self._seed,
+            "shuffle": self._shuffle,
+            "epoch": self.epoch,
+            "position": self._pos,
+            "n_rows": len(self._rows),
+            "fingerprint": _fingerprint(self._rows),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        # Resuming over another dataset or seed would silently replay a different order.
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "n_rows", "fingerprint"):
+            if state.get(key) != mine[key]:
+                raise ValueError(
+                    f"sampler state does not match this sampler: {key} is {state.get(key)!r} in the "
+                    f"state but {mine[key]!r} here (different dataset or seed?)"
+                )
+        epoch, pos = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= pos <= len(self._rows):
+            raise ValueError(f"sampler state has an invalid position: epoch {epoch}, position {pos}")
+        self.epoch, self._pos = epoch, pos
+        self._order = self._epoch_order(epoch)

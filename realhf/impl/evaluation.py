@@ -1,0 +1,116 @@
+"""Accuracy of a model on math prompts: generate, extract the final answer, grade.
+
+Generation is pluggable: by default HF `generate` (batched, left-padded); any engine can be
+used instead by passing `generate_fn(prompts_token_ids, temperature, max_new_tokens)` that
+returns the new token ids of each prompt (EOS may be included; anything after it is ignored).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from realhf.impl.dataset.prompt_dataset import PromptRow
+from realhf.impl.environment.math_grader import MathGrader
+
+GenerateFn = Callable[[List[List[int]], float, int], List[List[int]]]
+
+
+def hf_generate_fn(model: torch.nn.Module, pad_id: int, eos_id: int, batch_size: int = 64) -> GenerateFn:
+    """A `GenerateFn` over HF `generate`: greedy at temperature 0, else pure sampling (no top-k or
+    top-p, so "sampled accuracy" means the same as the RL sampler's)."""
+
+    @torch.no_grad()
+    def generate(prompts: List[List[int]], temperature: float, max_new_tokens: int) -> List[List[int]]:
+        sampling = temperature > 0
+        gen_cfg = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=sampling,
+            temperature=temperature if sampling else None,
+            top_k=0 if sampling else None,
+            top_p=1.0 if sampling else None,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
+        )
+        model.eval()
+        out: List[List[int]] = []
+        for i in range(0, len(prompts), batch_size):
+            chunk = prompts[i : i + batch_size]
+            width = max(len(p) for p in chunk)
+            # Left padding keeps every prompt's last token at the same position.
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            seqs = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+            out.extend(seqs[:, width:].tolist())
+        return out
+
+    return generate
+
+
+def _until_eos(ids: Sequence[int], eos_id: int) -> List[int]:
+    ids = list(ids)
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+def evaluate_math_accuracy(
+    model_path: Union[str, Path],
+    rows: Sequence[PromptRow],
+    *,
+    temperature: float = 0.0,
+    n: int = 1,
+    max_new_tokens: int = 32,
+    batch_size: int = 64,
+    generate_fn: Optional[GenerateFn] = None,
+    grader: Optional[MathGrader] = None,
+    seed: int = 1,
+) -> Dict[str, float]:
+    """Fraction of `n` samples per prompt whose answer matches a reference solution.
+
+    Returns {"accuracy", "n" (graded samples), "n_prompts", "n_correct", "temperature",
+    "mean_new_tokens", "truncated" (fraction that hit max_new_tokens without EOS)}.
+    The tokenizer always comes from `model_path`; the model is loaded only when no
+    `generate_fn` is given. `seed` fixes torch's sampling RNG.
+    """
+    if not rows:
+        raise ValueError("evaluate_math_accuracy needs at least one row")
+    if n < 1:
+        raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if generate_fn is None:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        generate_fn = hf_generate_fn(model, pad_id=pad_id, eos_id=eos_id, batch_size=batch_size)
+
+    prompts = [tokenizer.encode(r.prompt, add_special_tokens=False) for r in rows for _ in range(n)]
+    torch.manual_seed(seed)
+    outputs = generate_fn(prompts, temperature, max_new_tokens)
+    if len(outputs) != len(prompts):
+        raise ValueError(f"generate_fn returned {len(outputs)} outputs for {len(prompts)} prompts")
+
+    own_grader = grader is None
+    grader = grader or MathGrader()
+    try:
+        n_correct, n_tokens, n_truncated = 0, 0, 0
+        for k, out in enumerate(outputs):
+            row = rows[k // n]
+            answer = _until_eos(out, eos_id)
+            n_tokens += len(answer)
+            n_truncated += len(answer) == len(out) and len(out) >= max_new_tokens
+            text = tokenizer.decode(answer, skip_special_tokens=True)
+            n_correct += grader.grade(text, row.solutions)
+    finally:
+        if own_grader:
+            grader.close()
+    total = len(outputs)
+    return {
+        "accuracy": n_correct / total,
+        "n": total,
+        "n_prompts": len(rows),
+        "n_correct": n_correct,
+        "temperature": temperature,
+        "mean_new_tokens": n_tokens / total,
+        "truncated": n_truncated / total,
+    }

@@ -1,0 +1,360 @@
+"""The local launcher: every worker a subprocess on this machine, supervised until the end.
+
+It starts a private redis-server when none is configured, marks the trial RUNNING, starts the
+workers (`python -m realhf.apps.remote worker --config …`, one log file each under the trial's
+log directory) and watches exit codes and heartbeats. Success is every worker exiting 0. Any
+failure — a non-zero exit, a worker that never registers, one whose heartbeat stops — marks the
+trial ABORTED, stops every process within 10 s, prints which worker failed and the tail of its
+log, and raises `WorkerFailedError`. SIGINT/SIGTERM to the launcher stop everything too, and the
+kernel kills the children if the launcher itself is SIGKILLed (PR_SET_PDEATHSIG).
+"""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import psutil
+from omegaconf import OmegaConf
+
+from realhf.api.cli_args import NameResolveConfig
+from realhf.base import logging, name_resolve, names
+from realhf.base.process import die_with_parent, process_tree
+from realhf.base.redis_server import RedisServer
+from realhf.system.worker_base import STATUS_ABORTED, STATUS_COMPLETE, STATUS_RUNNING, WorkerContext
+
+logger = logging.getLogger("launcher")
+
+# Each worker sets its own torch thread count from config; these keep numpy/BLAS from spawning
+# one thread per core in every process of a 2-core machine.
+_DEFAULT_WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class WorkerSpec:
+    """`count` workers of one type; `configs[i]` is the config dataclass of worker i."""
+
+    worker_type: str
+    count: int
+    configs: List[Any] = field(default_factory=list)
+    worker_class: str = ""  # default: the built-in class of `worker_type`
+    env: Dict[str, str] = field(default_factory=dict)
+    echo_log: bool = False  # copy this worker's log lines to the launcher's console
+
+
+class LauncherError(RuntimeError):
+    pass
+
+
+class WorkerFailedError(LauncherError):
+    def __init__(self, worker: str, reason: str, log_path: str, log_tail: str):
+        super().__init__(f"worker {worker} failed: {reason} (log: {log_path})")
+        self.worker, self.reason, self.log_path, self.log_tail = worker, reason, log_path, log_tail
+
+
+class LauncherInterrupted(LauncherError):
+    def __init__(self, signum: int):
+        super().__init__(f"launcher received {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@dataclass
+class _Proc:
+    name: str  # "<type>/<index>"
+    worker_type: str
+    index: int
+    popen: subprocess.Popen
+    log_path: str
+    heartbeat_key: str
+    started: float
+    heartbeat_seen: bool = False
+    heartbeat_missing_since: Optional[float] = None
+    exited: Optional[int] = None
+
+
+def log_tail(path: str, n_lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(lines[-n_lines:])
+
+
+class _LogEcho(threading.Thread):
+    """Copies new lines of some worker logs to stdout, so a user sees the master's progress."""
+
+    def __init__(self):
+        super().__init__(name="log-echo", daemon=True)
+        self._paths: List[str] = []
+        self._stop_event = threading.Event()
+
+    def add(self, path: str):
+        self._paths.append(path)
+
+    def run(self):
+        offsets: Dict[str, int] = {}
+        while not self._stop_event.is_set():
+            self._drain(offsets)
+            self._stop_event.wait(0.2)
+        self._drain(offsets)
+
+    def _drain(self, offsets):
+        for path in list(self._paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    # Only whole lines; a partial last line waits for the next round.
+                    cut = data.rfind(b"\n") + 1
+                    offsets[path] = offsets.get(path, 0) + cut
+                if cut:
+                    sys.stdout.write(data[:cut].decode(errors="replace"))
+                    sys.stdout.flush()
+            except FileNotFoundError:
+                continue
+
+    def stop(self):
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=2)
+
+
+class LocalLauncher:
+    def __init__(self, experiment_name: str, trial_name: str, fileroot: str,
+                 name_resolve_config: Optional[NameResolveConfig] = None, startup_timeout: float = 300.0,
+                 exit_grace: float = 10.0, poll_interval: float = 0.2, bind_host: str = "127.0.0.1",
+                 heartbeat_grace: float = 5.0):
+        self.experiment_name = experiment_name
+        self.trial_name = trial_name
+        self.log_dir = os.path.join(os.path.abspath(fileroot), "logs", experiment_name, trial_name)
+        self.name_resolve_config = dataclasses.replace(name_resolve_config or NameResolveConfig())
+        self.startup_timeout = startup_timeout
+        self.exit_grace = exit_grace
+        self.poll_interval = poll_interval
+        self.heartbeat_grace = heartbeat_grace
+        self.bind_host = bind_host
+        self._redis: Optional[RedisServer] = None
+        self._procs: List[_Proc] = []
+        self._echo = _LogEcho()
+        self._started = False
+        self._stopped = False
+        self._old_handlers = {}
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def start(self) -> "LocalLauncher":
+        os.makedirs(os.path.join(self.log_dir, "configs"), exist_ok=True)
+        cfg = self.name_resolve_config
+        if cfg.type == "redis" and not cfg.redis_url:
+            self._redis = RedisServer.with_random_password(host=self.bind_host).start()
+            cfg.redis_url = self._redis.url
+        if cfg.type == "memory":
+            raise LauncherError("cluster.name_resolve.type=memory works within one process only; "
+                                "the local launcher needs 'redis'")
+        name_resolve.reconfigure(cfg)
+        # A previous trial of the same name may have left keys behind (e.g. after a SIGKILL).
+        name_resolve.clear_subtree(names.trial_root(self.experiment_name, self.trial_name))
+        name_resolve.add(names.experiment_status(self.experiment_name, self.trial_name), STATUS_RUNNING, replace=True)
+        self._install_signal_handlers()
+        self._echo.start()
+        self._started = True
+        logger.info(f"trial {self.experiment_name}/{self.trial_name}: logs in {self.log_dir}")
+        return self
+
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_signal(signum, frame):
+            raise LauncherInterrupted(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, on_signal)
+
+    def _restore_signal_handlers(self):
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers.clear()
+
+    def submit(self, spec: WorkerSpec) -> None:
+        if not self._started:
+            raise LauncherError("call start() before submit()")
+        configs = spec.configs or [None] * spec.count
+        if len(configs) != spec.count:
+            raise LauncherError(f"{spec.worker_type}: {spec.count} workers but {len(configs)} configs")
+        env = dict(os.environ)
+        env.update(_DEFAULT_WORKER_ENV)
+        env.update(spec.env)
+        for index, config in enumerate(configs):
+            self._spawn(spec, index, config, env)
+
+    def _spawn(self, spec: WorkerSpec, index: int, config: Any, env: Dict[str, str]) -> None:
+        ctx = WorkerContext(
+            experiment_name=self.experiment_name, trial_name=self.trial_name, worker_type=spec.worker_type,
+            worker_index=index, worker_count=spec.count, name_resolve=self.name_resolve_config,
+            log_dir=self.log_dir,
+        )
+        doc = {"worker_class": spec.worker_class or spec.worker_type, "context": OmegaConf.structured(ctx)}
+        if config is not None:
+            doc["config"] = OmegaConf.structured(config)
+        config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
+        OmegaConf.save(OmegaConf.create(doc), config_path)
+        log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "realhf.apps.remote", "worker", "--config", config_path],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+        key = names.worker(self.experiment_name, self.trial_name, spec.worker_type, index)
+        self._procs.append(_Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, popen, log_path, key, time.monotonic()))
+        if spec.echo_log:
+            self._echo.add(log_path)
+        logger.info(f"started {spec.worker_type}/{index} (pid {popen.pid})")
+
+    # ---- supervision ------------------------------------------------------------------------
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Supervise until every worker exited 0 (return) or something failed (raise).
+
+        Everything is stopped before this returns or raises.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        complete_since: Optional[float] = None
+        try:
+            while True:
+                failure = self._check_workers()
+                if failure is not None:
+                    self._fail(*failure)
+                if all(p.exited is not None for p in self._procs):
+                    logger.info("all workers exited normally")
+                    return
+                if complete_since is None and self._status() == STATUS_COMPLETE:
+                    complete_since = time.monotonic()
+                if complete_since is not None and time.monotonic() - complete_since > self.exit_grace:
+                    left = [p.name for p in self._procs if p.exited is None]
+                    logger.warning(f"experiment COMPLETE but {left} still running after {self.exit_grace:.0f}s; stopping them")
+                    return
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LauncherError(f"trial did not finish within {timeout:.0f}s")
+                time.sleep(self.poll_interval)
+        except LauncherInterrupted as e:
+            logger.warning(f"{e}; stopping every worker")
+            self._set_status(STATUS_ABORTED)
+            raise
+        finally:
+            self.stop_all()
+
+    def _status(self) -> str:
+        try:
+            return name_resolve.get(names.experiment_status(self.experiment_name, self.trial_name))
+        except name_resolve.NameEntryNotFoundError:
+            return "missing"
+
+    def _check_workers(self):
+        """(proc, reason) of the first failed worker, or None."""
+        now = time.monotonic()
+        heartbeats = set(name_resolve.find_subtree(names.worker_root(self.experiment_name, self.trial_name)))
+        for p in self._procs:
+            if p.exited is not None:
+                continue
+            code = p.popen.poll()
+            if code is not None:
+                p.exited = code
+                if code != 0:
+                    return p, f"exited with code {code}" + (f" ({signal.Signals(-code).name})" if code < 0 else "")
+                logger.info(f"{p.name} exited normally")
+                continue
+            if p.heartbeat_key in heartbeats:
+                p.heartbeat_seen = True
+                p.heartbeat_missing_since = None
+            elif p.heartbeat_seen:
+                # A worker deregisters just before it exits: only a key that stays gone while
+                # the process lives on is a hang.
+                if p.heartbeat_missing_since is None:
+                    p.heartbeat_missing_since = now
+                elif now - p.heartbeat_missing_since > self.heartbeat_grace:
+                    return p, (f"stopped heart-beating (key {p.heartbeat_key} gone for "
+                               f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive")
+            elif now - p.started > self.startup_timeout:
+                return p, f"did not register its heartbeat within {self.startup_timeout:.0f}s"
+        return None
+
+    def _fail(self, proc: _Proc, reason: str):
+        self._set_status(STATUS_ABORTED)
+        self.stop_all()
+        tail = log_tail(proc.log_path, 30)
+        message = (f"\n{'=' * 30} worker {proc.name} failed: {reason}\n"
+                   f"last 30 lines of {proc.log_path}:\n{tail}\n{'=' * 80}")
+        print(message, file=sys.stderr, flush=True)
+        raise WorkerFailedError(proc.name, reason, proc.log_path, tail)
+
+    def _set_status(self, status: str):
+        try:
+            name_resolve.add(names.experiment_status(self.experiment_name, self.trial_name), status, replace=True)
+        except Exception as e:  # Redis may be the thing that failed
+            logger.warning(f"could not set experiment status {status}: {e}")
+
+    # ---- teardown ---------------------------------------------------------------------------
+    def stop_all(self, grace: float = 6.0) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL after `grace` s) and their descendants,
+        then Redis. Finishes within grace + a few seconds; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if threading.current_thread() is threading.main_thread():
+            # A second Ctrl-C must not interrupt the clean-up it asked for.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old_handlers.setdefault(sig, signal.getsignal(sig))
+                signal.signal(sig, signal.SIG_IGN)
+        # Descendants are collected first: once a worker dies, its children are re-parented
+        # and can no longer be found through it.
+        tree: List[psutil.Process] = []
+        for p in self._procs:
+            if p.popen.poll() is None:
+                tree.extend(process_tree(p.popen.pid))
+        for p in self._procs:
+            if p.popen.poll() is None:
+                try:
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        _, alive = psutil.wait_procs(tree, timeout=grace)
+        for proc in alive:
+            try:
+                logger.warning(f"pid {proc.pid} did not exit within {grace:.0f}s of SIGTERM; killing it")
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=3)
+        for p in self._procs:
+            try:
+                p.exited = p.popen.wait(timeout=1) if p.exited is None else p.exited
+            except subprocess.TimeoutExpired:
+                logger.error(f"{p.name} (pid {p.popen.pid}) could not be stopped")
+        self._echo.stop()
+        try:
+            name_resolve.repository().reset()
+        except Exception:
+            pass
+        if self._redis is not None:
+            self._redis.stop()
+        self._restore_signal_handlers()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop_all()

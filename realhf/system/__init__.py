@@ -1,0 +1,17 @@
+"""The five workers, the streams between them, and the lifecycle they share."""
+
+from realhf.base.importing import resolve
+
+# Imported lazily: a rollout worker must not pay for torch, a trainer not for FastAPI.
+WORKER_CLASSES = {
+    "master_worker": "realhf.system.master_worker:MasterWorker",
+    "model_worker": "realhf.system.model_worker:ModelWorker",
+    "rollout_worker": "realhf.system.rollout_worker:RolloutWorker",
+    "generation_server": "realhf.system.generation_server:GenerationServer",
+    "gserver_manager": "realhf.system.gserver_manager:GserverManager",
+}
+
+
+def worker_class(worker_type: str):
+    """The class of a built-in worker type, or of a `module:Class` path (tests, extensions)."""
+    return resolve(worker_type, {}, "worker type", WORKER_CLASSES)

@@ -1,0 +1,197 @@
+"""Request/reply between the master (one ROUTER) and the model workers (one DEALER each).
+
+A worker's DEALER identity is its index, so the master routes by index. Requests carry ids;
+replies echo them, so several requests can be in flight at once and gathered in any order.
+An exception in a worker's handler comes back as `RemoteError(type, message, worker)`.
+"""
+
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import zmq
+
+from realhf.base import logging, name_resolve, names, serialization
+from realhf.base.network import host_for_peers
+
+logger = logging.getLogger("request_reply")
+
+_HELLO = "__hello__"
+
+
+class RemoteError(RuntimeError):
+    """An exception raised by a handler in a worker, re-raised on the master."""
+
+    def __init__(self, type: str, message: str, worker: int, traceback: str = ""):
+        super().__init__(f"{type} in model worker {worker}: {message}")
+        self.type, self.message, self.worker, self.remote_traceback = type, message, worker, traceback
+
+
+@dataclass
+class Request:
+    request_id: str
+    handler: int
+    handle_name: str
+    data: Any
+
+
+def _identity(index: int) -> bytes:
+    return str(int(index)).encode()
+
+
+class MasterStream:
+    """The master's end: `call(worker, name, data)` or `post(...)` then `wait([...])`."""
+
+    def __init__(self, experiment: str, trial: str, n_workers: int, host: str = "127.0.0.1"):
+        self.n_workers = n_workers
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an unknown worker raises
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port(f"tcp://{host}")
+        self.address = f"{host_for_peers(host)}:{port}"
+        self._key = names.request_reply_master(experiment, trial)
+        name_resolve.add(self._key, self.address, replace=True)
+        self._connected: set = set()
+        self._replies: Dict[str, dict] = {}
+        self._pending: Dict[str, Request] = {}
+        self.n_malformed = 0
+
+    # ---- connection -------------------------------------------------------------------------
+    def wait_for_workers(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self._connected) < self.n_workers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(self.n_workers)) - self._connected)
+                raise TimeoutError(
+                    f"model workers {missing} did not connect to the master at {self.address} within {timeout:.0f}s"
+                )
+            self._receive(min(remaining, 0.5))
+
+    # ---- requests ---------------------------------------------------------------------------
+    def post(self, worker: int, handle_name: str, data: Any = None) -> str:
+        request_id = uuid.uuid4().hex
+        msg = {"request_id": request_id, "handler": int(worker), "handle_name": handle_name, "data": data}
+        try:
+            self._sock.send_multipart([_identity(worker), serialization.dumps(msg)])
+        except zmq.error.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                raise ConnectionError(f"model worker {worker} is not connected to the master (request {handle_name!r})") from None
+            raise
+        self._pending[request_id] = Request(request_id, int(worker), handle_name, None)
+        return request_id
+
+    def wait(self, request_ids: Sequence[str], timeout: float) -> List[Any]:
+        """Replies in the order of `request_ids`; the first remote error is raised as RemoteError
+        after every reply has arrived (so no reply is left behind to confuse later calls)."""
+        deadline = time.monotonic() + timeout
+        while any(rid not in self._replies for rid in request_ids):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                waiting = [f"{self._pending[r].handle_name}@worker{self._pending[r].handler}"
+                           for r in request_ids if r not in self._replies and r in self._pending]
+                raise TimeoutError(f"no reply within {timeout:.1f}s from: {', '.join(waiting)}")
+            self._receive(min(remaining, 0.5))
+        replies = [self._replies.pop(rid) for rid in request_ids]
+        for rid in request_ids:
+            self._pending.pop(rid, None)
+        for reply in replies:
+            if not reply.get("ok", False):
+                err = reply.get("error") or {}
+                raise RemoteError(str(err.get("type", "Error")), str(err.get("message", "")),
+                                  int(reply.get("handler", -1)), str(err.get("traceback", "")))
+        return [reply.get("data") for reply in replies]
+
+    def call(self, worker: int, handle_name: str, data: Any = None, timeout: float = 300.0) -> Any:
+        return self.wait([self.post(worker, handle_name, data)], timeout)[0]
+
+    def call_all(self, handle_name: str, data: Any = None, workers: Optional[Iterable[int]] = None,
+                 timeout: float = 300.0, per_worker_data: Optional[Dict[int, Any]] = None) -> List[Any]:
+        workers = list(range(self.n_workers)) if workers is None else list(workers)
+        ids = [self.post(w, handle_name, per_worker_data[w] if per_worker_data is not None else data) for w in workers]
+        return self.wait(ids, timeout)
+
+    # ---- receiving --------------------------------------------------------------------------
+    def _receive(self, timeout: float) -> None:
+        if not self._sock.poll(int(timeout * 1000)):
+            return
+        while True:
+            try:
+                identity, payload = self._sock.recv_multipart(flags=zmq.NOBLOCK)[-2:]
+            except zmq.Again:
+                return
+            except ValueError:
+                self.n_malformed += 1
+                continue
+            try:
+                msg = serialization.loads(payload)
+                if not isinstance(msg, dict):
+                    raise serialization.DeserializationError("reply is not a map")
+            except serialization.DeserializationError as e:
+                self.n_malformed += 1
+                logger.error(f"master dropped a malformed reply from {identity!r}: {e}")
+                continue
+            if msg.get("handle_name") == _HELLO:
+                try:
+                    self._connected.add(int(identity.decode()))
+                except ValueError:
+                    self.n_malformed += 1
+                continue
+            rid = msg.get("request_id")
+            if rid in self._pending:
+                self._replies[rid] = msg
+            else:
+                logger.warning(f"master dropped a reply to unknown request {rid!r} from {identity!r}")
+
+    def close(self) -> None:
+        try:
+            name_resolve.delete(self._key)
+        except name_resolve.NameEntryNotFoundError:
+            pass
+        self._sock.close()
+
+
+class WorkerStream:
+    """A model worker's end: `poll()` a request, then `reply()` or `reply_error()`."""
+
+    def __init__(self, experiment: str, trial: str, worker_index: int, discovery_timeout: float = 300.0):
+        self.index = worker_index
+        address = name_resolve.wait(names.request_reply_master(experiment, trial), timeout=discovery_timeout)
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, _identity(worker_index))
+        self._sock.setsockopt(zmq.LINGER, 2000)
+        self._sock.connect(f"tcp://{address}")
+        self._sock.send(serialization.dumps({"request_id": "", "handler": worker_index, "handle_name": _HELLO}))
+        self.n_malformed = 0
+
+    def poll(self, timeout: float) -> Optional[Request]:
+        """The next request, or None if none arrived within `timeout` s."""
+        if not self._sock.poll(int(timeout * 1000)):
+            return None
+        payload = self._sock.recv()
+        try:
+            msg = serialization.loads(payload)
+            if not isinstance(msg, dict) or not isinstance(msg.get("handle_name"), str):
+                raise serialization.DeserializationError("request is not a map with a handle_name")
+        except serialization.DeserializationError as e:
+            self.n_malformed += 1
+            logger.error(f"model worker {self.index} dropped a malformed request: {e}")
+            return None
+        return Request(str(msg.get("request_id", "")), self.index, msg["handle_name"], msg.get("data"))
+
+    def reply(self, request: Request, data: Any = None) -> None:
+        self._sock.send(serialization.dumps(
+            {"request_id": request.request_id, "handler": self.index, "ok": True, "data": data}))
+
+    def reply_error(self, request: Request, exc: BaseException) -> None:
+        err = {"type": type(exc).__name__, "message": str(exc),
+               "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+        self._sock.send(serialization.dumps(
+            {"request_id": request.request_id, "handler": self.index, "ok": False, "error": err}))
+
+    def close(self) -> None:
+        self._sock.close()

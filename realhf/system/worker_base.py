@@ -1,0 +1,156 @@
+"""The lifecycle every realhf worker process shares.
+
+    configure → register a heartbeat (keep-alive key) → loop { poll } → exit hook → deregister
+
+The loop ends when `experiment_status` is no longer RUNNING, on SIGTERM/SIGINT, or when the
+worker itself asks to stop. A worker subclass implements `_configure`, `_poll` (sync) or
+`_poll_async` (asyncio, see AsyncWorker), and `_exit_hook` to release what it started.
+"""
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from realhf.api.cli_args import NameResolveConfig
+from realhf.base import logging, name_resolve, names
+
+logger = logging.getLogger("worker")
+
+STATUS_RUNNING = "RUNNING"
+STATUS_COMPLETE = "COMPLETE"
+STATUS_ABORTED = "ABORTED"
+
+
+@dataclass
+class WorkerContext:
+    """Who a worker is and where its trial lives; written by the launcher."""
+
+    experiment_name: str = ""
+    trial_name: str = ""
+    worker_type: str = ""
+    worker_index: int = 0
+    worker_count: int = 1
+    name_resolve: NameResolveConfig = field(default_factory=NameResolveConfig)
+    log_dir: str = ""
+    status_check_interval: float = 0.5
+
+
+class WorkerExit(Exception):
+    """Raised inside a worker to end its loop normally."""
+
+
+class Worker:
+    """Base of the synchronous workers. `config_cls` is the dataclass of the worker's config."""
+
+    config_cls: Any = None
+
+    def __init__(self, ctx: WorkerContext, config: Any = None):
+        self.ctx = ctx
+        self.config = config
+        self.name = f"{ctx.worker_type}/{ctx.worker_index}"
+        self.logger = logging.getLogger(self.name)
+        self._stop_requested = False
+        self._stop_reason = ""
+        self._last_status_check = 0.0
+
+    # ---- hooks for subclasses ---------------------------------------------------------------
+    def _configure(self) -> None:
+        """Set up sockets, models, servers. Runs after the heartbeat is registered."""
+
+    def _poll(self) -> bool:
+        """One unit of work; return True if something was done (else the loop idles briefly)."""
+        time.sleep(0.05)
+        return False
+
+    def _exit_hook(self) -> None:
+        """Release everything `_configure` started. Must be safe to call after a failed configure."""
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def request_stop(self, reason: str) -> None:
+        if not self._stop_requested:
+            self._stop_requested = True
+            self._stop_reason = reason
+
+    def _install_signal_handlers(self):
+        def on_signal(signum, frame):
+            self.request_stop(f"received {signal.Signals(signum).name}")
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    def _status_says_stop(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_status_check < self.ctx.status_check_interval:
+            return False
+        self._last_status_check = now
+        key = names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name)
+        try:
+            status = name_resolve.get(key)
+        except name_resolve.NameEntryNotFoundError:
+            status = "missing"
+        if status != STATUS_RUNNING:
+            self.request_stop(f"experiment status is {status}")
+            return True
+        return False
+
+    def _register(self):
+        name_resolve.reconfigure(self.ctx.name_resolve)
+        key = names.worker(self.ctx.experiment_name, self.ctx.trial_name, self.ctx.worker_type, self.ctx.worker_index)
+        name_resolve.add(key, f"{socket.gethostname()}:{os.getpid()}", replace=True,
+                         keepalive_ttl=self.ctx.name_resolve.keepalive_ttl)
+
+    def run(self) -> int:
+        """Run the whole lifecycle; returns the process exit code."""
+        self._install_signal_handlers()
+        code = 0
+        try:
+            self._register()
+            self._configure()
+            self.logger.info("configured; running")
+            self._loop()
+        except WorkerExit as e:
+            self.request_stop(str(e) or "worker finished")
+        except BaseException as e:
+            self.logger.exception(f"failed: {type(e).__name__}: {e}")
+            code = 1
+        finally:
+            try:
+                self._exit_hook()
+            except Exception as e:
+                self.logger.exception(f"exit hook failed: {e}")
+                code = code or 1
+            name_resolve.repository().close()
+        self.logger.info(f"exiting with code {code}: {self._stop_reason or 'error'}")
+        return code
+
+    def _loop(self):
+        while not self._stop_requested and not self._status_says_stop():
+            if not self._poll():
+                time.sleep(0.005)
+
+
+class AsyncWorker(Worker):
+    """A worker whose loop is a coroutine (rollout workers): `_poll_async` runs repeatedly."""
+
+    async def _poll_async(self) -> bool:
+        await asyncio.sleep(0.05)
+        return False
+
+    async def _exit_hook_async(self) -> None:
+        """Async clean-up, run inside the event loop before `_exit_hook`."""
+
+    def _loop(self):
+        asyncio.run(self._aloop())
+
+    async def _aloop(self):
+        try:
+            while not self._stop_requested and not self._status_says_stop():
+                if not await self._poll_async():
+                    await asyncio.sleep(0.005)
+        finally:
+            await self._exit_hook_async()
+

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Creates or reuses .venv with realhf and its test dependencies, and makes sure a redis-server
+# binary exists. Sourced by examples/run_async_ppo.sh and scripts/test.sh; safe to re-run.
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${REPO_ROOT}/.venv"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "${VENV}/bin/python" ]; then
+  echo "[setup] creating ${VENV}"
+  "${PY}" -m venv "${VENV}"
+fi
+
+# Reinstall only when the dependency list changed.
+stamp="${VENV}/.realhf-deps"
+want="$(cat "${REPO_ROOT}/setup.py" "${REPO_ROOT}/requirements.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
+  echo "[setup] installing torch (CPU) and realhf into ${VENV}"
+  # torch first, pinned: every later requirement's torch range is then already satisfied and
+  # pip never pulls a multi-GB CUDA build.
+  "${VENV}/bin/pip" install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+  "${VENV}/bin/pip" install -q -e "${REPO_ROOT}[test]" 2>&1 | grep -v "is ignored" || true
+  "${VENV}/bin/python" -c "import torch, realhf, zmq, redis, msgpack, fastapi" \
+    || { echo "[setup] installation failed" >&2; exit 1; }
+  echo "${want}" > "${stamp}"
+fi
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "[setup] redis-server not found; installing Debian's redis-server"
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  ${SUDO} apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y -qq redis-server >/dev/null
+  # Debian's package starts a system-wide server on 6379; realhf starts its own per trial.
+  (${SUDO} service redis-server stop >/dev/null 2>&1 || true)
+fi

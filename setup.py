@@ -1,0 +1,24 @@
+from setuptools import find_packages, setup
+
+
+def _requirements(path):
+    with open(path) as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+setup(
+    name="realhf",
+    version="0.1.0",
+    description="A fully asynchronous reinforcement-learning system for LLM post-training",
+    packages=find_packages(include=["realhf", "realhf.*"]),
+    python_requires=">=3.10",
+    install_requires=_requirements("requirements.txt"),
+    extras_require={
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6"],
+        # GPU stacks: never installed by default, imported lazily where used.
+        "sglang": ["sglang"],
+        "megatron": ["megatron-core"],
+        "ray": ["ray[default]"],
+        "wandb": ["wandb"],
+    },
+)

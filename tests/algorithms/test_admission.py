@@ -1,0 +1,311 @@
+"""Specification of the staleness rule (DESIGN §4), realhf.impl.admission.
+
+    capacity = min(max_concurrent_rollouts − running,
+                   (η + v + 1)·B − (accepted − stale_dropped + running))
+"""
+
+import itertools
+import threading
+
+import pytest
+
+from realhf.impl.admission import Decision, StalenessManager
+
+LARGE = 10**6
+
+
+class FakeTrainer:
+    """A version source whose version the test sets by hand."""
+
+    def __init__(self, version=0):
+        self.version = version
+
+    def get_version(self):
+        return self.version
+
+
+def manager(eta=0, batch_size=4, max_concurrent=LARGE, version=0):
+    trainer = FakeTrainer(version)
+    return StalenessManager(max_concurrent, batch_size, eta, trainer), trainer
+
+
+_qids = itertools.count()
+
+
+def allocate_until_refused(mgr, n_clients=5):
+    """Clients take turns allocating fresh qids until every one of them is refused; returns the
+    number admitted. Nothing finishes meanwhile."""
+    admitted = 0
+    refused = set()
+    while len(refused) < n_clients:
+        for client in range(n_clients):
+            if client in refused:
+                continue
+            if mgr.allocate(f"client{client}-{next(_qids)}").success:
+                admitted += 1
+            else:
+                refused.add(client)
+    return admitted
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference numbers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "eta, admitted_at_v0, cumulative_at_v1",
+    [
+        # B = 4, nothing finishes: at v = 0 the bound is (η + 1)·4 → 4, 8, 20;
+        # at v = 1 it is (η + 2)·4 → 8, 12, 24 (max_concurrent_rollouts large, 5 clients).
+        (0, 4, 8),
+        (1, 8, 12),
+        (4, 20, 24),
+    ],
+)
+def test_admission_allows_eta_plus_version_plus_one_batches(eta, admitted_at_v0, cumulative_at_v1):
+    mgr, trainer = manager(eta=eta, batch_size=4)
+    assert allocate_until_refused(mgr) == admitted_at_v0
+    trainer.version = 1
+    assert admitted_at_v0 + allocate_until_refused(mgr) == cumulative_at_v1
+
+
+def test_synchronous_ppo_admits_exactly_one_batch_per_version():
+    # η = 0: a new batch of B opens only when the version advances.
+    mgr, trainer = manager(eta=0, batch_size=3)
+    for version in range(3):
+        trainer.version = version
+        batch = [f"v{version}-{i}" for i in range(3)]
+        assert all(mgr.allocate(q).success for q in batch)
+        assert mgr.allocate(f"v{version}-extra") == Decision(False, "staleness")
+        for q in batch:
+            mgr.finish(q, accepted=True)
+        assert mgr.capacity() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Decisions and their reasons
+# ---------------------------------------------------------------------------------------------
+
+
+def test_max_concurrent_rollouts_caps_running_rollouts():
+    mgr, _ = manager(eta=100, batch_size=4, max_concurrent=3)
+    assert [mgr.allocate(q).success for q in "abcd"] == [True, True, True, False]
+    assert mgr.allocate("e") == Decision(False, "max_concurrent_rollouts")
+    mgr.finish("a", accepted=True)
+    assert mgr.allocate("e") == Decision(True, "ok")
+
+
+def test_staleness_refusal_says_staleness():
+    mgr, _ = manager(eta=0, batch_size=1)
+    assert mgr.allocate("a") == Decision(True, "ok")
+    assert mgr.allocate("b") == Decision(False, "staleness")
+
+
+def test_concurrency_is_reported_when_both_limits_bind():
+    mgr, _ = manager(eta=0, batch_size=2, max_concurrent=2)
+    mgr.allocate("a"), mgr.allocate("b")
+    assert mgr.allocate("c").reason == "max_concurrent_rollouts"
+
+
+def test_a_running_qid_cannot_be_admitted_twice():
+    mgr, _ = manager(eta=4)
+    assert mgr.allocate("q").success
+    assert mgr.allocate("q") == Decision(False, "duplicate_qid")
+    mgr.finish("q", accepted=True)
+    assert mgr.allocate("q").success  # finished qids may be reused
+
+
+def test_rejections_are_counted_by_reason():
+    mgr, _ = manager(eta=0, batch_size=1)
+    mgr.allocate("a")
+    mgr.allocate("a")
+    mgr.allocate("b")
+    mgr.allocate("c")
+    assert mgr.status()["rejections"] == {"max_concurrent_rollouts": 0, "staleness": 2, "duplicate_qid": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# Finishing, filtering, dying, stale drops
+# ---------------------------------------------------------------------------------------------
+
+
+def test_accepted_groups_keep_counting_against_the_staleness_bound():
+    # η = 0, B = 4: four accepted groups use up version 0's whole budget.
+    mgr, _ = manager(eta=0, batch_size=4)
+    for q in "abcd":
+        mgr.allocate(q)
+        mgr.finish(q, accepted=True)
+    assert mgr.capacity() == 0
+    assert not mgr.allocate("e").success
+
+
+def test_filtered_group_frees_its_slot_and_is_not_counted():
+    # η = 0, B = 4: 2 accepted + 2 filtered → capacity 4 − 2 = 2.
+    mgr, _ = manager(eta=0, batch_size=4)
+    for q in "abcd":
+        mgr.allocate(q)
+    mgr.finish("a", accepted=True)
+    mgr.finish("b", accepted=True)
+    mgr.finish("c", accepted=False)
+    mgr.finish("d", accepted=False)
+    assert mgr.status()["accepted"] == 2
+    assert mgr.capacity() == 2
+
+
+def test_abandoned_rollout_frees_its_slot():
+    mgr, _ = manager(eta=0, batch_size=2)
+    mgr.allocate("a"), mgr.allocate("b")
+    assert mgr.capacity() == 0
+    mgr.abandon("a")
+    assert mgr.capacity() == 1
+    assert mgr.status()["accepted"] == 0
+
+
+@pytest.mark.parametrize("end", ["finish", "abandon"])
+def test_ending_an_unknown_qid_raises_key_error_naming_it(end):
+    mgr, _ = manager()
+    call = (lambda q: mgr.finish(q, accepted=True)) if end == "finish" else mgr.abandon
+    with pytest.raises(KeyError, match="ghost-qid"):
+        call("ghost-qid")
+    mgr.allocate("q")
+    call("q")
+    with pytest.raises(KeyError, match="'q'"):
+        call("q")  # ending twice is a bug too
+
+
+def test_stale_drops_free_admission_capacity():
+    # η = 0, B = 4: 4 accepted → capacity 0; the trainer drops 3 as stale → capacity 3.
+    mgr, _ = manager(eta=0, batch_size=4)
+    for q in "abcd":
+        mgr.allocate(q)
+        mgr.finish(q, accepted=True)
+    mgr.set_stale_dropped(3)
+    assert mgr.capacity() == 3
+    assert mgr.status()["stale_dropped"] == 3
+
+
+def test_stale_dropped_is_a_monotonic_total():
+    mgr, _ = manager()
+    mgr.set_stale_dropped(5)
+    mgr.set_stale_dropped(5)
+    with pytest.raises(ValueError, match="monotonic"):
+        mgr.set_stale_dropped(4)
+
+
+def test_status_reports_the_numbers_that_explain_admission():
+    mgr, trainer = manager(eta=1, batch_size=4, max_concurrent=6, version=2)
+    mgr.allocate("a"), mgr.allocate("b")
+    mgr.finish("a", accepted=True)
+    # (1 + 2 + 1)·4 − (1 − 0 + 1) = 14; 6 − 1 = 5 → capacity 5
+    assert mgr.status() == {
+        "version": 2,
+        "running": 1,
+        "accepted": 1,
+        "stale_dropped": 0,
+        "rejections": {"max_concurrent_rollouts": 0, "staleness": 0, "duplicate_qid": 0},
+        "capacity": 5,
+        "max_concurrent_rollouts": 6,
+        "batch_size": 4,
+        "max_head_offpolicyness": 1,
+    }
+
+
+@pytest.mark.parametrize("args", [(0, 4, 0), (8, 0, 0), (8, 4, -1)])
+def test_invalid_configuration_is_rejected(args):
+    with pytest.raises(ValueError):
+        StalenessManager(*args, FakeTrainer())
+
+
+# ---------------------------------------------------------------------------------------------
+# Recovery
+# ---------------------------------------------------------------------------------------------
+
+
+def test_loaded_state_gives_the_same_capacity_and_never_overshoots():
+    mgr, trainer = manager(eta=1, batch_size=4, version=1)
+    for q in range(7):
+        mgr.allocate(q)
+    for q in range(4):
+        mgr.finish(q, accepted=q % 2 == 0)
+    mgr.set_stale_dropped(1)
+    saved = mgr.state_dict()
+
+    restored, _ = manager(eta=1, batch_size=4, version=1)
+    restored.load_state_dict(saved)
+    assert restored.capacity() == mgr.capacity()
+    assert restored.status() == mgr.status()
+    # (1 + 1 + 1)·4 − (2 − 1 + 3) = 8 more, and not one more than that.
+    assert allocate_until_refused(restored, n_clients=1) == 8
+
+
+def test_in_flight_rollouts_of_a_loaded_state_can_finish_or_be_abandoned():
+    mgr, _ = manager(eta=0, batch_size=2)
+    mgr.allocate("a"), mgr.allocate("b")
+    restored, _ = manager(eta=0, batch_size=2)
+    restored.load_state_dict(mgr.state_dict())
+    assert restored.running_qids() == {"a", "b"}
+    restored.finish("a", accepted=True)
+    for qid in restored.running_qids():  # e.g. rollouts lost in the restart
+        restored.abandon(qid)
+    assert restored.capacity() == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Thread safety
+# ---------------------------------------------------------------------------------------------
+
+
+def run_threads(n, target):
+    start = threading.Barrier(n)
+
+    def body(i):
+        start.wait()
+        target(i)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_concurrent_allocations_admit_exactly_the_bound():
+    # η = 2, B = 7, v = 0: exactly (2 + 0 + 1)·7 = 21 of 16×50 concurrent attempts succeed.
+    mgr, _ = manager(eta=2, batch_size=7)
+    successes = []
+
+    def client(i):
+        successes.extend(q for q in range(50) if mgr.allocate((i, q)).success)
+
+    run_threads(16, client)
+    assert len(successes) == 21
+    assert mgr.status()["running"] == 21
+    assert mgr.status()["rejections"]["staleness"] == 16 * 50 - 21
+
+
+def test_concurrent_churn_never_exceeds_max_concurrent_rollouts():
+    # Clients allocate and release as fast as they can. A client counts a slot only after its
+    # allocation succeeded and uncounts it before releasing, so `held` never exceeds what the
+    # manager has admitted: its peak must stay within the cap.
+    mgr, _ = manager(eta=LARGE, batch_size=1, max_concurrent=5)
+    held = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def client(i):
+        nonlocal held, peak
+        for q in range(300):
+            qid = (i, q)
+            if mgr.allocate(qid).success:
+                with lock:
+                    held += 1
+                    peak = max(peak, held)
+                with lock:
+                    held -= 1
+                mgr.finish(qid, accepted=False)
+
+    run_threads(12, client)
+    assert 1 <= peak <= 5
+    status = mgr.status()
+    assert status["running"] == 0 and status["accepted"] == 0

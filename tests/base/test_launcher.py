@@ -1,0 +1,119 @@
+"""The local launcher on real processes: failures are named, nothing outlives it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Launcher:
+    """`python -m helpers.launch_dummies` in its own process, with its output collected."""
+
+    def __init__(self, tmp_path, trial, n, *overrides):
+        env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "helpers.launch_dummies", str(tmp_path), trial, str(n), *overrides],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        self.lines = []
+
+    def wait_ready(self, timeout=90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if line.startswith("READY "):
+                info = json.loads(line[len("READY "):])
+                return info
+        raise AssertionError("launcher never became ready:\n" + "".join(self.lines))
+
+    def finish(self, timeout=60):
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.lines.append(out)
+        return self.proc.returncode, "".join(self.lines)
+
+    def all_pids(self, info):
+        return list(info["pids"].values()) + [info["redis"]]
+
+
+def _alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_workers_that_finish_normally_end_the_trial_with_success(tmp_path, no_leftover_processes):
+    la = Launcher(tmp_path, "ok", 3, "exit_after=1.0", "complete_trial=true")
+    info = la.wait_ready()
+    code, out = la.finish()
+    assert code == 0, out
+    assert "DONE" in out
+    assert _alive(la.all_pids(info)) == []
+
+
+def test_sigkilled_worker_is_named_with_its_log_tail_and_nothing_survives(tmp_path, no_leftover_processes):
+    la = Launcher(tmp_path, "kill", 3, "spawn_grandchild=true")
+    info = la.wait_ready()
+    grandchildren = [c.pid for c in psutil.Process(info["pids"]["dummy/0"]).children(recursive=True)]
+    assert grandchildren, "the dummy should have started a grandchild"
+    victim = info["pids"]["dummy/1"]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    code, out = la.finish()
+    assert code == 1, out
+    assert "FAILED dummy/1: exited with code -9 (SIGKILL)" in out
+    assert "last 30 lines of" in out and "dummy-1.log" in out
+    assert time.monotonic() - t0 < 20  # everything stopped within the launcher's 10 s + start-up slack
+    assert _alive(la.all_pids(info) + grandchildren) == []
+
+
+def test_crashing_worker_fails_the_trial_with_its_exit_code(tmp_path, no_leftover_processes):
+    la = Launcher(tmp_path, "crash", 2, "exit_after=0.5", "exit_code=3")
+    info = la.wait_ready()
+    code, out = la.finish()
+    assert code == 1 and "FAILED dummy/0: exited with code 3" in out, out
+    assert "crashing on purpose" in out  # the log tail shows what the worker said last
+    assert _alive(la.all_pids(info)) == []
+
+
+def test_sigint_to_the_launcher_stops_every_worker_and_redis(tmp_path, no_leftover_processes):
+    la = Launcher(tmp_path, "sigint", 3, "spawn_grandchild=true")
+    info = la.wait_ready()
+    grandchildren = [c.pid for c in psutil.Process(info["pids"]["dummy/0"]).children(recursive=True)]
+    la.proc.send_signal(signal.SIGINT)
+    code, out = la.finish()
+    assert code == 130 and "INTERRUPTED" in out, out
+    assert _alive(la.all_pids(info) + grandchildren) == []
+
+
+def test_sigkill_of_the_launcher_takes_its_workers_down_too(tmp_path):
+    la = Launcher(tmp_path, "sigkill", 2)
+    info = la.wait_ready()
+    la.proc.kill()
+    la.finish()
+    deadline = time.monotonic() + 10
+    while _alive(la.all_pids(info)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(la.all_pids(info)) == []  # PR_SET_PDEATHSIG
+
+
+def test_worker_that_stops_heart_beating_without_exiting_is_detected(tmp_path, no_leftover_processes):
+    la = Launcher(tmp_path, "hang", 3, "hang_after=1.0")
+    info = la.wait_ready()
+    code, out = la.finish(timeout=60)
+    assert code == 1, out
+    assert "FAILED dummy/0: stopped heart-beating" in out
+    assert _alive(la.all_pids(info)) == []

@@ -1,0 +1,53 @@
+"""Runs the local launcher over dummy workers in its own process (it installs signal handlers).
+
+    python -m helpers.launch_dummies FILEROOT TRIAL N_WORKERS [key=value for worker 0 ...]
+
+Prints `READY <json of pids>` once every worker registered, then supervises; the exit code is
+the launcher's: 0 on success, 1 when a worker failed, 130 when interrupted.
+"""
+
+import json
+import sys
+import time
+
+from omegaconf import OmegaConf
+
+from realhf.api.cli_args import NameResolveConfig
+from realhf.base import name_resolve, names
+from realhf.scheduler.local import LauncherInterrupted, LocalLauncher, WorkerFailedError, WorkerSpec
+
+from helpers.dummy_worker import DummyWorkerConfig
+
+
+def main():
+    fileroot, trial, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    first = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DummyWorkerConfig),
+                                                OmegaConf.from_dotlist(sys.argv[4:])))
+    configs = [first] + [DummyWorkerConfig() for _ in range(n - 1)]
+    launcher = LocalLauncher("dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0), startup_timeout=60)
+    try:
+        launcher.start()
+        launcher.submit(WorkerSpec("dummy", n, configs, worker_class="helpers.dummy_worker:DummyWorker"))
+        deadline = time.monotonic() + 60
+        root = names.worker_root("dummies", trial)
+        while len(name_resolve.find_subtree(root)) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError("dummy workers did not register within 60s")
+            time.sleep(0.1)
+        pids = {p.name: p.popen.pid for p in launcher._procs}
+        print("READY " + json.dumps({"pids": pids, "redis": launcher._redis.pid}), flush=True)
+        launcher.wait(timeout=120)
+    except WorkerFailedError as e:
+        print(f"FAILED {e.worker}: {e.reason}", flush=True)
+        return 1
+    except LauncherInterrupted:
+        print("INTERRUPTED", flush=True)
+        return 130
+    finally:
+        launcher.stop_all()
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
