@@ -399,3 +399,64 @@ class MasterWorkerConfig:
 # The experiment (training/main_async_ppo.py)
 # --------------------------------------------------------------------------------------------
 # @@section experiment
+
+
+@dataclass
+class DatasetConfig:
+    path: str = _f("assets/tiny-math/data/train.jsonl", "JSONL training prompts (query_id, prompt, solutions, task).")
+    test_path: str = _f("assets/tiny-math/data/test.jsonl", "JSONL held-out prompts for the before/after accuracy report.")
+    train_bs_n_seqs: int = _f(16, "B: prompt groups per train step (each group has group_size answers).")
+
+
+@dataclass
+class RolloutSetupConfig:
+    n_workers: int = _f(2, "Rollout worker processes (at least one per trainer DP rank).")
+    agent: AgentConfig = _sub(AgentConfig, "The agent (success_rate_lb/ub are set from the top-level fields).")
+    env: EnvConfig = _sub(EnvConfig, "The environment.")
+    request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
+
+
+@dataclass
+class GenServerSetupConfig:
+    native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (allocation_mode native.*).")
+    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (allocation_mode sglang.*).")
+
+
+@dataclass
+class EvaluationConfig:
+    n_prompts: int = _f(500, "Held-out prompts for the greedy and sampled accuracy before and after training; 0: skip.")
+    max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
+    batch_size: int = _f(128, "Prompts per generate call during evaluation.")
+
+
+@dataclass
+class AsyncPPOMATHConfig:
+    """Asynchronous PPO/GRPO on math prompts: the root of training/configs/async-ppo.yaml."""
+
+    experiment_name: str = _f("async-ppo-math", "Name of the experiment; keys, logs and weights live under it.")
+    trial_name: str = _f("trial0", "Name of this run of the experiment; rerunning a name replaces its logs.")
+    seed: int = _f(1, "Seed of every worker (each adds its own index where it needs distinct streams).")
+    n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one).")
+    n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
+    allocation_mode: str = _f(
+        "native.d1m1p1+d1m1p1",
+        "'<engine>.d<dp>m<tp>p<pp>+d<dp>m<tp>p<pp>': generation servers, then the trainer (engine native or sglang).",
+    )
+    cluster: ClusterSpecConfig = _sub(ClusterSpecConfig, "Where files go, how processes find each other.")
+    actor: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "The trained policy; its path is also the generation servers' initial weights.")
+    ref: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "Reference policy for the KL term (used only when ppo.kl_ctl > 0; empty path: actor.path).")
+    dataset: DatasetConfig = _sub(DatasetConfig, "Training and held-out prompts.")
+    group_size: int = _f(8, "Answers sampled per prompt.")
+    ppo: PPOHyperparameters = _sub(PPOHyperparameters, "PPO/GRPO and sampling hyper-parameters.")
+    max_head_offpolicyness: int = _f(4, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO.")
+    max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.")
+    new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")
+    schedule_policy: str = _f("round_robin", "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.")
+    success_rate_lb: float = _f(0.0, "Drop prompt groups whose success rate is strictly below this.")
+    success_rate_ub: float = _f(1.0, "Drop prompt groups whose success rate is strictly above this.")
+    exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
+    recover_mode: str = _f("disabled", "'disabled' (start afresh), 'auto' or 'resume' (recovery is not implemented yet).")
+    rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
+    gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
+    evaluation: EvaluationConfig = _sub(EvaluationConfig, "Accuracy report before and after training.")
+    tensorboard_path: str = _f("", "Directory for tensorboard event files; empty: off.")

@@ -53,6 +53,13 @@ def check_model_worker_config(cfg: ModelWorkerConfig) -> None:
         raise ValueError(f"ppo.ppo_n_minibatches must be >= 1, got {cfg.ppo.ppo_n_minibatches}")
     if cfg.ppo.kl_estimator not in ("k1", "k2", "k3"):
         raise ValueError(f"ppo.kl_estimator must be 'k1', 'k2' or 'k3', got {cfg.ppo.kl_estimator!r}")
+    ppo = cfg.ppo
+    if not ppo.eps_clip > 0 or (ppo.eps_clip_high is not None and not ppo.eps_clip_high > 0):
+        raise ValueError(f"ppo.eps_clip and ppo.eps_clip_high must be > 0, got {ppo.eps_clip}, {ppo.eps_clip_high}")
+    if ppo.c_clip is not None and not ppo.c_clip > 1:
+        raise ValueError(f"ppo.c_clip (dual clip) must be > 1 or null, got {ppo.c_clip}")
+    if ppo.behav_imp_weight_cap is not None and not ppo.behav_imp_weight_cap >= 1:
+        raise ValueError(f"ppo.behav_imp_weight_cap must be >= 1 or null, got {ppo.behav_imp_weight_cap}")
     if cfg.max_head_offpolicyness < 0:
         raise ValueError(f"max_head_offpolicyness must be >= 0, got {cfg.max_head_offpolicyness}")
 
@@ -198,8 +205,12 @@ class ModelWorker(Worker):
         if take > 0:
             groups = self._buffer.take(take, self.version)
             self._batch = pack_trajectories(groups, self.pad_id)
-            reply["batch"] = batch_summary(groups, self.version)
+            summary = batch_summary(groups, self.version)
+            reply["batch"] = summary
             reply["buffered"] = len(self._buffer)
+            self.logger.info(f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
+                             f"{summary['gen_tokens']} trained tokens, head staleness max "
+                             f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered")
         return reply
 
     def _need_batch(self, what: str) -> TrainBatch:

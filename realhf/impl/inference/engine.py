@@ -50,6 +50,7 @@ from realhf.impl.inference.transformer import (
 logger = logging.getLogger("engine")
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+_PREFILL_CHUNK = 64  # prompts per prefill forward
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,8 +206,7 @@ class _Req:
     req: GenerateRequest
     future: Future
     t_submit: float
-    stop_ids: List[int]
-    aborted_reason: str = ""
+    stop_ids: List[int]  # EOS (unless ignore_eos) + stop_token_ids
 
 
 @dataclass
@@ -316,7 +316,7 @@ class Engine:
             if req.rid in self._live:
                 raise ValueError(f"rid {req.rid!r} is already queued or running")
             self._live[req.rid] = r
-        self._waiting.append(r)
+            self._waiting.append(r)  # under the lock: stop() cannot miss it when draining
         self._wake.set()
         return r.future
 
@@ -347,9 +347,10 @@ class Engine:
 
         def swap():
             old = self.weight_version
-            n_aborted = self._abort_running(f"weights updated to version {weight_version}")
+            new = old + 1 if weight_version is None else int(weight_version)
+            n_aborted = self._abort_running(f"weights updated to version {new}")
             self.runner.set_weights(weights)
-            self.weight_version = old + 1 if weight_version is None else int(weight_version)
+            self.weight_version = new
             self.model_path = model_path
             logger.info(f"{self.name}: weights v{old} -> v{self.weight_version} from {model_path} "
                         f"(load {t_load * 1e3:.0f} ms; {n_aborted} running requests aborted)")
@@ -360,12 +361,16 @@ class Engine:
     def stats(self) -> EngineStats:
         n = self.n_active
         used = int(self.seq_len[:n].sum()) if n else 0
+        t0, tok0 = self._tput_mark
+        elapsed = time.monotonic() - t0
+        # The loop refreshes the rate while decoding; an idle engine decays it here.
+        tput = self._tput if elapsed < 5.0 else (self.generation_tokens_total - tok0) / elapsed
         return EngineStats(
             running=n, queued=len(self._waiting), paused=self._paused, weight_version=self.weight_version,
             n_slots=self.n_slots, context_len=self.context_len,
             token_usage=used / float(self.n_slots * self.context_len),
             prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
-            requests_total=self.requests_total, aborted_total=self.aborted_total, gen_throughput=self._tput,
+            requests_total=self.requests_total, aborted_total=self.aborted_total, gen_throughput=tput,
         )
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -401,7 +406,12 @@ class Engine:
             _, fut = self._commands.popleft()
             if not fut.done():
                 fut.set_exception(EngineClosedError(f"{self.name}: {reason}"))
-        self._abort_running(reason)
+        try:
+            self._abort_running(reason)
+        except Exception:  # broken slot state after a failure: resolve without partial output
+            for r in self.slot_req:
+                self._finish(r, [], [], self._abort_reason(reason))
+            self.slot_req.clear()
         while self._waiting:
             self._finish_queued(self._waiting.popleft(), reason)
 
@@ -496,13 +506,12 @@ class Engine:
         if not batch:
             return
 
+        # Shortest prompts first, prefilled in chunks of similar length: padding to the longest
+        # prompt of the whole batch would waste up to a third of the prefill compute.
+        batch.sort(key=lambda r: len(r.req.input_ids))
         lo, b = self.n_active, len(batch)
         hi = lo + b
-        tokens = torch.zeros(b, width, dtype=torch.long)
-        for i, r in enumerate(batch):
-            tokens[i, : len(r.req.input_ids)] = torch.tensor(r.req.input_ids)
         lengths = torch.tensor([len(r.req.input_ids) for r in batch])
-        slots = torch.arange(lo, hi)
 
         # Per-slot sampling state of the new rows.
         sp = [r.req.sampling for r in batch]
@@ -527,7 +536,15 @@ class Engine:
             self._count(s, +1)
         self.prompt_tokens_total += int(lengths.sum())
 
-        logits = self.runner.prefill(slots, tokens, lengths)
+        parts = []
+        for c0 in range(0, b, _PREFILL_CHUNK):
+            chunk = batch[c0 : c0 + _PREFILL_CHUNK]
+            tokens = torch.zeros(len(chunk), len(chunk[-1].req.input_ids), dtype=torch.long)
+            for i, r in enumerate(chunk):
+                tokens[i, : len(r.req.input_ids)] = torch.tensor(r.req.input_ids)
+            slots = torch.arange(lo + c0, lo + c0 + len(chunk))
+            parts.append(self.runner.prefill(slots, tokens, lengths[c0 : c0 + len(chunk)]))
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
         self._sample_append_retire(logits, lo, hi)
 
     def _count(self, s: SamplingParams, sign: int) -> None:
@@ -550,9 +567,9 @@ class Engine:
             # SGLang's min-new-tokens penalizer; the log-probs are those of the masked logits).
             below = n_gen < self.min_new[lo:hi]
             if bool(below.any()):
-                mask = torch.zeros_like(logits, dtype=torch.bool)
-                mask.scatter_(1, stop_ids.clamp_min(0), (stop_ids >= 0) & below[:, None])
-                logits = logits.masked_fill(mask, float("-inf"))
+                rows, cols = ((stop_ids >= 0) & below[:, None]).nonzero(as_tuple=True)
+                logits = logits.clone()
+                logits[rows, stop_ids[rows, cols]] = float("-inf")
         n = hi - lo
         tokens, logprobs = sample(
             logits, self.temp[lo:hi], self.top_p[lo:hi], self.top_k[lo:hi],

@@ -1,0 +1,376 @@
+"""The SGLang HTTP protocol (DESIGN §5) in front of a native `Engine`.
+
+    POST /generate                  {input_ids, sampling_params, return_logprob, rid?}
+    POST /pause_generation          running requests return now with finish_reason abort
+    POST /continue_generation
+    POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message}
+    POST /abort_request             {rid} or {abort_all: true}
+    GET  /health, /health_generate, /v1/models, /get_model_info, /metrics; GET|POST /flush_cache
+
+The JSON fields are re-declared here (importing sglang drags in torchvision). Unknown fields are
+ignored, as SGLang ignores options it does not use. A body that does not validate — malformed
+JSON, wrong types, an empty prompt, token ids out of the vocabulary, a prompt that does not fit
+the context — gets a 400 with `{"error": {"message": ...}}` naming the field, never a 5xx.
+
+The handlers stay thin: they validate, hand the request to the engine thread and await a future
+that the engine resolves (`asyncio.wrap_future` → `call_soon_threadsafe`), so the event loop
+never waits on the model. A client that disconnects has its request aborted (slot freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any, List, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from realhf.base import logging
+from realhf.impl.inference.engine import (
+    DEFAULT_MAX_NEW_TOKENS,
+    Engine,
+    EngineClosedError,
+    GenerateRequest,
+    SamplingParams,
+)
+
+logger = logging.getLogger("gen_server")
+
+_COMMAND_TIMEOUT = 60.0  # seconds a pause/continue/abort may wait for the engine thread
+
+
+# --------------------------------------------------------------------------------------------
+# Request bodies (SGLang's field names)
+# --------------------------------------------------------------------------------------------
+
+
+class SamplingParamsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: Optional[List[int]] = None
+    stop: Optional[Union[str, List[str]]] = None
+    ignore_eos: bool = False
+    n: int = 1
+
+
+class GenerateBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input_ids: Optional[List[int]] = None
+    text: Optional[Union[str, List[str]]] = None
+    sampling_params: SamplingParamsBody = Field(default_factory=SamplingParamsBody)
+    return_logprob: bool = False
+    rid: Optional[str] = None
+    stream: bool = False
+
+
+class UpdateWeightsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model_path: str
+    weight_version: Optional[int] = None
+    load_format: Optional[str] = None
+
+
+class PauseBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    mode: str = "abort"  # SGLang also has "retract" and "in_place"
+
+
+class AbortBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rid: str = ""
+    abort_all: bool = False
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    # json.dumps directly: FastAPI's jsonable_encoder walks every list element in Python.
+    return Response(json.dumps(obj), status_code=status, media_type="application/json")
+
+
+async def _parse(request: Request, model: type):
+    """The JSON body as `model`, whatever the Content-Type (curl -d sends a form type)."""
+    raw = await request.body()
+    try:
+        obj = json.loads(raw) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(obj).__name__}")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors()[:5]:
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+        raise BadRequest("invalid request body: " + "; ".join(parts)) from None
+
+
+def _to_engine_request(body: GenerateBody) -> GenerateRequest:
+    sp = body.sampling_params
+    if body.input_ids is None:
+        if body.text is not None:
+            raise BadRequest("this server runs without a tokenizer (like --skip-tokenizer-init): send input_ids, not text")
+        raise BadRequest("input_ids is required")
+    if sp.stop:
+        raise BadRequest("sampling_params.stop (stop strings) needs a tokenizer; use stop_token_ids")
+    if sp.n != 1:
+        raise BadRequest(f"sampling_params.n must be 1 (send one request per sample), got {sp.n}")
+    if body.stream:
+        raise BadRequest("stream=true is not supported by this server")
+    return GenerateRequest(
+        input_ids=list(body.input_ids),
+        sampling=SamplingParams(
+            max_new_tokens=sp.max_new_tokens, min_new_tokens=sp.min_new_tokens, temperature=sp.temperature,
+            top_p=sp.top_p, top_k=sp.top_k, stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=sp.ignore_eos,
+        ),
+        rid=body.rid or "",
+    )
+
+
+async def _result_or_disconnect(request: Request, fut, engine: Engine, rid: str):
+    """The engine's result, or None once the client disconnected — then the request is aborted
+    so that its slot is freed instead of decoding an answer nobody reads."""
+    result = asyncio.wrap_future(fut)
+    # With the body read, the next ASGI message is `http.disconnect`, and only if the client goes.
+    disconnect = asyncio.ensure_future(request.receive())
+    try:
+        done, _ = await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        _abort_quietly(engine, rid)
+        raise
+    finally:
+        if not disconnect.done():
+            disconnect.cancel()
+    if result in done:
+        return result.result()
+    if disconnect.result().get("type") == "http.disconnect":
+        _abort_quietly(engine, rid)
+        return None
+    return await result
+
+
+def _abort_quietly(engine: Engine, rid: str) -> None:
+    try:
+        engine.abort(rid)
+    except EngineClosedError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------
+
+
+def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
+    app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None, openapi_url=None)
+    model_name = served_model_name or engine.model_path or "model"
+    started = time.time()
+
+    @app.exception_handler(BadRequest)
+    async def _on_bad_request(request: Request, exc: BadRequest):
+        return _error(400, str(exc))
+
+    @app.exception_handler(EngineClosedError)
+    async def _on_engine_closed(request: Request, exc: EngineClosedError):
+        return _error(503, str(exc))
+
+    async def _wait(fut, what: str):
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout=_COMMAND_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"engine did not complete {what} within {_COMMAND_TIMEOUT:.0f}s") from None
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        body = await _parse(request, GenerateBody)
+        try:
+            req = _to_engine_request(body)
+            fut = engine.submit(req)
+        except (BadRequest, ValueError) as e:
+            return _error(400, str(e))
+        except EngineClosedError as e:
+            return _error(503, str(e))
+        result = await _result_or_disconnect(request, fut, engine, req.rid)
+        if result is None:
+            return Response(status_code=499)  # nobody is listening any more
+        return _json(result.to_sglang(body.return_logprob))
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        body = await _parse(request, PauseBody)
+        if body.mode != "abort":
+            raise BadRequest(f"pause_generation: only mode 'abort' is supported, got {body.mode!r}")
+        n = await _wait(engine.pause(), "pause_generation")
+        return _json({"success": True, "message": f"paused; {n} running requests aborted"})
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        await _wait(engine.resume(), "continue_generation")
+        return _json({"success": True, "message": "continued"})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        body = await _parse(request, UpdateWeightsBody)
+        try:
+            version = await asyncio.to_thread(engine.update_weights, body.model_path, body.weight_version)
+        except EngineClosedError:
+            raise
+        except Exception as e:  # any unloadable checkpoint (missing, corrupt, other shape) is the caller's
+            logger.warning(f"update_weights_from_disk {body.model_path!r} failed: {e}")
+            return _json({"success": False, "message": f"failed to load {body.model_path!r}: {e}"}, status=400)
+        return _json({"success": True, "message": f"loaded {body.model_path} as weight version {version}",
+                      "weight_version": version})
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        body = await _parse(request, AbortBody)
+        if body.abort_all:
+            n = await _wait(engine.abort_all(), "abort_request")
+            return _json({"success": True, "message": f"{n} requests aborted"})
+        if not body.rid:
+            return _error(400, "abort_request needs rid (or abort_all: true)")
+        found = await _wait(engine.abort(body.rid), "abort_request")
+        return _json({"success": bool(found), "message": "aborted" if found else f"no request with rid {body.rid!r}"})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        await _wait(engine.flush_cache(), "flush_cache")
+        return _json({"success": True, "message": "cache flushed"})
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive():
+            return _error(503, "engine thread is not running")
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate():
+        return await health()
+
+    @app.get("/v1/models")
+    async def models():
+        return _json({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(started), "owned_by": "realhf",
+            "root": engine.model_path, "max_model_len": engine.context_len,
+        }]})
+
+    @app.get("/get_model_info")
+    async def model_info():
+        return _json({"model_path": engine.model_path, "tokenizer_path": None, "is_generation": True,
+                      "weight_version": engine.weight_version})
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(prometheus_text(engine, model_name), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def prometheus_text(engine: Engine, model_name: str) -> str:
+    """SGLang's metric names (`sglang:*`), so a scraper reads either server the same way."""
+    s = engine.stats()
+    label = '{model_name="%s"}' % model_name.replace("\\", "\\\\").replace('"', '\\"')
+    rows = [
+        ("sglang:num_running_reqs", "gauge", "Requests being decoded.", s.running),
+        ("sglang:num_queue_reqs", "gauge", "Requests waiting for a slot.", s.queued),
+        ("sglang:token_usage", "gauge", "Fraction of KV-cache tokens in use.", s.token_usage),
+        ("sglang:gen_throughput", "gauge", "Generated tokens per second (recent).", s.gen_throughput),
+        ("sglang:max_running_requests", "gauge", "KV-cache slots.", s.n_slots),
+        ("sglang:context_len", "gauge", "Tokens per slot.", s.context_len),
+        ("sglang:prompt_tokens_total", "counter", "Prompt tokens prefilled.", s.prompt_tokens_total),
+        ("sglang:generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens_total),
+        ("sglang:num_requests_total", "counter", "Requests finished (any reason).", s.requests_total),
+        ("sglang:num_aborted_requests_total", "counter", "Requests finished by abort.", s.aborted_total),
+        ("realhf:weight_version", "gauge", "Version of the weights being served.", s.weight_version),
+        ("realhf:paused", "gauge", "1 while generation is paused.", int(s.paused)),
+    ]
+    lines = []
+    for name, kind, help_, value in rows:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Serving from a thread (the GenerationServer worker, tests)
+# --------------------------------------------------------------------------------------------
+
+
+class ServerThread:
+    """uvicorn serving `app` in a background thread of this process.
+
+    The listening socket is bound here before the thread starts, so `port=0` picks a free port
+    with no race and `.port` is known at once.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((host, port))
+        except OSError as e:
+            self.sock.close()
+            raise OSError(f"cannot bind the generation server to {host}:{port}: {e}") from None
+        self.sock.listen(2048)
+        self.host, self.port = host, self.sock.getsockname()[1]
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
+        self.error: Optional[BaseException] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _serve(self):
+        try:
+            self.server.run(sockets=[self.sock])
+        except BaseException as e:  # reported by is_alive()/start()
+            self.error = e
+            logger.exception(f"uvicorn on {self.url} failed: {e}")
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError(f"uvicorn on {self.url} exited during startup: {self.error!r}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"uvicorn on {self.url} did not start within {timeout:.0f}s")
+            time.sleep(0.01)
+        return self
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=timeout)
+            if self.thread.is_alive():
+                self.server.force_exit = True
+                self.thread.join(timeout=2.0)
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,131 @@
+"""Trajectories → the padded tensors one train step works on.
+
+Layout (right padding, one row per sample, prompt then output):
+
+    input_ids       [N, T]    prompt_ids + output_ids, then pad
+    attention_mask  [N, T]    1 on real tokens
+    token tensors   [N, T-1]  aligned with the *predictions*: column t holds what is known
+                              about token t+1 (the logits at position t predict token t+1), so
+                              output token j of a sample with P prompt tokens sits in column P+j-1
+        loss_mask       trained tokens (generated ones; not the prompt, not inserted feedback)
+        behav_logprobs  the log-prob the generation server sampled the token with
+        versions        the weight version that produced the token (−1 outside the output)
+    per sample [N]   rewards, group_ids (index of the prompt group in this batch), no_eos
+
+`prox_logprobs` / `ref_logprobs` are filled in later by the `inference` calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+from realhf.api.trajectory import Trajectory
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    behav_logprobs: torch.Tensor
+    versions: torch.Tensor
+    rewards: torch.Tensor
+    group_ids: torch.Tensor
+    no_eos: torch.Tensor
+    prox_logprobs: Optional[torch.Tensor] = None
+    ref_logprobs: Optional[torch.Tensor] = None
+
+    @property
+    def n_seqs(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        """Trained (loss-masked) tokens."""
+        return int(self.loss_mask.sum())
+
+    def select(self, rows: torch.Tensor) -> "TrainBatch":
+        """The sub-batch of `rows`, trimmed to its longest sequence (right padding makes the
+        trim exact: no real token moves)."""
+        width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 1
+        width = max(width, 2)
+        out = {}
+        for f in dataclasses.fields(self):
+            t = getattr(self, f.name)
+            if t is None:
+                out[f.name] = None
+            elif t.dim() == 1:
+                out[f.name] = t[rows]
+            elif t.shape[1] == self.input_ids.shape[1]:
+                out[f.name] = t[rows, :width]
+            else:
+                out[f.name] = t[rows, : width - 1]
+        return TrainBatch(**out)
+
+
+def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainBatch:
+    """One row per sample of every trajectory, groups kept contiguous and in order."""
+    rows = [(g, traj.prompt_ids, s) for g, traj in enumerate(trajectories) for s in traj.samples]
+    if not rows:
+        raise ValueError("cannot build a train batch from zero trajectories")
+    width = max(len(p) + len(s.output_ids) for _, p, s in rows)
+    width = max(width, 2)
+    n = len(rows)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
+    behav = torch.zeros((n, width - 1), dtype=torch.float32)
+    versions = torch.full((n, width - 1), -1, dtype=torch.long)
+    for i, (_, prompt, s) in enumerate(rows):
+        if not prompt:
+            raise ValueError(f"sample {i}: empty prompt; the first output token needs a prompt token to predict it")
+        p, o = len(prompt), len(s.output_ids)
+        input_ids[i, : p + o] = torch.tensor(list(prompt) + list(s.output_ids), dtype=torch.long)
+        attention_mask[i, : p + o] = 1
+        if o:
+            cols = slice(p - 1, p - 1 + o)
+            loss_mask[i, cols] = torch.tensor(s.mask(), dtype=torch.bool)
+            behav[i, cols] = torch.tensor(s.logprobs, dtype=torch.float32)
+            versions[i, cols] = torch.tensor(s.versions, dtype=torch.long)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behav_logprobs=behav,
+        versions=versions,
+        rewards=torch.tensor([s.reward for _, _, s in rows], dtype=torch.float32),
+        group_ids=torch.tensor([g for g, _, _ in rows], dtype=torch.long),
+        no_eos=torch.tensor([s.no_eos for _, _, s in rows], dtype=torch.bool),
+    )
+
+
+def minibatch_rows(n_seqs: int, n_minibatches: int) -> List[torch.Tensor]:
+    """Contiguous row ranges of (nearly) equal size; some are empty when n_seqs < n_minibatches
+    (every DP rank must still take part in every optimizer step)."""
+    if n_minibatches < 1:
+        raise ValueError(f"ppo.ppo_n_minibatches must be >= 1, got {n_minibatches}")
+    return list(torch.tensor_split(torch.arange(n_seqs), n_minibatches))
+
+
+def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:
+    """The numbers the master logs about a step's data, as plain msgpack-able values.
+
+    Staleness per group: head = v − version_start (its oldest token), tail = v − version_end.
+    A sample counts as a success when its reward is > 0 (rewards are ±scale around 0).
+    """
+    samples = [s for g in groups for s in g.samples]
+    return {
+        "n_groups": len(groups),
+        "n_samples": len(samples),
+        "reward_sum": float(sum(s.reward for s in samples)),
+        "n_success": sum(1 for s in samples if s.reward > 0),
+        "n_no_eos": sum(1 for s in samples if s.no_eos),
+        "gen_tokens": sum(sum(s.mask()) for s in samples),
+        "output_tokens": sum(len(s.output_ids) for s in samples),
+        "head_offpolicyness": [int(version - g.version_start) for g in groups],
+        "tail_offpolicyness": [int(version - g.version_end) for g in groups],
+    }

@@ -1,0 +1,53 @@
+"""The trainer-side staleness guard (DESIGN §4) and the FIFO of groups a DP head may train on.
+
+A model worker never trains a group whose `version_start < v − η`: such groups are dropped and
+counted, the master publishes the count as `stale_dropped`, and the GserverManager subtracts it
+from `accepted` so that a drop frees admission capacity instead of starving the trainer. The
+version only grows, so the guard is re-applied to the whole buffer at every look.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Deque, Iterable, List
+
+from realhf.api.trajectory import Trajectory
+
+
+class TrajectoryBuffer:
+    def __init__(self, max_head_offpolicyness: int):
+        if max_head_offpolicyness < 0:
+            raise ValueError(f"max_head_offpolicyness must be >= 0, got {max_head_offpolicyness}")
+        self.eta = max_head_offpolicyness
+        self._groups: Deque[Trajectory] = collections.deque()
+        self.n_added = 0
+        self.n_stale_dropped = 0
+        self.n_taken = 0
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def add(self, groups: Iterable[Trajectory]) -> None:
+        for g in groups:
+            self._groups.append(g)
+            self.n_added += 1
+
+    def is_stale(self, group: Trajectory, version: int) -> bool:
+        return group.version_start < version - self.eta
+
+    def drop_stale(self, version: int) -> List[Trajectory]:
+        """Remove (and count) every group too old to train at `version`; returns them."""
+        dropped = [g for g in self._groups if self.is_stale(g, version)]
+        if dropped:
+            self._groups = collections.deque(g for g in self._groups if not self.is_stale(g, version))
+            self.n_stale_dropped += len(dropped)
+        return dropped
+
+    def take(self, n: int, version: int) -> List[Trajectory]:
+        """The `n` oldest trainable groups; raises if fewer are buffered (nothing is taken then)."""
+        self.drop_stale(version)
+        if n > len(self._groups):
+            raise ValueError(f"asked for {n} groups but only {len(self._groups)} are buffered")
+        taken = [self._groups.popleft() for _ in range(n)]
+        self.n_taken += n
+        return taken

@@ -1,0 +1,251 @@
+"""What an agent calls to generate: manager-routed, chunked, resumable requests (DESIGN §5).
+
+    result = await client.generate(qid, prompt_ids, gconfig, group_size)
+
+For one sample this loops
+    ask the manager `/schedule_request` for a server → POST `<server>/generate`
+until the answer stops (EOS / stop token) or reaches its token budget. A request that comes back
+with `finish_reason.type == "abort"` (the server was paused for a weight update) or that hit the
+`new_tokens_per_chunk` limit is resubmitted as prompt + tokens so far; the manager is told the
+previous server and version, so the group stays on its server while the weights are unchanged.
+Every output token keeps the `weight_version` of the response that produced it, and its
+behaviour log-prob.
+
+All samples of a group share one route (url, version): their scheduling calls are serialised per
+group, so the second sample already passes the first one's server as `previous_server_url`.
+
+One kept-alive aiohttp session serves every call of a worker (NOTES: aiohttp ≫ httpx at 64+
+concurrent requests). Every call has a timeout whose error names the URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import aiohttp
+
+from realhf.base import logging
+
+logger = logging.getLogger("generation_client")
+
+
+
+class GenerationError(RuntimeError):
+    pass
+
+
+@dataclass
+class GenerationResult:
+    output_ids: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)  # behaviour log-prob of each output token
+    versions: List[int] = field(default_factory=list)  # weight version that produced each token
+    finish_reason: str = ""  # "stop" (EOS or a stop token) or "length" (budget or server limit)
+    n_requests: int = 0  # /generate calls it took
+
+    @property
+    def no_eos(self) -> bool:
+        return self.finish_reason != "stop"
+
+
+@dataclass
+class _Route:
+    url: Optional[str] = None
+    version: Optional[int] = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class GenerationClient:
+    def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
+                 manager_timeout: float = 30.0, eos_token_id: Optional[int] = None):
+        if new_tokens_per_chunk < 0:
+            raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
+        self.manager_url = manager_url.rstrip("/")
+        self.new_tokens_per_chunk = new_tokens_per_chunk
+        self.request_timeout = request_timeout
+        self.manager_timeout = manager_timeout
+        self.eos_token_id = eos_token_id
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._routes: Dict[str, _Route] = {}
+        self._rids = itertools.count()
+        self._rid_prefix = f"{os.getpid()}-{id(self):x}"
+        self.n_generate_calls = 0
+        self.n_aborts = 0
+
+    # ---- session ------------------------------------------------------------------------------
+    async def __aenter__(self) -> "GenerationClient":
+        self.session()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No connection cap: a worker may have hundreds of samples in flight on loopback.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post_json(self, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+        return await post_json(self.session(), url, body, timeout)
+
+    # ---- the manager --------------------------------------------------------------------------
+    async def allocate_rollout(self, qid: str) -> Tuple[bool, str]:
+        r = await self.post_json(f"{self.manager_url}/allocate_rollout", {"qid": qid}, self.manager_timeout)
+        return bool(r.get("success")), str(r.get("reason", ""))
+
+    async def finish_rollout(self, qid: str, accepted: bool, n_tokens: int = 0) -> None:
+        self._routes.pop(qid, None)
+        await self.post_json(f"{self.manager_url}/finish_rollout",
+                             {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens)}, self.manager_timeout)
+
+    def forget(self, qid: str) -> None:
+        """Drop the group's route (the episode ended)."""
+        self._routes.pop(qid, None)
+
+    async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int) -> Tuple[str, int]:
+        route = self._routes.setdefault(qid, _Route())
+        async with route.lock:
+            r = await self.post_json(
+                f"{self.manager_url}/schedule_request",
+                {"qid": qid, "prompt_len": prompt_len, "group_size": group_size, "new_token_budget": budget,
+                 "previous_server_url": route.url, "previous_version": route.version},
+                self.manager_timeout,
+            )
+            try:
+                route.url, route.version = str(r["url"]), int(r["version"])
+            except (KeyError, TypeError, ValueError):
+                raise GenerationError(f"{self.manager_url}/schedule_request answered {r!r}; expected {{url, version}}") from None
+            return route.url, route.version
+
+    # ---- generation ---------------------------------------------------------------------------
+    async def generate(self, qid: str, input_ids: Sequence[int], gconfig: Any, group_size: int = 1,
+                       max_new_tokens: Optional[int] = None) -> GenerationResult:
+        """One sample of group `qid`: `max_new_tokens` (default `gconfig.max_new_tokens`) at most."""
+        budget = int(gconfig.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        prompt = [int(t) for t in input_ids]
+        result = GenerationResult()
+        empty_aborts, progress_at = 0, time.monotonic()
+        while True:
+            remaining = budget - len(result.output_ids)
+            if remaining <= 0:
+                result.finish_reason = "length"
+                return result
+            chunk = min(remaining, self.new_tokens_per_chunk) if self.new_tokens_per_chunk else remaining
+            url, version = await self._schedule(qid, len(prompt) + len(result.output_ids), group_size, remaining)
+            ids, logprobs, reason, weight_version = await self._generate_once(
+                url, prompt + result.output_ids, gconfig, chunk, len(result.output_ids))
+            result.n_requests += 1
+            result.output_ids += ids
+            result.logprobs += logprobs
+            result.versions += [version if weight_version is None else weight_version] * len(ids)
+            if reason == "stop":
+                result.finish_reason = "stop"
+                return result
+            if reason == "abort":
+                self.n_aborts += 1
+                if ids:
+                    empty_aborts, progress_at = 0, time.monotonic()
+                    continue
+                # Aborted before any token: back off, and give up if the server makes no progress
+                # for as long as one request may take (it stays paused?).
+                empty_aborts += 1
+                if time.monotonic() - progress_at > self.request_timeout:
+                    raise GenerationError(f"{url}/generate aborted {empty_aborts} times without a new token in "
+                                          f"{self.request_timeout:.0f}s for qid {qid!r} (server stuck paused?)")
+                await asyncio.sleep(min(0.5, 0.01 * 2 ** min(empty_aborts, 6)))
+                continue
+            if reason == "length" and len(ids) < chunk:
+                # The server stopped short of what was asked: its context is full.
+                result.finish_reason = "length"
+                return result
+
+    async def generate_group(self, qid: str, input_ids: Sequence[int], gconfig: Any, n: int,
+                             max_new_tokens: Optional[int] = None) -> List[GenerationResult]:
+        """`n` samples of one prompt, concurrently, on the group's server."""
+        return list(await asyncio.gather(*(self.generate(qid, input_ids, gconfig, n, max_new_tokens) for _ in range(n))))
+
+    def _sampling_params(self, gconfig: Any, max_new_tokens: int, n_done: int) -> Dict[str, Any]:
+        stop = [int(t) for t in getattr(gconfig, "stop_token_ids", [])]
+        if self.eos_token_id is not None and self.eos_token_id not in stop:
+            stop.append(int(self.eos_token_id))
+        params = {
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(gconfig.temperature),
+            "top_p": float(gconfig.top_p),
+            "top_k": int(gconfig.top_k),
+            "stop_token_ids": stop,
+        }
+        min_new = int(getattr(gconfig, "min_new_tokens", 0)) - n_done
+        if min_new > 0:
+            params["min_new_tokens"] = min(min_new, int(max_new_tokens))
+        return params
+
+    async def _generate_once(self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int,
+                             n_done: int) -> Tuple[List[int], List[float], str, Optional[int]]:
+        rid = f"{self._rid_prefix}-{next(self._rids)}"
+        body = {"input_ids": input_ids, "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
+                "return_logprob": True, "rid": rid}
+        self.n_generate_calls += 1
+        r = await self.post_json(f"{url}/generate", body, self.request_timeout)
+        return parse_generate_response(url, r)
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
+    """POST JSON, return the JSON answer; errors name the URL (and the server's message)."""
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise GenerationError(f"POST {url} returned HTTP {r.status}: {text[:300]}")
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"POST {url}: no answer within {timeout:.1f}s") from None
+    except aiohttp.ClientError as e:
+        raise GenerationError(f"POST {url} failed: {type(e).__name__}: {e}") from None
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        raise GenerationError(f"POST {url} answered with non-JSON: {text[:200]!r}") from None
+    if not isinstance(answer, dict):
+        raise GenerationError(f"POST {url} answered with {type(answer).__name__}, expected a JSON object")
+    return answer
+
+
+def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], List[float], str, Optional[int]]:
+    """(output_ids, logprobs, finish type, weight_version or None) of an SGLang /generate answer."""
+    where = f"{url}/generate answer"
+    ids = r.get("output_ids")
+    meta = r.get("meta_info")
+    if not isinstance(ids, list) or not isinstance(meta, dict):
+        raise GenerationError(f"{where} lacks output_ids or meta_info: {str(r)[:200]}")
+    finish = meta.get("finish_reason")
+    reason = finish.get("type") if isinstance(finish, dict) else finish
+    if reason not in ("stop", "length", "abort"):
+        raise GenerationError(f"{where}: unknown finish_reason {finish!r}")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list) or len(entries) != len(ids):
+        raise GenerationError(
+            f"{where}: {len(entries) if isinstance(entries, list) else 'no'} output_token_logprobs "
+            f"for {len(ids)} output_ids (was return_logprob honoured?)")
+    try:
+        logprobs = [float(e[0]) for e in entries]
+        ids = [int(t) for t in ids]
+    except (TypeError, ValueError, IndexError):
+        raise GenerationError(f"{where}: malformed output_ids or output_token_logprobs") from None
+    version = meta.get("weight_version")
+    try:
+        version = None if version is None else int(version)
+    except (TypeError, ValueError):
+        version = None  # SGLang's default version is a name such as "default"
+    return ids, logprobs, reason, version
+

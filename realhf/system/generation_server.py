@@ -1,0 +1,109 @@
+"""GenerationServer worker: one inference server behind the SGLang protocol (DESIGN §2, §5).
+
+    configure: start the backend on `host` and a free port
+               native: the built-in engine thread + uvicorn (realhf.impl.inference) in this process
+               sglang: `python -m sglang.launch_server` as a child process, wait for /health
+               then register `http://host:port` under gen_servers/ (keep-alive key)
+    loop:      check every `health_check_interval` s that the backend is alive (a dead backend
+               fails the worker, so the launcher sees it); log load and throughput
+    exit:      deregister first (no new traffic), then stop the server and the engine / process tree
+
+All the work is in the backend modules; this file only wires them to the worker lifecycle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from realhf.api.cli_args import GenerationServerConfig, validate_generation_server_config
+from realhf.base import name_resolve, names
+from realhf.base.network import find_free_port, host_for_peers
+from realhf.system.worker_base import Worker
+
+_STATUS_LOG_INTERVAL = 30.0
+
+
+class GenerationServer(Worker):
+    config_cls = GenerationServerConfig
+
+    def _configure(self) -> None:
+        self._engine = self._server = self._sglang = None
+        self._key = None
+        cfg: GenerationServerConfig = self.config
+        validate_generation_server_config(cfg)
+        seed = cfg.seed + self.ctx.worker_index
+        if cfg.backend == "native":
+            port = self._start_native(cfg, seed)
+        else:
+            port = self._start_sglang(cfg, seed)
+        self.url = f"http://{host_for_peers(cfg.host)}:{port}"
+        self._key = name_resolve.add_subentry(names.gen_servers(self.ctx.experiment_name, self.ctx.trial_name),
+                                              self.url, keepalive_ttl=cfg.keepalive_ttl)
+        self.logger.info(f"serving {cfg.model_path} (backend {cfg.backend}, weight version {cfg.weight_version}) "
+                         f"at {self.url}; registered as {self._key}")
+        self._last_check = self._last_log = time.monotonic()
+
+    def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
+        from realhf.impl.inference.engine import create_engine_from_config
+        from realhf.impl.inference.server_app import ServerThread, create_app
+
+        self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
+                                                 seed=seed, name=self.name).start()
+        self._server = ServerThread(create_app(self._engine), cfg.host, cfg.port).start(timeout=cfg.startup_timeout)
+        return self._server.port
+
+    def _start_sglang(self, cfg: GenerationServerConfig, seed: int) -> int:
+        from realhf.impl.inference.sglang_launcher import SGLangProcess, build_sglang_command, sglang_available
+
+        if not sglang_available():
+            raise RuntimeError("backend=sglang needs the sglang package in this environment "
+                               "(pip install 'sglang[all]'); use backend=native on CPU machines")
+        port = cfg.port or find_free_port(cfg.host)
+        cmd = build_sglang_command(cfg.model_path, cfg.host, port, cfg.sglang, tp_size=cfg.tp_size,
+                                   base_gpu_id=cfg.base_gpu_id, seed=seed)
+        log_dir = self.ctx.log_dir or "."
+        log_path = os.path.join(log_dir, f"sglang-{self.ctx.worker_index}.log")
+        self._sglang = SGLangProcess(cmd, f"http://{host_for_peers(cfg.host)}:{port}", log_path,
+                                     startup_timeout=cfg.sglang.startup_timeout,
+                                     health_timeout=cfg.health_timeout).start()
+        return port
+
+    def _poll(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_check >= self.config.health_check_interval:
+            self._last_check = now
+            self._check_backend()
+        if self._engine is not None and now - self._last_log >= _STATUS_LOG_INTERVAL:
+            self._last_log = now
+            s = self._engine.stats()
+            self.logger.info(f"running={s.running} queued={s.queued} paused={s.paused} version={s.weight_version} "
+                             f"gen={s.gen_throughput:.0f} tok/s tokens={s.generation_tokens_total} "
+                             f"requests={s.requests_total} aborted={s.aborted_total}")
+        time.sleep(0.05)
+        return True
+
+    def _check_backend(self) -> None:
+        if self._engine is not None and not self._engine.is_alive():
+            raise RuntimeError(f"engine of {self.url} is no longer running")
+        if self._server is not None and not self._server.is_alive():
+            raise RuntimeError(f"HTTP server {self.url} stopped")
+        if self._sglang is not None:
+            code = self._sglang.exit_code()
+            if code is not None:
+                raise RuntimeError(f"sglang server {self.url} exited with code {code}; last lines of "
+                                   f"{self._sglang.log_path}:\n{self._sglang.log_tail()}")
+
+    def _exit_hook(self) -> None:
+        if getattr(self, "_key", None):
+            try:
+                name_resolve.delete(self._key)
+            except Exception as e:  # expired or Redis gone: nothing left to withdraw
+                self.logger.warning(f"could not delete {self._key}: {e}")
+        if getattr(self, "_engine", None) is not None:
+            self._engine.stop()  # queued and running requests return with abort
+        if getattr(self, "_server", None) is not None:
+            self._server.stop()
+        if getattr(self, "_sglang", None) is not None:
+            self._sglang.stop()
+        self.logger.info("generation server stopped")

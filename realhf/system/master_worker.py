@@ -1,0 +1,187 @@
+"""MasterWorker: drives the training steps over request/reply (DESIGN §2, §7).
+
+    configure: build the dataflow graph → bind the request socket → wait for the model workers
+               → initialize them
+    each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
+               run the graph (actor_inf → [ref_inf] → actor_train), one request per node to
+               every model worker → publish training_samples → log the step's metrics
+    the end:   after exp_ctrl.benchmark_steps or total_train_epochs, save, set
+               experiment_status=COMPLETE (every worker then leaves its loop), exit
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from realhf.api.cli_args import MasterWorkerConfig
+from realhf.base import name_resolve, names
+from realhf.system.pipeline import ppo_pipeline
+from realhf.system.request_reply_stream import MasterStream
+from realhf.system.stats_logger import StatsLogger, step_metrics
+from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
+
+
+def dp_shares(batch_size: int, dp_size: int) -> List[int]:
+    """Groups each DP rank contributes to a step: B // dp, the remainder one each to ranks 0, 1, …"""
+    k, rest = divmod(batch_size, dp_size)
+    return [k + (1 if r < rest else 0) for r in range(dp_size)]
+
+
+def total_train_steps(cfg: MasterWorkerConfig) -> int:
+    if cfg.exp_ctrl.benchmark_steps > 0:
+        return cfg.exp_ctrl.benchmark_steps
+    steps_per_epoch = cfg.dataset_size // cfg.train_batch_size
+    if steps_per_epoch <= 0 or cfg.exp_ctrl.total_train_epochs <= 0:
+        raise ValueError(
+            f"cannot tell when to stop: exp_ctrl.benchmark_steps is 0 and dataset_size "
+            f"({cfg.dataset_size}) // train_batch_size ({cfg.train_batch_size}) x exp_ctrl.total_train_epochs "
+            f"({cfg.exp_ctrl.total_train_epochs}) is 0 steps"
+        )
+    return steps_per_epoch * cfg.exp_ctrl.total_train_epochs
+
+
+class MasterWorker(Worker):
+    config_cls = MasterWorkerConfig
+
+    # ---- set-up -----------------------------------------------------------------------------
+    def _configure(self) -> None:
+        cfg: MasterWorkerConfig = self.config
+        self._stream: Optional[MasterStream] = None
+        self._stats: Optional[StatsLogger] = None
+        if cfg.n_model_workers < 1:
+            raise ValueError(f"n_model_workers must be >= 1, got {cfg.n_model_workers}")
+        if cfg.train_batch_size < cfg.n_model_workers:
+            raise ValueError(f"train_batch_size ({cfg.train_batch_size}) must be >= n_model_workers "
+                             f"({cfg.n_model_workers}): every DP rank trains at least one group per step")
+        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
+        self.total_steps = total_train_steps(cfg)
+        self.shares = dp_shares(cfg.train_batch_size, cfg.n_model_workers)
+        recompute = cfg.ppo.recompute_logprob or cfg.ppo.use_decoupled_loss
+        self.graph = ppo_pipeline(recompute_logprob=recompute, use_ref=cfg.ppo.kl_ctl > 0).order()
+
+        self._stream = MasterStream(exp, trial, cfg.n_model_workers, host=cfg.bind_host)
+        self.logger.info(f"waiting for {cfg.n_model_workers} model workers at {self._stream.address}")
+        self._stream.wait_for_workers(cfg.worker_connect_timeout)
+        replies = self._stream.call_all("initialize", timeout=cfg.request_timeout)
+        versions = sorted({r["version"] for r in replies})
+        if len(versions) != 1:
+            raise RuntimeError(f"model workers disagree on the starting version: {versions}")
+        self.version = versions[0]
+
+        self.metrics_path = os.path.join(cfg.fileroot, "logs", exp, trial, "metrics.jsonl")
+        self._stats = StatsLogger(self.metrics_path, cfg.tensorboard_path)
+        # A version is a completed step (DESIGN §4): a recovered trainer resumes the step count.
+        self.step = self.version
+        self.training_samples = self.version * cfg.train_batch_size
+        self.stale_dropped = -1
+        self._publish("training_samples", self.training_samples)
+        self._update_stale_dropped(0)
+        self._t_start = self._t_last_step = time.monotonic()
+        self._t_last_ckpt = time.monotonic()
+        self.logger.info(
+            f"training {self.total_steps} steps of B={cfg.train_batch_size} groups (shares {self.shares}) "
+            f"from version {self.version}; graph {' -> '.join(n.name for n in self.graph)}; metrics in {self.metrics_path}"
+        )
+
+    def _publish(self, what: str, value: int) -> None:
+        key = getattr(names, what)(self.ctx.experiment_name, self.ctx.trial_name)
+        name_resolve.add(key, str(int(value)), replace=True, delete_on_exit=False)
+
+    def _update_stale_dropped(self, n: int) -> None:
+        # Published as soon as it changes: the manager frees admission capacity for dropped groups.
+        if n != self.stale_dropped:
+            self.stale_dropped = n
+            self._publish("stale_dropped", n)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _poll(self) -> bool:
+        if self.step >= self.total_steps:
+            self._finish()
+        self._run_step()
+        return True
+
+    def _wait_for_data(self) -> float:
+        """Poll `fetch` until every DP head holds its share; returns the seconds waited."""
+        cfg = self.config
+        t0 = last_log = time.monotonic()
+        warned_at = 0.0
+        while True:
+            replies = self._stream.call_all("fetch", {"take": 0}, timeout=cfg.request_timeout)
+            self._update_stale_dropped(sum(r["stale_dropped"] for r in replies))
+            short = [r for r in replies if r["buffered"] < self.shares[r["dp_rank"]]]
+            if not short:
+                return time.monotonic() - t0
+            now = time.monotonic()
+            waited = now - t0
+            detail = "; ".join(
+                f"dp rank {r['dp_rank']} holds {r['buffered']}/{self.shares[r['dp_rank']]} groups "
+                f"(received {r['received']}, stale-dropped {r['stale_dropped']}, invalid {r['invalid']})"
+                for r in short)  # fmt: skip
+            if waited > cfg.data_timeout:
+                raise TimeoutError(f"step {self.step + 1}: no full batch within {cfg.data_timeout:.0f}s at version "
+                                   f"{self.version}: {detail}")
+            if waited > cfg.data_warn_after and now - warned_at > cfg.data_log_interval:
+                warned_at = last_log = now
+                self.logger.warning(f"step {self.step + 1}: waiting {waited:.0f}s for trajectories: {detail} "
+                                    "(are rollout workers and generation servers running?)")
+            elif now - last_log > cfg.data_log_interval:
+                last_log = now
+                have = sum(min(r["buffered"], self.shares[r["dp_rank"]]) for r in replies)
+                self.logger.info(f"step {self.step + 1}: {have}/{cfg.train_batch_size} groups ready after {waited:.0f}s")
+            if self._stop_requested or self._status_says_stop():
+                raise WorkerExit(f"stopped while waiting for data: {self._stop_reason}")
+            time.sleep(cfg.data_poll_interval)
+
+    def _run_step(self) -> None:
+        cfg = self.config
+        wait_s = self._wait_for_data()
+        fetched = self._stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)},
+                                        timeout=cfg.request_timeout)
+        self._update_stale_dropped(sum(r["stale_dropped"] for r in fetched))
+        results: Dict[str, List[Any]] = {}
+        for node in self.graph:
+            results[node.name] = self._stream.call_all(node.call.handler, node.call.data, timeout=cfg.request_timeout)
+        train = results["actor_train"]
+        self.version = train[0]["version"]
+        self.step += 1
+        self.training_samples += cfg.train_batch_size
+        self._publish("training_samples", self.training_samples)
+
+        now = time.monotonic()
+        metrics = step_metrics(
+            self.step, self.version, fetched, train,
+            {n.call.data["model"]: results[n.name] for n in self.graph if n.call.handler == "inference"},
+            self.stale_dropped, now - self._t_last_step, wait_s, self.training_samples,
+        )  # fmt: skip
+        self._t_last_step = now
+        self._stats.log(metrics)
+        self._save_and_checkpoint()
+
+    def _save_and_checkpoint(self) -> None:
+        cfg, ctrl = self.config, self.config.exp_ctrl
+        if ctrl.save_freq_steps > 0 and self.step % ctrl.save_freq_steps == 0 and self.step < self.total_steps:
+            path = self._stream.call_all("save", timeout=cfg.request_timeout)[0]["path"]
+            self.logger.info(f"step {self.step}: saved {path}")
+        by_steps = ctrl.ckpt_freq_steps > 0 and self.step % ctrl.ckpt_freq_steps == 0
+        by_secs = ctrl.ckpt_freq_secs > 0 and time.monotonic() - self._t_last_ckpt > ctrl.ckpt_freq_secs
+        if by_steps or by_secs:
+            path = self._stream.call_all("checkpoint", timeout=cfg.request_timeout)[0]["path"]
+            self._t_last_ckpt = time.monotonic()
+            self.logger.info(f"step {self.step}: recovery checkpoint at version {self.version} in {path}")
+
+    def _finish(self) -> None:
+        path = self._stream.call_all("save", timeout=self.config.request_timeout)[0]["path"]
+        elapsed = time.monotonic() - self._t_start
+        self.logger.info(f"done: {self.step} steps, version {self.version}, {self.training_samples} groups trained, "
+                         f"{self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}")
+        name_resolve.add(names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name), STATUS_COMPLETE,
+                         replace=True, delete_on_exit=False)
+        raise WorkerExit("training complete")
+
+    def _exit_hook(self) -> None:
+        if getattr(self, "_stats", None) is not None:
+            self._stats.close()
+        if getattr(self, "_stream", None) is not None:
+            self._stream.close()

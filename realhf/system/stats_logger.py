@@ -1,0 +1,118 @@
+"""Per-step training metrics: computed from the model workers' replies, written three ways.
+
+`step_metrics(...)` turns one step's replies into a flat dict of numbers; `StatsLogger` prints
+it as one console line (rich), appends it as one JSON object to `metrics.jsonl`, and, when a
+directory is configured, writes it to tensorboard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from rich.console import Console
+
+# Console line: (metrics key, label, format).
+_CONSOLE_FIELDS = (
+    ("reward_mean", "reward", "{:+.3f}"),
+    ("success_rate", "success", "{:.3f}"),
+    ("head_offpolicyness_mean", "head_stale", "{:.2f}"),
+    ("head_offpolicyness_max", "/max", "{:d}"),
+    ("tail_offpolicyness_mean", "tail_stale", "{:.2f}"),
+    ("tail_offpolicyness_max", "/max", "{:d}"),
+    ("stale_dropped", "dropped", "{:d}"),
+    ("samples_per_s", "samples/s", "{:.1f}"),
+    ("gen_tokens_per_s", "gen_tok/s", "{:.0f}"),
+    ("step_time_s", "step", "{:.2f}s"),
+    ("wait_time_s", "wait", "{:.2f}s"),
+    ("loss", "loss", "{:+.4f}"),
+    ("clip_fraction", "clip", "{:.3f}"),
+    ("importance_ratio", "ratio", "{:.3f}"),
+    ("grad_norm", "grad_norm", "{:.3f}"),
+)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs)) / len(xs) if xs else 0.0
+
+
+def step_metrics(step: int, version: int, fetch_replies: List[Dict[str, Any]], train_replies: List[Dict[str, Any]],
+                 inference_replies: Dict[str, List[Dict[str, Any]]], stale_dropped: int, step_time_s: float,
+                 wait_time_s: float, training_samples: int) -> Dict[str, Any]:
+    """Merge the DP ranks' replies of one step into the logged metrics."""
+    batches = [r["batch"] for r in fetch_replies]
+    n_samples = sum(b["n_samples"] for b in batches)
+    gen_tokens = sum(b["gen_tokens"] for b in batches)
+    head = [h for b in batches for h in b["head_offpolicyness"]]
+    tail = [t for b in batches for t in b["tail_offpolicyness"]]
+    step_time_s = max(step_time_s, 1e-9)
+    m: Dict[str, Any] = {
+        "step": step,
+        "version": version,
+        "reward_mean": sum(b["reward_sum"] for b in batches) / max(n_samples, 1),
+        "success_rate": sum(b["n_success"] for b in batches) / max(n_samples, 1),
+        "no_eos_rate": sum(b["n_no_eos"] for b in batches) / max(n_samples, 1),
+        "head_offpolicyness_mean": _mean(head),
+        "head_offpolicyness_max": max(head, default=0),
+        "tail_offpolicyness_mean": _mean(tail),
+        "tail_offpolicyness_max": max(tail, default=0),
+        "stale_dropped": int(stale_dropped),
+        "training_samples": int(training_samples),
+        "n_groups": sum(b["n_groups"] for b in batches),
+        "n_samples": n_samples,
+        "gen_tokens": gen_tokens,
+        "samples_per_s": n_samples / step_time_s,
+        "gen_tokens_per_s": gen_tokens / step_time_s,
+        "step_time_s": step_time_s,
+        "wait_time_s": wait_time_s,
+        "train_time_s": max((r.get("train_time_s", 0.0) for r in train_replies), default=0.0),
+        "publish_time_s": max((r.get("publish_time_s", 0.0) for r in train_replies), default=0.0),
+    }
+    # Train stats are already global (all-reduced) and identical on every rank.
+    if train_replies:
+        for k, v in train_replies[0].get("stats", {}).items():
+            m[k] = float(v)
+    for role, replies in inference_replies.items():
+        n = sum(r["n_tokens"] for r in replies)
+        if n:
+            m[f"{role}_inf_behav_abs_diff"] = sum(r["behav_abs_diff"] * r["n_tokens"] for r in replies) / n
+    return m
+
+
+def format_line(m: Dict[str, Any]) -> str:
+    parts = [f"[bold]step {m['step']}[/bold] v{m['version']}"]
+    for key, label, fmt in _CONSOLE_FIELDS:
+        if key in m and isinstance(m[key], (int, float)) and math.isfinite(m[key]):
+            value = int(m[key]) if fmt.endswith("d}") else m[key]
+            parts.append(f"{label} {fmt.format(value)}")
+    return " | ".join(parts)
+
+
+class StatsLogger:
+    def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None):
+        os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
+        self.metrics_path = metrics_path
+        self._file = open(metrics_path, "a", buffering=1)  # one line per step, flushed per line
+        # Worker stdout is a log file: no colours, no wrapping, one line per step.
+        self._console = console or Console(highlight=False, soft_wrap=True)
+        self._tb = None
+        if tensorboard_path:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(tensorboard_path)
+
+    def log(self, m: Dict[str, Any]) -> None:
+        self._console.print(format_line(m))
+        self._file.write(json.dumps(m, sort_keys=False) + "\n")
+        if self._tb is not None:
+            for k, v in m.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, m["step"])
+            self._tb.flush()
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,103 @@
+"""Bringing generation servers to the trainer's latest weights, one server at a time (DESIGN §5).
+
+For each server behind the target version:
+
+    POST /pause_generation                      running requests return `abort` with partial output
+    POST /update_weights_from_disk {model_path: <fileroot>/param_realloc/<role>/<v>, weight_version: v}
+    POST /continue_generation                   always, even when the update failed
+
+Only one server is paused at any moment, so the others keep generating, and the manager's
+admission and routing (same event loop, other coroutines) keep answering throughout. A server
+that fails is left at its old version and retried on the next round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, Iterable, Optional
+
+import aiohttp
+
+from realhf.base import logging
+from realhf.system.generation_client import post_json
+
+logger = logging.getLogger("weight_update")
+
+
+RETRY_DELAY_S = 1.0  # a failed server is retried after this, not at every poll
+
+
+class WeightUpdateError(RuntimeError):
+    pass
+
+
+def param_realloc_path(fileroot: str, role: str, version: int) -> str:
+    """Where the trainer publishes the HF checkpoint of `role` at `version`."""
+    return os.path.join(os.path.abspath(fileroot), "param_realloc", role, str(int(version)))
+
+
+async def update_server(session: aiohttp.ClientSession, url: str, model_path: str, version: int,
+                        timeout: float) -> float:
+    """pause → update_weights_from_disk → continue on one server; returns the seconds it took."""
+    t0 = time.monotonic()
+    await post_json(session, f"{url}/pause_generation", {}, timeout)
+    try:
+        r = await post_json(session, f"{url}/update_weights_from_disk",
+                            {"model_path": model_path, "weight_version": int(version)}, timeout)
+        if not r.get("success", False):
+            raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")
+    finally:
+        await post_json(session, f"{url}/continue_generation", {}, timeout)
+    return time.monotonic() - t0
+
+
+class WeightUpdater:
+    """Per-server weight versions and the sequential update round."""
+
+    def __init__(self, fileroot: str, role: str, timeout: float, initial_version: int = 0):
+        self.fileroot, self.role, self.timeout = fileroot, role, timeout
+        self.initial_version = initial_version
+        self.versions: Dict[str, int] = {}
+        self.updating: Optional[str] = None
+        self.n_updates = 0
+        self.n_failures = 0
+        self.last_error = ""
+        self.retry_at = 0.0  # monotonic time before which a failed round is not retried
+
+    def set_servers(self, urls: Iterable[str]) -> None:
+        # A server we have not updated yet is assumed to hold the initial weights.
+        urls = list(urls)
+        self.versions = {u: self.versions.get(u, self.initial_version) for u in urls}
+
+    def behind(self, target: int) -> list:
+        return [u for u, v in self.versions.items() if v < target]
+
+    def due(self, target: int) -> bool:
+        """Some server is behind and no failure asks to wait."""
+        return bool(self.behind(target)) and time.monotonic() >= self.retry_at
+
+    async def run_round(self, session: aiohttp.ClientSession, target_version) -> None:
+        """Update every server that is behind, one at a time, to the newest version at its turn
+        (`target_version()` is re-read per server, so a round never loads a version that is
+        already outdated)."""
+        for url in list(self.versions):
+            version = int(target_version())
+            if url not in self.versions or self.versions[url] >= version:
+                continue
+            path = param_realloc_path(self.fileroot, self.role, version)
+            self.updating = url
+            try:
+                seconds = await update_server(session, url, path, version, self.timeout)
+            except Exception as e:  # noqa: BLE001 - reported, retried next round
+                self.n_failures += 1
+                self.last_error = f"{url}: {e}"
+                self.retry_at = time.monotonic() + RETRY_DELAY_S
+                logger.error(f"weight update of {url} to version {version} failed: {e}")
+                continue
+            finally:
+                self.updating = None
+            if url in self.versions:
+                self.versions[url] = version
+            self.n_updates += 1
+            logger.info(f"server {url} now at version {version} ({path}); update took {seconds:.2f}s")

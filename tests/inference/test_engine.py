@@ -1,0 +1,221 @@
+"""The native engine without HTTP: continuous batching, stopping rules, sampling, control."""
+
+import json
+import os
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+from realhf.impl.inference.engine import (
+    EngineClosedError,
+    GenerateRequest,
+    SamplingParams,
+    check_request,
+    create_engine,
+)
+from realhf.impl.inference.sampling import sample
+
+
+def wait_active(engine, n, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while engine.n_active < n:
+        assert time.monotonic() < deadline, f"engine never had {n} running requests"
+        time.sleep(0.01)
+
+
+def req(prompt, rid="", **kw):
+    kw.setdefault("ignore_eos", True)
+    return GenerateRequest(list(prompt), SamplingParams(**kw), rid)
+
+
+@pytest.fixture
+def engine_factory(qwen_path):
+    made = []
+
+    def make(path=qwen_path, **kw):
+        kw.setdefault("max_running_requests", 8)
+        kw.setdefault("context_length", 512)
+        e = create_engine(path, **kw).start()
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.stop()
+
+
+def test_more_requests_than_slots_queue_join_and_leave_with_results_independent_of_the_batch(engine_factory, hf_ref):
+    # 3 slots, 12 greedy requests of different prompt and answer lengths: requests join as others
+    # leave, slots get compacted; each answer must equal the same request run alone by HF.
+    engine = engine_factory(max_running_requests=3)
+    prompts = [[3 + i] * (1 + i % 5) + [40 + i] for i in range(12)]
+    lengths = [4 + 3 * (i % 4) for i in range(12)]
+    futures = [engine.submit(req(p, max_new_tokens=n, temperature=0.0)) for p, n in zip(prompts, lengths)]
+    for p, n, f in zip(prompts, lengths, futures):
+        res = f.result(timeout=30)
+        assert res.output_ids == hf_ref.greedy(p, n)
+        assert res.finish_reason == {"type": "length", "length": n}
+    assert engine.n_active == 0 and engine.stats().queued == 0
+
+
+def test_eos_ends_the_answer_unless_ignore_eos(engine_factory, qwen_path, hf_ref, tmp_path):
+    prompt = [9, 8, 7]
+    free = hf_ref.greedy(prompt, 12)
+    eos = free[3]
+    # The same weights with that token declared EOS in config.json.
+    path = str(tmp_path / "eos_model")
+    shutil.copytree(qwen_path, path)
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["eos_token_id"] = eos
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    engine = engine_factory(path)
+    stopped = engine.submit(req(prompt, max_new_tokens=12, temperature=0.0, ignore_eos=False)).result(30)
+    assert stopped.output_ids == free[: free.index(eos) + 1]
+    assert stopped.finish_reason == {"type": "stop", "matched": eos}
+    ignored = engine.submit(req(prompt, max_new_tokens=12, temperature=0.0, ignore_eos=True)).result(30)
+    assert ignored.output_ids == free and ignored.finish_reason["type"] == "length"
+
+
+def test_min_new_tokens_keeps_stop_tokens_out_until_reached(engine_factory, hf_ref):
+    prompt = [9, 8, 7]
+    free = hf_ref.greedy(prompt, 12)
+    stop = free[0]  # would stop at once
+    engine = engine_factory()
+    res = engine.submit(req(prompt, max_new_tokens=12, temperature=0.0, stop_token_ids=[stop],
+                            min_new_tokens=4)).result(30)
+    assert stop not in res.output_ids[:4]
+    assert len(res.output_ids) >= 4
+
+
+def test_sampling_frequencies_follow_softmax_of_logits_over_temperature():
+    # 20000 draws from one row: every frequency within 0.02 of its probability.
+    torch.manual_seed(0)
+    logits = torch.randn(1, 8) * 2
+    n = 20000
+    g = torch.Generator().manual_seed(3)
+    rows = logits.expand(n, 8).contiguous()
+    temp = torch.full((n,), 0.7)
+    tokens, logprobs = sample(rows, temp, torch.ones(n), torch.full((n,), 8), all_greedy=False, any_greedy=False,
+                              any_filter=False, generator=g)
+    probs = torch.softmax(logits[0] / 0.7, -1)
+    freq = torch.bincount(tokens, minlength=8).float() / n
+    assert (freq - probs).abs().max() < 0.02
+    assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-5)
+
+
+def test_top_k_and_top_p_restrict_the_sampled_set():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]).expand(5000, 6).contiguous()
+    n = logits.shape[0]
+    g = torch.Generator().manual_seed(1)
+    tokens, _ = sample(logits, torch.ones(n), torch.ones(n), torch.full((n,), 2), all_greedy=False,
+                       any_greedy=False, any_filter=True, generator=g)
+    assert set(tokens.tolist()) == {0, 1}
+    probs = torch.softmax(logits[0], -1)  # 0.64, 0.24, ...: top_p 0.7 keeps tokens 0 and 1
+    tokens, _ = sample(logits, torch.ones(n), torch.full((n,), 0.7), torch.full((n,), 6), all_greedy=False,
+                       any_greedy=False, any_filter=True, generator=g)
+    assert set(tokens.tolist()) == {0, 1}, probs
+
+
+def test_greedy_and_sampled_rows_mix_in_one_batch():
+    logits = torch.tensor([[0.0, 1.0, 0.5]] * 4)
+    temp = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    tokens, lps = sample(logits, temp, torch.ones(4), torch.full((4,), 3), all_greedy=False, any_greedy=True,
+                         any_filter=False, generator=torch.Generator().manual_seed(0))
+    assert tokens[0] == 1 and tokens[2] == 1
+    assert torch.allclose(lps[0], torch.log_softmax(logits[0], -1)[1])
+
+
+def test_abort_by_rid_for_queued_and_running_requests(engine_factory):
+    engine = engine_factory(max_running_requests=1, context_length=2048)
+    running = engine.submit(req([3, 4], rid="run", max_new_tokens=2000))
+    queued = engine.submit(req([5, 6], rid="queued", max_new_tokens=5))
+    wait_active(engine, 1)
+    assert engine.abort("queued").result(5) is True
+    assert engine.abort("run").result(5) is True
+    assert engine.abort("nobody").result(5) is False
+    r, q = running.result(5), queued.result(5)
+    assert r.finish_reason["type"] == "abort" and 0 < len(r.output_ids) < 2000
+    assert len(r.output_logprobs) == len(r.output_ids)
+    assert q.finish_reason["type"] == "abort" and q.output_ids == []
+
+
+def test_duplicate_rid_and_invalid_requests_are_refused_with_the_field_named(engine_factory):
+    engine = engine_factory(max_running_requests=1, context_length=2048)
+    engine.submit(req([3], rid="same", max_new_tokens=1500))
+    with pytest.raises(ValueError, match="same"):
+        engine.submit(req([3], rid="same", max_new_tokens=5))
+    assert "input_ids" in check_request(req([]), 256, 512)
+    assert "max_new_tokens" in check_request(req([1], max_new_tokens=-2), 256, 512)
+    assert "context length" in check_request(req([1] * 10, max_new_tokens=503), 256, 512)
+    assert check_request(req([1] * 10, max_new_tokens=502), 256, 512) is None
+    assert "stop_token_ids" in check_request(req([1], stop_token_ids=[256]), 256, 512)
+    engine.abort_all().result(5)
+
+
+def test_weight_swap_between_steps_aborts_running_requests_and_bumps_the_version(engine_factory, qwen_path_b,
+                                                                               hf_ref_b):
+    engine = engine_factory(max_running_requests=4, context_length=2048)
+    running = engine.submit(req([3, 4], max_new_tokens=2000, temperature=1.0))
+    wait_active(engine, 1)
+    assert engine.update_weights(qwen_path_b, 4) == 4
+    old = running.result(10)
+    assert old.finish_reason["type"] == "abort" and old.weight_version == 0  # every token from v0
+    new = engine.submit(req([3, 4], max_new_tokens=10, temperature=0.0)).result(30)
+    assert new.weight_version == 4 and new.output_ids == hf_ref_b.greedy([3, 4], 10)
+    # Default version: current + 1.
+    assert engine.update_weights(qwen_path_b) == 5
+
+
+def test_a_bad_checkpoint_leaves_the_old_weights_in_place(engine_factory, gpt2_path, hf_ref, tmp_path):
+    engine = engine_factory()
+    with pytest.raises(NotImplementedError, match="gpt2"):
+        engine.update_weights(gpt2_path, 3)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        engine.update_weights(str(tmp_path), 3)
+    res = engine.submit(req([3, 4], max_new_tokens=8, temperature=0.0)).result(30)
+    assert res.weight_version == 0 and res.output_ids == hf_ref.greedy([3, 4], 8)
+
+
+def test_pause_keeps_new_requests_queued_until_continue(engine_factory):
+    engine = engine_factory()
+    assert engine.pause().result(5) == 0
+    f = engine.submit(req([3, 4], max_new_tokens=4))
+    time.sleep(0.2)
+    assert not f.done() and engine.stats().queued == 1 and engine.stats().paused
+    engine.resume().result(5)
+    assert len(f.result(10).output_ids) == 4
+
+
+def test_stop_resolves_every_pending_request_with_abort_and_refuses_new_ones(qwen_path):
+    engine = create_engine(qwen_path, max_running_requests=1, context_length=2048).start()
+    running = engine.submit(req([3], max_new_tokens=2000))
+    queued = engine.submit(req([4], max_new_tokens=5))
+    time.sleep(0.1)
+    engine.stop()
+    assert running.result(1).finish_reason["type"] == "abort"
+    assert queued.result(1).finish_reason["type"] == "abort"
+    with pytest.raises(EngineClosedError):
+        engine.submit(req([3], max_new_tokens=2))
+    assert not any(t.name.startswith("engine-loop") and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_failing_model_resolves_every_request_and_marks_the_engine_dead(engine_factory):
+    engine = engine_factory()
+
+    def broken(tokens, positions):
+        raise RuntimeError("simulated kernel failure")
+
+    engine.runner.decode = broken
+    res = engine.submit(req([3, 4], max_new_tokens=5)).result(10)  # prefill works, the first decode fails
+    assert res.finish_reason["type"] == "abort" and "simulated kernel failure" in res.finish_reason["message"]
+    assert len(res.output_ids) == 1  # the token sampled after prefill
+    assert not engine.is_alive()
+    with pytest.raises(EngineClosedError, match="died"):
+        engine.submit(req([3], max_new_tokens=2))
+    with pytest.raises(EngineClosedError):
+        engine.pause()

@@ -1,0 +1,108 @@
+"""MasterWorker + 2 ModelWorkers on real processes and real Redis, fed by the test process acting
+as the rollout workers: three steps, metrics, published versions, the staleness guard, clean exit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from realhf.api.cli_args import (ExperimentSaveEvalControl, MasterWorkerConfig, ModelTrainEvalConfig,
+                                 ModelWorkerConfig, NameResolveConfig, PPOHyperparameters)
+from realhf.base import name_resolve, names
+from realhf.scheduler.local import LocalLauncher, WorkerSpec
+from realhf.system.push_pull_stream import NameResolvingZmqPusher
+from trajectory_factory import TINY_SFT, load_rows, load_tiny, make_groups
+
+EXP, TRIAL = "train-e2e", "t0"
+B, GROUP, ETA, STEPS, N_DP = 4, 4, 1, 3, 2
+METRIC_KEYS = {"step", "version", "reward_mean", "success_rate", "head_offpolicyness_max", "stale_dropped",
+               "samples_per_s", "gen_tokens_per_s", "step_time_s"}
+
+
+def _restamp(msg: dict, version: int) -> dict:
+    msg = json.loads(json.dumps(msg))
+    msg["qid"] = f"{msg['qid']}@{version}"
+    for s in msg["samples"]:
+        s["versions"] = [version] * len(s["output_ids"])
+    return msg
+
+
+def _feed(stop: threading.Event, groups, errors: list):
+    """Like rollout workers: for every new model version push B fresh groups (B / N_DP per DP
+    head); at version 2 also push one group generated at version 0, which eta = 1 makes stale."""
+    try:
+        pushers = [NameResolvingZmqPusher(EXP, TRIAL, i, N_DP, N_DP, discovery_timeout=120) for i in range(N_DP)]
+        try:
+            fed = set()
+            key = names.model_version(EXP, TRIAL, "actor")
+            while not stop.is_set():
+                try:
+                    v = int(name_resolve.get(key))
+                except name_resolve.NameEntryNotFoundError:
+                    v = 0
+                if v not in fed and v < STEPS:
+                    fed.add(v)
+                    fresh = [_restamp(g, v) for g in groups[v * B:(v + 1) * B]]
+                    for i, g in enumerate(fresh):
+                        pushers[i % N_DP].push(g)
+                    if v == 2:
+                        pushers[0].push(_restamp(groups[-1], 0))
+                time.sleep(0.05)
+        finally:
+            for p in pushers:
+                p.close()
+    except BaseException as e:  # surfaced by the test
+        errors.append(e)
+
+
+@pytest.mark.e2e
+def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(redis_url, tmp_path,
+                                                                             no_leftover_processes):
+    torch.set_num_threads(1)
+    model, tok = load_tiny()
+    groups = make_groups(model, tok, load_rows(B * STEPS + 1), group_size=GROUP)
+    ppo = PPOHyperparameters(ppo_n_minibatches=2)
+    worker_cfg = ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT), ppo=ppo, fileroot=str(tmp_path),
+                                   max_head_offpolicyness=ETA)
+    master_cfg = MasterWorkerConfig(n_model_workers=N_DP, train_batch_size=B, group_size=GROUP, ppo=ppo,
+                                    exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS), fileroot=str(tmp_path),
+                                    tensorboard_path=str(tmp_path / "tb"), worker_connect_timeout=120)
+    launcher = LocalLauncher(EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url),
+                             startup_timeout=120)
+    stop, errors = threading.Event(), []
+    feeder = threading.Thread(target=_feed, args=(stop, groups, errors), daemon=True)
+    try:
+        launcher.start()
+        launcher.submit(WorkerSpec("master_worker", 1, configs=[master_cfg]))
+        launcher.submit(WorkerSpec("model_worker", N_DP, configs=[worker_cfg] * N_DP))
+        feeder.start()
+        launcher.wait(timeout=240)  # returns only when every worker exited 0
+    finally:
+        stop.set()
+        feeder.join(timeout=10)
+        launcher.stop_all()
+    assert not errors, errors
+
+    lines = (tmp_path / "logs" / EXP / TRIAL / "metrics.jsonl").read_text().splitlines()
+    metrics = [json.loads(line) for line in lines]
+    assert len(metrics) == STEPS
+    for m in metrics:
+        assert METRIC_KEYS <= m.keys(), METRIC_KEYS - m.keys()
+    assert [m["step"] for m in metrics] == [1, 2, 3] and [m["version"] for m in metrics] == [1, 2, 3]
+    assert all(m["reward_mean"] == 0 and m["success_rate"] == 0.5 for m in metrics)  # half right per group
+    assert all(m["head_offpolicyness_max"] <= ETA for m in metrics)
+    assert metrics[-1]["stale_dropped"] == 1  # the version-0 group pushed at version 2
+    assert all(m["n_samples"] == B * GROUP and m["samples_per_s"] > 0 for m in metrics)
+
+    assert name_resolve.get(names.model_version(EXP, TRIAL, "actor")) == "3"
+    assert name_resolve.get(names.stale_dropped(EXP, TRIAL)) == "1"
+    assert name_resolve.get(names.training_samples(EXP, TRIAL)) == str(B * STEPS)
+    published = tmp_path / "param_realloc" / "actor"
+    assert sorted(p.name for p in published.iterdir()) == ["2", "3"]  # the last two versions
+    assert (published / "3" / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoints" / EXP / TRIAL / "actor" / "version3" / "model.safetensors").is_file()
+    assert any((tmp_path / "tb").iterdir())

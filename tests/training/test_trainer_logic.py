@@ -1,0 +1,180 @@
+"""The trainer's pure pieces on the real tiny model: batching, log-probs, the PPO step, the LR
+schedule and the weight files. No processes, no sockets."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from realhf.api.cli_args import OptimizerConfig, PPOHyperparameters
+from realhf.api.trajectory import Trajectory
+from realhf.impl.model import actor, checkpoint
+from realhf.impl.model.batching import minibatch_rows, pack_trajectories
+from realhf.impl.model.optim import lr_factor, make_optimizer
+from trajectory_factory import load_rows, load_tiny, make_groups
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_tiny()
+
+
+def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_it(tiny):
+    model, tok = tiny
+    msg = make_groups(model, tok, load_rows(1), group_size=2)[0]
+    traj = Trajectory.from_msg(msg)
+    batch = pack_trajectories([traj], pad_id=0)
+    p = len(traj.prompt_ids)
+    for i, s in enumerate(traj.samples):
+        o = len(s.output_ids)
+        assert batch.input_ids[i, p: p + o].tolist() == s.output_ids
+        assert batch.loss_mask[i].nonzero().flatten().tolist() == list(range(p - 1, p - 1 + o))
+        assert torch.allclose(batch.behav_logprobs[i, p - 1: p - 1 + o], torch.tensor(s.logprobs))
+    assert batch.group_ids.tolist() == [0, 0] and batch.rewards.tolist() == [1.0, -1.0]
+
+
+def test_recomputed_logprobs_equal_the_samplers_at_the_generation_temperature(tiny):
+    model, tok = tiny
+    traj = Trajectory.from_msg(make_groups(model, tok, load_rows(2), group_size=2)[0])
+    batch = pack_trajectories([traj], pad_id=0)
+    # The sampler's log-probs at T are log_softmax(logits / T) (SGLang's convention).
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        want = torch.log_softmax(logits / 0.7, -1).gather(-1, batch.input_ids[:, 1:, None])[..., 0]
+    got = actor.inference_logprobs(model, batch, temperature=0.7)
+    m = batch.loss_mask
+    assert (got[m] - want[m]).abs().max() < 1e-5
+    at_t1 = actor.inference_logprobs(model, batch, temperature=1.0)
+    assert (at_t1[m] - batch.behav_logprobs[m]).abs().max() < 1e-5
+    assert (at_t1[m] - got[m]).abs().max() > 1e-2  # the temperature really is applied
+
+
+def test_a_ppo_step_widens_the_likelihood_gap_between_rewarded_and_unrewarded_answers(tiny):
+    _, tok = tiny
+    model, _ = load_tiny()  # a private copy: this test trains it
+    trajs = [Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(4), group_size=4)]
+    batch = pack_trajectories(trajs, pad_id=0)
+    cfg = PPOHyperparameters(ppo_n_minibatches=2)
+    opt, sched = make_optimizer(model, OptimizerConfig(lr=1e-4), total_steps=0)  # the NOTES recipe
+    before = actor.inference_logprobs(model, batch).mul(batch.loss_mask).sum(1)
+    batch.prox_logprobs = actor.inference_logprobs(model, batch)
+    stats = actor.ppo_train_step(model, opt, sched, batch, cfg, gradient_clipping=1.0)
+    change = actor.inference_logprobs(model, batch).mul(batch.loss_mask).sum(1) - before
+    good = batch.rewards > 0
+    # Wrong answers differ from the right ones only in the final number: that token is pushed
+    # down hard, while the (already likely) rewarded answers keep their likelihood.
+    assert change[~good].mean() < -0.3
+    assert change[good].mean() > -0.05
+    assert change[good].mean() - change[~good].mean() > 0.3
+    assert stats["n_tokens"] == batch.n_tokens
+    assert 0 <= stats["clip_fraction"] <= 1 and stats["grad_norm"] > 0
+
+
+def test_decoupled_loss_without_proximal_logprobs_is_refused_with_a_hint(tiny):
+    model, tok = tiny
+    batch = pack_trajectories([Trajectory.from_msg(make_groups(model, tok, load_rows(1), 2)[0])], pad_id=0)
+    opt, sched = make_optimizer(model, OptimizerConfig(), total_steps=0)
+    with pytest.raises(ValueError, match="use_decoupled_loss needs proximal log-probs: run actor_inf"):
+        actor.ppo_train_step(model, opt, sched, batch, PPOHyperparameters(use_decoupled_loss=True), 1.0)
+
+
+def test_minibatches_are_contiguous_and_cover_every_sequence_once():
+    parts = minibatch_rows(5, 2)
+    assert [p.tolist() for p in parts] == [[0, 1, 2], [3, 4]]
+    assert [p.tolist() for p in minibatch_rows(1, 2)] == [[0], []]
+    with pytest.raises(ValueError, match="ppo_n_minibatches"):
+        minibatch_rows(4, 0)
+
+
+def test_lr_schedule_warms_up_linearly_then_follows_the_cosine_to_the_floor():
+    f = lr_factor("cosine", total_steps=110, warmup_proportion=10 / 110, min_lr_ratio=0.1)
+    assert [round(f(s), 6) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]
+    assert f(10) == pytest.approx(1.0)
+    assert f(60) == pytest.approx(0.1 + 0.9 * 0.5)  # half way through the decay
+    assert f(110) == pytest.approx(0.1) and f(500) == pytest.approx(0.1)
+    assert lr_factor("constant", 0, 0.5)(1000) == 1.0
+    with pytest.raises(ValueError, match="cosine.*total_train_steps"):
+        lr_factor("cosine", 0, 0.0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("lr_scheduler_type", "linear", r"actor.optimizer.lr_scheduler_type must be one of \('constant', 'cosine'\)"),
+    ("type", "sgd", "actor.optimizer.type must be 'adam'"),
+    ("warmup_steps_proportion", 1.5, "actor.optimizer.warmup_steps_proportion"),
+])
+def test_bad_optimizer_settings_fail_naming_the_field(tiny, field, value, message):
+    cfg = OptimizerConfig(**{field: value})
+    with pytest.raises(ValueError, match=message):
+        make_optimizer(tiny[0], cfg, total_steps=10)
+
+
+def test_published_versions_are_complete_hf_dirs_and_only_the_last_two_are_kept(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, _ = tiny
+    for v in (1, 2, 3):
+        checkpoint.publish_weights(model, str(tmp_path), "actor", v, tokenizer_source="assets/tiny-math/sft", keep=2)
+    root = tmp_path / "param_realloc" / "actor"
+    assert sorted(os.listdir(root)) == ["2", "3"]  # no temp dirs left, version 1 pruned
+    loaded = AutoModelForCausalLM.from_pretrained(root / "3")
+    AutoTokenizer.from_pretrained(root / "3")
+    weights = load_file(root / "3" / "model.safetensors")
+    ref = model.state_dict()
+    for name, w in weights.items():
+        assert torch.equal(w, ref[name]), name
+    assert json.loads((root / "3" / "config.json").read_text())["model_type"] == "qwen2"
+    assert loaded.config.vocab_size == model.config.vocab_size
+
+
+def test_recovery_state_round_trips_optimizer_schedule_and_version(tiny, tmp_path):
+    model, tok = tiny
+    model_copy, _ = load_tiny()
+    opt, sched = make_optimizer(model_copy, OptimizerConfig(lr_scheduler_type="cosine"), total_steps=20)
+    batch = pack_trajectories([Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(2), 2)], 0)
+    batch.prox_logprobs = actor.inference_logprobs(model_copy, batch)
+    actor.ppo_train_step(model_copy, opt, sched, batch, PPOHyperparameters(), 1.0)
+    checkpoint.save_recover_state(tmp_path / "rec", model_copy, opt, sched, version=7, tokenizer_source=None)
+    assert checkpoint.has_recover_state(tmp_path / "rec")
+    restored, _ = load_tiny()
+    opt2, sched2 = make_optimizer(restored, OptimizerConfig(lr_scheduler_type="cosine"), total_steps=20)
+    info = checkpoint.load_recover_state(tmp_path / "rec", opt2, sched2)
+    assert info["version"] == 7
+    assert sched2.last_epoch == sched.last_epoch == 2
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
+
+
+def test_without_group_norm_gae_gives_each_trained_token_its_discounted_sequence_score(tiny):
+    model, tok = tiny
+    trajs = [Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(2), group_size=2)]
+    batch = pack_trajectories(trajs, pad_id=0)
+    cfg = PPOHyperparameters(group_adv_norm=False, adv_norm=False, discount=1.0, gae_lambda=1.0,
+                             reward_output_scaling=2.0, reward_output_bias=0.5)
+    adv = actor.compute_advantages(batch, cfg)
+    for i in range(batch.n_seqs):
+        m = batch.loss_mask[i]
+        score = (float(batch.rewards[i]) + 0.5) * 2.0
+        assert torch.allclose(adv[i][m], torch.full((int(m.sum()),), score))
+        assert (adv[i][~m] == 0).all()
+    cfg.discount = 0.5
+    adv = actor.compute_advantages(batch, cfg)
+    last = batch.loss_mask[0].nonzero().flatten()[-2:]
+    assert adv[0, last].tolist() == pytest.approx([0.5 * 3.0, 3.0])
+
+
+def test_kl_to_the_reference_needs_reference_logprobs_and_vanishes_when_ref_is_the_policy(tiny):
+    _, tok = tiny
+    model, _ = load_tiny()
+    batch = pack_trajectories([Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(2), 2)], 0)
+    cfg = PPOHyperparameters(kl_ctl=0.1, ppo_n_minibatches=1)
+    opt, sched = make_optimizer(model, OptimizerConfig(), total_steps=0)
+    batch.prox_logprobs = actor.inference_logprobs(model, batch)
+    with pytest.raises(ValueError, match="kl_ctl > 0 needs reference log-probs: run ref_inf"):
+        actor.ppo_train_step(model, opt, sched, batch, cfg, 1.0)
+    batch.ref_logprobs = batch.prox_logprobs.clone()
+    stats = actor.ppo_train_step(model, opt, sched, batch, cfg, 1.0)
+    assert abs(stats["kl_ref"]) < 1e-6  # k3 of identical policies is exactly 0

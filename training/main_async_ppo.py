@@ -1,0 +1,155 @@
+"""Asynchronous PPO on math prompts: `python training/main_async_ppo.py [key=value ...]`.
+
+Defaults come from training/configs/async-ppo.yaml (the schema is
+realhf.api.cli_args.AsyncPPOMATHConfig; `--help` lists every field). The run:
+
+  1. checks the config (a bad value fails here, naming the field, before any process starts);
+  2. measures greedy and sampled accuracy of the initial model on held-out prompts;
+  3. launches Redis, the generation servers, the manager, rollout workers, model workers and the
+     master, and supervises them until the master marks the trial COMPLETE (or anything fails);
+  4. prints the reward curve and the accuracy of the last published weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Dict, List, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.config_help import help_text
+from realhf.base import logging
+from realhf.experiments.async_ppo_math import ConfigError, TrialPaths, initial_setup, trial_paths
+from realhf.scheduler.local import LauncherError, LauncherInterrupted, LocalLauncher, WorkerFailedError
+
+logger = logging.getLogger("main_async_ppo")
+
+
+def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
+    """Greedy and sampled (T = rollout temperature) accuracy on the first n held-out prompts."""
+    import torch
+
+    from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
+    from realhf.impl.environment.math_grader import MathGrader
+    from realhf.impl.evaluation import evaluate_math_accuracy
+
+    torch.set_num_threads(max(1, cfg.actor.n_threads))
+    rows = load_jsonl_prompts(cfg.dataset.test_path)[: cfg.evaluation.n_prompts]
+    out = {}
+    with MathGrader(n_workers=1) as grader:
+        for name, temperature in (("greedy", 0.0), ("sampled", cfg.ppo.gen.temperature)):
+            res = evaluate_math_accuracy(
+                model_path, rows, temperature=temperature, max_new_tokens=cfg.evaluation.max_new_tokens,
+                batch_size=cfg.evaluation.batch_size, grader=grader, seed=cfg.seed,
+            )  # fmt: skip
+            out[name] = res["accuracy"]
+    return out
+
+
+def latest_weights(paths: TrialPaths) -> Optional[str]:
+    if not os.path.isdir(paths.param_realloc):
+        return None
+    versions = [int(d) for d in os.listdir(paths.param_realloc) if d.isdigit()]
+    return os.path.join(paths.param_realloc, str(max(versions))) if versions else None
+
+
+def read_metrics(paths: TrialPaths) -> List[dict]:
+    path = os.path.join(paths.log_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def reward_curve(metrics: List[dict], n_rows: int = 10) -> str:
+    """The per-step reward averaged over ~n_rows equal windows, with a bar per window."""
+    if not metrics:
+        return "(no train step completed)"
+    size = max(1, len(metrics) // n_rows)
+    lines = ["  steps      reward  success  staleness(max)"]
+    for i in range(0, len(metrics), size):
+        window = metrics[i : i + size]
+        reward = sum(m["reward_mean"] for m in window) / len(window)
+        success = sum(m["success_rate"] for m in window) / len(window)
+        stale = max(m["head_offpolicyness_max"] for m in window)
+        bar = "#" * int(round(success * 40))
+        lines.append(f"  {window[0]['step']:>4}-{window[-1]['step']:<4} {reward:+7.3f}  {success:6.3f}  {stale:>6}  {bar}")
+    return "\n".join(lines)
+
+
+def run(cfg: AsyncPPOMATHConfig) -> int:
+    try:
+        specs = initial_setup(cfg)
+    except (ConfigError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    paths = trial_paths(cfg)
+    if cfg.recover_mode == "disabled":
+        # A fresh run of a trial name replaces what an earlier run of it left behind.
+        shutil.rmtree(paths.run_dir, ignore_errors=True)
+        shutil.rmtree(paths.log_dir, ignore_errors=True)
+    os.makedirs(paths.run_dir, exist_ok=True)
+
+    before = {}
+    if cfg.evaluation.n_prompts > 0:
+        before = evaluate(cfg.actor.path, cfg)
+        print(f"before training: greedy accuracy {before['greedy']:.3f}, sampled accuracy {before['sampled']:.3f} "
+              f"({cfg.evaluation.n_prompts} held-out prompts)", flush=True)
+
+    launcher = LocalLauncher(cfg.experiment_name, cfg.trial_name, cfg.cluster.fileroot,
+                             cfg.cluster.name_resolve, bind_host=cfg.cluster.bind_host)
+    try:
+        launcher.start()
+        for spec in specs:
+            launcher.submit(spec)
+        launcher.wait()
+    except WorkerFailedError as e:
+        print(f"run failed: worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
+        return 1
+    except LauncherInterrupted as e:
+        print(f"run interrupted ({e}); every process stopped; logs in {paths.log_dir}", file=sys.stderr)
+        return 130
+    except LauncherError as e:
+        print(f"run failed: {e}; logs in {paths.log_dir}", file=sys.stderr)
+        return 1
+    finally:
+        launcher.stop_all()
+
+    metrics = read_metrics(paths)
+    print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
+    final = latest_weights(paths)
+    if cfg.evaluation.n_prompts > 0 and final is not None:
+        after = evaluate(final, cfg)
+        print(f"after training:  greedy accuracy {after['greedy']:.3f} ({after['greedy'] - before['greedy']:+.3f}), "
+              f"sampled accuracy {after['sampled']:.3f} ({after['sampled'] - before['sampled']:+.3f})", flush=True)
+        with open(os.path.join(paths.log_dir, "accuracy.json"), "w") as f:
+            json.dump({"before": before, "after": after, "weights": final, "steps": len(metrics)}, f)
+    print(f"logs and metrics.jsonl: {paths.log_dir}\nfinal weights (HF format): {final}", flush=True)
+    return 0
+
+
+ConfigStore.instance().store(name="async_ppo_schema", node=AsyncPPOMATHConfig)
+ConfigStore.instance().store(
+    group="hydra/help", name="realhf",
+    node={"app_name": "main_async_ppo", "header": "", "footer": "", "template": help_text(
+        AsyncPPOMATHConfig, "python training/main_async_ppo.py [key=value ...]",
+        "Asynchronous PPO on math prompts. Defaults: training/configs/async-ppo.yaml.")},
+)
+
+
+@hydra.main(version_base=None, config_path="configs", config_name="async-ppo")
+def main(cfg) -> None:
+    exp: AsyncPPOMATHConfig = OmegaConf.to_object(cfg)
+    code = run(exp)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
