@@ -104,6 +104,13 @@ def check_config(cfg: AsyncPPOMATHConfig) -> AllocationMode:
         need(os.path.isfile(cfg.dataset.test_path),
              f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)")
 
+    if cfg.wandb_project:
+        import importlib.util
+
+        need(importlib.util.find_spec("wandb") is not None,
+             f"wandb_project={cfg.wandb_project!r} but wandb is not installed: pip install 'realhf[wandb]'")
+        need(cfg.wandb_mode in ("offline", "online"), f"wandb_mode={cfg.wandb_mode!r}: choose 'offline' or 'online'")
+
     dp = alloc.train.dp
     B = cfg.dataset.train_bs_n_seqs
     need(B % dp == 0, f"dataset.train_bs_n_seqs={B} must be divisible by the trainer's DP size {dp} (allocation_mode)")
@@ -178,7 +185,8 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     master = MasterWorkerConfig(
         n_model_workers=alloc.train.dp, train_batch_size=cfg.dataset.train_bs_n_seqs, group_size=cfg.group_size,
         dataset_size=n_rows, ppo=cfg.ppo, exp_ctrl=cfg.exp_ctrl, fileroot=os.path.abspath(cfg.cluster.fileroot),
-        bind_host=host, tensorboard_path=cfg.tensorboard_path,
+        bind_host=host, tensorboard_path=cfg.tensorboard_path, wandb_project=cfg.wandb_project,
+        wandb_mode=cfg.wandb_mode,
     )
     return [
         WorkerSpec("generation_server", alloc.gen.dp, gen_servers),

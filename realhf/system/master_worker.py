@@ -71,7 +71,9 @@ class MasterWorker(Worker):
         self.version = versions[0]
 
         self.metrics_path = os.path.join(cfg.fileroot, "logs", exp, trial, "metrics.jsonl")
-        self._stats = StatsLogger(self.metrics_path, cfg.tensorboard_path)
+        self._stats = StatsLogger(self.metrics_path, cfg.tensorboard_path, wandb_project=cfg.wandb_project,
+                                  wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
+                                  wandb_mode=cfg.wandb_mode)
         # A version is a completed step (DESIGN §4): a recovered trainer resumes the step count.
         self.step = self.version
         self.training_samples = self.version * cfg.train_batch_size

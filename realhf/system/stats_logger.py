@@ -91,7 +91,8 @@ def format_line(m: Dict[str, Any]) -> str:
 
 
 class StatsLogger:
-    def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None):
+    def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None,
+                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline"):
         os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
         self.metrics_path = metrics_path
         self._file = open(metrics_path, "a", buffering=1)  # one line per step, flushed per line
@@ -102,6 +103,15 @@ class StatsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(tensorboard_path)
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb  # optional extra: pip install 'realhf[wandb]'
+            except ImportError:
+                raise RuntimeError("wandb_project is set but wandb is not installed: pip install 'realhf[wandb]' "
+                                   "or leave wandb_project empty") from None
+            self._wandb = wandb.init(project=wandb_project, name=wandb_run_name or None, mode=wandb_mode,
+                                     dir=os.path.dirname(os.path.abspath(metrics_path)))
 
     def log(self, m: Dict[str, Any]) -> None:
         self._console.print(format_line(m))
@@ -111,8 +121,12 @@ class StatsLogger:
                 if k != "step" and isinstance(v, (int, float)):
                     self._tb.add_scalar(k, v, m["step"])
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=m["step"])
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

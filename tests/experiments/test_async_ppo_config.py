@@ -82,6 +82,7 @@ def test_wrong_type_override_fails_naming_the_key():
         ("recover_mode=sometimes", "recover_mode"),
         ("ppo.gen.temperature=0", "ppo.gen.temperature"),
         ("max_concurrent_rollouts=8", "max_concurrent_rollouts"),
+        ("wandb_project=demo wandb_mode=sometimes", "wandb"),
         ("allocation_mode=native.d1+d2 dataset.train_bs_n_seqs=15", "train_bs_n_seqs"),
         ("allocation_mode=native.d1+d4 rollout.n_workers=2 dataset.train_bs_n_seqs=16", "rollout.n_workers"),
     ],

@@ -1,0 +1,101 @@
+"""The whole system on real processes: Redis, a native generation server, the manager, two
+rollout workers, a model worker and the master, driven by training/main_async_ppo.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ETA = 2  # small, so that the run reaches the bound within a short test
+
+
+def _trial_processes(trial: str):
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if "realhf" in cmd and trial in cmd:
+            found.append((p.pid, cmd))
+    return found
+
+
+def run_training(tmp_path, trial, *overrides, timeout=900):
+    cmd = [sys.executable, "training/main_async_ppo.py", f"trial_name={trial}", f"cluster.fileroot={tmp_path}",
+           *overrides]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    log_dir = tmp_path / "logs" / "async-ppo-math" / trial
+    metrics = []
+    if (log_dir / "metrics.jsonl").exists():
+        metrics = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return proc, metrics, log_dir
+
+
+def _check_run(proc, metrics, steps, eta, tmp_path):
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1)), out[-3000:]
+    # No trained group was more than η versions behind the trainer.
+    assert max(m["head_offpolicyness_max"] for m in metrics) <= eta
+    # Weight updates reached the generation server: late batches hold no version-0 tokens.
+    last = metrics[-1]
+    assert last["version"] == steps
+    assert last["version"] - last["head_offpolicyness_max"] >= steps - eta > 0
+    assert "reward curve" in proc.stdout
+    assert _trial_processes(str(tmp_path)) == []
+
+
+@pytest.mark.e2e
+def test_async_run_respects_staleness_updates_servers_and_leaves_nothing(tmp_path, no_leftover_processes):
+    steps = 30
+    proc, metrics, _ = run_training(tmp_path, "e2e", f"exp_ctrl.benchmark_steps={steps}",
+                                    f"max_head_offpolicyness={ETA}", "evaluation.n_prompts=0")
+    _check_run(proc, metrics, steps, ETA, tmp_path)
+    assert any(m["head_offpolicyness_max"] > 0 for m in metrics)  # it did run ahead of the trainer
+
+
+@pytest.mark.e2e
+def test_synchronous_baseline_trains_only_on_the_current_version(tmp_path, no_leftover_processes):
+    steps = 10
+    proc, metrics, _ = run_training(tmp_path, "sync", f"exp_ctrl.benchmark_steps={steps}",
+                                    "max_head_offpolicyness=0", "ppo.use_decoupled_loss=false",
+                                    "evaluation.n_prompts=0")
+    _check_run(proc, metrics, steps, 0, tmp_path)
+    assert all(m["head_offpolicyness_max"] == 0 for m in metrics)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=(
+    "open problem: on the embedded default the reward rises only +0.03-0.07 in 150-300 steps; "
+    "see the note on the training issue (noise-driven drift of the 0.55M model dominates)"))
+def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
+    steps = 300
+    proc, metrics, _ = run_training(tmp_path, "learn", f"exp_ctrl.benchmark_steps={steps}",
+                                    "evaluation.n_prompts=0", timeout=1800)
+    _check_run(proc, metrics, steps, 4, tmp_path)
+    # NOTES' criterion: mean reward of the last 20 steps ≥ mean of the first 20 + 0.08.
+    first = sum(m["reward_mean"] for m in metrics[:20]) / 20
+    final = sum(m["reward_mean"] for m in metrics[-20:]) / 20
+    assert final >= first + 0.08, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
+
+
+@pytest.mark.e2e
+def test_a_failing_worker_stops_the_whole_run_and_names_itself(tmp_path, no_leftover_processes):
+    # A dataset path that exists for the config check but holds a malformed row: the rollout
+    # workers fail while loading it, naming file and line.
+    bad = tmp_path / "bad.jsonl"
+    good = open(os.path.join(REPO, "assets/tiny-math/data/train.jsonl")).read().splitlines()[:40]
+    bad.write_text("\n".join(good[:20] + ["{not json"] + good[20:]) + "\n")
+    proc, metrics, log_dir = run_training(tmp_path, "fail", f"dataset.path={bad}", "evaluation.n_prompts=0",
+                                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "rollout_worker/" in out and "failed" in out
+    assert "bad.jsonl:21" in out  # the log tail names file and line
+    assert _trial_processes(str(tmp_path)) == []
