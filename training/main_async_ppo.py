@@ -32,7 +32,7 @@ logger = logging.getLogger("main_async_ppo")
 
 
 def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
-    """Greedy and sampled (T = rollout temperature) accuracy on the first n held-out prompts."""
+    """Greedy and sampled (T = evaluation.sampled_temperature) accuracy on the first n held-out prompts."""
     import torch
 
     from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
@@ -43,7 +43,7 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
     rows = load_jsonl_prompts(cfg.dataset.test_path)[: cfg.evaluation.n_prompts]
     out = {}
     with MathGrader(n_workers=1) as grader:
-        for name, temperature in (("greedy", 0.0), ("sampled", cfg.ppo.gen.temperature)):
+        for name, temperature in (("greedy", 0.0), ("sampled", cfg.evaluation.sampled_temperature)):
             res = evaluate_math_accuracy(
                 model_path, rows, temperature=temperature, max_new_tokens=cfg.evaluation.max_new_tokens,
                 batch_size=cfg.evaluation.batch_size, grader=grader, seed=cfg.seed,

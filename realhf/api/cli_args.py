@@ -429,6 +429,7 @@ class EvaluationConfig:
     n_prompts: int = _f(500, "Held-out prompts for the greedy and sampled accuracy before and after training; 0: skip.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
     batch_size: int = _f(128, "Prompts per generate call during evaluation.")
+    sampled_temperature: float = _f(1.0, "Temperature of the 'sampled' accuracy (independent of the rollout temperature, so runs compare).")
 
 
 @dataclass

@@ -50,13 +50,24 @@ def _check_run(proc, metrics, steps, eta, tmp_path):
     assert _trial_processes(str(tmp_path)) == []
 
 
+def _reward_gain(metrics, n=20):
+    first = sum(m["reward_mean"] for m in metrics[:n]) / n
+    final = sum(m["reward_mean"] for m in metrics[-n:]) / n
+    print(f"reward: first {n} steps {first:+.3f}, last {n} steps {final:+.3f}")
+    return first, final
+
+
 @pytest.mark.e2e
-def test_async_run_respects_staleness_updates_servers_and_leaves_nothing(tmp_path, no_leftover_processes):
-    steps = 30
+def test_async_run_learns_respects_staleness_updates_servers_and_leaves_nothing(tmp_path, no_leftover_processes):
+    steps = 100
     proc, metrics, _ = run_training(tmp_path, "e2e", f"exp_ctrl.benchmark_steps={steps}",
                                     f"max_head_offpolicyness={ETA}", "evaluation.n_prompts=0")
     _check_run(proc, metrics, steps, ETA, tmp_path)
     assert any(m["head_offpolicyness_max"] > 0 for m in metrics)  # it did run ahead of the trainer
+    # A clear rise of the training reward (±1 per answer): measured +0.10 to +0.2 over 100 steps
+    # of the default; noise of the difference of two 20-step means is about 0.045.
+    first, final = _reward_gain(metrics)
+    assert final >= first + 0.05, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
 
 
 @pytest.mark.e2e
@@ -71,17 +82,13 @@ def test_synchronous_baseline_trains_only_on_the_current_version(tmp_path, no_le
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "open problem: on the embedded default the reward rises only +0.03-0.07 in 150-300 steps; "
-    "see the note on the training issue (noise-driven drift of the 0.55M model dominates)"))
 def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
     steps = 300
     proc, metrics, _ = run_training(tmp_path, "learn", f"exp_ctrl.benchmark_steps={steps}",
                                     "evaluation.n_prompts=0", timeout=1800)
     _check_run(proc, metrics, steps, 4, tmp_path)
     # NOTES' criterion: mean reward of the last 20 steps ≥ mean of the first 20 + 0.08.
-    first = sum(m["reward_mean"] for m in metrics[:20]) / 20
-    final = sum(m["reward_mean"] for m in metrics[-20:]) / 20
+    first, final = _reward_gain(metrics)
     assert final >= first + 0.08, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
 
 
