@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, List, Optional, Tuple, Type
 
 from realhf.api.trajectory import Trajectory
-from realhf.base.importing import resolve
+from realhf.base.importing import ClassRegistry
 
-_REGISTRY: Dict[str, Type["Agent"]] = {}
 _BUILTIN_PATHS = {
     "math-single-step": "realhf.impl.agent.math_single_step:MathSingleStepAgent",
     "math-multi-turn": "realhf.impl.agent.math_multi_turn:MathMultiTurnAgent",
 }
+_REGISTRY = ClassRegistry("agent", "agent.type", _BUILTIN_PATHS)
 
 
 @dataclass(frozen=True)
@@ -66,22 +66,12 @@ def keep_group(successes: List[float], success_rate_lb: float, success_rate_ub: 
 
 
 def register_agent(name: str) -> Callable[[Type[Agent]], Type[Agent]]:
-    """Class decorator: `@register_agent("my-agent")` makes `agent.type=my-agent` choose the class."""
-
-    def deco(cls: Type[Agent]) -> Type[Agent]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"agent name {name!r} is already registered to {_REGISTRY[name].__qualname__}")
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: `@register_agent("my-name")` makes `agent.type=my-name` choose the class."""
+    return _REGISTRY.register(name)
 
 
 def agent_class(name: str) -> Type[Agent]:
-    cls = resolve(name, _REGISTRY, "agent.type", _BUILTIN_PATHS)
-    if not (isinstance(cls, type) and issubclass(cls, Agent)):
-        raise ValueError(f"agent.type={name!r} names {cls!r}, which is not a subclass of realhf.api.agent.Agent")
-    return cls
+    return _REGISTRY.get(name)
 
 
 def make_agent(config: Any, *, gconfig: Any = None, group_size: int = 1, tokenizer: Any = None) -> Agent:
@@ -89,3 +79,6 @@ def make_agent(config: Any, *, gconfig: Any = None, group_size: int = 1, tokeniz
     cls = agent_class(config.type)
     return cls(config, gconfig=gconfig, group_size=group_size, tokenizer=tokenizer,
                **dict(getattr(config, "args", None) or {}))
+
+
+_REGISTRY.base = Agent

@@ -18,11 +18,11 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Dict, Tuple, Type
 
-from realhf.base.importing import resolve
+from realhf.base.importing import ClassRegistry
 
-_REGISTRY: Dict[str, Type["Environment"]] = {}
 # Built-ins are imported on first use, so importing the API costs nothing.
 _BUILTIN_PATHS = {"math": "realhf.impl.environment.math_env:MathEnv"}
+_REGISTRY = ClassRegistry("environment", "env.type", _BUILTIN_PATHS)
 
 
 class Environment(abc.ABC):
@@ -42,25 +42,18 @@ class Environment(abc.ABC):
 
 
 def register_env(name: str) -> Callable[[Type[Environment]], Type[Environment]]:
-    """Class decorator: `@register_env("my-env")` makes `env.type=my-env` choose the class."""
-
-    def deco(cls: Type[Environment]) -> Type[Environment]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"environment name {name!r} is already registered to {_REGISTRY[name].__qualname__}")
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    """Class decorator: `@register_env("my-name")` makes `env.type=my-name` choose the class."""
+    return _REGISTRY.register(name)
 
 
 def env_class(name: str) -> Type[Environment]:
-    cls = resolve(name, _REGISTRY, "env.type", _BUILTIN_PATHS)
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ValueError(f"env.type={name!r} names {cls!r}, which is not a subclass of realhf.api.env.Environment")
-    return cls
+    return _REGISTRY.get(name)
 
 
 def make_env(config: Any) -> Environment:
     """The environment named by `config.type`, built as `cls(config, **config.args)`."""
     cls = env_class(config.type)
     return cls(config, **dict(getattr(config, "args", None) or {}))
+
+
+_REGISTRY.base = Environment
