@@ -14,7 +14,8 @@ setup(
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6"],
+        # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps in tests/security.
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5"],
         # GPU stacks: never installed by default, imported lazily where used.
         "sglang": ["sglang"],
         "megatron": ["megatron-core"],

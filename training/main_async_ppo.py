@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.config_help import help_text
 from realhf.base import logging
-from realhf.experiments.async_ppo_math import ConfigError, TrialPaths, initial_setup, trial_paths
+from realhf.experiments.async_ppo_math import ConfigError, TrialPaths, initial_setup, recover_info, trial_paths
 from realhf.scheduler.local import LauncherError, LauncherInterrupted, LocalLauncher, WorkerFailedError
 
 logger = logging.getLogger("main_async_ppo")
@@ -90,6 +90,10 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     paths = trial_paths(cfg)
+    resumed = recover_info(cfg)
+    if resumed is not None:
+        print(f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
+              f"(version {resumed['version']}) from {paths.recover_checkpoint}", flush=True)
     if cfg.recover_mode == "disabled":
         # A fresh run of a trial name replaces what an earlier run of it left behind.
         shutil.rmtree(paths.run_dir, ignore_errors=True)
@@ -110,13 +114,13 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
             launcher.submit(spec)
         launcher.wait()
     except WorkerFailedError as e:
-        print(f"run failed: worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
+        print(f"run failed (exit 1): worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
         return 1
     except LauncherInterrupted as e:
-        print(f"run interrupted ({e}); every process stopped; logs in {paths.log_dir}", file=sys.stderr)
+        print(f"run interrupted (exit 130): {e}; every process stopped; logs in {paths.log_dir}", file=sys.stderr)
         return 130
     except LauncherError as e:
-        print(f"run failed: {e}; logs in {paths.log_dir}", file=sys.stderr)
+        print(f"run failed (exit 1): {e}; logs in {paths.log_dir}", file=sys.stderr)
         return 1
     finally:
         launcher.stop_all()
@@ -131,6 +135,9 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
         with open(os.path.join(paths.log_dir, "accuracy.json"), "w") as f:
             json.dump({"before": before, "after": after, "weights": final, "steps": len(metrics)}, f)
     print(f"logs and metrics.jsonl: {paths.log_dir}\nfinal weights (HF format): {final}", flush=True)
+    restarted = {name: n for name, n in launcher.restarts().items() if n}
+    print(f"run complete (exit 0): {len(metrics)} train steps"
+          + (f"; workers restarted: {restarted}" if restarted else ""), flush=True)
     return 0
 
 

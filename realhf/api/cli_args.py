@@ -40,9 +40,29 @@ class NameResolveConfig:
 
 
 @dataclass
+class RestartPolicyConfig:
+    """Which worker types the launcher restarts when they die mid-run (same index and config)."""
+
+    generation_server: bool = _f(True, "Restart a generation server that dies; it rejoins with the current weights.")
+    rollout_worker: bool = _f(True, "Restart a rollout worker that dies; its in-flight prompts are re-admitted.")
+    gserver_manager: bool = _f(False, "Restart the manager (off: its admission counters live in memory).")
+    model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
+    master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
+    max_restarts: int = _f(3, "Restarts allowed per worker; the next death fails the run.")
+    backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).")
+
+    def __post_init__(self):
+        if self.max_restarts < 0:
+            raise ValueError(f"cluster.restart_policy.max_restarts must be >= 0, got {self.max_restarts}")
+        if self.backoff < 0:
+            raise ValueError(f"cluster.restart_policy.backoff must be >= 0, got {self.backoff}")
+
+
+@dataclass
 class ClusterSpecConfig:
     fileroot: str = _f("./runs", "Root directory for logs, checkpoints and published weights.")
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve service.")
+    restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
     n_nodes: int = _f(1, "Number of nodes.")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
@@ -148,6 +168,8 @@ class GenerationServerConfig:
     health_check_interval: float = _f(2.0, "Seconds between liveness checks of the backend; a dead backend fails the worker.")
     health_timeout: float = _f(10.0, "Seconds one /health request of the sglang backend may take.")
     keepalive_ttl: float = _f(10.0, "Seconds before this server's gen_servers/ entry expires if the process dies.")
+    weights_root: str = _f("", "<fileroot>/param_realloc/<role>: on start, serve the version named by model_version/<role> from here (a restarted server rejoins current); empty: model_path.")
+    model_role: str = _f("actor", "Role whose model_version a (re)starting server loads from weights_root.")
 
 
 def validate_generation_server_config(cfg: "GenerationServerConfig") -> None:
@@ -232,6 +254,7 @@ class EnvConfig:
     type: str = _f("math", "Environment: 'math' or a user class 'module.path:ClassName'.")
     grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).")
     grader_timeout: float = _f(5.0, "math: seconds before a math-verify check is killed and graded wrong.")
+    check_work: bool = _f(False, "math: an answer counts only if every worked line 'a+b=c' / 'a-b=c' in it is also right (a right answer reached by wrong steps teaches wrong facts).")
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user environment class.")
 
     def __post_init__(self):
@@ -257,6 +280,10 @@ class GserverManagerConfig:
     discovery_timeout: float = _f(300.0, "Seconds to wait for n_servers generation servers to register.")
     update_timeout: float = _f(300.0, "Seconds allowed for one server's pause/update/continue.")
     log_interval: float = _f(10.0, "Seconds between status log lines.")
+    health_check_interval: float = _f(1.0, "Seconds between GET /health of every registered generation server.")
+    health_timeout: float = _f(5.0, "Seconds one /health may take before it counts as a failure.")
+    max_health_failures: int = _f(2, "Consecutive failed health checks that drop a server from routing (until it answers again).")
+    trained_groups_at_start: int = _f(0, "Groups already trained when the run resumes from a checkpoint; admission counts them as accepted.")
 
     def __post_init__(self):
         _check_choice(self.schedule_policy, SCHEDULE_POLICIES, "gserver_manager.schedule_policy")
@@ -283,10 +310,12 @@ class RolloutWorkerConfig:
     new_tokens_per_chunk: int = _f(0, "Resubmit a request after this many new tokens (0: no chunking).")
     n_pullers: int = _f(1, "Trainer DP heads receiving trajectories (pushers are grouped over them).")
     request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
+    sampler_state: str = _f("", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start.")
     manager_timeout: float = _f(30.0, "Seconds allowed for one call to the GserverManager.")
     discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
     push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
     max_consecutive_failures: int = _f(20, "Episodes failing in a row before the worker gives up.")
+    server_wait_timeout: float = _f(300.0, "Seconds a request keeps retrying while its generation server is down (killed, restarting) before the episode fails.")
     log_every_groups: int = _f(20, "Log one line per this many finished groups.")
 
     def __post_init__(self):
@@ -393,7 +422,8 @@ class MasterWorkerConfig:
     request_timeout: float = _f(1800.0, "Seconds to wait for one reply of a model worker (e.g. a train step).")
     data_poll_interval: float = _f(0.2, "Seconds between 'fetch' polls while waiting for a step's data.")
     data_log_interval: float = _f(30.0, "While waiting for data, log progress every N seconds.")
-    data_warn_after: float = _f(120.0, "After N seconds without a full batch, log which rank waits for what.")
+    stall_timeout: float = _f(120.0, "After N seconds without a completed step, log who waits for what (ranks, manager, servers, workers), then every data_log_interval.")
+    expected_workers: Dict[str, int] = _f({}, "Worker counts per type, so a stall report can name the missing ones (set by initial_setup).")
     data_timeout: float = _f(3600.0, "Fail the run after N seconds without a full batch.")
 
 
@@ -458,7 +488,8 @@ class AsyncPPOMATHConfig:
     success_rate_lb: float = _f(0.0, "Drop prompt groups whose success rate is strictly below this.")
     success_rate_ub: float = _f(1.0, "Drop prompt groups whose success rate is strictly above this.")
     exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
-    recover_mode: str = _f("disabled", "'disabled' (start afresh), 'auto' or 'resume' (recovery is not implemented yet).")
+    recover_mode: str = _f("disabled", "'disabled': start afresh (a rerun replaces the trial's files); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.")
+    stall_timeout: float = _f(120.0, "After N seconds without a completed train step the master logs who waits for what.")
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
     evaluation: EvaluationConfig = _sub(EvaluationConfig, "Accuracy report before and after training.")

@@ -5,6 +5,9 @@ On the wire it is a plain msgpack map (`to_msg` / `from_msg`), never a pickled o
     {qid, task, prompt_ids, birth_time, metadata,
      samples: [{output_ids, logprobs, versions, loss_mask, no_eos, reward}, ...]}
 
+with the token-level fields as numpy arrays (int32 ids, versions and mask, float32 log-probs);
+`from_msg` also accepts plain lists from other senders.
+
 `output_ids` holds everything after the prompt. Tokens the agent inserted itself (an
 environment's feedback turn in a multi-turn episode) are in `output_ids` with `loss_mask` 0,
 behaviour log-prob 0 and the version of the surrounding generation; generated tokens have
@@ -18,6 +21,8 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
+
+import numpy as np
 
 
 class TrajectoryFormatError(ValueError):
@@ -64,18 +69,20 @@ class Trajectory:
 
     # ---- wire format --------------------------------------------------------------------------
     def to_msg(self) -> Dict[str, Any]:
+        """Token-level fields travel as numpy arrays (one msgpack binary each, DESIGN §6): a
+        2k-token sample as lists would cost tens of thousands of msgpack items each way."""
         return {
             "qid": self.qid,
             "task": self.task,
-            "prompt_ids": list(self.prompt_ids),
+            "prompt_ids": np.asarray(self.prompt_ids, dtype=np.int32),
             "birth_time": float(self.birth_time),
             "metadata": dict(self.metadata),
             "samples": [
                 {
-                    "output_ids": list(s.output_ids),
-                    "logprobs": [float(x) for x in s.logprobs],
-                    "versions": list(s.versions),
-                    "loss_mask": s.mask(),
+                    "output_ids": np.asarray(s.output_ids, dtype=np.int32),
+                    "logprobs": np.asarray(s.logprobs, dtype=np.float32),
+                    "versions": np.asarray(s.versions, dtype=np.int32),
+                    "loss_mask": np.asarray(s.mask(), dtype=np.int32),
                     "no_eos": bool(s.no_eos),
                     "reward": float(s.reward),
                 }
@@ -85,6 +92,7 @@ class Trajectory:
 
     @classmethod
     def from_msg(cls, msg: Any) -> "Trajectory":
+        """Validate a received message (arrays from `to_msg`, or plain lists from other senders)."""
         def need(obj: Any, key: str, types, where: str):
             if not isinstance(obj, dict) or key not in obj:
                 raise TrajectoryFormatError(f"trajectory {where}: missing field {key!r}")
@@ -96,10 +104,25 @@ class Trajectory:
             return value
 
         def int_list(obj, key, where) -> List[int]:
-            values = need(obj, key, list, where)
+            values = need(obj, key, (list, np.ndarray), where)
+            if isinstance(values, np.ndarray):
+                if values.ndim != 1 or values.dtype.kind not in "iu":
+                    raise TrajectoryFormatError(f"trajectory {where}.{key}: expected a 1-d integer array, got "
+                                                f"{values.dtype} of shape {values.shape}")
+                return values.tolist()
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
                 raise TrajectoryFormatError(f"trajectory {where}.{key}: every entry must be an int")
             return values
+
+        def float_list(obj, key, where) -> List[float]:
+            values = need(obj, key, (list, np.ndarray), where)
+            if isinstance(values, np.ndarray):
+                if values.ndim != 1 or values.dtype.kind not in "fiu" or not np.isfinite(values).all():
+                    raise TrajectoryFormatError(f"trajectory {where}.{key}: expected a 1-d array of finite numbers")
+                return values.astype(np.float64).tolist()
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in values):
+                raise TrajectoryFormatError(f"trajectory {where}.{key}: every entry must be a finite number")
+            return [float(x) for x in values]
 
         if not isinstance(msg, dict):
             raise TrajectoryFormatError(f"trajectory must be a map, got {type(msg).__name__}")
@@ -113,9 +136,7 @@ class Trajectory:
         for i, s in enumerate(raw_samples):
             sw = f"{where}.samples[{i}]"
             output_ids = int_list(s, "output_ids", sw)
-            logprobs = need(s, "logprobs", list, sw)
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in logprobs):
-                raise TrajectoryFormatError(f"trajectory {sw}.logprobs: every entry must be a finite number")
+            logprobs = float_list(s, "logprobs", sw)
             versions = int_list(s, "versions", sw)
             loss_mask = int_list(s, "loss_mask", sw) if "loss_mask" in s else None
             n = len(output_ids)
@@ -126,15 +147,18 @@ class Trajectory:
                     )
             reward = need(s, "reward", (int, float), sw)
             no_eos = bool(s.get("no_eos", False))
-            samples.append(Sample(output_ids, [float(x) for x in logprobs], versions, float(reward), no_eos, loss_mask))
-        return cls(
-            qid=qid,
-            prompt_ids=prompt_ids,
-            samples=samples,
-            task=str(msg.get("task", "math")),
-            birth_time=float(msg.get("birth_time", 0.0)),
-            metadata=dict(msg.get("metadata") or {}),
-        )
+            samples.append(Sample(output_ids, logprobs, versions, float(reward), no_eos, loss_mask))
+        birth_time = msg.get("birth_time", 0.0)
+        if not isinstance(birth_time, (int, float)) or isinstance(birth_time, bool) or not math.isfinite(birth_time):
+            raise TrajectoryFormatError(f"trajectory {where}.birth_time: must be a finite number, got {birth_time!r:.80}")
+        metadata = msg.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise TrajectoryFormatError(f"trajectory {where}.metadata: must be a map, got {type(metadata).__name__}")
+        task = msg.get("task", "math")
+        if not isinstance(task, str):
+            raise TrajectoryFormatError(f"trajectory {where}.task: must be a string, got {type(task).__name__}")
+        return cls(qid=qid, prompt_ids=prompt_ids, samples=samples, task=task, birth_time=float(birth_time),
+                   metadata=dict(metadata))
 
 
 def _as_tuple(types) -> tuple:

@@ -252,6 +252,13 @@ class MemoryNameRecordRepository(NameRecordRepository):
             return True
 
 
+def _safe_redact(url: str) -> str:
+    try:
+        return redact_url(url)
+    except ValueError:  # unparsable (e.g. a bad port): show the scheme and host part only
+        return url.split("@")[-1]
+
+
 class RedisNameRecordRepository(NameRecordRepository):
     """Keys and values in a real redis-server; `add` without replace is an atomic SET NX."""
 
@@ -260,16 +267,30 @@ class RedisNameRecordRepository(NameRecordRepository):
 
         super().__init__()
         self._url = url
-        self._redis = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=30, socket_connect_timeout=5,
-            health_check_interval=30, retry_on_timeout=True,
-        )
+        try:
+            self._redis = redis.Redis.from_url(
+                url, decode_responses=True, socket_timeout=30, socket_connect_timeout=5,
+                health_check_interval=30, retry_on_timeout=True,
+            )
+        except ValueError as e:  # its message may quote the URL, password included
+            raise NameResolveError(
+                f"cluster.name_resolve.redis_url={_safe_redact(url)!r} is not a Redis URL "
+                f"(expected redis://[:password@]host:port/db): {str(e).replace(url, _safe_redact(url))}"
+            ) from None
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
                 self._redis.ping()
                 break
-            except redis.AuthenticationError as e:
+            except (redis.AuthenticationError, redis.ResponseError) as e:
+                if not isinstance(e, redis.AuthenticationError) and "auth" not in str(e).lower():
+                    raise
+                if self._redis.connection_pool.connection_kwargs.get("password") is None:
+                    # The server has a password, the URL none (NOAUTH / HELLO without AUTH).
+                    raise NameResolveError(
+                        f"Redis at {redact_url(url)} requires a password: put it in the URL as "
+                        "redis://:PASSWORD@host:port/db (cluster.name_resolve.redis_url or REDIS_URL)"
+                    ) from None
                 raise NameResolveError(f"Redis at {redact_url(url)} rejected the password: {e}") from None
             except redis.ConnectionError as e:
                 if time.monotonic() >= deadline:

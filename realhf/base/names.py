@@ -71,3 +71,14 @@ def gserver_manager(experiment: str, trial: str) -> str:
 def distributed_master(experiment: str, trial: str) -> str:
     """`host:port` for the torch.distributed rendezvous of the model workers."""
     return f"{trial_root(experiment, trial)}/distributed/master"
+
+
+def rollout_sampler_state(experiment: str, trial: str, index: int) -> str:
+    """JSON of rollout worker `index`'s `PromptSampler.state_dict()`, read by the master when it checkpoints."""
+    return f"{trial_root(experiment, trial)}/rollout_sampler/{int(index)}"
+
+
+def rollout_inflight(experiment: str, trial: str, index: int) -> str:
+    """JSON `{qid: {query_id, pushed}}` of rollout worker `index`'s groups in flight, so that a
+    restarted incarnation re-runs them and frees their admission slots."""
+    return f"{trial_root(experiment, trial)}/rollout_inflight/{int(index)}"

@@ -60,8 +60,10 @@ class RedisServer:
                "--dir", self._dir, "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
         if self.password:
             cmd += ["--requirepass", self.password]
+        # Its own session: a Ctrl-C to the terminal's process group must not kill Redis before
+        # the launcher has stopped the workers that use it (they would die with tracebacks).
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                      stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
         self._wait_ready()
         logger.info(f"redis-server started on {self.host}:{self.port} (pid {self._proc.pid})")
         return self

@@ -48,7 +48,10 @@ class StalenessManager:
         batch_size: int,
         max_head_offpolicyness: int,
         version_source: VersionSource,
+        accepted: int = 0,
     ):
+        """`accepted`: groups accepted before this manager started — on a resumed run, the groups
+        already trained — so that capacity continues from where the checkpoint left it."""
         if max_concurrent_rollouts < 1:
             raise ValueError(f"max_concurrent_rollouts must be >= 1, got {max_concurrent_rollouts}")
         if batch_size < 1:
@@ -62,7 +65,9 @@ class StalenessManager:
 
         self._lock = threading.Lock()
         self._running: set = set()
-        self._accepted = 0
+        if accepted < 0:
+            raise ValueError(f"accepted must be >= 0, got {accepted}")
+        self._accepted = int(accepted)
         self._stale_dropped = 0
         self._rejections = {reason: 0 for reason in REJECTION_REASONS}
 

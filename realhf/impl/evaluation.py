@@ -81,7 +81,7 @@ def evaluate_math_accuracy(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if generate_fn is None:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, use_safetensors=True)
         generate_fn = hf_generate_fn(model, pad_id=pad_id, eos_id=eos_id, batch_size=batch_size)
 
     prompts = [tokenizer.encode(r.prompt, add_special_tokens=False) for r in rows for _ in range(n)]

@@ -7,6 +7,13 @@ failure — a non-zero exit, a worker that never registers, one whose heartbeat 
 trial ABORTED, stops every process within 10 s, prints which worker failed and the tail of its
 log, and raises `WorkerFailedError`. SIGINT/SIGTERM to the launcher stop everything too, and the
 kernel kills the children if the launcher itself is SIGKILLed (PR_SET_PDEATHSIG).
+
+Restart policy (`WorkerSpec.restart`): a worker of such a spec that dies (non-zero exit) or hangs
+(heartbeat gone while alive: it is SIGKILLed first) while the trial is RUNNING is started again
+with the same index and config after `restart_backoff · 2^k` s (capped at 30 s); its log file gets
+a "restart k" marker line and is appended to. After `max_restarts` restarts the next death is a
+failure like any other. Its old heartbeat key is deleted before the restart, so the new process
+is judged by its own registration (with the full `startup_timeout`).
 """
 
 import dataclasses
@@ -51,6 +58,9 @@ class WorkerSpec:
     worker_class: str = ""  # default: the built-in class of `worker_type`
     env: Dict[str, str] = field(default_factory=dict)
     echo_log: bool = False  # copy this worker's log lines to the launcher's console
+    restart: bool = False  # restart a worker of this spec that dies while the trial runs
+    max_restarts: int = 3  # per worker; the next death after this many restarts fails the trial
+    restart_backoff: float = 1.0  # seconds before restart k+1 is backoff·2^k (capped at 30 s)
 
 
 class LauncherError(RuntimeError):
@@ -81,6 +91,12 @@ class _Proc:
     heartbeat_seen: bool = False
     heartbeat_missing_since: Optional[float] = None
     exited: Optional[int] = None
+    spec: Optional[WorkerSpec] = None
+    config_path: str = ""
+    env: Optional[Dict[str, str]] = None
+    restarts: int = 0
+    restart_at: Optional[float] = None  # a restart is due at this monotonic time
+    last_death: str = ""
 
 
 def log_tail(path: str, n_lines: int = 30) -> str:
@@ -131,6 +147,14 @@ class _LogEcho(threading.Thread):
         self._stop_event.set()
         if self.is_alive():
             self.join(timeout=2)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a worker's process group (each worker leads its own session)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class LocalLauncher:
@@ -213,17 +237,42 @@ class LocalLauncher:
         config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
         OmegaConf.save(OmegaConf.create(doc), config_path)
         log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "realhf.apps.remote", "worker", "--config", config_path],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=die_with_parent,
-            )
         key = names.worker(self.experiment_name, self.trial_name, spec.worker_type, index)
-        self._procs.append(_Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, popen, log_path, key, time.monotonic()))
+        p = _Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, None, log_path, key, time.monotonic(),
+                  spec=spec, config_path=config_path, env=env)
+        p.popen = self._popen(p)
+        self._procs.append(p)
         if spec.echo_log:
             self._echo.add(log_path)
-        logger.info(f"started {spec.worker_type}/{index} (pid {popen.pid})")
+        logger.info(f"started {p.name} (pid {p.popen.pid})")
+
+    def _popen(self, p: _Proc) -> subprocess.Popen:
+        with open(p.log_path, "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "realhf.apps.remote", "worker", "--config", p.config_path],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=p.env,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )
+
+    def _restart(self, p: _Proc) -> None:
+        """Start worker `p` again: same index, same config file, same (appended) log."""
+        p.restarts += 1
+        try:  # the dead incarnation's heartbeat must not count for the new one
+            name_resolve.delete(p.heartbeat_key)
+        except Exception:  # noqa: BLE001 - already expired
+            pass
+        with open(p.log_path, "ab") as log:
+            log.write((f"\n{'=' * 20} realhf launcher: restart {p.restarts} of {p.name} "
+                       f"(max_restarts={p.spec.max_restarts}) after: {p.last_death} {'=' * 20}\n").encode())
+        p.popen = self._popen(p)
+        p.started = time.monotonic()
+        p.heartbeat_seen, p.heartbeat_missing_since, p.exited, p.restart_at = False, None, None, None
+        logger.warning(f"restarted {p.name} (restart {p.restarts}/{p.spec.max_restarts}, pid {p.popen.pid}) "
+                       f"after: {p.last_death}")
+
+    def restarts(self) -> Dict[str, int]:
+        """Restarts so far per worker name ("<type>/<index>")."""
+        return {p.name: p.restarts for p in self._procs}
 
     # ---- supervision ------------------------------------------------------------------------
     def wait(self, timeout: Optional[float] = None) -> None:
@@ -238,7 +287,7 @@ class LocalLauncher:
                 failure = self._check_workers()
                 if failure is not None:
                     self._fail(*failure)
-                if all(p.exited is not None for p in self._procs):
+                if all(p.exited is not None and p.restart_at is None for p in self._procs):
                     logger.info("all workers exited normally")
                     return
                 if complete_since is None and self._status() == STATUS_COMPLETE:
@@ -264,33 +313,85 @@ class LocalLauncher:
             return "missing"
 
     def _check_workers(self):
-        """(proc, reason) of the first failed worker, or None."""
+        """(proc, reason) of the first failed worker, or None. Restartable workers that died are
+        scheduled for a restart (or restarted when it is due) instead."""
         now = time.monotonic()
         heartbeats = set(name_resolve.find_subtree(names.worker_root(self.experiment_name, self.trial_name)))
+        running = self._status() == STATUS_RUNNING
         for p in self._procs:
+            if p.restart_at is not None:
+                if not running:  # the trial ended meanwhile: stay down
+                    p.restart_at = None
+                elif now >= p.restart_at:
+                    self._restart(p)
+                continue
             if p.exited is not None:
                 continue
             code = p.popen.poll()
             if code is not None:
                 p.exited = code
                 if code != 0:
-                    return p, f"exited with code {code}" + (f" ({signal.Signals(-code).name})" if code < 0 else "")
+                    reason = f"exited with code {code}" + (f" ({signal.Signals(-code).name})" if code < 0 else "")
+                    if self._schedule_restart(p, reason, now):
+                        continue
+                    return p, self._with_restarts(p, reason)
                 logger.info(f"{p.name} exited normally")
                 continue
             if p.heartbeat_key in heartbeats:
                 p.heartbeat_seen = True
                 p.heartbeat_missing_since = None
-            elif p.heartbeat_seen:
+            elif p.heartbeat_seen and running:
                 # A worker deregisters just before it exits: only a key that stays gone while
-                # the process lives on is a hang.
+                # the process lives on is a hang. Once the trial is COMPLETE, workers are leaving
+                # and a slow exit (a loaded machine) is wait()'s exit_grace business, not a hang.
                 if p.heartbeat_missing_since is None:
                     p.heartbeat_missing_since = now
                 elif now - p.heartbeat_missing_since > self.heartbeat_grace:
-                    return p, (f"stopped heart-beating (key {p.heartbeat_key} gone for "
-                               f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive")
+                    reason = (f"stopped heart-beating (key {p.heartbeat_key} gone for "
+                              f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive")
+                    if self._restartable(p):
+                        self._kill_tree(p)
+                        p.exited = p.popen.returncode
+                        self._schedule_restart(p, reason, now)
+                        continue
+                    return p, self._with_restarts(p, reason)
             elif now - p.started > self.startup_timeout:
-                return p, f"did not register its heartbeat within {self.startup_timeout:.0f}s"
+                return p, self._with_restarts(p, f"did not register its heartbeat within {self.startup_timeout:.0f}s")
         return None
+
+    def _restartable(self, p: _Proc) -> bool:
+        return (p.spec is not None and p.spec.restart and p.restarts < p.spec.max_restarts
+                and self._status() == STATUS_RUNNING)
+
+    def _schedule_restart(self, p: _Proc, reason: str, now: float) -> bool:
+        if not self._restartable(p):
+            return False
+        delay = min(30.0, p.spec.restart_backoff * 2 ** p.restarts)
+        _kill_group(p.popen.pid)  # children the dead worker left behind (same process group)
+        p.last_death, p.restart_at = reason, now + delay
+        logger.warning(f"{p.name} {reason}; restarting it in {delay:.1f}s "
+                       f"(restart {p.restarts + 1} of at most {p.spec.max_restarts})")
+        return True
+
+    @staticmethod
+    def _with_restarts(p: _Proc, reason: str) -> str:
+        if p.restarts:
+            return f"{reason} after {p.restarts} restart(s) (restart_policy.max_restarts={p.spec.max_restarts})"
+        return reason
+
+    @staticmethod
+    def _kill_tree(p: _Proc) -> None:
+        tree = process_tree(p.popen.pid)
+        for proc in tree:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=3)
+        try:
+            p.popen.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            logger.error(f"{p.name} (pid {p.popen.pid}) survived SIGKILL")
 
     def _fail(self, proc: _Proc, reason: str):
         self._set_status(STATUS_ABORTED)
@@ -339,6 +440,8 @@ class LocalLauncher:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(alive, timeout=3)
+        for p in self._procs:
+            _kill_group(p.popen.pid)  # orphans of workers that died earlier
         for p in self._procs:
             try:
                 p.exited = p.popen.wait(timeout=1) if p.exited is None else p.exited

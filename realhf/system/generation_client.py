@@ -11,6 +11,12 @@ previous server and version, so the group stays on its server while the weights 
 Every output token keeps the `weight_version` of the response that produced it, and its
 behaviour log-prob.
 
+A generation server that cannot be reached (killed, restarting: connection refused or dropped,
+HTTP 502/503) or a manager that has no live server to offer (503) is not the episode's failure:
+the request is scheduled again — to another server once the manager dropped the dead one — with
+the tokens already generated kept, backing off up to 5 s, for at most `server_wait_timeout` s
+without progress. With one server only, that is how rollouts wait for its restart.
+
 All samples of a group share one route (url, version): their scheduling calls are serialised per
 group, so the second sample already passes the first one's server as `previous_server_url`.
 
@@ -40,6 +46,14 @@ class GenerationError(RuntimeError):
     pass
 
 
+class ServerUnavailableError(GenerationError):
+    """The peer could not be reached (`status` None) or said it cannot serve now (HTTP 502/503)."""
+
+    def __init__(self, message: str, status: Optional[int] = None):
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass
 class GenerationResult:
     output_ids: List[int] = field(default_factory=list)
@@ -62,7 +76,8 @@ class _Route:
 
 class GenerationClient:
     def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
-                 manager_timeout: float = 30.0, eos_token_id: Optional[int] = None):
+                 manager_timeout: float = 30.0, eos_token_id: Optional[int] = None,
+                 server_wait_timeout: float = 300.0):
         if new_tokens_per_chunk < 0:
             raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
         self.manager_url = manager_url.rstrip("/")
@@ -70,12 +85,15 @@ class GenerationClient:
         self.request_timeout = request_timeout
         self.manager_timeout = manager_timeout
         self.eos_token_id = eos_token_id
+        self.server_wait_timeout = server_wait_timeout
         self._session: Optional[aiohttp.ClientSession] = None
         self._routes: Dict[str, _Route] = {}
         self._rids = itertools.count()
         self._rid_prefix = f"{os.getpid()}-{id(self):x}"
         self.n_generate_calls = 0
         self.n_aborts = 0
+        self.n_unavailable = 0  # requests resubmitted because their server or the manager was unavailable
+        self._warned: Dict[str, int] = {}  # qid -> highest unavailable attempt logged
 
     # ---- session ------------------------------------------------------------------------------
     async def __aenter__(self) -> "GenerationClient":
@@ -112,6 +130,7 @@ class GenerationClient:
     def forget(self, qid: str) -> None:
         """Drop the group's route (the episode ended)."""
         self._routes.pop(qid, None)
+        self._warned.pop(qid, None)
 
     async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int) -> Tuple[str, int]:
         route = self._routes.setdefault(qid, _Route())
@@ -136,15 +155,30 @@ class GenerationClient:
         prompt = [int(t) for t in input_ids]
         result = GenerationResult()
         empty_aborts, progress_at = 0, time.monotonic()
+        unavailable, down_since = 0, 0.0  # the current streak of unreachable servers
         while True:
             remaining = budget - len(result.output_ids)
             if remaining <= 0:
                 result.finish_reason = "length"
                 return result
             chunk = min(remaining, self.new_tokens_per_chunk) if self.new_tokens_per_chunk else remaining
-            url, version = await self._schedule(qid, len(prompt) + len(result.output_ids), group_size, remaining)
-            ids, logprobs, reason, weight_version = await self._generate_once(
-                url, prompt + result.output_ids, gconfig, chunk, len(result.output_ids))
+            url = None
+            try:
+                try:
+                    url, version = await self._schedule(qid, len(prompt) + len(result.output_ids), group_size,
+                                                        remaining)
+                except ServerUnavailableError as e:
+                    if e.status != 503:  # the manager itself is gone: that is not a server to wait for
+                        raise GenerationError(str(e)) from None
+                    raise  # the manager has no live server right now
+                ids, logprobs, reason, weight_version = await self._generate_once(
+                    url, prompt + result.output_ids, gconfig, chunk, len(result.output_ids))
+            except ServerUnavailableError as e:
+                unavailable += 1
+                down_since = down_since if unavailable > 1 else time.monotonic()
+                await self._wait_for_server(qid, url, e, unavailable, down_since)
+                continue
+            unavailable = 0
             result.n_requests += 1
             result.output_ids += ids
             result.logprobs += logprobs
@@ -169,6 +203,27 @@ class GenerationClient:
                 # The server stopped short of what was asked: its context is full.
                 result.finish_reason = "length"
                 return result
+
+    async def _wait_for_server(self, qid: str, url: Optional[str], error: Exception, attempt: int,
+                               down_since: float) -> None:
+        """Back off before resubmitting a request whose server (or the manager) was unavailable;
+        raise once the streak of failures lasted `server_wait_timeout` s."""
+        self.n_unavailable += 1
+        waited = time.monotonic() - down_since
+        if waited > self.server_wait_timeout:
+            raise GenerationError(f"qid {qid!r}: no generation server reachable for {waited:.0f}s "
+                                  f"(server_wait_timeout={self.server_wait_timeout:.0f}s); last error: {error}")
+        route = self._routes.get(qid)
+        if route is not None and url is not None and route.url == url:
+            route.url = None  # no affinity to a server that just failed
+        delay = min(5.0, 0.1 * 2 ** min(attempt - 1, 6))
+        # One line per group at attempts 1, 2, 4, 8, ... (its samples fail together): a waiting
+        # group logs rarely.
+        if attempt & (attempt - 1) == 0 and attempt > self._warned.get(qid, 0):
+            self._warned[qid] = attempt
+            logger.warning(f"qid {qid!r}: {error}; resubmitting in {delay:.1f}s (attempt {attempt}, "
+                           f"{waited:.0f}s of server_wait_timeout={self.server_wait_timeout:.0f}s)")
+        await asyncio.sleep(delay)
 
     async def generate_group(self, qid: str, input_ids: Sequence[int], gconfig: Any, n: int,
                              max_new_tokens: Optional[int] = None) -> List[GenerationResult]:
@@ -206,10 +261,14 @@ async def post_json(session: aiohttp.ClientSession, url: str, body: Dict[str, An
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             text = await r.text()
+            if r.status in (502, 503):
+                raise ServerUnavailableError(f"POST {url} returned HTTP {r.status}: {text[:300]}", r.status)
             if r.status != 200:
                 raise GenerationError(f"POST {url} returned HTTP {r.status}: {text[:300]}")
     except asyncio.TimeoutError:
         raise TimeoutError(f"POST {url}: no answer within {timeout:.1f}s") from None
+    except aiohttp.ClientConnectionError as e:  # refused, reset, dropped mid-answer
+        raise ServerUnavailableError(f"POST {url} failed: {type(e).__name__}: {e}") from None
     except aiohttp.ClientError as e:
         raise GenerationError(f"POST {url} failed: {type(e).__name__}: {e}") from None
     try:

@@ -1,6 +1,9 @@
 """GenerationServer worker: one inference server behind the SGLang protocol (DESIGN §2, §5).
 
-    configure: start the backend on `host` and a free port
+    configure: pick the weights: the latest version published under `weights_root` (named by
+               `model_version/<role>`), so a restarted server rejoins with the current weights,
+               else `model_path` at `weight_version`
+               start the backend on `host` and a free port
                native: the built-in engine thread + uvicorn (realhf.impl.inference) in this process
                sglang: `python -m sglang.launch_server` as a child process, wait for /health
                then register `http://host:port` under gen_servers/ (keep-alive key)
@@ -13,8 +16,10 @@ All the work is in the backend modules; this file only wires them to the worker 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from typing import Optional, Tuple
 
 from realhf.api.cli_args import GenerationServerConfig, validate_generation_server_config
 from realhf.base import name_resolve, names
@@ -22,6 +27,20 @@ from realhf.base.network import find_free_port, host_for_peers
 from realhf.system.worker_base import Worker
 
 _STATUS_LOG_INTERVAL = 30.0
+
+
+def latest_published(weights_root: str, version: int) -> Tuple[Optional[str], int]:
+    """The newest complete published version <= `version` under `weights_root` (`<root>/<v>/`
+    with a config.json; the trainer renames whole directories into place), or (None, 0)."""
+    try:
+        found = sorted((int(d) for d in os.listdir(weights_root) if d.isdigit() and int(d) <= version), reverse=True)
+    except FileNotFoundError:
+        return None, 0
+    for v in found:
+        path = os.path.join(weights_root, str(v))
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return path, v
+    return None, 0
 
 
 class GenerationServer(Worker):
@@ -34,15 +53,52 @@ class GenerationServer(Worker):
         validate_generation_server_config(cfg)
         seed = cfg.seed + self.ctx.worker_index
         if cfg.backend == "native":
-            port = self._start_native(cfg, seed)
+            port = self._start_native_current(cfg, seed)
         else:
+            model_path, version = self._current_weights(cfg)
+            cfg = self.config = dataclasses.replace(cfg, model_path=model_path, weight_version=version)
             port = self._start_sglang(cfg, seed)
         self.url = f"http://{host_for_peers(cfg.host)}:{port}"
         self._key = name_resolve.add_subentry(names.gen_servers(self.ctx.experiment_name, self.ctx.trial_name),
                                               self.url, keepalive_ttl=cfg.keepalive_ttl)
-        self.logger.info(f"serving {cfg.model_path} (backend {cfg.backend}, weight version {cfg.weight_version}) "
+        self.logger.info(f"serving {self.config.model_path} (backend {cfg.backend}, weight version "
+                         f"{self.config.weight_version}) "
                          f"at {self.url}; registered as {self._key}")
         self._last_check = self._last_log = time.monotonic()
+
+    def _current_weights(self, cfg: GenerationServerConfig) -> Tuple[str, int]:
+        """(path, version) to serve: the trainer's latest published version if there is one."""
+        if not cfg.weights_root:
+            return cfg.model_path, cfg.weight_version
+        try:
+            version = int(name_resolve.get(names.model_version(self.ctx.experiment_name, self.ctx.trial_name,
+                                                               cfg.model_role)))
+        except name_resolve.NameEntryNotFoundError:
+            return cfg.model_path, cfg.weight_version
+        path, found = latest_published(cfg.weights_root, version)
+        if path is None:
+            self.logger.warning(f"model_version/{cfg.model_role}={version} but nothing is published under "
+                                f"{cfg.weights_root}; serving {cfg.model_path} (the manager will update it)")
+            return cfg.model_path, cfg.weight_version
+        self.logger.info(f"trainer is at version {version}: loading published version {found} from {path}")
+        return path, found
+
+    def _start_native_current(self, cfg: GenerationServerConfig, seed: int, attempts: int = 5) -> int:
+        """`_start_native` on the current weights. The trainer prunes old versions while we load
+        (keep_last_versions), so a version that vanished mid-load is retried with the newest."""
+        for attempt in range(1, attempts + 1):
+            model_path, version = self._current_weights(cfg)
+            self.config = dataclasses.replace(cfg, model_path=model_path, weight_version=version)
+            try:
+                return self._start_native(self.config, seed)
+            except Exception as e:  # noqa: BLE001 - re-raised unless the directory was pruned under us
+                if model_path == cfg.model_path or os.path.isdir(model_path) or attempt == attempts:
+                    raise
+                self.logger.warning(f"published version {version} vanished while loading ({e}); trying the newest again")
+                if self._engine is not None:
+                    self._engine.stop()
+                    self._engine = None
+        raise AssertionError("unreachable")
 
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
         from realhf.impl.inference.engine import create_engine_from_config

@@ -11,15 +11,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Dict, List, Optional
 
 from realhf.api.cli_args import MasterWorkerConfig
 from realhf.base import name_resolve, names
+from realhf.system import stall_report
 from realhf.system.pipeline import ppo_pipeline
 from realhf.system.request_reply_stream import MasterStream
-from realhf.system.stats_logger import StatsLogger, step_metrics
+from realhf.system.stats_logger import StatsLogger, step_metrics, truncate_metrics
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
@@ -71,6 +73,10 @@ class MasterWorker(Worker):
         self.version = versions[0]
 
         self.metrics_path = os.path.join(cfg.fileroot, "logs", exp, trial, "metrics.jsonl")
+        # Steps after the checkpoint we resume from will be run again: their old lines go.
+        kept = truncate_metrics(self.metrics_path, last_step=self.version)
+        if self.version > 0:
+            self.logger.info(f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps")
         self._stats = StatsLogger(self.metrics_path, cfg.tensorboard_path, wandb_project=cfg.wandb_project,
                                   wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
                                   wandb_mode=cfg.wandb_mode)
@@ -82,6 +88,7 @@ class MasterWorker(Worker):
         self._update_stale_dropped(0)
         self._t_start = self._t_last_step = time.monotonic()
         self._t_last_ckpt = time.monotonic()
+        self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
             f"training {self.total_steps} steps of B={cfg.train_batch_size} groups (shares {self.shares}) "
             f"from version {self.version}; graph {' -> '.join(n.name for n in self.graph)}; metrics in {self.metrics_path}"
@@ -108,7 +115,7 @@ class MasterWorker(Worker):
         """Poll `fetch` until every DP head holds its share; returns the seconds waited."""
         cfg = self.config
         t0 = last_log = time.monotonic()
-        warned_at = 0.0
+        reported_at = 0.0
         while True:
             replies = self._stream.call_all("fetch", {"take": 0}, timeout=cfg.request_timeout)
             self._update_stale_dropped(sum(r["stale_dropped"] for r in replies))
@@ -117,17 +124,18 @@ class MasterWorker(Worker):
                 return time.monotonic() - t0
             now = time.monotonic()
             waited = now - t0
-            detail = "; ".join(
-                f"dp rank {r['dp_rank']} holds {r['buffered']}/{self.shares[r['dp_rank']]} groups "
-                f"(received {r['received']}, stale-dropped {r['stale_dropped']}, invalid {r['invalid']})"
-                for r in short)  # fmt: skip
             if waited > cfg.data_timeout:
+                detail = "; ".join(stall_report.data_lines(short, self.shares))
                 raise TimeoutError(f"step {self.step + 1}: no full batch within {cfg.data_timeout:.0f}s at version "
                                    f"{self.version}: {detail}")
-            if waited > cfg.data_warn_after and now - warned_at > cfg.data_log_interval:
-                warned_at = last_log = now
-                self.logger.warning(f"step {self.step + 1}: waiting {waited:.0f}s for trajectories: {detail} "
-                                    "(are rollout workers and generation servers running?)")
+            # A stall counts from the last completed step: a slow trainer plus a slow wait is one.
+            stalled = now - self._t_last_step
+            if stalled > cfg.stall_timeout and now - reported_at > cfg.data_log_interval:
+                reported_at = last_log = now
+                report = stall_report.stall_report(self.ctx.experiment_name, self.ctx.trial_name, replies,
+                                                   self.shares, cfg.expected_workers)
+                self.logger.warning(f"stall: no train step completed for {stalled:.0f}s (step {self.step + 1}, "
+                                    f"version {self.version}); who waits for what:\n  " + "\n  ".join(report))
             elif now - last_log > cfg.data_log_interval:
                 last_log = now
                 have = sum(min(r["buffered"], self.shares[r["dp_rank"]]) for r in replies)
@@ -169,11 +177,34 @@ class MasterWorker(Worker):
         by_steps = ctrl.ckpt_freq_steps > 0 and self.step % ctrl.ckpt_freq_steps == 0
         by_secs = ctrl.ckpt_freq_secs > 0 and time.monotonic() - self._t_last_ckpt > ctrl.ckpt_freq_secs
         if by_steps or by_secs:
-            path = self._stream.call_all("checkpoint", timeout=cfg.request_timeout)[0]["path"]
-            self._t_last_ckpt = time.monotonic()
-            self.logger.info(f"step {self.step}: recovery checkpoint at version {self.version} in {path}")
+            self._checkpoint()
+
+    def _checkpointing(self) -> bool:
+        return self.config.exp_ctrl.ckpt_freq_steps > 0 or self.config.exp_ctrl.ckpt_freq_secs > 0
+
+    def _checkpoint(self) -> None:
+        """Trainer state plus what the rest of the system needs to resume consistently: the step
+        and sample counters (the manager's admission resumes from them) and each rollout worker's
+        prompt-sampler position — all in the model workers' one atomic write."""
+        cfg = self.config
+        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
+        samplers = {}
+        for i in range(cfg.expected_workers.get("rollout_worker", 0)):
+            try:
+                samplers[str(i)] = json.loads(name_resolve.get(names.rollout_sampler_state(exp, trial, i)))
+            except name_resolve.NameEntryNotFoundError:
+                pass  # that worker has not drawn a prompt yet: it resumes from the start
+        extra = {"step": self.step, "training_samples": self.training_samples, "stale_dropped": self.stale_dropped,
+                 "rollout_samplers": samplers, "saved_at": time.time()}
+        path = self._stream.call_all("checkpoint", {"extra": extra}, timeout=cfg.request_timeout)[0]["path"]
+        self._t_last_ckpt = time.monotonic()
+        self._ckpt_version = self.version
+        self.logger.info(f"step {self.step}: recovery checkpoint at version {self.version} in {path} "
+                         f"({len(samplers)} rollout sampler positions)")
 
     def _finish(self) -> None:
+        if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:
+            self._checkpoint()  # so that a longer rerun with recover_mode=auto continues from here
         path = self._stream.call_all("save", timeout=self.config.request_timeout)[0]["path"]
         elapsed = time.monotonic() - self._t_start
         self.logger.info(f"done: {self.step} steps, version {self.version}, {self.training_samples} groups trained, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -69,7 +70,12 @@ def load_causal_lm(m: ModelTrainEvalConfig, path: Optional[str] = None) -> torch
     from transformers import AutoModelForCausalLM
 
     transformers.utils.logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(path or m.path, dtype=_DTYPES[m.dtype])
+    path = path or m.path
+    # safetensors only: a pytorch_model.bin is a pickle, and loading one can run code.
+    if os.path.isdir(path) and not any(f.endswith(".safetensors") for f in os.listdir(path)):
+        raise ValueError(f"model path {path!r} has no *.safetensors file; realhf loads only safetensors "
+                         "checkpoints (re-save it with save_pretrained(..., safe_serialization=True))")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[m.dtype], use_safetensors=True)
     if m.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
@@ -99,7 +105,7 @@ class ModelWorker(Worker):
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
         self._init_distributed()
 
-        self._recover_path = Path(cfg.fileroot) / "recover" / exp / trial / "actor"
+        self._recover_path = checkpoint.recover_dir(cfg.fileroot, "actor")
         recovering = cfg.recover and checkpoint.has_recover_state(self._recover_path)
         self.actor = load_causal_lm(cfg.actor, str(self._recover_path) if recovering else None)
         self.ref = None
@@ -114,6 +120,11 @@ class ModelWorker(Worker):
             self.version = int(info["version"])
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
         self.pad_id = int(getattr(self.actor.config, "pad_token_id", None) or 0)
+        # actor_inf may skip the first minibatch (its train forward, before any optimizer step,
+        # gives the same log-probs) unless dropout makes train and eval forwards differ, or the
+        # advantages need the proximal log-probs before training (a KL reward through GAE).
+        self._can_defer_prox = not actor.has_dropout(self.actor) and (cfg.ppo.group_adv_norm or cfg.ppo.kl_ctl == 0)
+        self._prox_deferred = False
         n_params = sum(p.numel() for p in self.actor.parameters())
         self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size}: actor {cfg.actor.path} ({n_params / 1e6:.2f}M params, "
                          f"{cfg.actor.dtype}), ref {'loaded' if self.ref is not None else 'off'}, "
@@ -134,8 +145,11 @@ class ModelWorker(Worker):
         key = names.distributed_master(self.ctx.experiment_name, self.ctx.trial_name)
         timeout = datetime.timedelta(seconds=cfg.distributed_timeout)
         if self.dp_rank == 0:
-            store = dist.TCPStore(cfg.bind_host, 0, self.dp_size, is_master=True, timeout=timeout,
-                                  wait_for_workers=False)
+            # TCPStore given a host still listens on every interface; handing it a socket we
+            # bound ourselves keeps the rendezvous on bind_host (loopback by default).
+            self._store_socket = socket.create_server((cfg.bind_host, 0))
+            store = dist.TCPStore(cfg.bind_host, self._store_socket.getsockname()[1], self.dp_size, is_master=True,
+                                  timeout=timeout, wait_for_workers=False, master_listen_fd=self._store_socket.fileno())
             name_resolve.add(key, f"{host_for_peers(cfg.bind_host)}:{store.port}", replace=True)
         else:
             host, port = split_host_port(name_resolve.wait(key, timeout=cfg.distributed_timeout))
@@ -169,6 +183,8 @@ class ModelWorker(Worker):
             self._dataset.close()
         if getattr(self, "_dist_initialized", False):
             dist.destroy_process_group()
+        if getattr(self, "_store_socket", None) is not None:
+            self._store_socket.close()
 
     # ---- handlers ---------------------------------------------------------------------------
     def _publish_version(self) -> None:
@@ -228,8 +244,16 @@ class ModelWorker(Worker):
         if model is None:
             raise ValueError("inference on 'ref' but no reference model is loaded (ppo.kl_ctl is 0)")
         t0 = time.monotonic()
-        logp = actor.inference_logprobs(model, batch, self.config.ppo.gen.temperature)
-        mask = batch.loss_mask
+        rows = None
+        if role == "actor":
+            self._prox_deferred = self._can_defer_prox
+        if role == "actor" and self._prox_deferred:  # the first minibatch's train forward computes its own
+            first = set(actor.first_minibatch_rows(batch.n_seqs, self.config.ppo.ppo_n_minibatches).tolist())
+            rows = torch.tensor([r for r in range(batch.n_seqs) if r not in first], dtype=torch.long)
+        logp = actor.inference_logprobs(model, batch, self.config.ppo.gen.temperature, rows=rows)
+        mask = batch.loss_mask.clone()
+        if rows is not None:
+            mask[list(first)] = False
         if role == "actor":
             batch.prox_logprobs = logp
         else:
@@ -245,7 +269,9 @@ class ModelWorker(Worker):
         cfg = self.config
         t0 = time.monotonic()
         stats = actor.ppo_train_step(self.actor, self.optimizer, self.lr_scheduler, batch, cfg.ppo,
-                                     cfg.actor.optimizer.gradient_clipping)
+                                     cfg.actor.optimizer.gradient_clipping,
+                                     prox_from_first_forward=getattr(self, "_prox_deferred", False))
+        self._prox_deferred = False
         train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None
@@ -262,18 +288,19 @@ class ModelWorker(Worker):
                 "publish_time_s": time.monotonic() - t0 - train_s}
 
     def _save(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """An HF checkpoint at `path` (default `<fileroot>/checkpoints/<exp>/<trial>/actor/version<v>`)."""
-        path = data.get("path") or os.path.join(self.config.fileroot, "checkpoints", self.ctx.experiment_name,
-                                                self.ctx.trial_name, "actor", f"version{self.version}")
+        """An HF checkpoint at `path` (default `<fileroot>/checkpoints/actor/version<v>`; the
+        experiment's fileroot is already per trial)."""
+        path = data.get("path") or os.path.join(self.config.fileroot, "checkpoints", "actor", f"version{self.version}")
         if self.dp_rank == 0:  # every rank holds the same weights
             checkpoint.save_hf_dir(self.actor, Path(path), self.config.actor.path)
         return {"path": str(path), "version": self.version}
 
     def _checkpoint(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """Recovery state: weights + optimizer + LR schedule + RNG + version (rank 0; ranks are replicas)."""
+        """Recovery state: weights + optimizer + LR schedule + RNG + version, and the master's
+        `extra` counters in the same atomic write (rank 0; ranks are replicas)."""
         if self.dp_rank == 0:
             checkpoint.save_recover_state(self._recover_path, self.actor, self.optimizer, self.lr_scheduler,
-                                          self.version, self.config.actor.path)
+                                          self.version, self.config.actor.path, extra=data.get("extra"))
         return {"path": str(self._recover_path), "version": self.version}
 
     def _ping(self, data: Any) -> Dict[str, Any]:

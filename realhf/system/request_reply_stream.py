@@ -57,7 +57,8 @@ class MasterStream:
         self._connected: set = set()
         self._replies: Dict[str, dict] = {}
         self._pending: Dict[str, Request] = {}
-        self.n_malformed = 0
+        self.n_malformed = 0  # undecodable or not a map: logged and dropped
+        self.n_unmatched = 0  # replies to no pending request (late, duplicate or foreign): dropped
 
     # ---- connection -------------------------------------------------------------------------
     def wait_for_workers(self, timeout: float) -> None:
@@ -96,13 +97,14 @@ class MasterStream:
                 raise TimeoutError(f"no reply within {timeout:.1f}s from: {', '.join(waiting)}")
             self._receive(min(remaining, 0.5))
         replies = [self._replies.pop(rid) for rid in request_ids]
-        for rid in request_ids:
-            self._pending.pop(rid, None)
-        for reply in replies:
-            if not reply.get("ok", False):
-                err = reply.get("error") or {}
-                raise RemoteError(str(err.get("type", "Error")), str(err.get("message", "")),
-                                  int(reply.get("handler", -1)), str(err.get("traceback", "")))
+        # The worker index is the one the request was sent to, not whatever the reply claims.
+        workers = [self._pending.pop(rid).handler if rid in self._pending else -1 for rid in request_ids]
+        for reply, worker in zip(replies, workers):
+            if reply.get("ok", False) is not True:
+                err = reply.get("error")
+                err = err if isinstance(err, dict) else {"type": "MalformedReply", "message": repr(reply)[:500]}
+                raise RemoteError(str(err.get("type", "Error")), str(err.get("message", "")), worker,
+                                  str(err.get("traceback", "")))
         return [reply.get("data") for reply in replies]
 
     def call(self, worker: int, handle_name: str, data: Any = None, timeout: float = 300.0) -> Any:
@@ -136,15 +138,23 @@ class MasterStream:
                 continue
             if msg.get("handle_name") == _HELLO:
                 try:
-                    self._connected.add(int(identity.decode()))
+                    index = int(identity.decode())
                 except ValueError:
+                    index = -1
+                if 0 <= index < self.n_workers:
+                    self._connected.add(index)
+                else:
                     self.n_malformed += 1
+                    logger.error(f"master dropped a hello from {identity[:64]!r}: not a model worker index "
+                                 f"in [0, {self.n_workers})")
                 continue
             rid = msg.get("request_id")
-            if rid in self._pending:
+            # Accepted only from the worker the request went to (identity = its index).
+            if isinstance(rid, str) and rid in self._pending and identity == _identity(self._pending[rid].handler):
                 self._replies[rid] = msg
             else:
-                logger.warning(f"master dropped a reply to unknown request {rid!r} from {identity!r}")
+                self.n_unmatched += 1
+                logger.warning(f"master dropped a reply to unknown request {str(rid)[:64]!r} from {identity[:64]!r}")
 
     def close(self) -> None:
         try:

@@ -12,14 +12,22 @@ An episode runs the agent (generation through the manager and servers, rewards f
 environment), pushes the finished group to this worker's DP head over ZMQ (a blocking send, so in
 a thread), then reports POST /finish_rollout {qid, accepted, n_tokens}. A refused prompt is
 retried first, so no row of the shard is skipped.
+
+Surviving its own death: the worker keeps its in-flight groups under the name-resolve key
+`rollout_inflight/<index>` (`{qid: {query_id, pushed}}`, rewritten on admission, push and
+finish; not deleted on exit). A restarted worker (same index) finds it before admitting anything:
+groups that were pushed are reported finished (accepted), the others are abandoned at the manager
+(their slots freed, nothing counted) and run again first, under the same qid.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
+from collections import deque
 from typing import Dict, Optional
 
 from realhf.api.agent import Prompt, make_agent
@@ -28,7 +36,7 @@ from realhf.api.env import make_env
 from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
 from realhf.impl.dataset.prompt_dataset import PromptRow, PromptSampler, load_jsonl_prompts, shard
-from realhf.system.generation_client import GenerationClient
+from realhf.system.generation_client import GenerationClient, GenerationError
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker
 
@@ -90,6 +98,19 @@ class RolloutWorker(AsyncWorker):
             raise ValueError(f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "
                              f"{cfg.dataset_path} is empty (fewer rows than rollout workers)")
         self.sampler = PromptSampler(rows, seed=cfg.seed + self.ctx.worker_index)
+        self._sampler_key = names.rollout_sampler_state(self.ctx.experiment_name, self.ctx.trial_name,
+                                                        self.ctx.worker_index)
+        # Where to continue the prompt order: a dead incarnation of this worker in this run left
+        # its position in name resolve (the launcher clears the trial's keys at start); else a
+        # resumed run's checkpoint has it in the config; else the start.
+        try:
+            state, source = name_resolve.get(self._sampler_key), "this worker's previous incarnation"
+        except name_resolve.NameEntryNotFoundError:
+            state, source = cfg.sampler_state, "the recovery checkpoint"
+        if state:
+            self.sampler.load_state_dict(json.loads(state))
+            self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
+                             f"{self.sampler.state_dict()['position']} (from {source})")
         from transformers import AutoTokenizer  # heavy; only this process type needs it
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
@@ -100,6 +121,11 @@ class RolloutWorker(AsyncWorker):
         self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
                                              discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout)
         self.push_thread = _PushThread(self.pusher)
+        self.rows_by_id = {row.query_id: row for row in rows}
+        self.inflight_key = names.rollout_inflight(exp, trial, self.ctx.worker_index)
+        self.inflight: Dict[str, dict] = {}  # qid -> {query_id, pushed}; mirrored to inflight_key
+        self.previous_inflight = self._read_inflight()
+        self.rerun: deque = deque()  # (row, qid) of a dead incarnation's groups, run first
         self.client: Optional[GenerationClient] = None
         self.tasks: Dict[str, asyncio.Task] = {}
         self.pending: Optional[tuple] = None  # a refused (row, qid), tried again first
@@ -117,7 +143,10 @@ class RolloutWorker(AsyncWorker):
             self.client = GenerationClient(
                 self.manager_url, new_tokens_per_chunk=self.config.new_tokens_per_chunk,
                 request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
-                eos_token_id=self.tokenizer.eos_token_id)
+                eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout)
+            if self.previous_inflight:
+                await self._recover_inflight(self.previous_inflight)
+                self.previous_inflight = {}
         try:
             await self._step()
         except Exception as e:
@@ -151,15 +180,20 @@ class RolloutWorker(AsyncWorker):
         returns (how many were admitted, whether the manager refused)."""
         n = 0
         while len(self.tasks) < self.config.max_concurrent_rollouts:
+            if self.pending is None and self.rerun:
+                self.pending = self.rerun.popleft()
             if self.pending is None:
                 row = self.sampler.next()
                 self.pending = (row, f"{row.query_id}@{self.sampler.epoch}")
+                # Read by the master when it checkpoints (rollout workers take no requests).
+                name_resolve.add(self._sampler_key, json.dumps(self.sampler.state_dict()), replace=True)
             row, qid = self.pending
             ok, reason = await self.client.allocate_rollout(qid)
             if not ok:
                 self.stats["refused"] += 1
                 return n, True
             self.pending = None
+            self._set_inflight(qid, {"query_id": row.query_id, "pushed": False})
             self.tasks[qid] = asyncio.create_task(self._episode(row, qid), name=f"episode-{qid}")
             n += 1
         return n, False
@@ -191,6 +225,7 @@ class RolloutWorker(AsyncWorker):
                                     "expected a Trajectory or None")
                 msg = traj.to_msg()
                 await self.push_thread.push(msg)
+                self._set_inflight(qid, {"query_id": row.query_id, "pushed": True})
                 accepted, n_tokens = True, traj.n_generated_tokens
                 self._count(traj)
             else:
@@ -205,7 +240,49 @@ class RolloutWorker(AsyncWorker):
         finally:
             self.client.forget(qid)
             await self.client.finish_rollout(qid, accepted, n_tokens)
+            self._set_inflight(qid, None)
         self._maybe_log()
+
+    # ---- in-flight record (survives a SIGKILL of this process) ------------------------------------
+    def _read_inflight(self) -> Dict[str, dict]:
+        try:
+            value = json.loads(name_resolve.get(self.inflight_key))
+        except name_resolve.NameEntryNotFoundError:
+            return {}
+        except ValueError:
+            self.logger.warning(f"ignoring an unreadable in-flight record under {self.inflight_key}")
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _set_inflight(self, qid: str, entry: Optional[dict]) -> None:
+        if entry is None:
+            self.inflight.pop(qid, None)
+        else:
+            self.inflight[qid] = entry
+        # Not deleted on exit: it is what a restarted incarnation needs after this one died.
+        name_resolve.add(self.inflight_key, json.dumps(self.inflight), replace=True, delete_on_exit=False)
+
+    async def _recover_inflight(self, previous: Dict[str, dict]) -> None:
+        """A previous incarnation died with these groups in flight: finish the pushed ones,
+        free the others' slots and run them again first."""
+        pushed = [q for q, e in previous.items() if isinstance(e, dict) and e.get("pushed")]
+        lost = [q for q in previous if q not in pushed]
+        for qid in pushed:  # the trainer has them: count them as accepted
+            try:
+                await self.client.finish_rollout(qid, True, 0)
+            except GenerationError:  # 404: the manager already knows it ended
+                pass
+        r = await self.client.post_json(f"{self.manager_url}/abandon_rollouts", {"qids": lost},
+                                        self.config.manager_timeout) if lost else {"abandoned": 0}
+        for qid in lost:
+            entry = previous[qid] if isinstance(previous[qid], dict) else {}
+            row = self.rows_by_id.get(str(entry.get("query_id")))
+            if row is not None:
+                self.rerun.append((row, qid))
+        name_resolve.add(self.inflight_key, json.dumps({}), replace=True, delete_on_exit=False)
+        self.logger.warning(f"restarted: previous incarnation left {len(previous)} groups in flight: "
+                            f"{len(pushed)} already pushed (reported finished), {r.get('abandoned')} slots "
+                            f"released at the manager, {len(self.rerun)} prompts re-admitted first")
 
     def _count(self, traj: Trajectory) -> None:
         s = self.stats

@@ -90,6 +90,30 @@ def format_line(m: Dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def truncate_metrics(path: str, last_step: int) -> int:
+    """Keep only the lines of `path` with step <= last_step (atomically); returns how many remain.
+
+    A run resumed from the checkpoint of step k repeats steps k+1…: their earlier lines would
+    make the curve show two different step k+1s."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    kept = []
+    for line in lines:
+        try:
+            if int(json.loads(line)["step"]) <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut short by a crash
+    if len(kept) != len(lines):
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    return len(kept)
+
+
 class StatsLogger:
     def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None,
                  wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline"):

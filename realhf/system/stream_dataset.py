@@ -30,7 +30,8 @@ class StreamDataset:
     """`puller` is any object with `pull(timeout) -> obj` and `close()` (e.g. ZMQPuller).
 
     `validate` (optional) is called on each item in the pull thread; an item it rejects
-    (by raising ValueError) is logged, counted in `n_invalid` and dropped.
+    (by raising ValueError — or any other Exception, since a validator may trip over a foreign
+    message) is logged, counted in `n_invalid` and dropped; the thread keeps pulling.
     """
 
     def __init__(self, puller, maxsize: int = 10000, poll_interval: float = 0.1,
@@ -60,9 +61,10 @@ class StreamDataset:
                 if self._validate is not None:
                     try:
                         self._validate(item)
-                    except ValueError as e:
+                    except Exception as e:  # noqa: BLE001 - a foreign message must not kill the thread
                         self.n_invalid += 1
-                        logger.error(f"{self._name}: dropped invalid item #{self.n_invalid}: {e}")
+                        logger.error(f"{self._name}: dropped invalid item #{self.n_invalid}: "
+                                     f"{type(e).__name__}: {str(e)[:300]}")
                         continue
                 while not self._stop.is_set():
                     try:

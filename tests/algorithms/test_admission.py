@@ -309,3 +309,16 @@ def test_concurrent_churn_never_exceeds_max_concurrent_rollouts():
     assert 1 <= peak <= 5
     status = mgr.status()
     assert status["running"] == 0 and status["accepted"] == 0
+
+
+def test_a_resumed_manager_counts_the_trained_groups_so_capacity_continues_not_overshoots():
+    # Resumed at version 5 with B = 4, η = 1 after 20 groups were trained: the same room as a
+    # manager that ran all along and whose groups were all trained — (η + 1)·B — not (η + v + 1)·B.
+    trainer = FakeTrainer(version=5)
+    resumed = StalenessManager(LARGE, 4, 1, trainer, accepted=20)
+    fresh = StalenessManager(LARGE, 4, 1, trainer)
+    assert resumed.capacity() == 8
+    assert fresh.capacity() == 28  # what forgetting the counters would admit at once
+    assert allocate_until_refused(resumed) == 8
+    with pytest.raises(ValueError, match="accepted must be >= 0"):
+        StalenessManager(LARGE, 4, 1, trainer, accepted=-1)

@@ -1,39 +1,14 @@
 """The whole system on real processes: Redis, a native generation server, the manager, two
 rollout workers, a model worker and the master, driven by training/main_async_ppo.py."""
 
-import json
 import os
-import subprocess
-import sys
 
-import psutil
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.training_runs import REPO, run_training
+from helpers.training_runs import trial_processes as _trial_processes
+
 ETA = 2  # small, so that the run reaches the bound within a short test
-
-
-def _trial_processes(trial: str):
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-        except psutil.Error:
-            continue
-        if "realhf" in cmd and trial in cmd:
-            found.append((p.pid, cmd))
-    return found
-
-
-def run_training(tmp_path, trial, *overrides, timeout=900):
-    cmd = [sys.executable, "training/main_async_ppo.py", f"trial_name={trial}", f"cluster.fileroot={tmp_path}",
-           *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    log_dir = tmp_path / "logs" / "async-ppo-math" / trial
-    metrics = []
-    if (log_dir / "metrics.jsonl").exists():
-        metrics = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return proc, metrics, log_dir
 
 
 def _check_run(proc, metrics, steps, eta, tmp_path):
@@ -94,15 +69,15 @@ def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
 
 @pytest.mark.e2e
 def test_a_failing_worker_stops_the_whole_run_and_names_itself(tmp_path, no_leftover_processes):
-    # A dataset path that exists for the config check but holds a malformed row: the rollout
-    # workers fail while loading it, naming file and line.
-    bad = tmp_path / "bad.jsonl"
-    good = open(os.path.join(REPO, "assets/tiny-math/data/train.jsonl")).read().splitlines()[:40]
-    bad.write_text("\n".join(good[:20] + ["{not json"] + good[20:]) + "\n")
-    proc, metrics, log_dir = run_training(tmp_path, "fail", f"dataset.path={bad}", "evaluation.n_prompts=0",
-                                          timeout=300)
+    # A user environment that raises when it starts: the rollout workers fail after the config
+    # check passed; with restarts off the first death ends the run, naming worker, file and line.
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests"))
+    proc, metrics, log_dir = run_training(tmp_path, "fail", "rollout.env.type=helpers.broken_env:BrokenEnv",
+                                          "cluster.restart_policy.rollout_worker=false", "evaluation.n_prompts=0",
+                                          timeout=300, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "rollout_worker/" in out and "failed" in out
-    assert "bad.jsonl:21" in out  # the log tail names file and line
+    assert "broken_env.py\", line 8" in out and "failed to start (on purpose)" in out  # the log tail
+    assert metrics == []
     assert _trial_processes(str(tmp_path)) == []

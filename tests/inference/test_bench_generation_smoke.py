@@ -1,4 +1,4 @@
-"""`scripts/bench_generation.py --short` runs end to end and reports its JSON line (no speed assertion)."""
+"""`python -m scripts.bench.generation --short` runs end to end and reports its JSON line (no speed assertion)."""
 
 import json
 import os
@@ -9,7 +9,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_bench_generation_short_prints_a_table_and_a_json_line(no_leftover_processes):
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_generation.py"), "--short"],
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.generation", "--short"],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

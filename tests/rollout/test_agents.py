@@ -197,3 +197,29 @@ def test_math_env_reads_boxed_hash_and_last_number_answers():
     successes, done, info = asyncio.run(main())
     assert successes == [1.0, 1.0, 1.0, 0.0, 0.0] and done
     assert info["extracted"] == ["7", "7", "7", "8", None]
+
+
+@pytest.mark.parametrize("check_work, expected", [(False, [1.0, 1.0, 0.0, 1.0]), (True, [1.0, 0.0, 0.0, 1.0])])
+def test_math_env_check_work_also_requires_every_worked_equation_to_hold(check_work, expected):
+    answers = [" 4-2=2\n2+5=7\n#### 7",  # right steps, right answer
+               " 4-2=3\n2+5=7\n#### 7",  # a wrong step, right answer by luck
+               " 4-2=2\n2+5=8\n#### 8",  # wrong answer
+               "#### 7"]                 # no worked lines: nothing to check
+    async def main():
+        env = make_env(EnvConfig(check_work=check_work))
+        try:
+            return await env.step((Prompt("q", "q", "", (), (" 4-2=2\n2+5=7\n#### 7",)), answers))
+        finally:
+            await env.aclose()
+
+    _, successes, _, info = asyncio.run(main())
+    assert successes == expected
+    assert info["answer_right"] == [True, True, False, True] and info["work_right"] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("text, ok", [(" 5-2=3\n3+4=7", True), (" 4-4=1", False), ("12 + 9 = 21", True),
+                                      ("2*3=7", False), ("1.5+2=3.5", True), ("#### 3", True), ("9-12=-3", True)])
+def test_work_lines_correct_checks_integer_equations_only(text, ok):
+    from realhf.impl.environment.math_grader import work_lines_correct
+
+    assert work_lines_correct(text) is ok

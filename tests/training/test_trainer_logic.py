@@ -178,3 +178,56 @@ def test_kl_to_the_reference_needs_reference_logprobs_and_vanishes_when_ref_is_t
     batch.ref_logprobs = batch.prox_logprobs.clone()
     stats = actor.ppo_train_step(model, opt, sched, batch, cfg, 1.0)
     assert abs(stats["kl_ref"]) < 1e-6  # k3 of identical policies is exactly 0
+
+
+def test_publishing_keeps_the_newest_versions_and_drops_those_after_a_resumed_one(tiny, tmp_path):
+    model, _ = tiny
+    root = checkpoint.param_realloc_dir(str(tmp_path), "actor")
+    for v in (1, 2, 3, 4, 5, 6):  # a run that got to version 6, then was resumed from version 4
+        checkpoint.publish_weights(model, str(tmp_path), "actor", v, None, keep=2)
+    assert sorted(int(p.name) for p in root.iterdir()) == [5, 6]
+    checkpoint.publish_weights(model, str(tmp_path), "actor", 4, None, keep=2)
+    # 5 and 6 came from steps that will be trained again; a server must load 4, not be told it is gone.
+    assert sorted(int(p.name) for p in root.iterdir()) == [4]
+    assert (root / "4" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("n_minibatches", [1, 2, 3])
+def test_proximal_logprobs_from_the_first_minibatch_forward_give_the_same_update(tiny, n_minibatches):
+    """actor_inf may leave out the first minibatch: before the first optimizer step the train
+    forward computes exactly the proximal log-probs. Same weights after the step, same stats."""
+    _, tok = tiny
+    msgs = make_groups(tiny[0], tok, load_rows(3), group_size=4)
+    results = []
+    for deferred in (False, True):
+        torch.manual_seed(0)
+        model, _ = load_tiny()
+        batch = pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
+        cfg = PPOHyperparameters(ppo_n_minibatches=n_minibatches)
+        opt, sched = make_optimizer(model, OptimizerConfig(lr=1e-3), total_steps=0)
+        first = actor.first_minibatch_rows(batch.n_seqs, n_minibatches)
+        rest = torch.tensor([r for r in range(batch.n_seqs) if r not in set(first.tolist())], dtype=torch.long)
+        batch.prox_logprobs = actor.inference_logprobs(model, batch, rows=rest if deferred else None)
+        if deferred:
+            assert batch.prox_logprobs[first].abs().sum() == 0  # really left out
+        stats = actor.ppo_train_step(model, opt, sched, batch, cfg, 1.0, prox_from_first_forward=deferred)
+        results.append((torch.cat([p.detach().flatten() for p in model.parameters()]), stats, batch.prox_logprobs))
+    (w_full, s_full, p_full), (w_def, s_def, p_def) = results
+    assert torch.allclose(p_full, p_def, atol=1e-5)
+    assert torch.allclose(w_full, w_def, atol=1e-6)
+    assert s_full["importance_ratio"] == pytest.approx(s_def["importance_ratio"], abs=1e-5)
+
+
+def test_length_sorted_inference_matches_the_plain_forward_row_by_row(tiny):
+    model, tok = tiny
+    batch = pack_trajectories([Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(3), 4)], 0)
+    sorted_mb = actor.inference_logprobs(model, batch, micro_batch_size=5)
+    with torch.no_grad():
+        whole = actor.compute_logprobs(model, batch)
+    assert torch.allclose(sorted_mb, whole, atol=1e-5)
+
+
+def test_dropout_is_detected_so_the_train_forward_is_not_used_as_proximal(tiny):
+    model, _ = tiny
+    assert not actor.has_dropout(model)
+    assert actor.has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))

@@ -4,7 +4,8 @@
     _, successes, done, info = await env.step((prompt, [answer_text, ...]))
 
 A step grades a batch of answers to one prompt (a group, or one turn of one sample) and returns
-one success (1.0 / 0.0) per answer; the agent turns successes into rewards. The final answer is
+one success (1.0 / 0.0) per answer; the agent turns successes into rewards. With `check_work`, an
+answer also needs every worked equation in it (`5-2=3`) to hold. The final answer is
 read from `\\boxed{...}`, `#### N` or the last number; equivalence is exact for plain numbers and
 math-verify otherwise, in a process pool with a hard timeout (see math_grader). The environment
 is stateless between steps, so one instance serves all concurrent episodes of a worker.
@@ -16,7 +17,7 @@ import asyncio
 from typing import Any, Dict, List, Sequence, Tuple
 
 from realhf.api.env import Environment, register_env
-from realhf.impl.environment.math_grader import MathGrader, extract_answer
+from realhf.impl.environment.math_grader import MathGrader, extract_answer, work_lines_correct
 
 
 @register_env("math")
@@ -25,6 +26,7 @@ class MathEnv(Environment):
         super().__init__(config)
         n = getattr(config, "grader_workers", grader_workers)
         timeout = getattr(config, "grader_timeout", grader_timeout)
+        self.check_work = bool(getattr(config, "check_work", kwargs.get("check_work", False)))
         # The pool starts its processes lazily: the tiny task's numbers never need one.
         self.grader = MathGrader(n_workers=n, timeout=timeout)
 
@@ -43,8 +45,10 @@ class MathEnv(Environment):
         if isinstance(answers, str):
             raise ValueError("math env: answers must be a list of strings, got one string")
         verdicts = await asyncio.gather(*(self.grader.agrade(a, solutions) for a in answers))
-        successes = [1.0 if v else 0.0 for v in verdicts]
-        info = {"success": [bool(v) for v in verdicts], "extracted": [extract_answer(a) for a in answers]}
+        work_ok = [work_lines_correct(a) for a in answers]
+        successes = [1.0 if v and (ok or not self.check_work) else 0.0 for v, ok in zip(verdicts, work_ok)]
+        info = {"success": [s > 0 for s in successes], "answer_right": [bool(v) for v in verdicts],
+                "work_right": work_ok, "extracted": [extract_answer(a) for a in answers]}
         return None, successes, True, info
 
     async def aclose(self) -> None:

@@ -63,6 +63,16 @@ def _last_boxed(text: str) -> Optional[str]:
     return None
 
 
+_WORK_LINE = re.compile(r"(?<![\d.])(\d+)\s*([+\-*])\s*(\d+)\s*=\s*(-?\d+)(?![\d.])")
+
+
+def work_lines_correct(text: str) -> bool:
+    """True when every integer equation `a+b=c`, `a-b=c` or `a*b=c` written in `text` holds (and
+    when there is none). Only whole integers count: `1.5+2=3.5` is not checked."""
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+    return all(ops[op](int(a), int(b)) == int(c) for a, op, b, c in _WORK_LINE.findall(text))
+
+
 def extract_answer(text: str) -> Optional[str]:
     """The final answer of a solution: the last `\\boxed{...}`, else the rest of the line after the
     first `####`, else the last number in the text; None if there is none."""

@@ -6,6 +6,7 @@
     POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message}
     POST /abort_request             {rid} or {abort_all: true}
     GET  /health, /health_generate, /v1/models, /get_model_info, /metrics; GET|POST /flush_cache
+    GET  /openapi.json              the request bodies above as an OpenAPI spec
 
 The JSON fields are re-declared here (importing sglang drags in torchvision). Unknown fields are
 ignored, as SGLang ignores options it does not use. A body that does not validate — malformed
@@ -98,6 +99,28 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status}}, status_code=status)
 
 
+def _body_spec(model: type, required: bool = True) -> dict:
+    """`openapi_extra` declaring `model` as the JSON request body.
+
+    The handlers read the body themselves (any Content-Type, 400 instead of FastAPI's 422), so
+    FastAPI cannot infer the schema; this puts it in `/openapi.json` for clients and fuzzers.
+    """
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref[len("#/$defs/"):]])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {"requestBody": {"required": required, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
 def _json(obj: Any, status: int = 200) -> Response:
     # json.dumps directly: FastAPI's jsonable_encoder walks every list element in Python.
     return Response(json.dumps(obj), status_code=status, media_type="application/json")
@@ -110,6 +133,8 @@ async def _parse(request: Request, model: type):
         obj = json.loads(raw) if raw.strip() else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(obj, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(obj).__name__}")
     try:
@@ -179,7 +204,8 @@ def _abort_quietly(engine: Engine, rid: str) -> None:
 
 
 def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
-    app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json documents the request bodies (SGLang's server publishes one too); no docs UI.
+    app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
     model_name = served_model_name or engine.model_path or "model"
     started = time.time()
 
@@ -197,7 +223,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
         except asyncio.TimeoutError:
             raise TimeoutError(f"engine did not complete {what} within {_COMMAND_TIMEOUT:.0f}s") from None
 
-    @app.post("/generate")
+    @app.post("/generate", openapi_extra=_body_spec(GenerateBody))
     async def generate(request: Request):
         body = await _parse(request, GenerateBody)
         try:
@@ -212,7 +238,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
             return Response(status_code=499)  # nobody is listening any more
         return _json(result.to_sglang(body.return_logprob))
 
-    @app.post("/pause_generation")
+    @app.post("/pause_generation", openapi_extra=_body_spec(PauseBody, required=False))
     async def pause_generation(request: Request):
         body = await _parse(request, PauseBody)
         if body.mode != "abort":
@@ -225,7 +251,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
         await _wait(engine.resume(), "continue_generation")
         return _json({"success": True, "message": "continued"})
 
-    @app.post("/update_weights_from_disk")
+    @app.post("/update_weights_from_disk", openapi_extra=_body_spec(UpdateWeightsBody))
     async def update_weights_from_disk(request: Request):
         body = await _parse(request, UpdateWeightsBody)
         try:
@@ -238,7 +264,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
         return _json({"success": True, "message": f"loaded {body.model_path} as weight version {version}",
                       "weight_version": version})
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", openapi_extra=_body_spec(AbortBody, required=False))
     async def abort_request(request: Request):
         body = await _parse(request, AbortBody)
         if body.abort_all:
@@ -249,7 +275,8 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
         found = await _wait(engine.abort(body.rid), "abort_request")
         return _json({"success": bool(found), "message": "aborted" if found else f"no request with rid {body.rid!r}"})
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.get("/flush_cache", operation_id="flush_cache_get")
+    @app.post("/flush_cache", operation_id="flush_cache_post")
     async def flush_cache():
         await _wait(engine.flush_cache(), "flush_cache")
         return _json({"success": True, "message": "cache flushed"})

@@ -54,19 +54,40 @@ def compute_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: flo
 
 @torch.no_grad()
 def inference_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0,
-                       micro_batch_size: int = 64) -> torch.Tensor:
-    """`compute_logprobs` without gradients, in micro-batches to bound memory."""
+                       micro_batch_size: int = 64, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`compute_logprobs` without gradients for `rows` (default: all; other rows stay 0).
+
+    Micro-batches bound memory; they take the rows in order of length, so that each is padded
+    only to its own longest row (a forward's cost is rows × padded width)."""
     was_training = model.training
     model.eval()
     try:
         width = batch.input_ids.shape[1]
         out = torch.zeros((batch.n_seqs, width - 1), dtype=torch.float32)
-        for rows in torch.split(torch.arange(batch.n_seqs), micro_batch_size):
-            mb = batch.select(rows)
-            out[rows, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb, temperature)
+        rows = torch.arange(batch.n_seqs) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        by_length = rows[torch.argsort(batch.attention_mask[rows].sum(dim=1), stable=True)]
+        for chunk in torch.split(by_length, micro_batch_size):
+            if len(chunk) == 0:
+                continue
+            mb = batch.select(chunk)
+            out[chunk, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb, temperature)
         return out
     finally:
         model.train(was_training)
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether train-mode and eval-mode forwards differ (then a train forward cannot stand in
+    for the proximal log-probs)."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(float(getattr(config, name, 0.0) or 0.0) > 0
+               for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop"))
+
+
+def first_minibatch_rows(n_seqs: int, n_minibatches: int) -> torch.Tensor:
+    return minibatch_rows(n_seqs, n_minibatches)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,12 +170,16 @@ def ppo_train_step(
     batch: TrainBatch,
     cfg: PPOHyperparameters,
     gradient_clipping: float = 1.0,
+    prox_from_first_forward: bool = False,
 ) -> Dict[str, float]:
     """`cfg.ppo_n_minibatches` optimizer steps on `batch`; returns global (all-rank) stats.
 
     The loss's denominator log-probs: the proximal ones (recomputed by `actor_inf`) with the
     decoupled loss; otherwise the recomputed ones when `recompute_logprob`, else the behaviour
-    log-probs.
+    log-probs. With `prox_from_first_forward`, `actor_inf` left the first minibatch's rows out:
+    before the first optimizer step the weights are the proximal ones, so that minibatch's own
+    forward gives them (saves that share of actor_inf's forward; needs a model without dropout,
+    see `has_dropout`).
     """
     if cfg.use_decoupled_loss and batch.prox_logprobs is None:
         raise ValueError("ppo.use_decoupled_loss needs proximal log-probs: run actor_inf (inference) before actor_train")
@@ -177,7 +202,9 @@ def ppo_train_step(
     totals = torch.zeros(len(stat_names), dtype=torch.float64)  # token-weighted sums over all ranks
     grad_norms: List[float] = []
     n_tokens_total = 0.0
-    for rows in minibatch_rows(batch.n_seqs, cfg.ppo_n_minibatches):
+    if prox_from_first_forward and batch.prox_logprobs is None:
+        raise ValueError("prox_from_first_forward needs the other minibatches' proximal log-probs from actor_inf")
+    for i, rows in enumerate(minibatch_rows(batch.n_seqs, cfg.ppo_n_minibatches)):
         n_local = torch.tensor(float(batch.loss_mask[rows].sum()), dtype=torch.float64)
         n_global = float(_all_reduce_sum(n_local.clone()))
         optimizer.zero_grad(set_to_none=True)
@@ -186,6 +213,8 @@ def ppo_train_step(
             mb = batch.select(rows)
             w = mb.loss_mask.shape[1]
             logp = compute_logprobs(model, mb, temperature)
+            if prox_from_first_forward and i == 0:
+                batch.prox_logprobs[rows, :w] = logp.detach()  # `old`/`prox` are views of this tensor
             loss_sum, stats = F.actor_loss_fn(
                 logp, old[rows, :w], advantages[rows, :w], cfg.eps_clip, mb.loss_mask,
                 c_clip=cfg.c_clip, proximal_logprobs=None if prox is None else prox[rows, :w],

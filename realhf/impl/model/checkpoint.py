@@ -73,10 +73,14 @@ def save_hf_dir(model: torch.nn.Module, out: Path, tokenizer_source: Optional[st
     return out
 
 
-def prune_versions(root: Path, keep: int) -> list:
-    """Delete all but the newest `keep` numeric version directories under `root`."""
+def prune_versions(root: Path, keep: int, current: Optional[int] = None) -> list:
+    """Delete all but the newest `keep` numeric version directories under `root`; with `current`,
+    also every version after it (left by a run that was resumed from an earlier checkpoint: its
+    later versions belong to steps that will be trained again)."""
     versions = sorted(int(p.name) for p in Path(root).iterdir() if p.is_dir() and p.name.isdigit())
-    doomed = versions[:-keep] if keep > 0 else versions
+    future = [v for v in versions if current is not None and v > current]
+    versions = [v for v in versions if v not in future]
+    doomed = future + (versions[:-keep] if keep > 0 else versions)
     for v in doomed:
         shutil.rmtree(Path(root) / str(v), ignore_errors=True)
     return doomed
@@ -87,7 +91,7 @@ def publish_weights(model: torch.nn.Module, fileroot: str, role: str, version: i
     """Write `param_realloc/<role>/<version>` atomically and prune older versions."""
     root = param_realloc_dir(fileroot, role)
     out = save_hf_dir(model, root / str(int(version)), tokenizer_source)
-    prune_versions(root, keep)
+    prune_versions(root, keep, current=int(version))
     return out
 
 
@@ -110,12 +114,24 @@ def save_recover_state(out: Path, model: torch.nn.Module, optimizer: torch.optim
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
         }, tmp / _STATE_FILE)  # fmt: skip
-        (tmp / _META_FILE).write_text(json.dumps({"version": int(version), **(extra or {})}))
+        (tmp / _META_FILE).write_text(json.dumps({**(extra or {}), "version": int(version)}))
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def recover_dir(fileroot: str, role: str = "actor") -> Path:
+    """Where a role's recovery checkpoint lives: `<fileroot>/recover/<role>/` (one, replaced each time)."""
+    return Path(fileroot) / "recover" / role
+
+
+def read_recover_info(path: Path) -> Optional[Dict[str, Any]]:
+    """The metadata of the recovery checkpoint at `path` (version, step, counters…), None if there is none."""
+    if not has_recover_state(path):
+        return None
+    return json.loads((Path(path) / _META_FILE).read_text())
 
 
 def has_recover_state(path: Path) -> bool:

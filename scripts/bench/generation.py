@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Tokens/s of the native engine vs HF `generate` (static cache) on the same model and workload.
 
-    python scripts/bench_generation.py            # 256 prompts x 64 new tokens, 1 thread
-    python scripts/bench_generation.py --short    # a quick smoke run
-    python scripts/bench_generation.py --model-path assets/tiny-math/sft
+    python -m scripts.bench.generation            # 256 prompts x 64 new tokens, 1 thread
+    python -m scripts.bench.generation --short    # a quick smoke run
+    python -m scripts.bench.generation --model-path assets/tiny-math/sft
 
 Workload: random prompts of 16..48 tokens, sampling at T=1 with no top-k/top-p, exactly
 `--new-tokens` per answer (EOS ignored) so both sides generate the same token count. Concurrency c
@@ -28,7 +28,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts.bench.common import emit, print_tables
 
 
 def make_model(path: str, seed: int) -> str:
@@ -88,6 +88,14 @@ def run_hf(model_path: str, prompts, new_tokens: int, concurrency: int, dtype: s
     return n_tokens / (time.perf_counter() - t0)
 
 
+def tables(result):
+    title = (f"native engine vs HF generate (static cache): {result['model_params'] / 1e6:.2f}M params, "
+             f"{result['dtype']}, {result['threads']} thread(s), {result['new_tokens']} new tokens per prompt, "
+             f"sampling T=1, best of {result['repeats']}")
+    rows = [[r["concurrency"], r["n_prompts"], r["native_tok_s"], r["hf_tok_s"], r["ratio"]] for r in result["results"]]
+    return [(title, ["concurrency", "prompts", "native tok/s", "HF tok/s", "ratio"], rows)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model-path", default="", help="HF Qwen2/Llama directory; default: a random 2.6M Qwen2")
@@ -132,17 +140,13 @@ def main(argv=None) -> int:
             print(f"  c={c:<4d} prompts={n:<4d} native {native:8.0f} tok/s   hf generate {hf:8.0f} tok/s   "
                   f"ratio {native / hf:5.2f}", file=sys.stderr, flush=True)
 
-    print(f"\nnative engine vs HF generate (static cache): {n_params / 1e6:.2f}M params, {args.dtype}, "
-          f"{args.threads} thread(s), {args.new_tokens} new tokens per prompt, sampling T=1")
-    print(f"{'concurrency':>11} {'prompts':>8} {'native tok/s':>13} {'HF tok/s':>10} {'ratio':>6}")
-    for r in rows:
-        print(f"{r['concurrency']:>11} {r['n_prompts']:>8} {r['native_tok_s']:>13.0f} {r['hf_tok_s']:>10.0f} "
-              f"{r['ratio']:>6.2f}")
     at_top = next(r for r in rows if r["concurrency"] == top)
+    result = {"bench": "generation", "model_params": n_params, "dtype": args.dtype, "threads": args.threads,
+              "new_tokens": args.new_tokens, "repeats": args.repeats, "results": rows, "ratio": at_top["ratio"],
+              "concurrency": top}
+    print_tables(tables(result))
     print(f"ratio at concurrency {top}: {at_top['ratio']:.2f}x (target >= 1.3x at 256 x 64, 1 thread)")
-    print(json.dumps({"bench": "generation", "model_params": n_params, "dtype": args.dtype, "threads": args.threads,
-                      "new_tokens": args.new_tokens, "repeats": args.repeats, "results": rows, "ratio": at_top["ratio"],
-                      "concurrency": top}))
+    emit(result)
     return 0
 
 

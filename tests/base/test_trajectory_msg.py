@@ -1,0 +1,64 @@
+"""The trajectory message (DESIGN §6): round trip, and every malformed field refused by name."""
+
+import pytest
+
+from realhf.api.trajectory import Sample, Trajectory, TrajectoryFormatError
+from realhf.base import serialization
+
+
+def _msg():
+    t = Trajectory("q1", [1, 2, 3], [Sample([4, 5], [-0.5, -0.25], [3, 4], 1.0)], birth_time=12.5,
+                   metadata={"k": "v"})
+    return serialization.loads(serialization.dumps(t.to_msg()))
+
+
+def test_a_trajectory_survives_msgpack_and_validation():
+    t = Trajectory.from_msg(_msg())
+    assert (t.qid, t.prompt_ids, t.birth_time, t.metadata) == ("q1", [1, 2, 3], 12.5, {"k": "v"})
+    assert t.samples[0].output_ids == [4, 5] and t.samples[0].versions == [3, 4]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("birth_time", [1], "birth_time: must be a finite number"),
+    ("birth_time", float("nan"), "birth_time: must be a finite number"),
+    ("metadata", [1, 2], "metadata: must be a map"),
+    ("task", 3, "task: must be a string"),
+    ("prompt_ids", [1, "x"], "prompt_ids: every entry must be an int"),
+])
+def test_malformed_fields_are_refused_naming_the_field(field, value, says):
+    msg = _msg()
+    msg[field] = value
+    with pytest.raises(TrajectoryFormatError, match=says):
+        Trajectory.from_msg(msg)
+
+
+def test_token_fields_travel_as_typed_arrays_and_plain_lists_are_accepted_too():
+    import numpy as np
+
+    t = Trajectory("q1", [1, 2], [Sample([4, 5], [-0.5, -0.25], [3, 4], 1.0, loss_mask=[1, 0])])
+    msg = t.to_msg()
+    s = msg["samples"][0]
+    assert s["output_ids"].dtype == np.int32 and s["logprobs"].dtype == np.float32 and s["loss_mask"].dtype == np.int32
+    as_lists = dict(msg, prompt_ids=[1, 2], samples=[{k: (v.tolist() if isinstance(v, np.ndarray) else v)
+                                                      for k, v in s.items()}])
+    for m in (serialization.loads(serialization.dumps(msg)), as_lists):
+        back = Trajectory.from_msg(m)
+        assert back.samples[0].output_ids == [4, 5] and back.samples[0].loss_mask == [1, 0]
+        assert back.samples[0].logprobs == [-0.5, -0.25] and back.prompt_ids == [1, 2]
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("output_ids", "float", "output_ids: expected a 1-d integer array"),
+    ("output_ids", "2d", "output_ids: expected a 1-d integer array"),
+    ("logprobs", "inf", "logprobs: expected a 1-d array of finite numbers"),
+    ("versions", "short", "versions: 1 entries for 2 output tokens"),
+])
+def test_malformed_arrays_are_refused_naming_the_field(field, value, says):
+    import numpy as np
+
+    arrays = {"float": np.array([1.0, 2.0]), "2d": np.array([[4, 5]]), "inf": np.array([-1.0, np.inf], np.float32),
+              "short": np.array([3])}
+    msg = _msg()
+    msg["samples"][0][field] = arrays[value]
+    with pytest.raises(TrajectoryFormatError, match=says):
+        Trajectory.from_msg(msg)

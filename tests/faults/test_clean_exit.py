@@ -1,0 +1,56 @@
+"""Issue 6, bullets 1 and 4: Ctrl-C, or the death of a worker that is not restarted (master,
+model worker), stops the whole run: every process it started is gone (redis-server included),
+the exit status is non-zero and one line says why (naming the failed worker, with its log tail)."""
+
+import os
+import signal
+
+import pytest
+
+from fault_helpers import SMALL_RUN, Run
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_leftover_processes):
+    run = Run(tmp_path, "sigint", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, own_process_group=True)
+    try:
+        run.wait_steps(1)
+        assert any("redis-server" in cmd for cmd, _ in run.seen.values()), run.seen
+        # Ctrl-C in a terminal: SIGINT to the foreground process group (the entry point and
+        # redis-server; the workers run in sessions of their own and are stopped by the launcher).
+        os.killpg(run.proc.pid, signal.SIGINT)
+        code = run.finish(timeout=120)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 130, out[-4000:]
+    assert "run interrupted (exit 130): launcher received SIGINT" in out, out[-3000:]
+    assert run.leftovers() == []
+
+
+def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
+    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    try:
+        run.wait_steps(2)
+        run.kill_worker(worker)
+        code = run.finish(timeout=180)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 1, out[-4000:]
+    assert f"run failed (exit 1): worker {name} exited with code -9 (SIGKILL)" in out, out[-3000:]
+    assert f"worker {name} failed" in out and "last 30 lines of" in out  # the log tail is printed
+    assert "restart 1" not in run.log(worker)  # not restarted by default
+    assert run.leftovers() == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigkilled_model_worker_stops_the_run_cleanly_naming_it(tmp_path, no_leftover_processes):
+    _killed_worker_stops_the_run(tmp_path, "mwkill", "model_worker-0", "model_worker/0")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigkilled_master_stops_the_run_cleanly_naming_it(tmp_path, no_leftover_processes):
+    _killed_worker_stops_the_run(tmp_path, "masterkill", "master_worker-0", "master_worker/0")
