@@ -340,10 +340,12 @@ class LocalLauncher:
             if p.heartbeat_key in heartbeats:
                 p.heartbeat_seen = True
                 p.heartbeat_missing_since = None
-            elif p.heartbeat_seen and running:
+            elif p.heartbeat_seen:
                 # A worker deregisters just before it exits: only a key that stays gone while
                 # the process lives on is a hang. Once the trial is COMPLETE, workers are leaving
                 # and a slow exit (a loaded machine) is wait()'s exit_grace business, not a hang.
+                if not running:
+                    continue
                 if p.heartbeat_missing_since is None:
                     p.heartbeat_missing_since = now
                 elif now - p.heartbeat_missing_since > self.heartbeat_grace:

@@ -64,6 +64,19 @@ def test_workers_that_finish_normally_end_the_trial_with_success(tmp_path, no_le
     assert _alive(la.all_pids(info)) == []
 
 
+def test_a_slow_exit_after_the_trial_completed_is_not_a_failure(tmp_path, no_leftover_processes):
+    # Worker 0 completes the trial after 4 s, later than the launcher's 3 s startup timeout, then
+    # deregisters and takes 3 s more to exit, longer than the 1 s heartbeat grace: leaving slowly
+    # at the end of a run (a loaded machine, torch teardown) is neither a hang nor a startup failure.
+    la = Launcher(tmp_path, "slow", 2, "exit_after=4.0", "complete_trial=true", "linger_after_exit=3.0",
+                  "launcher.startup_timeout=3", "launcher.heartbeat_grace=1")
+    info = la.wait_ready()
+    code, out = la.finish()
+    assert code == 0, out
+    assert "DONE" in out and "FAILED" not in out
+    assert _alive(la.all_pids(info)) == []
+
+
 def test_sigkilled_worker_is_named_with_its_log_tail_and_nothing_survives(tmp_path, no_leftover_processes):
     la = Launcher(tmp_path, "kill", 3, "spawn_grandchild=true")
     info = la.wait_ready()

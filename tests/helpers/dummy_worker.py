@@ -1,5 +1,6 @@
 """A worker that only heart-beats, for launcher and lifecycle tests."""
 
+import atexit
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ class DummyWorkerConfig:
     complete_trial: bool = False  # on exit_after, mark the experiment COMPLETE (like a master)
     spawn_grandchild: bool = False  # start a long `sleep` child, to check trees are reaped
     hang_after: float = 0.0  # > 0: after this many seconds stop heart-beating and hang (a deadlock)
+    linger_after_exit: float = 0.0  # seconds the process lives on after it deregistered (slow teardown)
 
 
 class DummyWorker(Worker):
@@ -47,6 +49,8 @@ class DummyWorker(Worker):
         return True
 
     def _exit_hook(self):
+        if self.config.linger_after_exit:  # runs at interpreter exit, after deregistration
+            atexit.register(time.sleep, self.config.linger_after_exit)
         if self._child is not None:
             self._child.kill()
             self._child.wait()

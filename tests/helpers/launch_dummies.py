@@ -1,6 +1,7 @@
 """Runs the local launcher over dummy workers in its own process (it installs signal handlers).
 
     python -m helpers.launch_dummies FILEROOT TRIAL N_WORKERS [key=value for worker 0 ...]
+                                     [launcher.startup_timeout=S] [launcher.heartbeat_grace=S]
 
 Prints `READY <json of pids>` once every worker registered, then supervises; the exit code is
 the launcher's: 0 on success, 1 when a worker failed, 130 when interrupted.
@@ -21,10 +22,14 @@ from helpers.dummy_worker import DummyWorkerConfig
 
 def main():
     fileroot, trial, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    worker_args = [a for a in sys.argv[4:] if not a.startswith("launcher.")]
+    launcher_args = {k[len("launcher."):]: float(v) for k, v in
+                     (a.split("=", 1) for a in sys.argv[4:] if a.startswith("launcher."))}
     first = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DummyWorkerConfig),
-                                                OmegaConf.from_dotlist(sys.argv[4:])))
+                                                OmegaConf.from_dotlist(worker_args)))
     configs = [first] + [DummyWorkerConfig() for _ in range(n - 1)]
-    launcher = LocalLauncher("dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0), startup_timeout=60)
+    launcher = LocalLauncher("dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0),
+                             **{"startup_timeout": 60, **launcher_args})
     try:
         launcher.start()
         launcher.submit(WorkerSpec("dummy", n, configs, worker_class="helpers.dummy_worker:DummyWorker"))
