@@ -26,7 +26,10 @@ class RedisServer:
     """`with RedisServer() as r: r.url` — a redis-server that lives as long as the block."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, password: Optional[str] = None,
-                 startup_timeout: float = 15.0, binary: str = "redis-server"):
+                 startup_timeout: float = 15.0, binary: str = "redis-server", work_dir: Optional[str] = None):
+        """`work_dir`: Redis's working directory (it writes nothing there: no snapshots, no AOF).
+        Default: a temporary directory removed by `stop` — which a SIGKILLed owner leaves behind,
+        so long-lived owners pass a directory of their own (the launcher: the trial's log dir)."""
         self.host = host
         self.port = port or find_free_port(host)
         self.password = password
@@ -34,6 +37,7 @@ class RedisServer:
         self._binary = binary
         self._proc: Optional[subprocess.Popen] = None
         self._dir: Optional[str] = None
+        self._work_dir = work_dir
 
     @classmethod
     def with_random_password(cls, **kw) -> "RedisServer":
@@ -55,9 +59,12 @@ class RedisServer:
                 f"'{self._binary}' is not on PATH: install it (Debian: apt-get install -y redis-server) "
                 "or set cluster.name_resolve.redis_url to an existing Redis"
             )
-        self._dir = tempfile.mkdtemp(prefix="realhf-redis-")
+        if self._work_dir:
+            os.makedirs(self._work_dir, exist_ok=True)
+        else:
+            self._dir = tempfile.mkdtemp(prefix="realhf-redis-")
         cmd = [exe, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
-               "--dir", self._dir, "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
+               "--dir", self._work_dir or self._dir, "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
         if self.password:
             cmd += ["--requirepass", self.password]
         # Its own session: a Ctrl-C to the terminal's process group must not kill Redis before

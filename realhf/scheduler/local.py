@@ -183,7 +183,7 @@ class LocalLauncher:
         os.makedirs(os.path.join(self.log_dir, "configs"), exist_ok=True)
         cfg = self.name_resolve_config
         if cfg.type == "redis" and not cfg.redis_url:
-            self._redis = RedisServer.with_random_password(host=self.bind_host).start()
+            self._redis = RedisServer.with_random_password(host=self.bind_host, work_dir=self.log_dir).start()
             cfg.redis_url = self._redis.url
         if cfg.type == "memory":
             raise LauncherError("cluster.name_resolve.type=memory works within one process only; "

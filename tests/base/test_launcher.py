@@ -1,10 +1,12 @@
 """The local launcher on real processes: failures are named, nothing outlives it."""
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -113,6 +115,7 @@ def test_sigint_to_the_launcher_stops_every_worker_and_redis(tmp_path, no_leftov
 
 
 def test_sigkill_of_the_launcher_takes_its_workers_down_too(tmp_path):
+    redis_dirs = set(glob.glob(os.path.join(tempfile.gettempdir(), "realhf-redis-*")))
     la = Launcher(tmp_path, "sigkill", 2)
     info = la.wait_ready()
     la.proc.kill()
@@ -121,6 +124,8 @@ def test_sigkill_of_the_launcher_takes_its_workers_down_too(tmp_path):
     while _alive(la.all_pids(info)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _alive(la.all_pids(info)) == []  # PR_SET_PDEATHSIG
+    # Nothing was left in the temporary directory: Redis worked in the trial's log directory.
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "realhf-redis-*"))) <= redis_dirs
 
 
 def test_worker_that_stops_heart_beating_without_exiting_is_detected(tmp_path, no_leftover_processes):
