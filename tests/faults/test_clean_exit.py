@@ -28,6 +28,22 @@ def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_l
     assert run.leftovers() == []
 
 
+@pytest.mark.e2e
+def test_sigterm_to_the_entry_point_stops_every_process_and_says_so(tmp_path, no_leftover_processes):
+    # What a process manager (systemd, a batch scheduler) sends: only the entry point gets it.
+    run = Run(tmp_path, "sigterm", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    try:
+        run.wait_steps(1)
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.finish(timeout=120)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 130, out[-4000:]
+    assert "run interrupted (exit 130): launcher received SIGTERM" in out, out[-3000:]
+    assert run.leftovers() == []
+
+
 def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
     run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
     try:

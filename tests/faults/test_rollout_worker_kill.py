@@ -8,7 +8,9 @@ import pytest
 
 from fault_helpers import SMALL_RUN, Run
 
-STEPS = 80
+# Long enough that the run outlasts the restart: a step of this small run takes ~0.2 s, and the
+# other rollout worker alone keeps the trainer fed while worker 0 restarts.
+STEPS = 300
 
 
 @pytest.mark.e2e
