@@ -232,6 +232,10 @@ class RolloutWorker(AsyncWorker):
                 self.stats["filtered"] += 1
             self.consecutive_failures = 0
         except Exception as e:  # noqa: BLE001 - one bad episode must not end the worker
+            if self._experiment_ended():
+                # At the end of a trial the manager and servers leave first: not a failure.
+                self.logger.info(f"episode {qid} left unfinished: the experiment ended ({type(e).__name__})")
+                raise
             self.stats["failed"] += 1
             self.consecutive_failures += 1
             self.logger.error(f"episode {qid} failed ({self.consecutive_failures} in a row): {type(e).__name__}: {e}")

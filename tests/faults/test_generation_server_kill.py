@@ -9,7 +9,9 @@ import pytest
 
 from fault_helpers import SMALL_RUN, Run
 
-STEPS = 80
+# Long enough that the run outlasts the restart (backoff, process start, health check: ~8 s)
+# with room to spare: a step of this small run takes ~0.2 s on a quiet 2-core machine.
+STEPS = 200
 
 
 def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
