@@ -360,6 +360,7 @@ class ModelTrainEvalConfig:
 class PPOHyperparameters:
     gen: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling parameters of the rollouts.")
     ppo_n_minibatches: int = _f(2, "Optimizer steps per train step; each takes 1/n of the step's samples.")
+    micro_batch_tokens: int = _f(1024, "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.")
     eps_clip: float = _f(0.2, "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: Optional[float] = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
     c_clip: Optional[float] = _f(None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.")

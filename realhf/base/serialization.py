@@ -5,11 +5,14 @@ arrays of any numeric, bool or datetime dtype and shape, CPU torch tensors, and 
 Arrays and tensors travel as msgpack extension types whose payload is the map
 `{dtype, shape, data}` (DESIGN §6), so any msgpack reader can decode them.
 
-Round-trip rules: arrays and tensors come back with the same dtype, shape and bytes, and are
-writable; tuples come back as lists; numpy scalars come back as Python scalars.
+Round-trip rules: arrays and tensors come back with the same dtype, shape and bytes; numpy
+arrays are read-only views of the received message (no copy: a trajectory's token arrays are
+most of its bytes; `.copy()` to modify), tensors are writable; tuples come back as lists; numpy
+scalars come back as Python scalars.
 """
 
-from typing import Any, List
+import math
+from typing import Any, Dict, List
 
 import msgpack
 import numpy as np
@@ -40,8 +43,13 @@ def _is_torch_tensor(obj) -> bool:
 def _pack_array(arr: np.ndarray) -> bytes:
     if arr.dtype.kind in "OVU" or arr.dtype.hasobject:
         raise TypeError(f"numpy dtype {arr.dtype} cannot be serialized")
-    # tobytes() is C-ordered whatever the strides; ascontiguousarray would turn 0-d into 1-d.
-    return msgpack.packb({"dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes(order="C")})
+    # A C-contiguous array is packed straight from its memory (one copy fewer than tobytes);
+    # tobytes() handles the rest (strided views, 0-d and empty arrays) in C order.
+    if arr.flags.c_contiguous and arr.size > 0:
+        data = memoryview(arr).cast("B")
+    else:
+        data = arr.tobytes(order="C")
+    return msgpack.packb({"dtype": arr.dtype.str, "shape": list(arr.shape), "data": data})
 
 
 def _default(obj):
@@ -97,40 +105,61 @@ def dumps(obj: Any) -> bytes:
 
 
 def _unpack_array_payload(payload: bytes):
+    # Called once per array of every message: plain loops and exact type checks, no generators.
     meta = msgpack.unpackb(payload, raw=False)
-    if not isinstance(meta, dict) or set(meta) != {"dtype", "shape", "data"}:
+    try:
+        dtype, shape, data = meta["dtype"], meta["shape"], meta["data"]
+    except (TypeError, KeyError, IndexError):
+        raise DeserializationError("array payload must be a map {dtype, shape, data}") from None
+    if len(meta) != 3:
         raise DeserializationError("array payload must be a map {dtype, shape, data}")
-    dtype, shape, data = meta["dtype"], meta["shape"], meta["data"]
-    if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(data, bytes):
+    if type(dtype) is not str or type(shape) is not list or type(data) is not bytes:
         raise DeserializationError("array payload has fields of the wrong type")
-    if not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise DeserializationError(f"invalid array shape {shape!r}")
+    for s in shape:
+        if type(s) is not int or s < 0:
+            raise DeserializationError(f"invalid array shape {shape!r}")
     return dtype, shape, data
 
 
-def _to_array(dtype_str: str, shape: List[int], data: bytes) -> np.ndarray:
-    try:
-        dtype = np.dtype(dtype_str)
-    except TypeError:
-        raise DeserializationError(f"unknown dtype {dtype_str!r}") from None
-    if dtype.kind in "OVU" or dtype.hasobject:
-        raise DeserializationError(f"dtype {dtype_str!r} is not allowed")
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+_DTYPE_CACHE: Dict[str, np.dtype] = {}
+
+
+def _dtype(dtype_str: str) -> np.dtype:
+    dtype = _DTYPE_CACHE.get(dtype_str)
+    if dtype is None:
+        try:
+            dtype = np.dtype(dtype_str)
+        except TypeError:
+            raise DeserializationError(f"unknown dtype {dtype_str!r}") from None
+        if dtype.kind in "OVU" or dtype.hasobject:
+            raise DeserializationError(f"dtype {dtype_str!r} is not allowed")
+        if len(_DTYPE_CACHE) < 256:  # bounded: a foreign sender could invent endless spellings
+            _DTYPE_CACHE[dtype_str] = dtype
+    return dtype
+
+
+def _to_array(dtype_str: str, shape: List[int], data: bytes, writable: bool = False) -> np.ndarray:
+    dtype = _dtype(dtype_str)
+    n = math.prod(shape)
     if n * dtype.itemsize != len(data):
         raise DeserializationError(f"array of shape {shape} and dtype {dtype_str} needs {n * dtype.itemsize} bytes, got {len(data)}")
-    # bytearray makes the decoded array writable (np.frombuffer over bytes is read-only).
-    return np.frombuffer(bytearray(data), dtype=dtype).reshape(tuple(shape))
+    # np.frombuffer over bytes is a read-only view; bytearray (a copy) makes it writable.
+    return np.frombuffer(bytearray(data) if writable else data, dtype=dtype).reshape(shape)
 
 
 def _ext_hook(code: int, payload: bytes):
     if code == _EXT_NDARRAY:
-        return _to_array(*_unpack_array_payload(payload))
+        dtype_str, shape, data = _unpack_array_payload(payload)
+        dtype = _DTYPE_CACHE.get(dtype_str) or _dtype(dtype_str)
+        if math.prod(shape) * dtype.itemsize != len(data):
+            return _to_array(dtype_str, shape, data)  # raises, naming the sizes
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
     if code == _EXT_TORCH:
         dtype, shape, data = _unpack_array_payload(payload)
         torch = _torch()
         if dtype in _TORCH_ONLY_DTYPES:
-            return torch.from_numpy(_to_array("<i2", shape, data)).view(torch.bfloat16)
-        return torch.from_numpy(_to_array(dtype, shape, data))
+            return torch.from_numpy(_to_array("<i2", shape, data, writable=True)).view(torch.bfloat16)
+        return torch.from_numpy(_to_array(dtype, shape, data, writable=True))
     raise DeserializationError(f"unknown msgpack extension type {code}")
 
 

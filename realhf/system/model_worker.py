@@ -100,7 +100,7 @@ class ModelWorker(Worker):
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
         puller = NameResolvingZmqPuller(exp, trial, self.dp_rank, host=cfg.bind_host)
-        self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, validate=Trajectory.from_msg,
+        self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg,
                                       name=f"dp{self.dp_rank}-stream")
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
         self._init_distributed()
@@ -202,8 +202,8 @@ class ModelWorker(Worker):
                 "n_params": sum(p.numel() for p in self.actor.parameters())}
 
     def _pull_into_buffer(self) -> None:
-        for msg in self._dataset.get_available():
-            self._buffer.add([Trajectory.from_msg(msg)])
+        for traj in self._dataset.get_available():  # parsed by the dataset's pull thread
+            self._buffer.add([traj])
         dropped = self._buffer.drop_stale(self.version)
         if dropped:
             oldest = min(g.version_start for g in dropped)
@@ -250,7 +250,8 @@ class ModelWorker(Worker):
         if role == "actor" and self._prox_deferred:  # the first minibatch's train forward computes its own
             first = set(actor.first_minibatch_rows(batch.n_seqs, self.config.ppo.ppo_n_minibatches).tolist())
             rows = torch.tensor([r for r in range(batch.n_seqs) if r not in first], dtype=torch.long)
-        logp = actor.inference_logprobs(model, batch, self.config.ppo.gen.temperature, rows=rows)
+        logp = actor.inference_logprobs(model, batch, self.config.ppo.gen.temperature,
+                                        micro_batch_tokens=self.config.ppo.micro_batch_tokens, rows=rows)
         mask = batch.loss_mask.clone()
         if rows is not None:
             mask[list(first)] = False

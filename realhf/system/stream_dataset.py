@@ -29,20 +29,21 @@ class StreamTimeoutError(StreamDatasetError, TimeoutError):
 class StreamDataset:
     """`puller` is any object with `pull(timeout) -> obj` and `close()` (e.g. ZMQPuller).
 
-    `validate` (optional) is called on each item in the pull thread; an item it rejects
-    (by raising ValueError — or any other Exception, since a validator may trip over a foreign
-    message) is logged, counted in `n_invalid` and dropped; the thread keeps pulling.
+    `parse` (optional) is called on each item in the pull thread and what it returns is what
+    `get` hands out (e.g. `Trajectory.from_msg`: validated once, off the trainer's thread). An
+    item it rejects (by raising ValueError — or any other Exception, since a parser may trip over
+    a foreign message) is logged, counted in `n_invalid` and dropped; the thread keeps pulling.
     """
 
     def __init__(self, puller, maxsize: int = 10000, poll_interval: float = 0.1,
-                 validate: Optional[Callable[[Any], None]] = None, name: str = "stream-dataset"):
+                 parse: Optional[Callable[[Any], Any]] = None, name: str = "stream-dataset"):
         self._puller = puller
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=maxsize)
         # Items handed back by a get() that timed out; served before the queue, in order.
         self._front: "collections.deque[Any]" = collections.deque()
         self._front_lock = threading.Lock()
         self._poll_interval = poll_interval
-        self._validate = validate
+        self._parse = parse
         self._stop = threading.Event()
         self._error: Optional[BaseException] = None
         self.n_pulled = 0
@@ -58,9 +59,9 @@ class StreamDataset:
                     item = self._puller.pull(timeout=self._poll_interval)
                 except TimeoutError:
                     continue
-                if self._validate is not None:
+                if self._parse is not None:
                     try:
-                        self._validate(item)
+                        item = self._parse(item)
                     except Exception as e:  # noqa: BLE001 - a foreign message must not kill the thread
                         self.n_invalid += 1
                         logger.error(f"{self._name}: dropped invalid item #{self.n_invalid}: "

@@ -11,7 +11,10 @@ workers, model worker, master), differing only in
 
 Throughput comes from the run's own `metrics.jsonl`: samples/s = Σ n_samples / Σ step_time_s
 over the steps after the first (the first includes the servers' warm-up), generated tokens/s
-likewise; wall time is the whole subprocess (start-up, evaluation and shutdown included). The
+likewise; wall time is the whole subprocess (start-up, evaluation and shutdown included). Time to
+a target: the training seconds (Σ step_time_s) until the 10-step mean of the training success
+rate (samples at T=1 on training prompts, rewarded) first reaches a target set per pair — three
+quarters of the way from where both runs started to where the worse one ended. The
 entry point evaluates greedy and sampled accuracy on held-out prompts before and after and writes
 them to `accuracy.json`. The runs go one after the other, so a change in machine load between
 them moves the ratio (measured: 1.85x and 1.21x in two single pairs an hour apart): `--repeats`
@@ -59,6 +62,31 @@ def summarize(metrics: List[dict]) -> Dict[str, float]:
         "final_success_rate": round(sum(m["success_rate"] for m in last) / len(last), 4),
         "head_offpolicyness_max": max(m["head_offpolicyness_max"] for m in metrics),
     }
+
+
+ROLLING = 10  # steps in the rolling mean of the training success rate
+
+
+def success_curve(metrics: List[dict]) -> List[List[float]]:
+    """[training seconds so far, success rate averaged over the last ROLLING steps] per step."""
+    out, t = [], 0.0
+    for i, m in enumerate(metrics):
+        t += m["step_time_s"]
+        window = metrics[max(0, i + 1 - ROLLING) : i + 1]
+        out.append([t, sum(w["success_rate"] for w in window) / len(window)])
+    return out
+
+
+def time_to(curve: List[List[float]], target: float):
+    """Training seconds until the rolling success rate first reaches `target` (None: never)."""
+    return next((round(t, 1) for t, rate in curve[ROLLING - 1 :] if rate >= target), None)
+
+
+def pair_target(a: List[List[float]], s: List[List[float]]) -> float:
+    """The success rate both runs of a pair must reach: three quarters of the way from where they
+    started to where the worse of the two ended (so both get there; the faster one sooner)."""
+    start = (a[ROLLING - 1][1] + s[ROLLING - 1][1]) / 2
+    return start + 0.75 * (min(a[-1][1], s[-1][1]) - start)
 
 
 def _override(overrides: Sequence[str], key: str, default: str) -> str:
@@ -125,7 +153,7 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
         if not metrics:
             raise RuntimeError(f"{' '.join(cmd)} completed no train step:\n{(proc.stdout + proc.stderr)[-4000:]}")
         out = {"overrides": list(overrides), "wall_s": round(wall, 1), **summarize(metrics),
-               "load_before": load_before, "load_after": load_average()}
+               "load_before": load_before, "load_after": load_average(), "_curve": success_curve(metrics)}
         if failure:
             out["shutdown_failure"] = failure
         acc_path = os.path.join(log_dir, "accuracy.json")
@@ -164,20 +192,23 @@ def tables(r):
     for x in runs:
         rows.append([f"{x['run']} #{x['repeat'] + 1}", x["steps"], x["samples_per_s"], x["gen_tokens_per_s"],
                      x["step_time_s"], x.get("wait_per_step_s", "-"), x.get("train_per_step_s", "-"), x["wall_s"],
-                     x["final_reward_mean"], _acc(x, "sampled_acc_before"), _acc(x, "sampled_acc_after"),
+                     x["final_reward_mean"], _acc(x, "success_target"), _acc(x, "train_s_to_target"),
+                     _acc(x, "sampled_acc_before"), _acc(x, "sampled_acc_after"),
                      _acc(x, "greedy_acc_after"), x["head_offpolicyness_max"],
                      f"{x['load_before'][0]}/{x['load_after'][0]}"])
     pairs = ", ".join(f"{v:.2f}" for v in r.get("pair_ratios", []))
     rows.append([f"async / sync (median of pairs {pairs})" if pairs else "async / sync", "",
                  r["async_over_sync_samples_per_s"], r["async_over_sync_gen_tokens_per_s"], "", "", "", "", "", "",
-                 r.get("sampled_acc_after_diff", "-"), "", "", ""])
+                 _acc(r, "sync_over_async_time_to_target"), "", r.get("sampled_acc_after_diff", "-"), "", "", ""])
     notes = "; ".join(f"{x['run']} #{x['repeat'] + 1}: {x['shutdown_failure']} (after all steps; accuracy "
                       "evaluated by the bench)" for x in runs if x.get("shutdown_failure"))
     return [(f"end to end: embedded default, {r['steps']} steps per run, seed {r['seed']}, "
-             f"{r['eval_prompts']} held-out prompts for accuracy; runs alternate async/sync"
+             f"{r['eval_prompts']} held-out prompts for accuracy; runs alternate async/sync; 'train s to target': "
+             f"training seconds until the {ROLLING}-step mean training success rate reaches the pair's target "
+             "(3/4 of the way from the start to the worse run's end; last row: sync / async)"
              + (f". NOTE {notes}" if notes else ""),
              ["run", "steps", "samples/s", "gen tok/s", "step s", "of which wait s", "of which train s", "wall s",
-              "final reward", "sampled acc before", "sampled acc after", "greedy acc after", "max staleness",
+              "final reward", "success target", "train s to target", "sampled acc before", "sampled acc after", "greedy acc after", "max staleness",
               "load 1m"], rows)]
 
 
@@ -201,22 +232,34 @@ def main(argv=None) -> int:
     for i in range(args.repeats):
         # Alternating the order cancels a steady drift of the machine's load out of the median.
         order = [("async", ASYNC), ("sync", SYNC)]
-        pair = {}
-        for name, overrides in (order if i % 2 == 0 else order[::-1]):
+        pair, curves = {}, {}
+        executed = order if i % 2 == 0 else order[::-1]
+        for name, overrides in executed:
             pair[name] = run_training(f"bench-{name}-{i}", common + overrides, args.timeout, args.repo)
-            res["runs"].append({"run": name, "repeat": i, **pair[name]})
+            curves[name] = pair[name].pop("_curve")
         res["pair_ratios"].append(round(pair["async"]["samples_per_s"] / pair["sync"]["samples_per_s"], 3))
+        if min(len(c) for c in curves.values()) > ROLLING:
+            target = round(pair_target(curves["async"], curves["sync"]), 4)
+            for name, curve in curves.items():
+                pair[name].update(success_target=target, train_s_to_target=time_to(curve, target))
+            if pair["async"]["train_s_to_target"] and pair["sync"]["train_s_to_target"]:
+                res.setdefault("pair_time_to_target_ratios", []).append(
+                    round(pair["sync"]["train_s_to_target"] / pair["async"]["train_s_to_target"], 3))
+        res["runs"].extend({"run": name, "repeat": i, **pair[name]} for name, _ in executed)
     for name in ("async", "sync"):
         res[name] = _mean_of([r for r in res["runs"] if r["run"] == name])
     a, s = res["async"], res["sync"]
     res["async_over_sync_samples_per_s"] = round(statistics.median(res["pair_ratios"]), 3)
     res["async_over_sync_gen_tokens_per_s"] = round(a["gen_tokens_per_s"] / s["gen_tokens_per_s"], 3)
     res["async_over_sync_wall"] = round(s["wall_s"] / a["wall_s"], 3)
+    if res.get("pair_time_to_target_ratios"):
+        res["sync_over_async_time_to_target"] = round(statistics.median(res["pair_time_to_target_ratios"]), 3)
     if "sampled_acc_after" in a and "sampled_acc_after" in s:
         res["sampled_acc_after_diff"] = round(a["sampled_acc_after"] - s["sampled_acc_after"], 4)
     print_tables(tables(res))
     print(f"async / sync samples/s: {res['async_over_sync_samples_per_s']:.2f}x "
-          "(target >= 1.6x, accuracy within 3 points)")
+          "(target >= 1.6x, accuracy within 3 points); time to the success target, sync / async: "
+          f"{res.get('sync_over_async_time_to_target', '-')}")
     emit(res)
     return 0
 

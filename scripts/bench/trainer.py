@@ -4,14 +4,18 @@ reference log-probs (ref_inf), and the PPO train step, on a realistic batch of t
     python -m scripts.bench.trainer [--short] [--repeats 5]
 
 The batch: B = 16 prompts × 8 answers sampled at T = 1 from `assets/tiny-math/sft`, as a train
-step receives them. Two ways of doing the same work, timed alternately, best of `--repeats`:
+step receives them. Ways of doing the same work, timed alternately, best of `--repeats`:
 
-    baseline   actor_inf over every row in arrival order, then ref_inf, then train_step
-    current    actor_inf skips the first minibatch (its train forward, before any optimizer step,
-               gives the proximal log-probs) and every inference pass takes rows in order of
-               length, so each micro-batch is padded only to its own longest row
+    baseline        actor_inf over every row in arrival order, then ref_inf, then train_step with
+                    one forward/backward per minibatch
+    deferred prox   actor_inf skips the first minibatch (its train forward, before any optimizer
+                    step, gives the proximal log-probs); inference passes take rows in order of
+                    length in micro-batches of 64, so each is padded only to its own longest row
+    micro-batches   as above, and every forward — the train step's too, accumulating gradients —
+                    takes rows in order of length, at most `ppo.micro_batch_tokens` padded tokens
+                    (512, 1024 = the default, 2048) per forward
 
-Both produce the same update (tests/training/test_trainer_logic.py checks it). One thread.
+All produce the same update (tests/training/test_trainer_logic.py checks it). One thread.
 """
 
 from __future__ import annotations
@@ -53,7 +57,11 @@ def make_batch(model, tok, n_prompts: int, group: int, seed: int = 1):
     return pack_trajectories(trajs, tok.pad_token_id)
 
 
-def one_step(actor_model, ref_model, batch, cfg, deferred: bool) -> float:
+def one_step(actor_model, ref_model, batch, cfg, deferred: bool, micro_batch_tokens: int) -> float:
+    """One step's trainer work; micro_batch_tokens < 0: the train step in whole minibatches and
+    inference in micro-batches of 64 rows (before `ppo.micro_batch_tokens` existed)."""
+    import dataclasses
+
     import torch
 
     from realhf.impl.model import actor
@@ -61,43 +69,61 @@ def one_step(actor_model, ref_model, batch, cfg, deferred: bool) -> float:
 
     model = copy.deepcopy(actor_model)
     opt, sched = make_optimizer(model, cfg["optim"], 0)
+    ppo = dataclasses.replace(cfg["ppo"], micro_batch_tokens=max(micro_batch_tokens, 0))
     b = copy.deepcopy(batch)
     t0 = time.perf_counter()
     if deferred:
-        first = set(actor.first_minibatch_rows(b.n_seqs, cfg["ppo"].ppo_n_minibatches).tolist())
+        first = set(actor.first_minibatch_rows(b.n_seqs, ppo.ppo_n_minibatches).tolist())
         rest = torch.tensor([r for r in range(b.n_seqs) if r not in first], dtype=torch.long)
-        b.prox_logprobs = actor.inference_logprobs(model, b, 1.0, rows=rest)
-        b.ref_logprobs = actor.inference_logprobs(ref_model, b, 1.0)
+        if micro_batch_tokens < 0:
+            b.prox_logprobs = _inference(model, b, rows=rest, sort=True)
+            b.ref_logprobs = _inference(ref_model, b, sort=True)
+        else:
+            b.prox_logprobs = actor.inference_logprobs(model, b, 1.0, micro_batch_tokens=micro_batch_tokens, rows=rest)
+            b.ref_logprobs = actor.inference_logprobs(ref_model, b, 1.0, micro_batch_tokens=micro_batch_tokens)
     else:
-        b.prox_logprobs = _unsorted_inference(model, b)
-        b.ref_logprobs = _unsorted_inference(ref_model, b)
-    actor.ppo_train_step(model, opt, sched, b, cfg["ppo"], 1.0, prox_from_first_forward=deferred)
+        b.prox_logprobs = _inference(model, b)
+        b.ref_logprobs = _inference(ref_model, b)
+    actor.ppo_train_step(model, opt, sched, b, ppo, 1.0, prox_from_first_forward=deferred)
     return time.perf_counter() - t0
 
 
-def _unsorted_inference(model, batch, micro_batch_size: int = 64):
-    """The inference pass before length sorting: rows in arrival order."""
+# name -> (deferred prox, micro_batch_tokens; < 0: see one_step)
+WAYS = {
+    "baseline (full actor_inf, arrival order, whole minibatches)": (False, -1),
+    "deferred prox, length-sorted inference (64 rows)": (True, -1),
+    "+ length-sorted micro-batches of <= 512 padded tokens everywhere": (True, 512),
+    "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)": (True, 1024),
+    "+ length-sorted micro-batches of <= 2048 padded tokens everywhere": (True, 2048),
+}
+DEFAULT_WAY = "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)"
+
+
+def _inference(model, batch, rows=None, sort: bool = False, micro_batch_size: int = 64):
+    """Inference as it was before token-budget micro-batches: 64 rows per forward, in arrival
+    order or (sort) in order of length."""
     import torch
 
     from realhf.impl.model.actor import compute_logprobs
 
+    rows = torch.arange(batch.n_seqs) if rows is None else rows
+    if sort:
+        rows = rows[torch.argsort(batch.attention_mask[rows].sum(dim=1), stable=True)]
     model.eval()
     out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1))
     with torch.no_grad():
-        for rows in torch.split(torch.arange(batch.n_seqs), micro_batch_size):
-            mb = batch.select(rows)
-            out[rows, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb)
+        for chunk in torch.split(rows, micro_batch_size):
+            mb = batch.select(chunk)
+            out[chunk, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb)
     model.train()
     return out
 
 
 def tables(r):
+    rows = [[w["way"], w["seconds"], w["ratio"]] for w in r["ways"]]
     return [(f"trainer work per step: {r['n_seqs']} sequences, {r['n_tokens']} trained tokens, padded width "
              f"{r['width']}, ppo_n_minibatches={r['minibatches']}, kl_ctl>0 (ref_inf), best of {r['repeats']}",
-             ["way", "seconds per step", "ratio"],
-             [["baseline (full actor_inf, arrival order)", r["baseline_s"], 1.0],
-              ["current (first minibatch from its train forward, length-sorted inference)", r["current_s"],
-               r["speedup"]]])]
+             ["way", "seconds per step", "ratio to baseline"], rows)]
 
 
 def main(argv=None) -> int:
@@ -123,14 +149,17 @@ def main(argv=None) -> int:
     log(f"sampling a batch of {args.prompts} x 8 answers")
     batch = make_batch(model.eval(), tok, args.prompts, 8)
     cfg = {"optim": OptimizerConfig(lr=1e-4), "ppo": PPOHyperparameters(ppo_n_minibatches=2, kl_ctl=0.1)}
-    times = {False: [], True: []}
+    times = {name: [] for name in WAYS}
     for _ in range(args.repeats):
-        for deferred in (False, True):
-            times[deferred].append(one_step(model, ref, batch, cfg, deferred))
-    base, cur = min(times[False]), min(times[True])
+        for name, (deferred, mb_rows) in WAYS.items():
+            times[name].append(one_step(model, ref, batch, cfg, deferred, mb_rows))
+    best = {name: min(t) for name, t in times.items()}
+    base = best[next(iter(WAYS))]
+    default = best[DEFAULT_WAY]
     result = {"bench": "trainer", "n_seqs": batch.n_seqs, "n_tokens": batch.n_tokens,
               "width": int(batch.input_ids.shape[1]), "minibatches": 2, "repeats": args.repeats,
-              "baseline_s": round(base, 4), "current_s": round(cur, 4), "speedup": round(base / cur, 3)}
+              "ways": [{"way": name, "seconds": round(t, 4), "ratio": round(base / t, 3)} for name, t in best.items()],
+              "baseline_s": round(base, 4), "current_s": round(default, 4), "speedup": round(base / default, 3)}
     print_tables(tables(result))
     emit(result)
     return 0

@@ -101,18 +101,19 @@ def test_puller_counts_and_drops_garbage_and_keeps_delivering():
         dataset.close()
 
 
-def test_stream_dataset_validator_drops_invalid_items():
-    def validate(item):
+def test_stream_dataset_hands_out_parsed_items_and_drops_what_the_parser_rejects():
+    def parse(item):
         if "n" not in item:
             raise ValueError("missing n")
+        return item["n"] * 10
 
     puller = ZMQPuller()
-    dataset = StreamDataset(puller, validate=validate)
+    dataset = StreamDataset(puller, parse=parse)
     pusher = ZMQPusher(puller.address)
     try:
         for obj in ({"n": 1}, {"m": 0}, {"n": 2}):
             pusher.push(obj)
-        assert [it["n"] for it in dataset.get(2, timeout=10)] == [1, 2]
+        assert dataset.get(2, timeout=10) == [10, 20]
         assert dataset.n_invalid == 1
     finally:
         pusher.close()

@@ -14,8 +14,8 @@ def _msg():
 
 def test_a_trajectory_survives_msgpack_and_validation():
     t = Trajectory.from_msg(_msg())
-    assert (t.qid, t.prompt_ids, t.birth_time, t.metadata) == ("q1", [1, 2, 3], 12.5, {"k": "v"})
-    assert t.samples[0].output_ids == [4, 5] and t.samples[0].versions == [3, 4]
+    assert (t.qid, t.prompt_ids.tolist(), t.birth_time, t.metadata) == ("q1", [1, 2, 3], 12.5, {"k": "v"})
+    assert t.samples[0].output_ids.tolist() == [4, 5] and t.samples[0].versions.tolist() == [3, 4]
 
 
 @pytest.mark.parametrize("field, value, says", [
@@ -23,7 +23,9 @@ def test_a_trajectory_survives_msgpack_and_validation():
     ("birth_time", float("nan"), "birth_time: must be a finite number"),
     ("metadata", [1, 2], "metadata: must be a map"),
     ("task", 3, "task: must be a string"),
-    ("prompt_ids", [1, "x"], "prompt_ids: every entry must be an int"),
+    ("prompt_ids", [1, "x"], "prompt_ids: expected a 1-d array or list of ints"),
+    ("prompt_ids", [1, True], "prompt_ids: expected a 1-d array or list of ints"),
+    ("prompt_ids", [1, 2**40], "prompt_ids: values outside the int32 range"),
 ])
 def test_malformed_fields_are_refused_naming_the_field(field, value, says):
     msg = _msg()
@@ -43,22 +45,49 @@ def test_token_fields_travel_as_typed_arrays_and_plain_lists_are_accepted_too():
                                                       for k, v in s.items()}])
     for m in (serialization.loads(serialization.dumps(msg)), as_lists):
         back = Trajectory.from_msg(m)
-        assert back.samples[0].output_ids == [4, 5] and back.samples[0].loss_mask == [1, 0]
-        assert back.samples[0].logprobs == [-0.5, -0.25] and back.prompt_ids == [1, 2]
+        s0 = back.samples[0]
+        assert s0.output_ids.dtype == np.int32 and s0.logprobs.dtype == np.float32
+        assert s0.output_ids.tolist() == [4, 5] and s0.loss_mask.tolist() == [1, 0]
+        assert s0.logprobs.tolist() == [-0.5, -0.25] and back.prompt_ids.tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("output_ids", "float", "output_ids: expected a 1-d integer array"),
-    ("output_ids", "2d", "output_ids: expected a 1-d integer array"),
-    ("logprobs", "inf", "logprobs: expected a 1-d array of finite numbers"),
+    ("output_ids", "float", "output_ids: expected a 1-d array or list of ints"),
+    ("output_ids", "2d", "output_ids: expected a 1-d array or list of ints"),
+    ("logprobs", "inf", "logprobs: every entry must be a finite number"),
+    ("logprobs", "text", "logprobs: expected a 1-d array or list of numbers"),
+    ("reward", "nan", "reward: must be a finite number"),
     ("versions", "short", "versions: 1 entries for 2 output tokens"),
 ])
 def test_malformed_arrays_are_refused_naming_the_field(field, value, says):
     import numpy as np
 
     arrays = {"float": np.array([1.0, 2.0]), "2d": np.array([[4, 5]]), "inf": np.array([-1.0, np.inf], np.float32),
-              "short": np.array([3])}
+              "short": np.array([3]), "text": ["a", "b"], "nan": float("nan")}
     msg = _msg()
     msg["samples"][0][field] = arrays[value]
     with pytest.raises(TrajectoryFormatError, match=says):
         Trajectory.from_msg(msg)
+
+
+def test_received_arrays_are_used_without_a_copy():
+    import numpy as np
+
+    msg = _msg()
+    received = msg["samples"][0]["output_ids"]
+    t = Trajectory.from_msg(msg)
+    assert np.shares_memory(t.samples[0].output_ids, received)
+
+
+def test_staleness_counts_only_trained_tokens():
+    t = Trajectory("q", [1], [Sample([4, 5, 6], [0.0] * 3, [1, 5, 7], 0.0, loss_mask=[0, 1, 1]),
+                              Sample([4], [0.0], [3], 0.0)])
+    assert (t.version_start, t.version_end, t.n_generated_tokens) == (3, 7, 3)
+
+
+def test_an_all_trained_sample_travels_without_a_mask_and_comes_back_all_ones():
+    t = Trajectory("q", [1], [Sample([4, 5], [-0.5, -0.25], [3, 3], 1.0), Sample([6], [-1.0], [3], 0.0, loss_mask=[0])])
+    msg = serialization.loads(serialization.dumps(t.to_msg()))
+    assert "loss_mask" not in msg["samples"][0] and msg["samples"][1]["loss_mask"].tolist() == [0]
+    back = Trajectory.from_msg(msg)
+    assert back.samples[0].loss_mask.tolist() == [1, 1] and back.samples[1].loss_mask.tolist() == [0]

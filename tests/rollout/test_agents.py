@@ -106,8 +106,8 @@ def test_multi_turn_agent_puts_feedback_tokens_in_the_output_with_loss_mask_zero
     fb = tokenizer(cfg.feedback, add_special_tokens=False)["input_ids"]
     answers = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
                for t in (" #### 1", " #### 2", " #### 7")]
-    assert s.output_ids == answers[0] + fb + answers[1] + fb + answers[2]
-    assert s.mask() == [1] * len(answers[0]) + [0] * len(fb) + [1] * len(answers[1]) + [0] * len(fb) + [1] * len(answers[2])
+    assert s.output_ids.tolist() == answers[0] + fb + answers[1] + fb + answers[2]
+    assert s.mask().tolist() == [1] * len(answers[0]) + [0] * len(fb) + [1] * len(answers[1]) + [0] * len(fb) + [1] * len(answers[2])
     assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.mask()) if m == 0)
     assert s.reward == 1.0 * 0.5**2 and traj.metadata["turns"] == [3]
     # Each turn is generated from the prompt plus everything so far.

@@ -98,7 +98,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
     try:
         launcher.start()
         name_resolve.add_subentry(names.gen_servers(exp, trial), url)
-        dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0), validate=Trajectory.from_msg)
+        dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0), parse=Trajectory.from_msg)
         launcher.submit(WorkerSpec("gserver_manager", 1, [GserverManagerConfig(
             train_batch_size=B, max_head_offpolicyness=ETA, n_servers=1, fileroot=fileroot, poll_interval=0.1,
             max_concurrent_rollouts=8, schedule_policy="least_requests")]))
@@ -141,16 +141,16 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
         for s in t.samples:
             n = len(s.output_ids)
             assert 0 < n <= MAX_NEW and len(s.logprobs) == len(s.versions) == n
-            assert s.versions == sorted(s.versions)  # a sample's tokens only move forward in version
+            assert s.versions.tolist() == sorted(s.versions.tolist())  # a sample's tokens only move forward in version
             assert s.no_eos == (s.output_ids[-1] != EOS) and (s.no_eos or n <= MAX_NEW)
             assert s.reward in (-1.0, 1.0)
             ref = recomputed_logprobs(model, t.prompt_ids, s.output_ids)
-            assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-4), (t.qid, s.logprobs, ref.tolist())
+            assert torch.allclose(torch.tensor(s.logprobs.tolist()), ref, atol=2e-4), (t.qid, s.logprobs, ref.tolist())
 
 
 def _play_trainer(dataset, fileroot, exp, trial, out):
     def take(n, timeout):
-        return [Trajectory.from_msg(m) for m in dataset.get(n, timeout=timeout)]
+        return dataset.get(n, timeout=timeout)
 
     try:
         # Version 0: the staleness rule admits exactly (η + 1)·B groups, and then nothing more.

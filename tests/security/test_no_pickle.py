@@ -56,7 +56,7 @@ def _trajectory(qid="q0"):
 
 def test_trajectory_puller_counts_pickles_and_still_delivers(marker):
     puller = ZMQPuller()
-    dataset = StreamDataset(puller, validate=Trajectory.from_msg)
+    dataset = StreamDataset(puller, parse=Trajectory.from_msg)
     ctx = zmq.Context.instance()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
@@ -67,7 +67,7 @@ def test_trajectory_puller_counts_pickles_and_still_delivers(marker):
             push.send(p)
         push.send(serialization.dumps(_trajectory("after").to_msg()))
         [item] = dataset.get(1, timeout=10)
-        assert Trajectory.from_msg(item).qid == "after"
+        assert item.qid == "after"
         assert puller.n_malformed + dataset.n_invalid == len(payloads)
     finally:
         push.close()

@@ -76,7 +76,7 @@ rr_garbage = garbage | rr_shaped
 @pytest.fixture
 def trajectory_stream():
     puller = ZMQPuller()
-    dataset = StreamDataset(puller, validate=Trajectory.from_msg, poll_interval=0.02)
+    dataset = StreamDataset(puller, parse=Trajectory.from_msg, poll_interval=0.02)
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(f"tcp://{puller.address}")
@@ -98,11 +98,11 @@ def test_trajectory_stream_drops_garbage_and_delivers_the_next_group(trajectory_
         valid = dict(_VALID, qid=f"valid-{n}")
         push.send(serialization.dumps(valid))
         items = dataset.get(1, timeout=10)
-        if Trajectory.from_msg(items[0]).qid != valid["qid"]:
+        if items[0].qid != valid["qid"]:
             # The garbage was a well-formed trajectory after all (e.g. a changed qid): it is data.
             stats["accepted_garbage"] += 1
             items = dataset.get(1, timeout=10)
-        assert Trajectory.from_msg(items[0]).qid == valid["qid"]
+        assert items[0].qid == valid["qid"]
         stats["garbage"] += 1
 
     run()

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from realhf.api.cli_args import ModelTrainEvalConfig, ModelWorkerConfig, OptimizerConfig, PPOHyperparameters
+from realhf.api.trajectory import Trajectory
 from realhf.system.request_reply_stream import RemoteError
 from trainer_harness import ModelWorkerHarness
 from trajectory_factory import TINY_SFT, load_rows, load_tiny, make_groups
@@ -66,7 +67,7 @@ def test_one_train_step_changes_the_weights_bumps_the_version_and_publishes_a_lo
         if k in after:
             assert torch.equal(v, after[k])
     stats = train["stats"]
-    assert stats["n_tokens"] == sum(sum(s["loss_mask"]) for g in groups for s in g["samples"])
+    assert stats["n_tokens"] == sum(Trajectory.from_msg(g).n_generated_tokens for g in groups)
     assert stats["lr"] == pytest.approx(1e-4)
     # Sampler and trainer agree on the behaviour log-probs before the update (same weights).
     assert dp1_run["inference"][0]["behav_abs_diff"] < 1e-4

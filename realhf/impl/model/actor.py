@@ -54,21 +54,16 @@ def compute_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: flo
 
 @torch.no_grad()
 def inference_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float = 1.0,
-                       micro_batch_size: int = 64, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`compute_logprobs` without gradients for `rows` (default: all; other rows stay 0).
-
-    Micro-batches bound memory; they take the rows in order of length, so that each is padded
-    only to its own longest row (a forward's cost is rows × padded width)."""
+                       micro_batch_tokens: int = 1024, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`compute_logprobs` without gradients for `rows` (default: all; other rows stay 0), in
+    length-ordered micro-batches (`micro_batches`)."""
     was_training = model.training
     model.eval()
     try:
         width = batch.input_ids.shape[1]
         out = torch.zeros((batch.n_seqs, width - 1), dtype=torch.float32)
         rows = torch.arange(batch.n_seqs) if rows is None else torch.as_tensor(rows, dtype=torch.long)
-        by_length = rows[torch.argsort(batch.attention_mask[rows].sum(dim=1), stable=True)]
-        for chunk in torch.split(by_length, micro_batch_size):
-            if len(chunk) == 0:
-                continue
+        for chunk in micro_batches(batch, rows, micro_batch_tokens):
             mb = batch.select(chunk)
             out[chunk, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb, temperature)
         return out
@@ -88,6 +83,25 @@ def has_dropout(model: torch.nn.Module) -> bool:
 
 def first_minibatch_rows(n_seqs: int, n_minibatches: int) -> torch.Tensor:
     return minibatch_rows(n_seqs, n_minibatches)[0]
+
+
+def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int) -> List[torch.Tensor]:
+    """`rows` in order of length, cut into chunks whose padded size (rows × longest row) stays
+    within `max_tokens` (a longer row goes alone; 0: one chunk in arrival order). A forward's
+    cost is its padded size, so similar lengths share a chunk and memory stays bounded."""
+    if len(rows) == 0:
+        return []
+    if max_tokens <= 0:
+        return [rows]
+    lengths = batch.attention_mask[rows].sum(dim=1)
+    order = torch.argsort(lengths, stable=True)
+    chunks, start = [], 0
+    for i, length in enumerate(lengths[order].tolist()):
+        if i > start and (i + 1 - start) * length > max_tokens:
+            chunks.append(rows[order[start:i]])
+            start = i
+    chunks.append(rows[order[start:]])
+    return chunks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,27 +223,28 @@ def ppo_train_step(
         n_global = float(_all_reduce_sum(n_local.clone()))
         optimizer.zero_grad(set_to_none=True)
         local = torch.zeros(len(stat_names), dtype=torch.float64)
-        if len(rows) > 0:
-            mb = batch.select(rows)
+        # Gradients accumulate over the micro-batches: each adds its token sum / the minibatch's
+        # global token count, so the step is the one of a single forward over the minibatch.
+        for chunk in micro_batches(batch, rows, cfg.micro_batch_tokens):
+            mb = batch.select(chunk)
             w = mb.loss_mask.shape[1]
             logp = compute_logprobs(model, mb, temperature)
             if prox_from_first_forward and i == 0:
-                batch.prox_logprobs[rows, :w] = logp.detach()  # `old`/`prox` are views of this tensor
+                batch.prox_logprobs[chunk, :w] = logp.detach()  # `old`/`prox` are views of this tensor
             loss_sum, stats = F.actor_loss_fn(
-                logp, old[rows, :w], advantages[rows, :w], cfg.eps_clip, mb.loss_mask,
-                c_clip=cfg.c_clip, proximal_logprobs=None if prox is None else prox[rows, :w],
+                logp, old[chunk, :w], advantages[chunk, :w], cfg.eps_clip, mb.loss_mask,
+                c_clip=cfg.c_clip, proximal_logprobs=None if prox is None else prox[chunk, :w],
                 behav_imp_weight_cap=cfg.behav_imp_weight_cap, eps_clip_high=cfg.eps_clip_high, reduce="sum",
             )  # fmt: skip
             kl_sum = torch.zeros(())
             if kl_loss:
-                kl = F.kl_estimate(logp, batch.ref_logprobs[rows, :w], cfg.kl_estimator)
+                kl = F.kl_estimate(logp, batch.ref_logprobs[chunk, :w], cfg.kl_estimator)
                 kl_sum = torch.where(mb.loss_mask, kl, torch.zeros_like(kl)).sum()
                 loss_sum = loss_sum + cfg.kl_ctl * kl_sum
-            loss = loss_sum / max(n_global, 1.0)
-            loss.backward()
-            n = float(n_local)
-            local = torch.tensor([float(loss_sum.detach()), *(float(stats[k]) * n for k in stat_names[1:-1]),
-                                  float(kl_sum.detach())], dtype=torch.float64)
+            (loss_sum / max(n_global, 1.0)).backward()
+            n = float(stats["n_tokens"])
+            local += torch.tensor([float(loss_sum.detach()), *(float(stats[k]) * n for k in stat_names[1:-1]),
+                                   float(kl_sum.detach())], dtype=torch.float64)
         _sync_gradients(params)
         if gradient_clipping > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, gradient_clipping)

@@ -80,17 +80,21 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
     loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     behav = torch.zeros((n, width - 1), dtype=torch.float32)
     versions = torch.full((n, width - 1), -1, dtype=torch.long)
+    ids_np, mask_np, behav_np, versions_np = input_ids.numpy(), loss_mask.numpy(), behav.numpy(), versions.numpy()
     for i, (_, prompt, s) in enumerate(rows):
-        if not prompt:
+        if not len(prompt):
             raise ValueError(f"sample {i}: empty prompt; the first output token needs a prompt token to predict it")
         p, o = len(prompt), len(s.output_ids)
-        input_ids[i, : p + o] = torch.tensor(list(prompt) + list(s.output_ids), dtype=torch.long)
+        # Written through numpy views of the tensors: received arrays are read-only views of
+        # the message, which torch.from_numpy would warn about; numpy also casts int32 → int64.
+        ids_np[i, :p] = prompt
+        ids_np[i, p : p + o] = s.output_ids
         attention_mask[i, : p + o] = 1
         if o:
             cols = slice(p - 1, p - 1 + o)
-            loss_mask[i, cols] = torch.tensor(s.mask(), dtype=torch.bool)
-            behav[i, cols] = torch.tensor(s.logprobs, dtype=torch.float32)
-            versions[i, cols] = torch.tensor(s.versions, dtype=torch.long)
+            mask_np[i, cols] = s.loss_mask != 0
+            behav_np[i, cols] = s.logprobs
+            versions_np[i, cols] = s.versions
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -124,7 +128,7 @@ def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:
         "reward_sum": float(sum(s.reward for s in samples)),
         "n_success": sum(1 for s in samples if s.reward > 0),
         "n_no_eos": sum(1 for s in samples if s.no_eos),
-        "gen_tokens": sum(sum(s.mask()) for s in samples),
+        "gen_tokens": sum(g.n_generated_tokens for g in groups),
         "output_tokens": sum(len(s.output_ids) for s in samples),
         "head_offpolicyness": [int(version - g.version_start) for g in groups],
         "tail_offpolicyness": [int(version - g.version_end) for g in groups],
