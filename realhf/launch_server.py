@@ -11,7 +11,6 @@ says which. A few SGLang flags are accepted for drop-in use (`--skip-tokenizer-i
 
 import argparse
 import signal
-import socket
 import sys
 
 from realhf.base import logging
@@ -51,15 +50,13 @@ def main(argv=None) -> int:
 
     from realhf.impl.inference.engine import create_engine
     from realhf.impl.inference.server_app import create_app
+    from realhf.system.http_thread import listening_socket
 
     engine = create_engine(args.model_path, kind=args.kind, max_running_requests=args.max_running_requests,
                            context_length=args.context_length, dtype=args.dtype, n_threads=args.n_threads,
                            seed=args.seed, weight_version=args.weight_version, name="engine")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = listening_socket(args.host, args.port, "realhf.launch_server")
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((args.host, args.port))
-        sock.listen(2048)
         port = sock.getsockname()[1]
         engine.start()
         app = create_app(engine, args.served_model_name)

@@ -117,8 +117,9 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
         print(f"run failed (exit 1): worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
         return 1
     except LauncherInterrupted as e:
-        print(f"run interrupted (exit 130): {e}; every process stopped; logs in {paths.log_dir}", file=sys.stderr)
-        return 130
+        code = 128 + e.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
+        print(f"run interrupted (exit {code}): {e}; every process stopped; logs in {paths.log_dir}", file=sys.stderr)
+        return code
     except LauncherError as e:
         print(f"run failed (exit 1): {e}; logs in {paths.log_dir}", file=sys.stderr)
         return 1

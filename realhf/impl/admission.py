@@ -150,6 +150,10 @@ class StalenessManager:
         with self._lock:
             return frozenset(self._running)
 
+    def is_running(self, qid: Hashable) -> bool:
+        with self._lock:
+            return qid in self._running
+
     def status(self) -> Dict[str, Any]:
         """Counters for `/status` and logs."""
         version = self._version()

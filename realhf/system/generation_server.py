@@ -102,11 +102,13 @@ class GenerationServer(Worker):
 
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
         from realhf.impl.inference.engine import create_engine_from_config
-        from realhf.impl.inference.server_app import ServerThread, create_app
+        from realhf.impl.inference.server_app import create_app
+        from realhf.system.http_thread import HttpServerThread
 
         self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
                                                  seed=seed, name=self.name).start()
-        self._server = ServerThread(create_app(self._engine), cfg.host, cfg.port).start(timeout=cfg.startup_timeout)
+        self._server = HttpServerThread(create_app(self._engine), cfg.host, cfg.port,
+                                        name="generation server").start(timeout=cfg.startup_timeout)
         return self._server.port
 
     def _start_sglang(self, cfg: GenerationServerConfig, seed: int) -> int:

@@ -4,7 +4,8 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
 
     POST /allocate_rollout {qid}                       → {success, reason}
     POST /schedule_request {qid, prompt_len, group_size, new_token_budget,
-                            previous_server_url, previous_version}  → {url, version}
+                            previous_server_url, previous_version}  → {url, version}; 409 for a
+                                                         qid that is not an allocated, running rollout
     POST /finish_rollout   {qid, accepted, n_tokens}   → {success}
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
                                                          rollouts whose worker died (no count)
@@ -112,6 +113,10 @@ class ManagerService:
         return {"success": d.success, "reason": d.reason}
 
     def schedule(self, r: ScheduleRequest) -> dict:
+        if not self.admission.is_running(r.qid):
+            # Routing it would count load on a server until a /finish_rollout that never comes.
+            raise KeyError(f"schedule_request({r.qid!r}): no running rollout with this qid "
+                           "(call /allocate_rollout first, or it already finished)")
         version = self.version.value
         url = self.router.schedule(r.qid, r.prompt_len, r.group_size, r.new_token_budget,
                                    previous_url=r.previous_server_url, previous_version=r.previous_version,
@@ -311,6 +316,8 @@ def create_app(service: ManagerService) -> FastAPI:
     async def schedule_request(req: ScheduleRequest):
         try:
             return service.schedule(req)
+        except KeyError as e:
+            raise HTTPException(409, str(e.args[0]) if e.args else str(e))
         except RuntimeError as e:  # no generation server registered
             raise HTTPException(503, str(e))
 

@@ -8,7 +8,9 @@ For each server behind the target version:
 
 Only one server is paused at any moment, so the others keep generating, and the manager's
 admission and routing (same event loop, other coroutines) keep answering throughout. A server
-that fails is left at its old version and retried on the next round.
+that fails is left at its old version and retried, after 1 s, then 2, 4, … up to 30 s while it
+keeps failing; its log lines say for how long and how often it has failed (the first failure,
+then at each doubling of the attempts), not one line per second.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ logger = logging.getLogger("weight_update")
 
 
 RETRY_DELAY_S = 1.0  # a failed server is retried after this, not at every poll
+MAX_RETRY_DELAY_S = 30.0  # ... doubling per consecutive failure up to this
 
 
 class WeightUpdateError(RuntimeError):
@@ -64,6 +67,7 @@ class WeightUpdater:
         self.n_failures = 0
         self.last_error = ""
         self.retry_at = 0.0  # monotonic time before which a failed round is not retried
+        self._failing: Dict[str, list] = {}  # url -> [monotonic time of the first failure, attempts]
 
     def set_servers(self, urls: Iterable[str]) -> None:
         # A server we have not updated yet is assumed to hold the initial weights.
@@ -90,14 +94,27 @@ class WeightUpdater:
             try:
                 seconds = await update_server(session, url, path, version, self.timeout)
             except Exception as e:  # noqa: BLE001 - reported, retried next round
-                self.n_failures += 1
-                self.last_error = f"{url}: {e}"
-                self.retry_at = time.monotonic() + RETRY_DELAY_S
-                logger.error(f"weight update of {url} to version {version} failed: {e}")
+                self._failed(url, version, e)
                 continue
             finally:
                 self.updating = None
             if url in self.versions:
                 self.versions[url] = version
             self.n_updates += 1
-            logger.info(f"server {url} now at version {version} ({path}); update took {seconds:.2f}s")
+            since = self._failing.pop(url, None)
+            recovered = (f" after {since[1]} failed attempts over {time.monotonic() - since[0]:.0f}s"
+                         if since else "")
+            logger.info(f"server {url} now at version {version} ({path}); update took {seconds:.2f}s{recovered}")
+
+    def _failed(self, url: str, version: int, error: Exception) -> None:
+        now = time.monotonic()
+        since = self._failing.setdefault(url, [now, 0])
+        since[1] += 1
+        attempts = since[1]
+        self.n_failures += 1
+        self.last_error = f"{url}: {error}"
+        self.retry_at = now + min(RETRY_DELAY_S * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
+        if attempts & (attempts - 1) == 0:  # 1, 2, 4, 8, ...: the log says it without flooding
+            logger.error(f"weight update of {url} to version {version} failed ({attempts} attempts over "
+                         f"{now - since[0]:.0f}s; it keeps generating with version {self.versions.get(url)}; "
+                         f"next try in {self.retry_at - now:.0f}s): {error}")

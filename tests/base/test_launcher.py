@@ -1,46 +1,21 @@
 """The local launcher on real processes: failures are named, nothing outlives it."""
 
 import glob
-import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
 import psutil
-import pytest
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers.launcher_process import LauncherProcess
 
 
-class Launcher:
-    """`python -m helpers.launch_dummies` in its own process, with its output collected."""
+class Launcher(LauncherProcess):
+    """`python -m helpers.launch_dummies` in its own process."""
 
     def __init__(self, tmp_path, trial, n, *overrides):
-        env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "helpers.launch_dummies", str(tmp_path), trial, str(n), *overrides],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-        self.lines = []
-
-    def wait_ready(self, timeout=90):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if line.startswith("READY "):
-                info = json.loads(line[len("READY "):])
-                return info
-        raise AssertionError("launcher never became ready:\n" + "".join(self.lines))
-
-    def finish(self, timeout=60):
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.lines.append(out)
-        return self.proc.returncode, "".join(self.lines)
+        super().__init__(["-m", "helpers.launch_dummies", str(tmp_path), trial, str(n), *overrides])
 
     def all_pids(self, info):
         return list(info["pids"].values()) + [info["redis"]]

@@ -29,7 +29,7 @@ def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_l
 
 
 @pytest.mark.e2e
-def test_sigterm_to_the_entry_point_stops_every_process_and_says_so(tmp_path, no_leftover_processes):
+def test_sigterm_to_the_entry_point_stops_every_process_says_so_and_exits_143(tmp_path, no_leftover_processes):
     # What a process manager (systemd, a batch scheduler) sends: only the entry point gets it.
     run = Run(tmp_path, "sigterm", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
     try:
@@ -39,8 +39,8 @@ def test_sigterm_to_the_entry_point_stops_every_process_and_says_so(tmp_path, no
     finally:
         run.stop()
     out = run.output()
-    assert code == 130, out[-4000:]
-    assert "run interrupted (exit 130): launcher received SIGTERM" in out, out[-3000:]
+    assert code == 143, out[-4000:]
+    assert "run interrupted (exit 143): launcher received SIGTERM" in out, out[-3000:]
     assert run.leftovers() == []
 
 

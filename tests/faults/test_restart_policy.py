@@ -5,43 +5,24 @@ death fails the trial like any other, naming the worker and the restarts."""
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import psutil
 import pytest
 
+from helpers.launcher_process import LauncherProcess
+
 FAULTS_DIR = os.path.dirname(os.path.abspath(__file__))
-TESTS_DIR = os.path.dirname(FAULTS_DIR)
 
 
-class Launcher:
+class Launcher(LauncherProcess):
     def __init__(self, tmp_path, trial, n, max_restarts, *overrides):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(FAULTS_DIR, "launch_restartable.py"), str(tmp_path), trial, str(n),
-             str(max_restarts), *overrides],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-        self.lines = []
-
-    def wait_ready(self, timeout=90):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if line.startswith("READY "):
-                return json.loads(line[len("READY "):])
-        raise AssertionError("launcher never became ready:\n" + "".join(self.lines))
+        super().__init__([os.path.join(FAULTS_DIR, "launch_restartable.py"), str(tmp_path), trial, str(n),
+                          str(max_restarts), *overrides])
 
     def finish(self, timeout=90):
-        out, _ = self.proc.communicate(timeout=timeout)
-        self.lines.append(out)
-        text = "".join(self.lines)
+        code, text = super().finish(timeout)
         restarts = json.loads(text.split("RESTARTS ", 1)[1].splitlines()[0])
-        return self.proc.returncode, text, restarts
+        return code, text, restarts
 
 
 def _log(tmp_path, trial, name):

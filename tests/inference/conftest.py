@@ -50,10 +50,11 @@ def server_url(qwen_path):
         yield external.rstrip("/")
         return
     from realhf.impl.inference.engine import create_engine
-    from realhf.impl.inference.server_app import ServerThread, create_app
+    from realhf.impl.inference.server_app import create_app
+    from realhf.system.http_thread import HttpServerThread
 
     engine = create_engine(qwen_path, max_running_requests=SLOTS, context_length=CONTEXT, seed=1).start()
-    server = ServerThread(create_app(engine), "127.0.0.1", 0)
+    server = HttpServerThread(create_app(engine), "127.0.0.1", 0, name="generation-server")
     try:
         server.start(timeout=30)
         yield server.url

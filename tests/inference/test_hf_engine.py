@@ -5,7 +5,8 @@ import torch
 
 from realhf.impl.inference.engine import GenerateRequest, SamplingParams, create_engine, engine_kind_for
 from realhf.impl.inference.hf_engine import HFRunner
-from realhf.impl.inference.server_app import ServerThread, create_app
+from realhf.impl.inference.server_app import create_app
+from realhf.system.http_thread import HttpServerThread
 
 from inference_helpers import HFReference, generate, http
 
@@ -18,7 +19,7 @@ def gpt2_ref(gpt2_path):
 @pytest.fixture(scope="module")
 def gpt2_server(gpt2_path):
     engine = create_engine(gpt2_path, max_running_requests=4).start()  # kind "auto"
-    server = ServerThread(create_app(engine), "127.0.0.1", 0)
+    server = HttpServerThread(create_app(engine), "127.0.0.1", 0, name="generation-server")
     try:
         server.start(timeout=30)
         yield engine, server.url

@@ -91,6 +91,7 @@ def test_bad_request_bodies_get_4xx_with_a_message_never_5xx():
 def test_schedule_keeps_a_group_on_its_server_while_the_version_is_unchanged():
     with fake_servers(3) as servers, running_manager([s.url for s in servers], schedule_policy="round_robin") as m:
         body = {"qid": "g", "prompt_len": 10, "group_size": 4, "new_token_budget": 16}
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "g"})[1]["success"]
         _, first = http("POST", f"{m.url}/schedule_request", body)
         assert first["version"] == 0
         for _ in range(5):  # the other samples of the group, and later chunks
@@ -102,6 +103,18 @@ def test_schedule_keeps_a_group_on_its_server_while_the_version_is_unchanged():
         _, moved = http("POST", f"{m.url}/schedule_request",
                         {**body, "previous_server_url": first["url"], "previous_version": 0})
         assert moved == {"url": moved["url"], "version": 1} and moved["url"] != first["url"]  # round robin: next
+
+
+def test_scheduling_a_rollout_that_was_never_allocated_or_already_finished_is_refused():
+    with fake_servers(1) as servers, running_manager([s.url for s in servers]) as m:
+        body = {"qid": "ghost", "prompt_len": 10, "group_size": 1, "new_token_budget": 16}
+        code, answer = http("POST", f"{m.url}/schedule_request", body)
+        assert code == 409 and "call /allocate_rollout first" in answer["detail"]
+        http("POST", f"{m.url}/allocate_rollout", {"qid": "ghost"})
+        assert http("POST", f"{m.url}/schedule_request", body)[0] == 200
+        http("POST", f"{m.url}/finish_rollout", {"qid": "ghost", "accepted": True})
+        assert http("POST", f"{m.url}/schedule_request", body)[0] == 409
+        assert all(x["requests"] == 0 for x in http("GET", f"{m.url}/status")[1]["servers"])
 
 
 def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
@@ -217,3 +230,17 @@ def test_manager_config_rejects_bad_values_naming_the_field():
         GserverManagerConfig(max_head_offpolicyness=-1)
     with pytest.raises(ValueError, match="rollout.group_size"):
         RolloutWorkerConfig(group_size=0)
+
+
+def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up_to_30_s():
+    from realhf.system.weight_update import MAX_RETRY_DELAY_S, WeightUpdater
+
+    up = WeightUpdater("/nonexistent", "actor", timeout=1.0)
+    up.set_servers(["http://s"])
+    delays = []
+    for _ in range(7):
+        t0 = time.monotonic()
+        up._failed("http://s", 3, RuntimeError("refused"))
+        delays.append(round(up.retry_at - t0))
+    assert delays == [1, 2, 4, 8, 16, 30, 30] and MAX_RETRY_DELAY_S == 30
+    assert up.n_failures == 7 and "refused" in up.last_error

@@ -19,10 +19,11 @@ def tiny_model_path(tmp_path_factory):
 def native_server(tiny_model_path):
     """(url, engine) of a native generation server."""
     from realhf.impl.inference.engine import create_engine
-    from realhf.impl.inference.server_app import ServerThread, create_app
+    from realhf.impl.inference.server_app import create_app
+    from realhf.system.http_thread import HttpServerThread
 
     engine = create_engine(tiny_model_path, max_running_requests=SLOTS, context_length=CONTEXT, seed=1).start()
-    server = ServerThread(create_app(engine), "127.0.0.1", 0)
+    server = HttpServerThread(create_app(engine), "127.0.0.1", 0, name="generation-server")
     try:
         server.start(timeout=30)
         yield server.url, engine

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 from typing import Any, List, Optional, Union
 
@@ -332,75 +330,3 @@ def prometheus_text(engine: Engine, model_name: str) -> str:
     for name, kind, help_, value in rows:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
-# Serving from a thread (the GenerationServer worker, tests)
-# --------------------------------------------------------------------------------------------
-
-
-class ServerThread:
-    """uvicorn serving `app` in a background thread of this process.
-
-    The listening socket is bound here before the thread starts, so `port=0` picks a free port
-    with no race and `.port` is known at once.
-    """
-
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
-        import uvicorn
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Inherited by accepted connections: without it Nagle + delayed ACK can hold a kept-alive
-        # response for ~40 ms (measured on the manager's server, which binds the same way).
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            self.sock.bind((host, port))
-        except OSError as e:
-            self.sock.close()
-            raise OSError(f"cannot bind the generation server to {host}:{port}: {e}") from None
-        self.sock.listen(2048)
-        self.host, self.port = host, self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=5, timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
-        self.error: Optional[BaseException] = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def _serve(self):
-        try:
-            self.server.run(sockets=[self.sock])
-        except BaseException as e:  # reported by is_alive()/start()
-            self.error = e
-            logger.exception(f"uvicorn on {self.url} failed: {e}")
-
-    def start(self, timeout: float = 30.0) -> "ServerThread":
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError(f"uvicorn on {self.url} exited during startup: {self.error!r}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"uvicorn on {self.url} did not start within {timeout:.0f}s")
-            time.sleep(0.01)
-        return self
-
-    def is_alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        if self.thread.is_alive():
-            self.thread.join(timeout=timeout)
-            if self.thread.is_alive():
-                self.server.force_exit = True
-                self.thread.join(timeout=2.0)
-        try:
-            self.sock.close()
-        except OSError:
-            pass
