@@ -96,6 +96,11 @@ class NativeEngineConfig:
         "'static_kv' (Qwen2/Llama family, fastest), 'hf' (any HF causal LM, slower) or 'auto'.",
     )
     seed: int = _f(1, "Seed of the sampler.")
+    decode_attention: str = _f(
+        "auto",
+        "Decode attention of the static-KV engine: 'kernel' (a small C loop built on first use with the system C "
+        "compiler; float32), 'torch' (batched matmuls) or 'auto' (the kernel when it builds, else torch).",
+    )
 
 
 @dataclass
@@ -182,6 +187,9 @@ def validate_generation_server_config(cfg: "GenerationServerConfig") -> None:
         raise ValueError(f"generation server: native.kind must be one of {NATIVE_ENGINE_KINDS}, got {cfg.native.kind!r}")
     if cfg.native.dtype not in ("float32", "bfloat16"):
         raise ValueError(f"generation server: native.dtype must be 'float32' or 'bfloat16', got {cfg.native.dtype!r}")
+    if cfg.native.decode_attention not in ("auto", "kernel", "torch"):
+        raise ValueError(f"generation server: native.decode_attention must be 'auto', 'kernel' or 'torch', "
+                         f"got {cfg.native.decode_attention!r}")
     if cfg.native.n_threads < 1:
         raise ValueError(f"generation server: native.n_threads must be >= 1, got {cfg.native.n_threads}")
     if cfg.native.max_running_requests < 1:

@@ -4,6 +4,7 @@
     python -m scripts.bench.generation            # 256 prompts x 64 new tokens, 1 thread
     python -m scripts.bench.generation --short    # a quick smoke run
     python -m scripts.bench.generation --model-path assets/tiny-math/sft
+    python -m scripts.bench.generation --profile  # where a native decode step's time goes
 
 Workload: random prompts of 16..48 tokens, sampling at T=1 with no top-k/top-p, exactly
 `--new-tokens` per answer (EOS ignored) so both sides generate the same token count. Concurrency c
@@ -49,11 +50,13 @@ def workload(n: int, vocab: int, seed: int):
     return [torch.randint(3, vocab, (L,), generator=g).tolist() for L in lengths]
 
 
-def run_native(model_path: str, prompts, new_tokens: int, concurrency: int, threads: int, dtype: str) -> float:
+def run_native(model_path: str, prompts, new_tokens: int, concurrency: int, threads: int, dtype: str,
+               attention: str = "auto") -> float:
     from realhf.impl.inference.engine import GenerateRequest, SamplingParams, create_engine
 
     engine = create_engine(model_path, kind="static_kv", max_running_requests=concurrency, n_threads=threads,
-                           dtype=dtype, context_length=max(len(p) for p in prompts) + new_tokens).start()
+                           dtype=dtype, context_length=max(len(p) for p in prompts) + new_tokens,
+                           attention=attention).start()
     try:
         sp = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
         # Warm-up: first-call allocations and kernels.
@@ -88,6 +91,62 @@ def run_hf(model_path: str, prompts, new_tokens: int, concurrency: int, dtype: s
     return n_tokens / (time.perf_counter() - t0)
 
 
+def profile_decode_step(model_path: str, slots: int, new_tokens: int, threads: int, dtype: str, attention: str,
+                        steps: int = 30) -> None:
+    """Time each block of the native decode step + sampling at `slots` running requests (positions as
+    in the middle of the benchmark's answers) and print ms/step per block. Native side only."""
+    from realhf.impl.inference import sampling
+    from realhf.impl.inference import transformer as tf
+
+    args, weights = tf.load_model(model_path, getattr(torch, dtype))
+    context = 48 + new_tokens
+    model = tf.StaticKVTransformer(args, weights, slots, context, getattr(torch, dtype), attention)
+    spent = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+            return out
+        return wrapper
+
+    # Module-level blocks the decode step calls; whatever is left is projections, residual adds,
+    # embedding, lm_head and (torch path) the cache writes.
+    patched = {"rms_norm": "rms_norm", "apply_rope": "rope", "mlp": "mlp (gate/up, silu, down)",
+               "torch_decode_attention": "attention", "decode_mask": "attention"}
+    originals = {name: getattr(tf, name) for name in patched}
+    for name, label in patched.items():
+        setattr(tf, name, timed(label, originals[name]))
+    if model.attention_kernel is not None:
+        model.attention_kernel = timed("attention", model.attention_kernel)
+    sample = timed("sampling", sampling.sample)
+    g = torch.Generator().manual_seed(0)
+    positions = (torch.randint(16, 49, (slots,), generator=g) + torch.randint(0, new_tokens, (slots,), generator=g))
+    positions = positions.clamp(max=context - 1)
+    tokens = torch.randint(3, args.vocab_size, (slots,), generator=g)
+    ones, top_k = torch.ones(slots), torch.full((slots,), args.vocab_size)
+    try:
+        total = 0.0
+        for i in range(steps + 5):
+            if i == 5:
+                spent.clear()
+                total = 0.0
+            t0 = time.perf_counter()
+            logits = model.decode(tokens, positions)
+            sample(logits, ones, ones, top_k, all_greedy=False, any_greedy=False, any_filter=False, generator=g)
+            total += time.perf_counter() - t0
+    finally:
+        for name, fn in originals.items():
+            setattr(tf, name, fn)
+    spent["other (qkv/o projections, lm_head, adds, cache writes)"] = total - sum(spent.values())
+    kind = "C kernel" if model.attention_kernel is not None else "torch matmuls"
+    print(f"decode step + sampling at {slots} slots, {dtype}, {threads} thread(s), attention: {kind}: "
+          f"{total / steps * 1e3:.2f} ms/step")
+    for name, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:56s} {sec / steps * 1e3:8.2f} ms  {100 * sec / total:5.1f}%")
+
+
 def tables(result):
     title = (f"native engine vs HF generate (static cache): {result['model_params'] / 1e6:.2f}M params, "
              f"{result['dtype']}, {result['threads']} thread(s), {result['new_tokens']} new tokens per prompt, "
@@ -107,6 +166,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs per side; the best counts")
     p.add_argument("--short", action="store_true", help="smoke mode: 32 prompts x 16 tokens, concurrency 32 and 4")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the comparison: time each block of a native decode step at the largest concurrency")
+    p.add_argument("--attention", default="auto", choices=["auto", "kernel", "torch"],
+                   help="native engine's decode attention (default: the C kernel where it builds)")
     args = p.parse_args(argv)
     if args.short:
         args.n_prompts, args.new_tokens, args.concurrency, args.repeats = 32, 16, [32, 4], 1
@@ -119,6 +182,10 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_generation_") as tmp:
         model_path = args.model_path or make_model(os.path.join(tmp, "model"), args.seed)
+        if args.profile:
+            profile_decode_step(model_path, max(args.concurrency), args.new_tokens, args.threads, args.dtype,
+                                args.attention)
+            return 0
         with open(os.path.join(model_path, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
         n_params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
@@ -133,7 +200,8 @@ def main(argv=None) -> int:
             # sides instead of deciding the ratio.
             native = hf = 0.0
             for _ in range(args.repeats):
-                native = max(native, run_native(model_path, prompts, args.new_tokens, c, args.threads, args.dtype))
+                native = max(native, run_native(model_path, prompts, args.new_tokens, c, args.threads, args.dtype,
+                                                args.attention))
                 hf = max(hf, run_hf(model_path, prompts, args.new_tokens, c, args.dtype))
             rows.append({"concurrency": c, "n_prompts": n, "native_tok_s": round(native, 1), "hf_tok_s": round(hf, 1),
                          "ratio": round(native / hf, 3)})

@@ -84,3 +84,7 @@ def test_config_errors_name_the_field(change, field):
     cfg.native.kind = "onnx"
     with pytest.raises(ValueError, match="native.kind"):
         validate_generation_server_config(cfg)
+    cfg = GenerationServerConfig(model_path="/m")
+    cfg.native.decode_attention = "fast"
+    with pytest.raises(ValueError, match="native.decode_attention"):
+        validate_generation_server_config(cfg)
