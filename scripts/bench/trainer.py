@@ -120,7 +120,10 @@ def _inference(model, batch, rows=None, sort: bool = False, micro_batch_size: in
 
 
 def tables(r):
-    rows = [[w["way"], w["seconds"], w["ratio"]] for w in r["ways"]]
+    ways = r.get("ways") or [  # results written before the micro-batch ways existed
+        {"way": "baseline", "seconds": r["baseline_s"], "ratio": 1.0},
+        {"way": "current", "seconds": r["current_s"], "ratio": r["speedup"]}]
+    rows = [[w["way"], w["seconds"], w["ratio"]] for w in ways]
     return [(f"trainer work per step: {r['n_seqs']} sequences, {r['n_tokens']} trained tokens, padded width "
              f"{r['width']}, ppo_n_minibatches={r['minibatches']}, kl_ctl>0 (ref_inf), best of {r['repeats']}",
              ["way", "seconds per step", "ratio to baseline"], rows)]
