@@ -10,38 +10,36 @@ import pytest
 from fault_helpers import SMALL_RUN, Run
 
 
-@pytest.mark.e2e
-def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_leftover_processes):
-    run = Run(tmp_path, "sigint", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, own_process_group=True)
+def _interrupted_run_stops_everything(tmp_path, trial, interrupt, code_expected, signal_name, **run_kw):
+    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, **run_kw)
     try:
         run.wait_steps(1)
-        assert any("redis-server" in cmd for cmd, _ in run.seen.values()), run.seen
-        # Ctrl-C in a terminal: SIGINT to the foreground process group (the entry point and
-        # redis-server; the workers run in sessions of their own and are stopped by the launcher).
-        os.killpg(run.proc.pid, signal.SIGINT)
+        interrupt(run)
         code = run.finish(timeout=120)
     finally:
         run.stop()
     out = run.output()
-    assert code == 130, out[-4000:]
-    assert "run interrupted (exit 130): launcher received SIGINT" in out, out[-3000:]
+    assert code == code_expected, out[-4000:]
+    assert f"run interrupted (exit {code_expected}): launcher received {signal_name}" in out, out[-3000:]
     assert run.leftovers() == []
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_leftover_processes):
+    def ctrl_c(run):
+        assert any("redis-server" in cmd for cmd, _ in run.seen.values()), run.seen
+        # Ctrl-C in a terminal: SIGINT to the foreground process group (the entry point and
+        # redis-server; the workers run in sessions of their own and are stopped by the launcher).
+        os.killpg(run.proc.pid, signal.SIGINT)
+
+    _interrupted_run_stops_everything(tmp_path, "sigint", ctrl_c, 130, "SIGINT", own_process_group=True)
 
 
 @pytest.mark.e2e
 def test_sigterm_to_the_entry_point_stops_every_process_says_so_and_exits_143(tmp_path, no_leftover_processes):
     # What a process manager (systemd, a batch scheduler) sends: only the entry point gets it.
-    run = Run(tmp_path, "sigterm", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
-    try:
-        run.wait_steps(1)
-        run.proc.send_signal(signal.SIGTERM)
-        code = run.finish(timeout=120)
-    finally:
-        run.stop()
-    out = run.output()
-    assert code == 143, out[-4000:]
-    assert "run interrupted (exit 143): launcher received SIGTERM" in out, out[-3000:]
-    assert run.leftovers() == []
+    _interrupted_run_stops_everything(tmp_path, "sigterm", lambda run: run.proc.send_signal(signal.SIGTERM),
+                                      143, "SIGTERM")
 
 
 def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
