@@ -14,12 +14,13 @@ setup(
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps in tests/security.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5"],
-        # GPU stacks: never installed by default, imported lazily where used.
+        # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the master's test
+        # writes tensorboard events.
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15"],
+        # Generation servers on GPUs (allocation_mode sglang.*): imported only by that backend.
         "sglang": ["sglang"],
-        "megatron": ["megatron-core"],
-        "ray": ["ray[default]"],
+        # Per-step logging, imported only when stats.tensorboard_path / stats.wandb_project is set.
+        "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb"],
     },
 )

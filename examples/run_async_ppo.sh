@@ -8,8 +8,4 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "${REPO_ROOT}/scripts/setup_env.sh"
 cd "${REPO_ROOT}"
-if [ ! -f training/main_async_ppo.py ]; then
-  echo "[run_async_ppo] training/main_async_ppo.py is not written yet (issue: training side and the end-to-end run)" >&2
-  exit 2
-fi
 exec "${REPO_ROOT}/.venv/bin/python" training/main_async_ppo.py "$@"

@@ -2,33 +2,67 @@
 
     python -m realhf.launch_server --model-path DIR --host 127.0.0.1 --port 30000 \\
         [--n-threads 1 --max-running-requests 256 --context-length 0 --dtype float32 \\
-         --kind auto --seed 1 --weight-version 0]
+         --kind auto --seed 1 --decode-attention auto --weight-version 0]
 
-`--port 0` picks a free port; the line `realhf.launch_server ready at http://HOST:PORT` on stderr
-says which. A few SGLang flags are accepted for drop-in use (`--skip-tokenizer-init` is implied;
-`--random-seed` = `--seed`; `--tp-size` must be 1). SIGINT/SIGTERM stop it cleanly.
+The engine options are the fields of `NativeEngineConfig` (same names, defaults and help; `--help`
+lists them). `--port 0` picks a free port; the line `realhf.launch_server ready at
+http://HOST:PORT` on stderr says which. A few SGLang flags are accepted for drop-in use
+(`--skip-tokenizer-init` is implied; `--random-seed` = `--seed`; `--tp-size` must be 1).
+SIGINT/SIGTERM stop it cleanly.
 """
 
 import argparse
+import dataclasses
 import signal
 import sys
+import typing
+from typing import Any, Dict, Optional, Sequence
 
+from realhf.api.choices import DECODE_ATTENTION, NATIVE_ENGINE_KINDS
+from realhf.api.cli_args import NativeEngineConfig
 from realhf.base import logging
+from realhf.base.dtypes import DTYPE_NAMES
+
+# Choice lists of NativeEngineConfig's str fields (the dataclass cannot carry them: see choices.py).
+_ENGINE_CHOICES = {"dtype": DTYPE_NAMES, "kind": NATIVE_ENGINE_KINDS, "decode_attention": DECODE_ATTENTION}
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, choices: Optional[Dict[str, Sequence]] = None,
+                          aliases: Optional[Dict[str, Sequence[str]]] = None) -> None:
+    """One `--field-name` option per field of the flat dataclass `cls`: its type, default and
+    `metadata["help"]`; `choices` and extra spellings (`aliases`) by field name."""
+    choices, aliases = choices or {}, aliases or {}
+    types = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = types[f.name]
+        if kind not in (int, float, str, bool):
+            raise TypeError(f"{cls.__name__}.{f.name}: only int/float/str/bool fields map to options, got {kind}")
+        flags = ["--" + f.name.replace("_", "-"), *aliases.get(f.name, ())]
+        help_ = f.metadata.get("help", "").replace("%", "%%")  # argparse %-formats help strings
+        kw: Dict[str, Any] = dict(dest=f.name, default=f.default, help=f"{help_} (default: %(default)s)")
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = kind
+            if f.name in choices:
+                kw["choices"] = list(choices[f.name])
+        parser.add_argument(*flags, **kw)
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace):
+    """`cls` built from the options `add_dataclass_options(parser, cls)` parsed."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m realhf.launch_server", description=__doc__.split("\n")[0])
     p.add_argument("--model-path", required=True, help="HF model directory (config.json + safetensors)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=30000, help="0: a free port")
-    p.add_argument("--n-threads", type=int, default=1, help="torch threads")
-    p.add_argument("--max-running-requests", type=int, default=256, help="KV-cache slots")
-    p.add_argument("--context-length", type=int, default=0, help="tokens per slot; 0: the model's maximum")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--kind", default="auto", choices=["auto", "static_kv", "hf"])
-    p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=1)
-    p.add_argument("--weight-version", type=int, default=0)
-    p.add_argument("--served-model-name", default="")
+    add_dataclass_options(p.add_argument_group("engine (NativeEngineConfig)"), NativeEngineConfig,
+                          choices=_ENGINE_CHOICES, aliases={"seed": ["--random-seed"]})
+    p.add_argument("--weight-version", type=int, default=0, help="version reported until the first weight update")
+    p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
     p.add_argument("--tp-size", type=int, default=1, help="accepted for SGLang compatibility; must be 1")
@@ -48,13 +82,13 @@ def main(argv=None) -> int:
 
     import uvicorn
 
-    from realhf.impl.inference.engine import create_engine
+    from realhf.impl.inference.factory import create_engine_from_config
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import listening_socket
 
-    engine = create_engine(args.model_path, kind=args.kind, max_running_requests=args.max_running_requests,
-                           context_length=args.context_length, dtype=args.dtype, n_threads=args.n_threads,
-                           seed=args.seed, weight_version=args.weight_version, name="engine")
+    engine_config = dataclass_from_args(NativeEngineConfig, args)
+    engine = create_engine_from_config(args.model_path, engine_config, weight_version=args.weight_version,
+                                       name="engine")
     sock = listening_socket(args.host, args.port, "realhf.launch_server")
     try:
         port = sock.getsockname()[1]

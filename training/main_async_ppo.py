@@ -19,14 +19,22 @@ import sys
 from typing import Dict, List, Optional
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.config_help import help_text
 from realhf.base import logging
-from realhf.experiments.async_ppo_math import ConfigError, TrialPaths, initial_setup, recover_info, trial_paths
-from realhf.scheduler.local import LauncherError, LauncherInterrupted, LocalLauncher, WorkerFailedError
+from realhf.base.trial_files import TrialFiles, latest_published, published_weights_dir, read_metrics
+from realhf.experiments.async_ppo_math import (
+    ConfigError,
+    initial_setup,
+    recover_checkpoint,
+    recover_info,
+    trial_files_of,
+)
+from realhf.experiments.config_loading import compose_config, register_schema
+from realhf.scheduler.local import LocalLauncher
+from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError
 
 logger = logging.getLogger("main_async_ppo")
 
@@ -52,19 +60,8 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
     return out
 
 
-def latest_weights(paths: TrialPaths) -> Optional[str]:
-    if not os.path.isdir(paths.param_realloc):
-        return None
-    versions = [int(d) for d in os.listdir(paths.param_realloc) if d.isdigit()]
-    return os.path.join(paths.param_realloc, str(max(versions))) if versions else None
-
-
-def read_metrics(paths: TrialPaths) -> List[dict]:
-    path = os.path.join(paths.log_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def latest_weights(files: TrialFiles) -> Optional[str]:
+    return latest_published(str(published_weights_dir(files.run_dir, "actor")))[0]
 
 
 def reward_curve(metrics: List[dict], n_rows: int = 10) -> str:
@@ -89,11 +86,11 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    paths = trial_paths(cfg)
+    paths = trial_files_of(cfg)
     resumed = recover_info(cfg)
     if resumed is not None:
         print(f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
-              f"(version {resumed['version']}) from {paths.recover_checkpoint}", flush=True)
+              f"(version {resumed['version']}) from {recover_checkpoint(cfg)}", flush=True)
     if cfg.recover_mode == "disabled":
         # A fresh run of a trial name replaces what an earlier run of it left behind.
         shutil.rmtree(paths.run_dir, ignore_errors=True)
@@ -126,7 +123,7 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     finally:
         launcher.stop_all()
 
-    metrics = read_metrics(paths)
+    metrics = read_metrics(paths.log_dir)
     print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
     final = latest_weights(paths)
     if cfg.evaluation.n_prompts > 0 and final is not None:
@@ -142,13 +139,8 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     return 0
 
 
-ConfigStore.instance().store(name="async_ppo_schema", node=AsyncPPOMATHConfig)
-ConfigStore.instance().store(
-    group="hydra/help", name="realhf",
-    node={"app_name": "main_async_ppo", "header": "", "footer": "", "template": help_text(
-        AsyncPPOMATHConfig, "python training/main_async_ppo.py [key=value ...]",
-        "Asynchronous PPO on math prompts. Defaults: training/configs/async-ppo.yaml.")},
-)
+USAGE = "python training/main_async_ppo.py [key=value ...]"
+register_schema()
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="async-ppo")
@@ -160,4 +152,9 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    if "--help" in args or "-h" in args:  # the values this run would use: YAML and overrides merged
+        overrides = [a for a in args if a not in ("--help", "-h")]
+        print(help_text(compose_config(overrides), "main_async_ppo: asynchronous PPO on math prompts.", USAGE))
+        sys.exit(0)
     main()

@@ -30,7 +30,8 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from realhf.api.cli_args import SFTConfig
-from realhf.impl.dataset.prompt_dataset import PromptRow, PromptSampler, load_jsonl_prompts
+from realhf.api.prompt import PromptRow
+from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
 from realhf.impl.evaluation import evaluate_math_accuracy
 

@@ -1,4 +1,4 @@
-"""The Agent interface: one prompt in, one trajectory (prompt group) out (DESIGN §6, §8).
+"""The Agent interface: one prompt in, one trajectory (prompt group) out (docs/architecture.md §6, §8).
 
     traj = await agent.collect_trajectory(prompt, env, client)   # None: filtered out
 
@@ -15,9 +15,9 @@ path (`agent.type=my_pkg.agents:MyAgent`). A class is constructed as
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple, Type
+from typing import Any, Callable, List, Optional, Type
 
+from realhf.api.prompt import Prompt  # noqa: F401  (agents import it from here)
 from realhf.api.trajectory import Trajectory
 from realhf.base.importing import ClassRegistry
 
@@ -26,18 +26,6 @@ _BUILTIN_PATHS = {
     "math-multi-turn": "realhf.impl.agent.math_multi_turn:MathMultiTurnAgent",
 }
 _REGISTRY = ClassRegistry("agent", "agent.type", _BUILTIN_PATHS)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A dataset row (PromptRow fields) as an episode sees it."""
-
-    qid: str  # the rollout's id: unique among in-flight rollouts (query_id + epoch)
-    query_id: str
-    prompt: str
-    prompt_ids: Tuple[int, ...]
-    solutions: Tuple[str, ...]
-    task: str = "math"
 
 
 class Agent(abc.ABC):

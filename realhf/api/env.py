@@ -1,4 +1,4 @@
-"""The Environment interface: an async, gym-like grader of an agent's actions (DESIGN §8).
+"""The Environment interface: an async, gym-like grader of an agent's actions (docs/architecture.md §8).
 
     obs, info = await env.reset(prompt)
     obs, reward, done, info = await env.step(action)

@@ -1,4 +1,4 @@
-"""The trajectory message: one finished prompt group, rollout worker → trainer (DESIGN §6).
+"""The trajectory message: one finished prompt group, rollout worker → trainer (docs/architecture.md §6).
 
 On the wire it is a plain msgpack map (`to_msg` / `from_msg`), never a pickled object:
 
@@ -126,7 +126,7 @@ class Trajectory:
     def __post_init__(self):
         self.prompt_ids = _int_array(self.prompt_ids, f"{self.qid!r}.prompt_ids")
 
-    # ---- staleness (DESIGN §4) ----------------------------------------------------------------
+    # ---- staleness (docs/architecture.md §4) ----------------------------------------------------------------
     def _trained_versions(self) -> np.ndarray:
         parts = [s.versions[s.loss_mask != 0] for s in self.samples]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
@@ -148,7 +148,7 @@ class Trajectory:
 
     # ---- wire format --------------------------------------------------------------------------
     def to_msg(self) -> Dict[str, Any]:
-        """Token-level fields travel as numpy arrays (one msgpack binary each, DESIGN §6): a
+        """Token-level fields travel as numpy arrays (one msgpack binary each, docs/architecture.md §6): a
         2k-token sample as lists would cost tens of thousands of msgpack items each way."""
         return {
             "qid": self.qid,

@@ -9,6 +9,7 @@ import sys
 
 from omegaconf import OmegaConf
 
+from realhf.api.validation import validate_worker_config
 from realhf.base import logging
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext
@@ -21,6 +22,7 @@ def load_worker(config_path: str):
     config = None
     if cls.config_cls is not None:
         config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls.config_cls), raw.get("config") or {}))
+        validate_worker_config(config)  # the rules the entry point applied, held again at this entry
     return cls(ctx, config)
 
 

@@ -1,4 +1,4 @@
-"""`allocation_mode`: where generation servers and the trainer run (DESIGN §8).
+"""`allocation_mode`: where generation servers and the trainer run (docs/architecture.md §8).
 
 Grammar:
 

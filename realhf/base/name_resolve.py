@@ -1,6 +1,6 @@
 """Name resolve: the small key/value service through which realhf processes find each other.
 
-Two backends behind one API (DESIGN §3): `redis` (a real redis-server shared by every process of
+Two backends behind one API (docs/architecture.md §3): `redis` (a real redis-server shared by every process of
 a trial) and `memory` (one process; unit tests). `make_repository(config)` builds one;
 `reconfigure(config)` sets the process-wide repository used by the module-level functions.
 
@@ -14,9 +14,8 @@ import time
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
-from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging
 from realhf.base.network import redact_url
 
@@ -27,6 +26,13 @@ _WAIT_POLL_S = 0.05
 
 class NameResolveError(Exception):
     pass
+
+
+class NameResolveSettings(Protocol):
+    """What a repository is built from (`cluster.name_resolve` in the config tree)."""
+
+    type: str
+    redis_url: str
 
 
 class NameEntryExistsError(NameResolveError):
@@ -51,7 +57,7 @@ def _in_subtree(key: str, prefix: str) -> bool:
 
 
 class NameRecordRepository(ABC):
-    """The API of DESIGN §3; backends implement the primitive `_set/_get/_keys/_del/_touch`."""
+    """The API of docs/architecture.md §3; backends implement the primitive `_set/_get/_keys/_del/_touch`."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -330,7 +336,7 @@ class RedisNameRecordRepository(NameRecordRepository):
         self._redis.close()
 
 
-def make_repository(config: NameResolveConfig) -> NameRecordRepository:
+def make_repository(config: NameResolveSettings) -> NameRecordRepository:
     if config.type == "memory":
         return MemoryNameRecordRepository()
     if config.type == "redis":
@@ -349,7 +355,7 @@ _live_repositories: "weakref.WeakSet[NameRecordRepository]" = weakref.WeakSet()
 _default: NameRecordRepository = MemoryNameRecordRepository()
 
 
-def reconfigure(config: NameResolveConfig) -> NameRecordRepository:
+def reconfigure(config: NameResolveSettings) -> NameRecordRepository:
     """Make a repository for `config` the process-wide one (the previous one is closed)."""
     global _default
     new = make_repository(config)

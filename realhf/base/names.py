@@ -1,4 +1,4 @@
-"""Name-resolve keys, one helper per key of DESIGN §3.
+"""Name-resolve keys, one helper per key of docs/architecture.md §3.
 
 Every key lives under `{experiment}/{trial}/` so that concurrent trials never see each other.
 """

@@ -3,7 +3,7 @@
 Supported values: nested dicts / lists / tuples of None, bool, int, float, str, bytes, numpy
 arrays of any numeric, bool or datetime dtype and shape, CPU torch tensors, and numpy scalars.
 Arrays and tensors travel as msgpack extension types whose payload is the map
-`{dtype, shape, data}` (DESIGN §6), so any msgpack reader can decode them.
+`{dtype, shape, data}` (docs/architecture.md §6), so any msgpack reader can decode them.
 
 Round-trip rules: arrays and tensors come back with the same dtype, shape and bytes; numpy
 arrays are read-only views of the received message (no copy: a trajectory's token arrays are

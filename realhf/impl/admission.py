@@ -1,4 +1,4 @@
-"""The staleness rule: when may one more rollout (prompt group) start? (DESIGN §4)
+"""The staleness rule: when may one more rollout (prompt group) start? (docs/architecture.md §4)
 
 With B prompt groups per train step, staleness bound η and trainer version v:
 

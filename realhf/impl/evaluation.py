@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from realhf.impl.dataset.prompt_dataset import PromptRow
+from realhf.api.prompt import PromptRow
 from realhf.impl.environment.math_grader import MathGrader
 
 GenerateFn = Callable[[List[List[int]], float, int], List[List[int]]]

@@ -1,4 +1,4 @@
-"""Which generation server gets a prompt group? (DESIGN §5)
+"""Which generation server gets a prompt group? (docs/architecture.md §5)
 
 Rule, in order:
   1. Affinity: if the group's previous server is still known and the weights have not changed
@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Hashable, Iterable, List, Optional
 
-POLICIES = ("round_robin", "least_requests", "least_token_usage")
+from realhf.api.choices import SCHEDULE_POLICIES as POLICIES
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import psutil
@@ -33,51 +33,17 @@ from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
 from realhf.base.process import die_with_parent, process_tree
 from realhf.base.redis_server import RedisServer
+from realhf.base.trial_files import TrialFiles
+from realhf.scheduler.worker_spec import (
+    DEFAULT_WORKER_ENV,
+    LauncherError,
+    LauncherInterrupted,
+    WorkerFailedError,
+    WorkerSpec,
+)
 from realhf.system.worker_base import STATUS_ABORTED, STATUS_COMPLETE, STATUS_RUNNING, WorkerContext
 
 logger = logging.getLogger("launcher")
-
-# Each worker sets its own torch thread count from config; these keep numpy/BLAS from spawning
-# one thread per core in every process of a 2-core machine.
-_DEFAULT_WORKER_ENV = {
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "PYTHONUNBUFFERED": "1",
-}
-
-
-@dataclass
-class WorkerSpec:
-    """`count` workers of one type; `configs[i]` is the config dataclass of worker i."""
-
-    worker_type: str
-    count: int
-    configs: List[Any] = field(default_factory=list)
-    worker_class: str = ""  # default: the built-in class of `worker_type`
-    env: Dict[str, str] = field(default_factory=dict)
-    echo_log: bool = False  # copy this worker's log lines to the launcher's console
-    restart: bool = False  # restart a worker of this spec that dies while the trial runs
-    max_restarts: int = 3  # per worker; the next death after this many restarts fails the trial
-    restart_backoff: float = 1.0  # seconds before restart k+1 is backoff·2^k (capped at 30 s)
-
-
-class LauncherError(RuntimeError):
-    pass
-
-
-class WorkerFailedError(LauncherError):
-    def __init__(self, worker: str, reason: str, log_path: str, log_tail: str):
-        super().__init__(f"worker {worker} failed: {reason} (log: {log_path})")
-        self.worker, self.reason, self.log_path, self.log_tail = worker, reason, log_path, log_tail
-
-
-class LauncherInterrupted(LauncherError):
-    def __init__(self, signum: int):
-        super().__init__(f"launcher received {signal.Signals(signum).name}")
-        self.signum = signum
-
 
 @dataclass
 class _Proc:
@@ -164,7 +130,7 @@ class LocalLauncher:
                  heartbeat_grace: float = 5.0):
         self.experiment_name = experiment_name
         self.trial_name = trial_name
-        self.log_dir = os.path.join(os.path.abspath(fileroot), "logs", experiment_name, trial_name)
+        self.log_dir = TrialFiles(fileroot, experiment_name, trial_name).log_dir
         self.name_resolve_config = dataclasses.replace(name_resolve_config or NameResolveConfig())
         self.startup_timeout = startup_timeout
         self.exit_grace = exit_grace
@@ -220,7 +186,7 @@ class LocalLauncher:
         if len(configs) != spec.count:
             raise LauncherError(f"{spec.worker_type}: {spec.count} workers but {len(configs)} configs")
         env = dict(os.environ)
-        env.update(_DEFAULT_WORKER_ENV)
+        env.update(DEFAULT_WORKER_ENV)
         env.update(spec.env)
         for index, config in enumerate(configs):
             self._spawn(spec, index, config, env)

@@ -1,4 +1,4 @@
-"""What an agent calls to generate: manager-routed, chunked, resumable requests (DESIGN §5).
+"""What an agent calls to generate: manager-routed, chunked, resumable requests (docs/architecture.md §5).
 
     result = await client.generate(qid, prompt_ids, gconfig, group_size)
 
@@ -20,15 +20,15 @@ without progress. With one server only, that is how rollouts wait for its restar
 All samples of a group share one route (url, version): their scheduling calls are serialised per
 group, so the second sample already passes the first one's server as `previous_server_url`.
 
-One kept-alive aiohttp session serves every call of a worker (NOTES: aiohttp ≫ httpx at 64+
-concurrent requests). Every call has a timeout whose error names the URL.
+One kept-alive aiohttp session serves every call of a worker, those to the manager included
+(`.manager`, a `ManagerClient` on the same session; NOTES: aiohttp ≫ httpx at 64+ concurrent
+requests). Every call has a timeout whose error names the URL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -37,21 +37,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import aiohttp
 
 from realhf.base import logging
+from realhf.system.http_json import GenerationError, ServerUnavailableError, post_json
+from realhf.system.manager_client import ManagerClient
 
 logger = logging.getLogger("generation_client")
-
-
-
-class GenerationError(RuntimeError):
-    pass
-
-
-class ServerUnavailableError(GenerationError):
-    """The peer could not be reached (`status` None) or said it cannot serve now (HTTP 502/503)."""
-
-    def __init__(self, message: str, status: Optional[int] = None):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -75,18 +64,20 @@ class _Route:
 
 
 class GenerationClient:
+    """Generation for one worker's episodes. `.manager` is the `ManagerClient` it schedules
+    through, on the same session; the worker admits and finishes rollouts with it."""
+
     def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
                  manager_timeout: float = 30.0, eos_token_id: Optional[int] = None,
                  server_wait_timeout: float = 300.0):
         if new_tokens_per_chunk < 0:
             raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
-        self.manager_url = manager_url.rstrip("/")
         self.new_tokens_per_chunk = new_tokens_per_chunk
         self.request_timeout = request_timeout
-        self.manager_timeout = manager_timeout
         self.eos_token_id = eos_token_id
         self.server_wait_timeout = server_wait_timeout
         self._session: Optional[aiohttp.ClientSession] = None
+        self.manager = ManagerClient(manager_url, self.session, manager_timeout)
         self._routes: Dict[str, _Route] = {}
         self._rids = itertools.count()
         self._rid_prefix = f"{os.getpid()}-{id(self):x}"
@@ -114,37 +105,17 @@ class GenerationClient:
             await self._session.close()
             self._session = None
 
-    async def post_json(self, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-        return await post_json(self.session(), url, body, timeout)
-
-    # ---- the manager --------------------------------------------------------------------------
-    async def allocate_rollout(self, qid: str) -> Tuple[bool, str]:
-        r = await self.post_json(f"{self.manager_url}/allocate_rollout", {"qid": qid}, self.manager_timeout)
-        return bool(r.get("success")), str(r.get("reason", ""))
-
-    async def finish_rollout(self, qid: str, accepted: bool, n_tokens: int = 0) -> None:
-        self._routes.pop(qid, None)
-        await self.post_json(f"{self.manager_url}/finish_rollout",
-                             {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens)}, self.manager_timeout)
-
+    # ---- a group's route -----------------------------------------------------------------------
     def forget(self, qid: str) -> None:
-        """Drop the group's route (the episode ended)."""
+        """Drop the group's route (the episode ended; call before `manager.finish_rollout`)."""
         self._routes.pop(qid, None)
         self._warned.pop(qid, None)
 
     async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int) -> Tuple[str, int]:
         route = self._routes.setdefault(qid, _Route())
         async with route.lock:
-            r = await self.post_json(
-                f"{self.manager_url}/schedule_request",
-                {"qid": qid, "prompt_len": prompt_len, "group_size": group_size, "new_token_budget": budget,
-                 "previous_server_url": route.url, "previous_version": route.version},
-                self.manager_timeout,
-            )
-            try:
-                route.url, route.version = str(r["url"]), int(r["version"])
-            except (KeyError, TypeError, ValueError):
-                raise GenerationError(f"{self.manager_url}/schedule_request answered {r!r}; expected {{url, version}}") from None
+            route.url, route.version = await self.manager.schedule_request(
+                qid, prompt_len, group_size, budget, previous_url=route.url, previous_version=route.version)
             return route.url, route.version
 
     # ---- generation ---------------------------------------------------------------------------
@@ -252,32 +223,8 @@ class GenerationClient:
         body = {"input_ids": input_ids, "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
                 "return_logprob": True, "rid": rid}
         self.n_generate_calls += 1
-        r = await self.post_json(f"{url}/generate", body, self.request_timeout)
+        r = await post_json(self.session(), f"{url}/generate", body, self.request_timeout)
         return parse_generate_response(url, r)
-
-
-async def post_json(session: aiohttp.ClientSession, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """POST JSON, return the JSON answer; errors name the URL (and the server's message)."""
-    try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            text = await r.text()
-            if r.status in (502, 503):
-                raise ServerUnavailableError(f"POST {url} returned HTTP {r.status}: {text[:300]}", r.status)
-            if r.status != 200:
-                raise GenerationError(f"POST {url} returned HTTP {r.status}: {text[:300]}")
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"POST {url}: no answer within {timeout:.1f}s") from None
-    except aiohttp.ClientConnectionError as e:  # refused, reset, dropped mid-answer
-        raise ServerUnavailableError(f"POST {url} failed: {type(e).__name__}: {e}") from None
-    except aiohttp.ClientError as e:
-        raise GenerationError(f"POST {url} failed: {type(e).__name__}: {e}") from None
-    try:
-        answer = json.loads(text)
-    except ValueError:
-        raise GenerationError(f"POST {url} answered with non-JSON: {text[:200]!r}") from None
-    if not isinstance(answer, dict):
-        raise GenerationError(f"POST {url} answered with {type(answer).__name__}, expected a JSON object")
-    return answer
 
 
 def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], List[float], str, Optional[int]]:

@@ -1,4 +1,4 @@
-"""GenerationServer worker: one inference server behind the SGLang protocol (DESIGN §2, §5).
+"""GenerationServer worker: one inference server behind the SGLang protocol (docs/architecture.md §2, §5).
 
     configure: pick the weights: the latest version published under `weights_root` (named by
                `model_version/<role>`), so a restarted server rejoins with the current weights,
@@ -19,28 +19,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Optional, Tuple
+from typing import Tuple
 
-from realhf.api.cli_args import GenerationServerConfig, validate_generation_server_config
+from realhf.api.worker_configs import GenerationServerConfig
 from realhf.base import name_resolve, names
 from realhf.base.network import find_free_port, host_for_peers
+from realhf.base.trial_files import latest_published
 from realhf.system.worker_base import Worker
 
 _STATUS_LOG_INTERVAL = 30.0
-
-
-def latest_published(weights_root: str, version: int) -> Tuple[Optional[str], int]:
-    """The newest complete published version <= `version` under `weights_root` (`<root>/<v>/`
-    with a config.json; the trainer renames whole directories into place), or (None, 0)."""
-    try:
-        found = sorted((int(d) for d in os.listdir(weights_root) if d.isdigit() and int(d) <= version), reverse=True)
-    except FileNotFoundError:
-        return None, 0
-    for v in found:
-        path = os.path.join(weights_root, str(v))
-        if os.path.isfile(os.path.join(path, "config.json")):
-            return path, v
-    return None, 0
 
 
 class GenerationServer(Worker):
@@ -50,7 +37,6 @@ class GenerationServer(Worker):
         self._engine = self._server = self._sglang = None
         self._key = None
         cfg: GenerationServerConfig = self.config
-        validate_generation_server_config(cfg)
         seed = cfg.seed + self.ctx.worker_index
         if cfg.backend == "native":
             port = self._start_native_current(cfg, seed)
@@ -75,7 +61,7 @@ class GenerationServer(Worker):
                                                                cfg.model_role)))
         except name_resolve.NameEntryNotFoundError:
             return cfg.model_path, cfg.weight_version
-        path, found = latest_published(cfg.weights_root, version)
+        path, found = latest_published(cfg.weights_root, at_most=version)
         if path is None:
             self.logger.warning(f"model_version/{cfg.model_role}={version} but nothing is published under "
                                 f"{cfg.weights_root}; serving {cfg.model_path} (the manager will update it)")
@@ -101,7 +87,7 @@ class GenerationServer(Worker):
         raise AssertionError("unreachable")
 
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
-        from realhf.impl.inference.engine import create_engine_from_config
+        from realhf.impl.inference.factory import create_engine_from_config
         from realhf.impl.inference.server_app import create_app
         from realhf.system.http_thread import HttpServerThread
 

@@ -13,41 +13,38 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
                                                          per-server load and version, throughput
     GET  /metrics                                      → the same, Prometheus text format
 
-Admission is `realhf.impl.admission.StalenessManager` (DESIGN §4), routing
-`realhf.impl.routing.Router`, weight updates `realhf.system.weight_update`. This file only wires
-them to HTTP and to name resolve: a watcher coroutine, in the same event loop as the app, reads
-`model_version/<role>` and `stale_dropped` every `poll_interval` s (a missing key counts as 0),
-refreshes the server list under `gen_servers/` (routing only to servers that answer `/health`:
-a killed server is dropped within ~`max_health_failures · health_check_interval` s, a
-restarted one joins at the weight version it reports), and starts a sequential weight-update round when
-servers are behind. Nothing in a request handler does I/O, so admission keeps answering while a
-server is being updated.
+What each endpoint does is `realhf.system.manager_service.ManagerService` (admission docs/architecture.md §4,
+routing, server health, weight versions). This file wires it to HTTP and to name resolve: a
+watcher coroutine, in the same event loop as the app, every `poll_interval` s
+
+    reads `model_version/<role>` and `stale_dropped` (a missing key counts as 0),
+    routes to the servers registered under `gen_servers/` that answer `/health` (a killed server
+        is dropped within ~`max_health_failures · health_check_interval` s, a restarted one
+        joins at the weight version it reports),
+    starts a sequential weight-update round (`realhf.system.weight_update`) when servers are behind.
+
+Health checks and update rounds run in tasks of their own, so the watcher and the handlers keep
+answering while a server is being updated.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import aiohttp
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from realhf.api.cli_args import GserverManagerConfig
-from realhf.base import logging, name_resolve, names
-from realhf.impl.admission import StalenessManager
-from realhf.impl.routing import Router
+from realhf.api.worker_configs import GserverManagerConfig
+from realhf.base import name_resolve, names
 from realhf.system.http_thread import HttpServerThread
-from realhf.system.weight_update import WeightUpdater
+from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
+from realhf.system.manager_service import ManagerService
 from realhf.system.worker_base import Worker
-
-logger = logging.getLogger("gserver_manager")
-
-THROUGHPUT_WINDOW_S = 60.0
 
 
 # ---- request bodies --------------------------------------------------------------------------
@@ -72,222 +69,6 @@ class FinishRequest(BaseModel):
 
 class AbandonRequest(BaseModel):
     qids: List[str] = Field(max_length=100_000)
-
-
-class _Version:
-    """The trainer version as last read by the watcher (handlers never do I/O)."""
-
-    def __init__(self):
-        self.value = 0
-
-    def get_version(self) -> int:
-        return self.value
-
-
-class ManagerService:
-    """Admission + routing + weight versions + counters; no sockets."""
-
-    def __init__(self, config: GserverManagerConfig, server_urls: List[str]):
-        self.config = config
-        self.version = _Version()
-        self.admission = StalenessManager(config.max_concurrent_rollouts, config.train_batch_size,
-                                          config.max_head_offpolicyness, self.version,
-                                          accepted=config.trained_groups_at_start)
-        self.router = Router(config.schedule_policy, server_urls)
-        self.updater = WeightUpdater(config.fileroot, config.model_role, config.update_timeout)
-        self.updater.set_servers(server_urls)
-        self.t0 = time.monotonic()
-        self.n_finished = 0
-        self.n_filtered = 0
-        self.total_tokens = 0
-        self._recent = collections.deque()  # (time, n_tokens) of finished rollouts
-        self._healthy = set(server_urls)  # answered /health (the initial servers are trusted)
-        self._health_failures: Dict[str, int] = {}  # url -> failed checks in a row
-        self._reported_versions: Dict[str, int] = {}  # url -> weight version it reported on joining
-        self.n_servers_dropped = 0
-        self.n_abandoned = 0
-
-    # ---- handlers' logic ----------------------------------------------------------------------
-    def allocate(self, qid: str) -> dict:
-        d = self.admission.allocate(qid)
-        return {"success": d.success, "reason": d.reason}
-
-    def schedule(self, r: ScheduleRequest) -> dict:
-        if not self.admission.is_running(r.qid):
-            # Routing it would count load on a server until a /finish_rollout that never comes.
-            raise KeyError(f"schedule_request({r.qid!r}): no running rollout with this qid "
-                           "(call /allocate_rollout first, or it already finished)")
-        version = self.version.value
-        url = self.router.schedule(r.qid, r.prompt_len, r.group_size, r.new_token_budget,
-                                   previous_url=r.previous_server_url, previous_version=r.previous_version,
-                                   current_version=version)
-        return {"url": url, "version": version}
-
-    def finish(self, qid: str, accepted: bool, n_tokens: int) -> dict:
-        self.admission.finish(qid, accepted)  # KeyError: never allocated or already finished
-        self.router.release(qid)
-        now = time.monotonic()
-        self.n_finished += 1
-        self.n_filtered += 0 if accepted else 1
-        self.total_tokens += n_tokens
-        self._recent.append((now, n_tokens))
-        return {"success": True}
-
-    def abandon(self, qids: List[str]) -> dict:
-        """Free the slots of rollouts that died with their worker (a restarted rollout worker
-        reports its previous incarnation's in-flight qids); unknown qids are ignored."""
-        running = self.admission.running_qids()
-        done = [q for q in dict.fromkeys(qids) if q in running]
-        for qid in done:
-            self.admission.abandon(qid)
-            self.router.release(qid)
-        self.n_abandoned += len(done)
-        if done:
-            logger.info(f"abandoned {len(done)} rollouts of a dead worker: {done[:5]}{' ...' if len(done) > 5 else ''}")
-        return {"abandoned": len(done), "unknown": len(set(qids)) - len(done)}
-
-    def _throughput(self) -> dict:
-        now = time.monotonic()
-        while self._recent and now - self._recent[0][0] > THROUGHPUT_WINDOW_S:
-            self._recent.popleft()
-        window = min(THROUGHPUT_WINDOW_S, max(now - self.t0, 1e-6))
-        return {
-            "window_s": round(window, 1),
-            "tokens_per_s": sum(n for _, n in self._recent) / window,
-            "rollouts_per_s": len(self._recent) / window,
-            "total_tokens": self.total_tokens,
-            "finished": self.n_finished,
-            "filtered": self.n_filtered,
-        }
-
-    def status(self) -> dict:
-        s = self.admission.status()
-        loads = self.router.loads()
-        s["servers"] = [
-            {"url": url, "requests": load.requests, "tokens": load.tokens,
-             "version": self.updater.versions.get(url), "updating": self.updater.updating == url}
-            for url, load in loads.items()
-        ]
-        s["schedule_policy"] = self.router.policy
-        s["unhealthy_servers"] = sorted(self._health_failures)
-        s["servers_dropped"] = self.n_servers_dropped
-        s["abandoned"] = self.n_abandoned
-        s["weight_updates"] = {"done": self.updater.n_updates, "failed": self.updater.n_failures,
-                               "last_error": self.updater.last_error}
-        s["throughput"] = self._throughput()
-        return s
-
-    def metrics_text(self) -> str:
-        s = self.status()
-        lines = [
-            "# TYPE realhf_manager_version gauge", f"realhf_manager_version {s['version']}",
-            "# TYPE realhf_manager_running_rollouts gauge", f"realhf_manager_running_rollouts {s['running']}",
-            "# TYPE realhf_manager_accepted_rollouts_total counter",
-            f"realhf_manager_accepted_rollouts_total {s['accepted']}",
-            "# TYPE realhf_manager_stale_dropped_total counter", f"realhf_manager_stale_dropped_total {s['stale_dropped']}",
-            "# TYPE realhf_manager_capacity gauge", f"realhf_manager_capacity {s['capacity']}",
-            "# TYPE realhf_manager_rejections_total counter",
-        ]
-        lines += [f'realhf_manager_rejections_total{{reason="{r}"}} {n}' for r, n in s["rejections"].items()]
-        lines += ["# TYPE realhf_manager_generated_tokens_total counter",
-                  f"realhf_manager_generated_tokens_total {s['throughput']['total_tokens']}",
-                  "# TYPE realhf_manager_server_requests gauge"]
-        lines += [f'realhf_manager_server_requests{{url="{x["url"]}"}} {x["requests"]}' for x in s["servers"]]
-        lines += ["# TYPE realhf_manager_server_tokens gauge"]
-        lines += [f'realhf_manager_server_tokens{{url="{x["url"]}"}} {x["tokens"]}' for x in s["servers"]]
-        lines += ["# TYPE realhf_manager_server_version gauge"]
-        lines += [f'realhf_manager_server_version{{url="{x["url"]}"}} {x["version"]}' for x in s["servers"]]
-        return "\n".join(lines) + "\n"
-
-    # ---- the watcher --------------------------------------------------------------------------
-    async def watch(self, read_version: Callable[[], int], read_stale_dropped: Callable[[], int],
-                    list_servers: Callable[[], List[str]]) -> None:
-        """Poll versions and servers; run weight-update rounds and health checks in tasks of
-        their own. Routed servers = registered under gen_servers/ (a dead server's keep-alive
-        entry expires) ∩ answering /health (a SIGKILLed one stops at once)."""
-        update_task: Optional[asyncio.Task] = None
-        health_task: Optional[asyncio.Task] = None
-        next_health = 0.0
-        async with aiohttp.ClientSession() as session:
-            try:
-                while True:
-                    version = read_version()
-                    if version > self.version.value:
-                        logger.info(f"model version {self.version.value} → {version}")
-                        self.version.value = version
-                    stale = read_stale_dropped()
-                    if stale > self.admission.status()["stale_dropped"]:
-                        self.admission.set_stale_dropped(stale)
-                    urls = list_servers()
-                    self._route_to([u for u in urls if u in self._healthy])
-                    if health_task is not None and health_task.done():
-                        health_task = None
-                    if health_task is None and time.monotonic() >= next_health:
-                        next_health = time.monotonic() + self.config.health_check_interval
-                        health_task = asyncio.create_task(self.check_health(session, urls))
-                    if update_task is not None and update_task.done():
-                        update_task = None
-                    if update_task is None and self.updater.due(self.version.value):
-                        update_task = asyncio.create_task(self.updater.run_round(session, self.version.get_version))
-                    await asyncio.sleep(self.config.poll_interval)
-            finally:
-                for task in (update_task, health_task):
-                    if task is not None:
-                        task.cancel()
-                        await asyncio.gather(task, return_exceptions=True)
-
-    def _route_to(self, urls: List[str]) -> None:
-        """Make `urls` the routed servers; a server new to routing starts at the weight version
-        it reported (a restarted server loads the current weights itself)."""
-        old = self.router.servers()
-        if set(urls) == set(old):
-            return
-        self.router.set_servers(urls)
-        self.updater.set_servers(urls)
-        for url in set(urls) - set(old):
-            if url in self._reported_versions:
-                self.updater.versions[url] = self._reported_versions[url]
-        logger.info(f"routed generation servers: {old} → {urls}"
-                    + ("" if urls else " (none alive: rollouts wait for a server to come back)"))
-
-    async def check_health(self, session: aiohttp.ClientSession, urls: List[str]) -> None:
-        """GET /health of every registered server; `max_health_failures` failures in a row drop
-        a server from routing, one success brings it (back) in."""
-        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout)
-
-        async def probe(url: str) -> bool:
-            try:
-                async with session.get(f"{url}/health", timeout=timeout) as r:
-                    if r.status != 200:
-                        return False
-                if url not in self._healthy:  # new or returning: which weights does it hold?
-                    async with session.get(f"{url}/get_model_info", timeout=timeout) as r:
-                        info = await r.json(content_type=None) if r.status == 200 else {}
-                    version = info.get("weight_version") if isinstance(info, dict) else None
-                    if isinstance(version, int) and version >= 0:
-                        self._reported_versions[url] = version
-                return True
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                return False
-
-        results = await asyncio.gather(*(probe(u) for u in urls))
-        for url, ok in zip(urls, results):
-            if ok:
-                self._health_failures.pop(url, None)
-                if url not in self._healthy:
-                    self._healthy.add(url)
-                    logger.info(f"generation server {url} is up (weight version "
-                                f"{self._reported_versions.get(url, 'unknown')})")
-                continue
-            n = self._health_failures[url] = self._health_failures.get(url, 0) + 1
-            if n >= self.config.max_health_failures and url in self._healthy:
-                self._healthy.discard(url)
-                self.n_servers_dropped += 1
-                logger.warning(f"generation server {url} failed {n} health checks in a row; dropped from routing")
-        for url in (self._healthy | set(self._health_failures)) - set(urls):  # deregistered or expired
-            self._healthy.discard(url)
-            self._health_failures.pop(url, None)
-            self._reported_versions.pop(url, None)
 
 
 def _describe_validation_errors(errors) -> str:
@@ -315,7 +96,8 @@ def create_app(service: ManagerService) -> FastAPI:
     @app.post("/schedule_request")
     async def schedule_request(req: ScheduleRequest):
         try:
-            return service.schedule(req)
+            return service.schedule(req.qid, req.prompt_len, req.group_size, req.new_token_budget,
+                                    req.previous_server_url, req.previous_version)
         except KeyError as e:
             raise HTTPException(409, str(e.args[0]) if e.args else str(e))
         except RuntimeError as e:  # no generation server registered
@@ -338,9 +120,67 @@ def create_app(service: ManagerService) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(service.metrics_text())
+        return Response(render_metrics(service.status()), media_type=METRICS_CONTENT_TYPE)
 
     return app
+
+
+# ---- the watcher ----------------------------------------------------------------------------
+async def run_watcher(service: ManagerService, read_version: Callable[[], int],
+                      read_stale_dropped: Callable[[], int], list_servers: Callable[[], List[str]]) -> None:
+    """Poll versions and servers; run weight-update rounds and health checks in tasks of their
+    own. Routed servers = registered under gen_servers/ (a dead server's keep-alive entry
+    expires) ∩ answering /health (a SIGKILLed one stops at once)."""
+    config = service.config
+    update_task: Optional[asyncio.Task] = None
+    health_task: Optional[asyncio.Task] = None
+    next_health = 0.0
+    async with aiohttp.ClientSession() as session:
+        try:
+            while True:
+                service.observe_trainer(read_version(), read_stale_dropped())
+                urls = list_servers()
+                service.observe_servers(urls)
+                if health_task is not None and health_task.done():
+                    health_task = None
+                if health_task is None and time.monotonic() >= next_health:
+                    next_health = time.monotonic() + config.health_check_interval
+                    health_task = asyncio.create_task(check_health(service, session, urls))
+                if update_task is not None and update_task.done():
+                    update_task = None
+                if update_task is None and service.updater.due(service.version.value):
+                    update_task = asyncio.create_task(service.updater.run_round(session, service.version.get_version))
+                await asyncio.sleep(config.poll_interval)
+        finally:
+            for task in (update_task, health_task):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+
+
+async def check_health(service: ManagerService, session: aiohttp.ClientSession, urls: List[str]) -> None:
+    """GET /health of every registered server (and /get_model_info of one joining routing) and
+    hand the results to the service's health rule."""
+    timeout = aiohttp.ClientTimeout(total=service.config.health_timeout)
+
+    async def probe(url: str) -> tuple:
+        """(answered /health, the weight version a joining server reports or None)."""
+        try:
+            async with session.get(f"{url}/health", timeout=timeout) as r:
+                if r.status != 200:
+                    return False, None
+            if not service.health.is_joining(url):
+                return True, None
+            async with session.get(f"{url}/get_model_info", timeout=timeout) as r:
+                info = await r.json(content_type=None) if r.status == 200 else {}
+            return True, info.get("weight_version") if isinstance(info, dict) else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return False, None
+
+    results = await asyncio.gather(*(probe(u) for u in urls))
+    for url, (ok, version) in zip(urls, results):
+        service.observe_health(url, ok, version)
+    service.health.forget_unregistered(urls)
 
 
 # ---- name resolve ------------------------------------------------------------------------------
@@ -378,8 +218,8 @@ def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
     servers_key = names.gen_servers(experiment, trial)
 
     async def watch():
-        await service.watch(lambda: _read_int(version_key), lambda: _read_int(stale_key),
-                            lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))))
+        await run_watcher(service, lambda: _read_int(version_key), lambda: _read_int(stale_key),
+                          lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))))
 
     thread = HttpServerThread(create_app(service), host=config.host, name="gserver-manager", tasks=[watch])
     thread.service = service
@@ -398,7 +238,7 @@ class GserverManager(Worker):
         self._last_log = time.monotonic()
         self.logger.info(
             f"serving on {self._server.url}: {len(self._server.service.router.servers())} servers, policy "
-            f"{cfg.schedule_policy}, B={cfg.train_batch_size}, eta={cfg.max_head_offpolicyness}, "
+            f"{cfg.schedule_policy}, B={cfg.groups_per_step}, eta={cfg.max_head_offpolicyness}, "
             f"max_concurrent_rollouts={cfg.max_concurrent_rollouts}")
 
     def _poll(self) -> bool:

@@ -1,23 +1,23 @@
-"""MasterWorker: drives the training steps over request/reply (DESIGN §2, §7).
+"""MasterWorker: drives the training steps over request/reply (docs/architecture.md §2, §7).
 
     configure: build the dataflow graph → bind the request socket → wait for the model workers
                → initialize them
     each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
                run the graph (actor_inf → [ref_inf] → actor_train), one request per node to
                every model worker → publish training_samples → log the step's metrics
-    the end:   after exp_ctrl.benchmark_steps or total_train_epochs, save, set
+    the end:   after total_train_steps (set by the experiment), save, set
                experiment_status=COMPLETE (every worker then leaves its loop), exit
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any, Dict, List, Optional
 
-from realhf.api.cli_args import MasterWorkerConfig
+from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
+from realhf.base.trial_files import metrics_path
 from realhf.system import stall_report
 from realhf.system.pipeline import ppo_pipeline
 from realhf.system.request_reply_stream import MasterStream
@@ -31,19 +31,6 @@ def dp_shares(batch_size: int, dp_size: int) -> List[int]:
     return [k + (1 if r < rest else 0) for r in range(dp_size)]
 
 
-def total_train_steps(cfg: MasterWorkerConfig) -> int:
-    if cfg.exp_ctrl.benchmark_steps > 0:
-        return cfg.exp_ctrl.benchmark_steps
-    steps_per_epoch = cfg.dataset_size // cfg.train_batch_size
-    if steps_per_epoch <= 0 or cfg.exp_ctrl.total_train_epochs <= 0:
-        raise ValueError(
-            f"cannot tell when to stop: exp_ctrl.benchmark_steps is 0 and dataset_size "
-            f"({cfg.dataset_size}) // train_batch_size ({cfg.train_batch_size}) x exp_ctrl.total_train_epochs "
-            f"({cfg.exp_ctrl.total_train_epochs}) is 0 steps"
-        )
-    return steps_per_epoch * cfg.exp_ctrl.total_train_epochs
-
-
 class MasterWorker(Worker):
     config_cls = MasterWorkerConfig
 
@@ -52,14 +39,9 @@ class MasterWorker(Worker):
         cfg: MasterWorkerConfig = self.config
         self._stream: Optional[MasterStream] = None
         self._stats: Optional[StatsLogger] = None
-        if cfg.n_model_workers < 1:
-            raise ValueError(f"n_model_workers must be >= 1, got {cfg.n_model_workers}")
-        if cfg.train_batch_size < cfg.n_model_workers:
-            raise ValueError(f"train_batch_size ({cfg.train_batch_size}) must be >= n_model_workers "
-                             f"({cfg.n_model_workers}): every DP rank trains at least one group per step")
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
-        self.total_steps = total_train_steps(cfg)
-        self.shares = dp_shares(cfg.train_batch_size, cfg.n_model_workers)
+        self.total_steps = cfg.total_train_steps
+        self.shares = dp_shares(cfg.groups_per_step, cfg.n_model_workers)
         recompute = cfg.ppo.recompute_logprob or cfg.ppo.use_decoupled_loss
         self.graph = ppo_pipeline(recompute_logprob=recompute, use_ref=cfg.ppo.kl_ctl > 0).order()
 
@@ -72,17 +54,17 @@ class MasterWorker(Worker):
             raise RuntimeError(f"model workers disagree on the starting version: {versions}")
         self.version = versions[0]
 
-        self.metrics_path = os.path.join(cfg.fileroot, "logs", exp, trial, "metrics.jsonl")
+        self.metrics_path = metrics_path(cfg.log_dir)
         # Steps after the checkpoint we resume from will be run again: their old lines go.
         kept = truncate_metrics(self.metrics_path, last_step=self.version)
         if self.version > 0:
             self.logger.info(f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps")
-        self._stats = StatsLogger(self.metrics_path, cfg.tensorboard_path, wandb_project=cfg.wandb_project,
+        self._stats = StatsLogger(self.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
                                   wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
-                                  wandb_mode=cfg.wandb_mode)
-        # A version is a completed step (DESIGN §4): a recovered trainer resumes the step count.
+                                  wandb_mode=cfg.stats.wandb_mode)
+        # A version is a completed step (docs/architecture.md §4): a recovered trainer resumes the step count.
         self.step = self.version
-        self.training_samples = self.version * cfg.train_batch_size
+        self.training_samples = self.version * cfg.groups_per_step
         self.stale_dropped = -1
         self._publish("training_samples", self.training_samples)
         self._update_stale_dropped(0)
@@ -90,7 +72,7 @@ class MasterWorker(Worker):
         self._t_last_ckpt = time.monotonic()
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
-            f"training {self.total_steps} steps of B={cfg.train_batch_size} groups (shares {self.shares}) "
+            f"training {self.total_steps} steps of B={cfg.groups_per_step} groups (shares {self.shares}) "
             f"from version {self.version}; graph {' -> '.join(n.name for n in self.graph)}; metrics in {self.metrics_path}"
         )
 
@@ -139,7 +121,7 @@ class MasterWorker(Worker):
             elif now - last_log > cfg.data_log_interval:
                 last_log = now
                 have = sum(min(r["buffered"], self.shares[r["dp_rank"]]) for r in replies)
-                self.logger.info(f"step {self.step + 1}: {have}/{cfg.train_batch_size} groups ready after {waited:.0f}s")
+                self.logger.info(f"step {self.step + 1}: {have}/{cfg.groups_per_step} groups ready after {waited:.0f}s")
             if self._stop_requested or self._status_says_stop():
                 raise WorkerExit(f"stopped while waiting for data: {self._stop_reason}")
             time.sleep(cfg.data_poll_interval)
@@ -156,7 +138,7 @@ class MasterWorker(Worker):
         train = results["actor_train"]
         self.version = train[0]["version"]
         self.step += 1
-        self.training_samples += cfg.train_batch_size
+        self.training_samples += cfg.groups_per_step
         self._publish("training_samples", self.training_samples)
 
         now = time.monotonic()

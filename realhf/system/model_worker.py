@@ -1,84 +1,40 @@
 """ModelWorker: one data-parallel rank of the trainer (torch backend), driven by the master.
 
     configure: trajectory puller (this DP head's StreamDataset) → torch.distributed rendezvous →
-               load the actor (and the reference when kl_ctl > 0) → optimizer → connect to the
-               master's request socket
+               the trainer (PPOActor: actor, reference, optimizer; resumed from the recovery
+               checkpoint when asked) → connect to the master's request socket
     loop:      poll one request → run its handler → reply (errors go back as RemoteError)
 
-Handlers (DESIGN §6): `initialize`, `fetch` (report buffered groups / take this step's share,
+Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
 applying the staleness guard), `inference` (proximal or reference log-probs of the taken batch),
 `train_step` (ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`,
-`checkpoint`, `ping`. The work itself lives in realhf.impl.model.
+`checkpoint`, `ping`. The worker owns the data (stream, buffer, staleness guard), the weight
+version and its publishing; the training work lives in realhf.impl.model.ppo_actor.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 
-from realhf.api.cli_args import ModelTrainEvalConfig, ModelWorkerConfig
 from realhf.api.trajectory import Trajectory
-from realhf.base import name_resolve, names
+from realhf.api.worker_configs import ModelWorkerConfig
+from realhf.base import name_resolve, names, trial_files
 from realhf.base.network import host_for_peers, split_host_port
-from realhf.impl.model import actor, checkpoint
+from realhf.impl.model import checkpoint
 from realhf.impl.model.batching import TrainBatch, batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
-from realhf.impl.model.optim import make_optimizer
+from realhf.impl.model.ppo_actor import PPOActor
 from realhf.system.push_pull_stream import NameResolvingZmqPuller
 from realhf.system.request_reply_stream import WorkerStream
 from realhf.system.stream_dataset import StreamDataset
 from realhf.system.worker_base import Worker
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def check_model_worker_config(cfg: ModelWorkerConfig) -> None:
-    """Raise ValueError naming the field for values the torch backend cannot run."""
-    for role, m in (("actor", cfg.actor), ("ref", cfg.ref)):
-        if m.backend != "torch":
-            raise ValueError(f"{role}.backend must be 'torch', got {m.backend!r}")
-        if m.dtype not in _DTYPES:
-            raise ValueError(f"{role}.dtype must be one of {sorted(_DTYPES)}, got {m.dtype!r}")
-        if m.n_threads < 1:
-            raise ValueError(f"{role}.n_threads must be >= 1, got {m.n_threads}")
-    if not cfg.actor.path:
-        raise ValueError("actor.path is empty: set it to an HF model directory")
-    if cfg.ppo.ppo_n_minibatches < 1:
-        raise ValueError(f"ppo.ppo_n_minibatches must be >= 1, got {cfg.ppo.ppo_n_minibatches}")
-    if cfg.ppo.kl_estimator not in ("k1", "k2", "k3"):
-        raise ValueError(f"ppo.kl_estimator must be 'k1', 'k2' or 'k3', got {cfg.ppo.kl_estimator!r}")
-    ppo = cfg.ppo
-    if not ppo.eps_clip > 0 or (ppo.eps_clip_high is not None and not ppo.eps_clip_high > 0):
-        raise ValueError(f"ppo.eps_clip and ppo.eps_clip_high must be > 0, got {ppo.eps_clip}, {ppo.eps_clip_high}")
-    if ppo.c_clip is not None and not ppo.c_clip > 1:
-        raise ValueError(f"ppo.c_clip (dual clip) must be > 1 or null, got {ppo.c_clip}")
-    if ppo.behav_imp_weight_cap is not None and not ppo.behav_imp_weight_cap >= 1:
-        raise ValueError(f"ppo.behav_imp_weight_cap must be >= 1 or null, got {ppo.behav_imp_weight_cap}")
-    if cfg.max_head_offpolicyness < 0:
-        raise ValueError(f"max_head_offpolicyness must be >= 0, got {cfg.max_head_offpolicyness}")
-
-
-def load_causal_lm(m: ModelTrainEvalConfig, path: Optional[str] = None) -> torch.nn.Module:
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    transformers.utils.logging.disable_progress_bar()
-    path = path or m.path
-    # safetensors only: a pytorch_model.bin is a pickle, and loading one can run code.
-    if os.path.isdir(path) and not any(f.endswith(".safetensors") for f in os.listdir(path)):
-        raise ValueError(f"model path {path!r} has no *.safetensors file; realhf loads only safetensors "
-                         "checkpoints (re-save it with save_pretrained(..., safe_serialization=True))")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[m.dtype], use_safetensors=True)
-    if m.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    return model
 
 
 class ModelWorker(Worker):
@@ -90,7 +46,6 @@ class ModelWorker(Worker):
         self._stream: Optional[WorkerStream] = None
         self._dataset: Optional[StreamDataset] = None
         self._dist_initialized = False
-        check_model_worker_config(cfg)
         torch.set_num_threads(cfg.actor.n_threads)
         torch.manual_seed(cfg.seed)
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
@@ -105,29 +60,14 @@ class ModelWorker(Worker):
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
         self._init_distributed()
 
-        self._recover_path = checkpoint.recover_dir(cfg.fileroot, "actor")
-        recovering = cfg.recover and checkpoint.has_recover_state(self._recover_path)
-        self.actor = load_causal_lm(cfg.actor, str(self._recover_path) if recovering else None)
-        self.ref = None
-        if cfg.ppo.kl_ctl > 0:
-            self.ref = load_causal_lm(cfg.ref, cfg.ref.path or cfg.actor.path).eval()
-            for p in self.ref.parameters():
-                p.requires_grad_(False)
-        horizon = cfg.total_train_steps * cfg.ppo.ppo_n_minibatches
-        self.optimizer, self.lr_scheduler = make_optimizer(self.actor, cfg.actor.optimizer, horizon)
-        if recovering:
-            info = checkpoint.load_recover_state(self._recover_path, self.optimizer, self.lr_scheduler)
-            self.version = int(info["version"])
+        self._recover_path = trial_files.recover_dir(cfg.run_dir, "actor")
+        self.trainer = PPOActor.from_config(cfg, self._recover_path if cfg.recover else None)
+        if self.trainer.recovered is not None:
+            self.version = int(self.trainer.recovered["version"])
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
-        self.pad_id = int(getattr(self.actor.config, "pad_token_id", None) or 0)
-        # actor_inf may skip the first minibatch (its train forward, before any optimizer step,
-        # gives the same log-probs) unless dropout makes train and eval forwards differ, or the
-        # advantages need the proximal log-probs before training (a KL reward through GAE).
-        self._can_defer_prox = not actor.has_dropout(self.actor) and (cfg.ppo.group_adv_norm or cfg.ppo.kl_ctl == 0)
-        self._prox_deferred = False
-        n_params = sum(p.numel() for p in self.actor.parameters())
-        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size}: actor {cfg.actor.path} ({n_params / 1e6:.2f}M params, "
-                         f"{cfg.actor.dtype}), ref {'loaded' if self.ref is not None else 'off'}, "
+        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size}: actor {cfg.actor.path} "
+                         f"({self.trainer.n_params / 1e6:.2f}M params, {cfg.actor.dtype}), "
+                         f"ref {'loaded' if self.trainer.ref is not None else 'off'}, "
                          f"eta {cfg.max_head_offpolicyness}, puller {puller.address}")
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
@@ -187,19 +127,26 @@ class ModelWorker(Worker):
             self._store_socket.close()
 
     # ---- handlers ---------------------------------------------------------------------------
-    def _publish_version(self) -> None:
-        if self.dp_rank == 0:
-            key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, "actor")
-            # Kept after exit: the last published version is part of the trial's record.
-            name_resolve.add(key, str(self.version), replace=True, delete_on_exit=False)
+    def _publish(self, weights: bool) -> str:
+        """Rank 0: write this version's weights (with `weights`), then its number in name resolve
+        (after the rename: a reader never sees a version without its weights). Returns the
+        directory written, "" if none."""
+        if self.dp_rank != 0:
+            return ""
+        cfg = self.config
+        path = ""
+        if weights:
+            path = str(checkpoint.publish_weights(self.trainer.actor, cfg.run_dir, "actor", self.version,
+                                                  cfg.actor.path, cfg.keep_last_versions))
+        key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, "actor")
+        # Kept after exit: the last published version is part of the trial's record.
+        name_resolve.add(key, str(self.version), replace=True, delete_on_exit=False)
+        return path
 
     def _initialize(self, data: Any) -> Dict[str, Any]:
-        if self.version > 0 and self.dp_rank == 0:  # recovered: servers must load these weights
-            checkpoint.publish_weights(self.actor, self.config.fileroot, "actor", self.version,
-                                       self.config.actor.path, self.config.keep_last_versions)
-        self._publish_version()
+        self._publish(weights=self.version > 0)  # recovered: servers must load these weights
         return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "version": self.version,
-                "n_params": sum(p.numel() for p in self.actor.parameters())}
+                "n_params": self.trainer.n_params}
 
     def _pull_into_buffer(self) -> None:
         for traj in self._dataset.get_available():  # parsed by the dataset's pull thread
@@ -220,7 +167,7 @@ class ModelWorker(Worker):
         take = int(data.get("take", 0))
         if take > 0:
             groups = self._buffer.take(take, self.version)
-            self._batch = pack_trajectories(groups, self.pad_id)
+            self._batch = pack_trajectories(groups, self.trainer.pad_id)
             summary = batch_summary(groups, self.version)
             reply["batch"] = summary
             reply["buffered"] = len(self._buffer)
@@ -236,52 +183,16 @@ class ModelWorker(Worker):
 
     def _inference(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """`{model: actor|ref}`: log-probs of the batch; actor → proximal, ref → reference."""
-        batch = self._need_batch("inference")
-        role = data.get("model", "actor")
-        if role not in ("actor", "ref"):
-            raise ValueError(f"inference: model must be 'actor' or 'ref', got {role!r}")
-        model = self.actor if role == "actor" else self.ref
-        if model is None:
-            raise ValueError("inference on 'ref' but no reference model is loaded (ppo.kl_ctl is 0)")
-        t0 = time.monotonic()
-        rows = None
-        if role == "actor":
-            self._prox_deferred = self._can_defer_prox
-        if role == "actor" and self._prox_deferred:  # the first minibatch's train forward computes its own
-            first = set(actor.first_minibatch_rows(batch.n_seqs, self.config.ppo.ppo_n_minibatches).tolist())
-            rows = torch.tensor([r for r in range(batch.n_seqs) if r not in first], dtype=torch.long)
-        logp = actor.inference_logprobs(model, batch, self.config.ppo.gen.temperature,
-                                        micro_batch_tokens=self.config.ppo.micro_batch_tokens, rows=rows)
-        mask = batch.loss_mask.clone()
-        if rows is not None:
-            mask[list(first)] = False
-        if role == "actor":
-            batch.prox_logprobs = logp
-        else:
-            batch.ref_logprobs = logp
-        n = max(int(mask.sum()), 1)
-        return {"model": role, "n_tokens": int(mask.sum()), "time_s": time.monotonic() - t0,
-                "logprob_mean": float(logp[mask].sum()) / n,
-                # Sampler vs trainer agreement: large only when the weights moved (staleness).
-                "behav_abs_diff": float((logp - batch.behav_logprobs)[mask].abs().sum()) / n}
+        return self.trainer.inference(self._need_batch("inference"), data.get("model", "actor"))
 
     def _train_step(self, data: Dict[str, Any]) -> Dict[str, Any]:
         batch = self._need_batch("train_step")
-        cfg = self.config
         t0 = time.monotonic()
-        stats = actor.ppo_train_step(self.actor, self.optimizer, self.lr_scheduler, batch, cfg.ppo,
-                                     cfg.actor.optimizer.gradient_clipping,
-                                     prox_from_first_forward=getattr(self, "_prox_deferred", False))
-        self._prox_deferred = False
+        stats = self.trainer.train_step(batch)
         train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None
-        published = ""
-        if self.dp_rank == 0:
-            path = checkpoint.publish_weights(self.actor, cfg.fileroot, "actor", self.version, cfg.actor.path,
-                                              cfg.keep_last_versions)
-            published = str(path)
-            self._publish_version()  # after the rename: a reader never sees a version without its weights
+        published = self._publish(weights=True)
         self.logger.info(f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
                          f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
                          f"publish {time.monotonic() - t0 - train_s:.2f}s")
@@ -289,19 +200,19 @@ class ModelWorker(Worker):
                 "publish_time_s": time.monotonic() - t0 - train_s}
 
     def _save(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """An HF checkpoint at `path` (default `<fileroot>/checkpoints/actor/version<v>`; the
-        experiment's fileroot is already per trial)."""
-        path = data.get("path") or os.path.join(self.config.fileroot, "checkpoints", "actor", f"version{self.version}")
+        """An HF checkpoint at `path` (default `<run_dir>/checkpoints/actor/version<v>`)."""
+        default = trial_files.checkpoints_dir(self.config.run_dir, "actor") / f"version{self.version}"
+        path = data.get("path") or str(default)
         if self.dp_rank == 0:  # every rank holds the same weights
-            checkpoint.save_hf_dir(self.actor, Path(path), self.config.actor.path)
+            checkpoint.save_hf_dir(self.trainer.actor, Path(path), self.config.actor.path)
         return {"path": str(path), "version": self.version}
 
     def _checkpoint(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """Recovery state: weights + optimizer + LR schedule + RNG + version, and the master's
         `extra` counters in the same atomic write (rank 0; ranks are replicas)."""
         if self.dp_rank == 0:
-            checkpoint.save_recover_state(self._recover_path, self.actor, self.optimizer, self.lr_scheduler,
-                                          self.version, self.config.actor.path, extra=data.get("extra"))
+            self.trainer.save_recover_state(self._recover_path, self.version, self.config.actor.path,
+                                            extra=data.get("extra"))
         return {"path": str(self._recover_path), "version": self.version}
 
     def _ping(self, data: Any) -> Dict[str, Any]:

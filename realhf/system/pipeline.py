@@ -1,4 +1,4 @@
-"""The trainer-side dataflow graph (DESIGN §7): model function calls and their dependencies.
+"""The trainer-side dataflow graph (docs/architecture.md §7): model function calls and their dependencies.
 
     Pipeline("ppo").add_node("actor_inf", ModelCall("inference", {"model": "actor"}))
                    .add_node("actor_train", ModelCall("train_step"), deps=["actor_inf"])

@@ -1,6 +1,6 @@
 """The trajectory stream: ZMQ PUSH (rollout workers) → PULL (model-worker DP heads), msgpack only.
 
-Pushers are assigned to pullers by `grouping` (DESIGN §6) and find their puller's address in
+Pushers are assigned to pullers by `grouping` (docs/architecture.md §6) and find their puller's address in
 name resolve; a puller that receives garbage logs it, counts it and keeps delivering.
 """
 

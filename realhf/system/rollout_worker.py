@@ -31,12 +31,14 @@ from collections import deque
 from typing import Dict, Optional
 
 from realhf.api.agent import Prompt, make_agent
-from realhf.api.cli_args import RolloutWorkerConfig
+from realhf.api.worker_configs import RolloutWorkerConfig
 from realhf.api.env import make_env
 from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
-from realhf.impl.dataset.prompt_dataset import PromptRow, PromptSampler, load_jsonl_prompts, shard
+from realhf.api.prompt import PromptRow
+from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
 from realhf.system.generation_client import GenerationClient, GenerationError
+from realhf.system.manager_client import ManagerClient
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker
 
@@ -127,6 +129,7 @@ class RolloutWorker(AsyncWorker):
         self.previous_inflight = self._read_inflight()
         self.rerun: deque = deque()  # (row, qid) of a dead incarnation's groups, run first
         self.client: Optional[GenerationClient] = None
+        self.manager: Optional[ManagerClient] = None  # self.client.manager
         self.tasks: Dict[str, asyncio.Task] = {}
         self.pending: Optional[tuple] = None  # a refused (row, qid), tried again first
         self.backoff = _MIN_BACKOFF_S
@@ -144,6 +147,7 @@ class RolloutWorker(AsyncWorker):
                 self.manager_url, new_tokens_per_chunk=self.config.new_tokens_per_chunk,
                 request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
                 eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout)
+            self.manager = self.client.manager
             if self.previous_inflight:
                 await self._recover_inflight(self.previous_inflight)
                 self.previous_inflight = {}
@@ -188,7 +192,7 @@ class RolloutWorker(AsyncWorker):
                 # Read by the master when it checkpoints (rollout workers take no requests).
                 name_resolve.add(self._sampler_key, json.dumps(self.sampler.state_dict()), replace=True)
             row, qid = self.pending
-            ok, reason = await self.client.allocate_rollout(qid)
+            ok, reason = await self.manager.allocate_rollout(qid)
             if not ok:
                 self.stats["refused"] += 1
                 return n, True
@@ -216,8 +220,7 @@ class RolloutWorker(AsyncWorker):
         accepted, n_tokens = False, 0
         try:
             ids = self.tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
-            prompt = Prompt(qid=qid, query_id=row.query_id, prompt=row.prompt, prompt_ids=tuple(ids),
-                            solutions=tuple(row.solutions), task=row.task)
+            prompt = Prompt.of(row, qid, ids)
             traj = await self.agent.collect_trajectory(prompt, self.env, self.client)
             if traj is not None:
                 if not isinstance(traj, Trajectory):
@@ -243,7 +246,7 @@ class RolloutWorker(AsyncWorker):
                 raise RuntimeError(f"{self.consecutive_failures} episodes failed in a row; last: {e}") from e
         finally:
             self.client.forget(qid)
-            await self.client.finish_rollout(qid, accepted, n_tokens)
+            await self.manager.finish_rollout(qid, accepted, n_tokens)
             self._set_inflight(qid, None)
         self._maybe_log()
 
@@ -273,11 +276,10 @@ class RolloutWorker(AsyncWorker):
         lost = [q for q in previous if q not in pushed]
         for qid in pushed:  # the trainer has them: count them as accepted
             try:
-                await self.client.finish_rollout(qid, True, 0)
+                await self.manager.finish_rollout(qid, True, 0)
             except GenerationError:  # 404: the manager already knows it ended
                 pass
-        r = await self.client.post_json(f"{self.manager_url}/abandon_rollouts", {"qids": lost},
-                                        self.config.manager_timeout) if lost else {"abandoned": 0}
+        r = await self.manager.abandon_rollouts(lost) if lost else {"abandoned": 0}
         for qid in lost:
             entry = previous[qid] if isinstance(previous[qid], dict) else {}
             row = self.rows_by_id.get(str(entry.get("query_id")))

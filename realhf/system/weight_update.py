@@ -1,9 +1,9 @@
-"""Bringing generation servers to the trainer's latest weights, one server at a time (DESIGN §5).
+"""Bringing generation servers to the trainer's latest weights, one server at a time (docs/architecture.md §5).
 
 For each server behind the target version:
 
     POST /pause_generation                      running requests return `abort` with partial output
-    POST /update_weights_from_disk {model_path: <fileroot>/param_realloc/<role>/<v>, weight_version: v}
+    POST /update_weights_from_disk {model_path: <published_weights>/<v>, weight_version: v}
     POST /continue_generation                   always, even when the update failed
 
 Only one server is paused at any moment, so the others keep generating, and the manager's
@@ -22,7 +22,8 @@ from typing import Dict, Iterable, Optional
 import aiohttp
 
 from realhf.base import logging
-from realhf.system.generation_client import post_json
+from realhf.base.trial_files import published_version_dir
+from realhf.system.http_json import post_json
 
 logger = logging.getLogger("weight_update")
 
@@ -33,11 +34,6 @@ MAX_RETRY_DELAY_S = 30.0  # ... doubling per consecutive failure up to this
 
 class WeightUpdateError(RuntimeError):
     pass
-
-
-def param_realloc_path(fileroot: str, role: str, version: int) -> str:
-    """Where the trainer publishes the HF checkpoint of `role` at `version`."""
-    return os.path.join(os.path.abspath(fileroot), "param_realloc", role, str(int(version)))
 
 
 async def update_server(session: aiohttp.ClientSession, url: str, model_path: str, version: int,
@@ -58,8 +54,8 @@ async def update_server(session: aiohttp.ClientSession, url: str, model_path: st
 class WeightUpdater:
     """Per-server weight versions and the sequential update round."""
 
-    def __init__(self, fileroot: str, role: str, timeout: float, initial_version: int = 0):
-        self.fileroot, self.role, self.timeout = fileroot, role, timeout
+    def __init__(self, run_dir: str, role: str, timeout: float, initial_version: int = 0):
+        self.run_dir, self.role, self.timeout = os.path.abspath(run_dir), role, timeout
         self.initial_version = initial_version
         self.versions: Dict[str, int] = {}
         self.updating: Optional[str] = None
@@ -89,7 +85,7 @@ class WeightUpdater:
             version = int(target_version())
             if url not in self.versions or self.versions[url] >= version:
                 continue
-            path = param_realloc_path(self.fileroot, self.role, version)
+            path = str(published_version_dir(self.run_dir, self.role, version))
             self.updating = url
             try:
                 seconds = await update_server(session, url, path, version, self.timeout)

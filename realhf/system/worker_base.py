@@ -13,7 +13,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names

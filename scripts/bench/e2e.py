@@ -35,6 +35,7 @@ import tempfile
 import time
 from typing import Dict, List, Sequence
 
+from realhf.base.trial_files import read_metrics
 from scripts.bench.common import PYTHON, REPO, emit, load_average, log, print_tables
 
 ASYNC = ("max_head_offpolicyness=4",)
@@ -106,7 +107,7 @@ def evaluate_fallback(fileroot: str, repo: str, n_prompts: int, seed: int) -> Di
     from realhf.impl.evaluation import evaluate_math_accuracy
 
     torch.set_num_threads(1)
-    versions = glob.glob(os.path.join(fileroot, "**", "param_realloc", "actor", "[0-9]*"), recursive=True)
+    versions = glob.glob(os.path.join(fileroot, "**", "published_weights", "actor", "[0-9]*"), recursive=True)
     final = max(versions, key=lambda d: int(os.path.basename(d)))
     ev = EvaluationConfig()
     rows = load_jsonl_prompts(os.path.join(repo, "assets/tiny-math/data/test.jsonl"))[:n_prompts]
@@ -135,11 +136,7 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
         proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout, env=env)
         wall = time.monotonic() - t0
         log_dir = os.path.join(fileroot, "logs", "async-ppo-math", trial)
-        metrics_path = os.path.join(log_dir, "metrics.jsonl")
-        metrics = []
-        if os.path.isfile(metrics_path):
-            with open(metrics_path) as f:
-                metrics = [json.loads(line) for line in f if line.strip()]
+        metrics = read_metrics(log_dir)
         want = int(_override(overrides, "exp_ctrl.benchmark_steps", "0"))
         failure = ""
         if proc.returncode != 0:

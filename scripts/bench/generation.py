@@ -52,7 +52,8 @@ def workload(n: int, vocab: int, seed: int):
 
 def run_native(model_path: str, prompts, new_tokens: int, concurrency: int, threads: int, dtype: str,
                attention: str = "auto") -> float:
-    from realhf.impl.inference.engine import GenerateRequest, SamplingParams, create_engine
+    from realhf.impl.inference.factory import create_engine
+    from realhf.impl.inference.request import GenerateRequest, SamplingParams
 
     engine = create_engine(model_path, kind="static_kv", max_running_requests=concurrency, n_threads=threads,
                            dtype=dtype, context_length=max(len(p) for p in prompts) + new_tokens,

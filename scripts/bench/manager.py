@@ -43,7 +43,8 @@ def fake_generation_server():
 
 def run_server(n_servers: int = 4) -> int:
     """Child: serve a manager, print its URL, stop when stdin closes."""
-    from realhf.api.cli_args import GserverManagerConfig, NameResolveConfig
+    from realhf.api.cli_args import NameResolveConfig
+    from realhf.api.worker_configs import GserverManagerConfig
     from realhf.base import logging, name_resolve, names
     from realhf.system.gserver_manager import serve_manager
 
@@ -55,7 +56,7 @@ def run_server(n_servers: int = 4) -> int:
         # Registered like real servers: the manager routes to registered servers that answer /health.
         for f in fakes:
             name_resolve.add_subentry(names.gen_servers("bench", "manager"), f.url)
-        cfg = GserverManagerConfig(max_concurrent_rollouts=10**6, train_batch_size=10**9, max_head_offpolicyness=0,
+        cfg = GserverManagerConfig(max_concurrent_rollouts=10**6, groups_per_step=10**9, max_head_offpolicyness=0,
                                    n_servers=n_servers, log_interval=1e9)
         server = serve_manager(cfg, "bench", "manager", server_urls=[f.url for f in fakes])
         print(server.url, flush=True)

@@ -2,10 +2,10 @@
 
     python -m scripts.bench.weight_update [--short] [--n-servers 2] [--repeats 5]
 
-Real processes and the real path of DESIGN §5: native generation servers
+Real processes and the real path of docs/architecture.md §5: native generation servers
 (`python -m realhf.launch_server`), the GserverManager's HTTP app and watcher (`serve_manager`,
 default poll interval) in this process, a real Redis name resolve. Per version v the trainer's
-side is replayed: `publish_weights` writes `param_realloc/actor/<v>` (timed separately: the
+side is replayed: `publish_weights` writes `published_weights/actor/<v>` (timed separately: the
 trainer pays it before it publishes), then `model_version/actor = v` is set and the clock runs
 until every server's `GET /get_model_info` reports `weight_version == v` (polled every 10 ms).
 Models: the tiny-math SFT model (0.55M) and a random Qwen2 of ≈100M parameters (short mode:
@@ -90,9 +90,10 @@ def served_version(url: str) -> int:
 
 
 def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot: str) -> dict:
-    from realhf.api.cli_args import GserverManagerConfig
+    from realhf.api.worker_configs import GserverManagerConfig
     from realhf.base import name_resolve, names
-    from realhf.impl.model.checkpoint import param_realloc_dir, publish_weights
+    from realhf.base.trial_files import published_weights_dir
+    from realhf.impl.model.checkpoint import publish_weights
     from realhf.system.gserver_manager import serve_manager
 
     servers = [ServerProcess(model_path) for _ in range(n_servers)]
@@ -101,7 +102,7 @@ def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot
         urls = [s.wait_ready(300) for s in servers]
         for url in urls:  # registered as the GenerationServer worker does: the manager routes to these
             name_resolve.add_subentry(names.gen_servers(EXP, TRIAL), url)
-        cfg = GserverManagerConfig(fileroot=fileroot, n_servers=n_servers, log_interval=1e9)
+        cfg = GserverManagerConfig(run_dir=fileroot, n_servers=n_servers, log_interval=1e9)
         manager = serve_manager(cfg, EXP, TRIAL, server_urls=urls)
         key = names.model_version(EXP, TRIAL, "actor")
         publish_s, latency_s = [], []
@@ -131,7 +132,7 @@ def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot
         name_resolve.clear_subtree(f"{EXP}/{TRIAL}")
         import shutil
 
-        shutil.rmtree(param_realloc_dir(fileroot, "actor"), ignore_errors=True)
+        shutil.rmtree(published_weights_dir(fileroot, "actor"), ignore_errors=True)
 
 
 def tables(r):

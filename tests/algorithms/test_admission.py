@@ -1,4 +1,4 @@
-"""Specification of the staleness rule (DESIGN §4), realhf.impl.admission.
+"""Specification of the staleness rule (docs/architecture.md §4), realhf.impl.admission.
 
     capacity = min(max_concurrent_rollouts − running,
                    (η + v + 1)·B − (accepted − stale_dropped + running))

@@ -1,4 +1,4 @@
-"""Specification of `allocation_mode` (DESIGN §8), realhf.base.allocation_mode."""
+"""Specification of `allocation_mode` (docs/architecture.md §8), realhf.base.allocation_mode."""
 
 import pytest
 
@@ -12,7 +12,7 @@ from realhf.base.allocation_mode import AllocationMode, AllocationModeError, Par
 @pytest.mark.parametrize(
     "text, engine, gen, train",
     [
-        # The two examples of DESIGN §8.
+        # The two examples of docs/architecture.md §8.
         ("sglang.d4p1m1+d2p2m1", "sglang", (4, 1, 1), (2, 1, 2)),
         ("native.d1m1p1+d1m1p1", "native", (1, 1, 1), (1, 1, 1)),
         # Letters in any order; (dp, tp, pp) where m is tensor parallelism.

@@ -1,4 +1,4 @@
-"""Specification of realhf.impl.model.utils.ppo_functional (DESIGN §7).
+"""Specification of realhf.impl.model.utils.ppo_functional (docs/architecture.md §7).
 
 Hand-computed numbers are derived in the comments next to them; the random tests compare
 against slow references written as plain Python loops over tokens.
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from realhf.impl.model.utils.ppo_functional import (
     actor_loss_fn,
-    gae_1d,
+    gae_masked,
     grpo_advantages,
     kl_estimate,
     masked_normalization,
@@ -55,23 +55,20 @@ def reference_actor_loss(logp, old, adv, mask, eps, eps_high, c_clip, prox, cap)
     return total / max(count, 1)
 
 
-def reference_gae(rewards, values, lengths, bootstrap, gamma, lam):
-    advantages, returns = [], []
-    r_start = v_start = 0
-    for n, boot in zip(lengths, bootstrap):
-        r = rewards[r_start : r_start + n]
-        v = values[v_start : v_start + n + 1]
-        seq_adv = [0.0] * n
-        next_adv = 0.0
-        for t in reversed(range(n)):
-            next_value = v[t + 1] if (t + 1 < n or boot) else 0.0
-            delta = r[t] + gamma * next_value - v[t]
+def reference_gae(rewards, values, mask, bootstrap_values, gamma, lam):
+    """Row by row: a row's steps are its masked positions; the value after its last step is its
+    bootstrap value. Returns padded advantages and returns, 0 off the mask."""
+    advantages = [[0.0] * len(row) for row in rewards]
+    returns = [[0.0] * len(row) for row in rewards]
+    for b, row_mask in enumerate(mask):
+        steps = [t for t, m in enumerate(row_mask) if m]
+        next_adv, next_value = 0.0, bootstrap_values[b]
+        for t in reversed(steps):
+            delta = rewards[b][t] + gamma * next_value - values[b][t]
             next_adv = delta + gamma * lam * next_adv
-            seq_adv[t] = next_adv
-        advantages += seq_adv
-        returns += [a + v[t] for t, a in enumerate(seq_adv)]
-        r_start += n
-        v_start += n + 1
+            next_value = values[b][t]
+            advantages[b][t] = next_adv
+            returns[b][t] = next_adv + values[b][t]
     return advantages, returns
 
 
@@ -79,62 +76,71 @@ def reference_gae(rewards, values, lengths, bootstrap, gamma, lam):
 # GAE
 # =============================================================================================
 
-# Two packed sequences (3 and 2 steps); values carry one extra entry per sequence.
-GAE_REWARDS = [0.1, -0.2, 1.0, 0.5, 0.0]
-GAE_VALUES = [0.3, 0.2, 0.1, 0.4, 0.0, 0.6, 0.7]
-GAE_CU_SEQLENS = [0, 3, 5]
+# Two rows of 3 and 2 steps, right-padded (the padding entries, 9.0, must not matter).
+GAE_REWARDS = [[0.1, -0.2, 1.0], [0.5, 0.0, 9.0]]
+GAE_VALUES = [[0.3, 0.2, 0.1], [0.0, 0.6, 9.0]]
+GAE_MASK = [[True, True, True], [True, True, False]]
 
 
 def test_gae_matches_hand_computed_reference_without_bootstrap():
     # γ = 0.9, λ = 0.5, γλ = 0.45; no bootstrap, so the value after the last step is 0.
-    # Sequence 1: δ2 = 1.0 + 0 − 0.1 = 0.9                       A2 = 0.9
-    #             δ1 = −0.2 + 0.9·0.1 − 0.2 = −0.31             A1 = −0.31 + 0.45·0.9   = 0.095
-    #             δ0 = 0.1 + 0.9·0.2 − 0.3 = −0.02              A0 = −0.02 + 0.45·0.095 = 0.02275
-    # Sequence 2: δ1 = 0.0 + 0 − 0.6 = −0.6                       A1 = −0.6
-    #             δ0 = 0.5 + 0.9·0.6 − 0.0 = 1.04               A0 = 1.04 − 0.45·0.6    = 0.77
-    # returns = A + V: [0.32275, 0.295, 1.0 | 0.77, 0.0]
-    adv, ret = gae_1d(T(GAE_REWARDS), T(GAE_VALUES), T(GAE_CU_SEQLENS), T([0, 0]), gamma=0.9, lam=0.5)
-    assert close(adv, [0.02275, 0.095, 0.9, 0.77, -0.6])
-    assert close(ret, [0.32275, 0.295, 1.0, 0.77, 0.0])
+    # Row 1: δ2 = 1.0 + 0 − 0.1 = 0.9                       A2 = 0.9
+    #        δ1 = −0.2 + 0.9·0.1 − 0.2 = −0.31             A1 = −0.31 + 0.45·0.9   = 0.095
+    #        δ0 = 0.1 + 0.9·0.2 − 0.3 = −0.02              A0 = −0.02 + 0.45·0.095 = 0.02275
+    # Row 2: δ1 = 0.0 + 0 − 0.6 = −0.6                       A1 = −0.6
+    #        δ0 = 0.5 + 0.9·0.6 − 0.0 = 1.04               A0 = 1.04 − 0.45·0.6    = 0.77
+    # returns = A + V: [0.32275, 0.295, 1.0 | 0.77, 0.0]; 0 on the padding.
+    adv, ret = gae_masked(T(GAE_REWARDS), T(GAE_VALUES), T(GAE_MASK), gamma=0.9, lam=0.5)
+    assert close(adv, [[0.02275, 0.095, 0.9], [0.77, -0.6, 0.0]])
+    assert close(ret, [[0.32275, 0.295, 1.0], [0.77, 0.0, 0.0]])
 
 
-def test_gae_bootstraps_from_the_extra_value_only_where_flagged():
-    # Same data, sequence 1 bootstrapped from its last value 0.4, sequence 2 not:
-    # Sequence 1: δ2 = 1.0 + 0.9·0.4 − 0.1 = 1.26               A2 = 1.26
-    #             A1 = −0.31 + 0.45·1.26 = 0.257                A0 = −0.02 + 0.45·0.257 = 0.09565
-    # Sequence 2 is unchanged: [0.77, −0.6].
-    adv, ret = gae_1d(T(GAE_REWARDS), T(GAE_VALUES), T(GAE_CU_SEQLENS), T([1, 0]), gamma=0.9, lam=0.5)
-    assert close(adv, [0.09565, 0.257, 1.26, 0.77, -0.6])
-    assert close(ret, [0.39565, 0.457, 1.36, 0.77, 0.0])
+def test_gae_bootstraps_from_the_value_after_the_last_step():
+    # Same data, row 1 bootstrapped from the value 0.4 after its last step, row 2 not (0):
+    # Row 1: δ2 = 1.0 + 0.9·0.4 − 0.1 = 1.26                A2 = 1.26
+    #        A1 = −0.31 + 0.45·1.26 = 0.257                A0 = −0.02 + 0.45·0.257 = 0.09565
+    # Row 2 is unchanged: [0.77, −0.6].
+    adv, ret = gae_masked(T(GAE_REWARDS), T(GAE_VALUES), T(GAE_MASK), gamma=0.9, lam=0.5,
+                          bootstrap_values=T([0.4, 0.0]))
+    assert close(adv, [[0.09565, 0.257, 1.26], [0.77, -0.6, 0.0]])
+    assert close(ret, [[0.39565, 0.457, 1.36], [0.77, 0.0, 0.0]])
 
 
 def test_gae_with_lambda_one_and_gamma_one_is_reward_to_go_minus_value():
     # γ = λ = 1 telescopes: A_t = Σ_{k≥t} r_k − V_t (no bootstrap).
-    adv, _ = gae_1d(T([1.0, 2.0, 3.0]), T([0.5, 0.25, 0.0, 9.0]), T([0, 3]), T([0]), gamma=1.0, lam=1.0)
-    assert close(adv, [6.0 - 0.5, 5.0 - 0.25, 3.0 - 0.0])
+    adv, _ = gae_masked(T([[1.0, 2.0, 3.0]]), T([[0.5, 0.25, 0.0]]), T([[True] * 3]), gamma=1.0, lam=1.0)
+    assert close(adv, [[6.0 - 0.5, 5.0 - 0.25, 3.0 - 0.0]])
 
 
-def test_gae_matches_python_loop_reference_on_random_packed_batches():
+def test_gae_skips_unmasked_positions_inside_a_row():
+    # Steps at columns 0 and 3 (columns 1–2: inserted feedback, not trained). γ = 0.5, λ = 1,
+    # V = 0: A3 = r3 = 2, A0 = r0 + 0.5·A3 = 1 + 1 = 2; the skipped columns' rewards do not count.
+    adv, _ = gae_masked(T([[1.0, 7.0, 7.0, 2.0]]), torch.zeros(1, 4), T([[True, False, False, True]]), 0.5, 1.0)
+    assert close(adv, [[2.0, 0.0, 0.0, 2.0]])
+
+
+def test_gae_matches_per_sequence_reference_on_random_ragged_batches():
     rng = random.Random(0)
-    for _ in range(30):
-        lengths = [rng.randint(0, 7) for _ in range(rng.randint(1, 6))]
-        bootstrap = [rng.random() < 0.5 for _ in lengths]
-        rewards = [rng.uniform(-1, 1) for _ in range(sum(lengths))]
-        values = [rng.uniform(-1, 1) for _ in range(sum(lengths) + len(lengths))]
+    for _ in range(50):
+        n_rows, width = rng.randint(1, 6), rng.randint(1, 9)
+        # Ragged: each row is a prompt-free output of its own length, with holes, then padding.
+        mask = []
+        for _ in range(n_rows):
+            length = rng.randint(0, width)
+            mask.append([t < length and rng.random() < 0.8 for t in range(width)])
+        rewards = [[rng.uniform(-1, 1) for _ in range(width)] for _ in range(n_rows)]
+        values = [[rng.uniform(-1, 1) for _ in range(width)] for _ in range(n_rows)]
+        boot = [rng.uniform(-1, 1) if rng.random() < 0.5 else 0.0 for _ in range(n_rows)]
         gamma, lam = rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0)
-        cu = [0]
-        for n in lengths:
-            cu.append(cu[-1] + n)
-        adv, ret = gae_1d(
-            T(rewards, dtype=torch.float64), T(values, dtype=torch.float64), T(cu), T(bootstrap), gamma, lam
-        )
-        ref_adv, ref_ret = reference_gae(rewards, values, lengths, bootstrap, gamma, lam)
+        adv, ret = gae_masked(T(rewards, dtype=torch.float64), T(values, dtype=torch.float64), T(mask), gamma, lam,
+                              bootstrap_values=T(boot, dtype=torch.float64))
+        ref_adv, ref_ret = reference_gae(rewards, values, mask, boot, gamma, lam)
         assert close(adv, ref_adv, 1e-12) and close(ret, ref_ret, 1e-12)
 
 
-def test_gae_rejects_values_without_one_extra_entry_per_sequence():
-    with pytest.raises(ValueError, match="one more entry per sequence"):
-        gae_1d(T(GAE_REWARDS), T(GAE_VALUES[:-1]), T(GAE_CU_SEQLENS), T([0, 0]), 0.9, 0.5)
+def test_gae_rejects_inputs_of_different_shapes():
+    with pytest.raises(ValueError, match="one \\[B, L\\] shape"):
+        gae_masked(T(GAE_REWARDS), T(GAE_VALUES)[:, :2], T(GAE_MASK), 0.9, 0.5)
 
 
 # =============================================================================================
@@ -429,25 +435,17 @@ def test_unknown_kl_kind_is_rejected():
         kl_estimate(T([0.0]), T([0.0]), "k4")
 
 
-def test_rewards_with_kl_adds_score_at_last_token_and_penalty_everywhere_packed():
-    # kl_ctl = 0.1; sequences of 2 and 3 tokens with scores 1 and −1.
-    kl = T([1.0, 2.0, 0.0, 0.5, 1.0])
-    out = rewards_with_kl(T([1.0, -1.0]), kl, 0.1, cu_seqlens=T([0, 2, 5]))
-    assert close(out, [-0.1, -0.2 + 1.0, 0.0, -0.05, -0.1 - 1.0])
-
-
-def test_rewards_with_kl_padded_layout_matches_packed_layout():
+def test_rewards_with_kl_adds_score_at_last_masked_token_and_penalty_on_every_masked_token():
+    # kl_ctl = 0.1; rows of 2 and 3 masked tokens with scores 1 and −1; 0 off the mask.
     kl = T([[1.0, 2.0, 9.0], [0.0, 0.5, 1.0]])
     mask = T([[True, True, False], [True, True, True]])
     out = rewards_with_kl(T([1.0, -1.0]), kl, 0.1, mask=mask)
     assert close(out, [[-0.1, 0.8, 0.0], [0.0, -0.05, -1.1]])
 
 
-def test_rewards_with_kl_needs_exactly_one_layout_and_a_token_per_sequence():
-    with pytest.raises(ValueError, match="exactly one"):
-        rewards_with_kl(T([1.0]), T([0.0]), 0.1)
-    with pytest.raises(ValueError, match="no tokens"):
-        rewards_with_kl(T([1.0, 2.0]), T([0.0]), 0.1, cu_seqlens=T([0, 1, 1]))
+def test_rewards_with_kl_needs_a_masked_token_per_sequence():
+    with pytest.raises(ValueError, match="no masked tokens"):
+        rewards_with_kl(T([1.0, 2.0]), T([[0.0], [0.0]]), 0.1, mask=T([[True], [False]]))
 
 
 def test_shape_reward_adds_bias_then_scales_then_clips():

@@ -1,4 +1,4 @@
-"""Specification of generation-request routing (DESIGN §5), realhf.impl.routing."""
+"""Specification of generation-request routing (docs/architecture.md §5), realhf.impl.routing."""
 
 import pytest
 from hypothesis import settings

@@ -1,4 +1,4 @@
-"""The msgpack wire format (DESIGN §6): exact round trips, clear errors, a decoder that never crashes."""
+"""The msgpack wire format (docs/architecture.md §6): exact round trips, clear errors, a decoder that never crashes."""
 
 import math
 

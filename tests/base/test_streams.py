@@ -19,7 +19,7 @@ from realhf.system.stream_dataset import StreamDataset, StreamDatasetError, Stre
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# ---- grouping (DESIGN §6) ----------------------------------------------------------------------
+# ---- grouping (docs/architecture.md §6) ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The trajectory message (DESIGN §6): round trip, and every malformed field refused by name."""
+"""The trajectory message (docs/architecture.md §6): round trip, and every malformed field refused by name."""
 
 import pytest
 

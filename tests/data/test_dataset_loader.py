@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import (
     DatasetFormatError,
-    PromptRow,
     PromptSampler,
     load_jsonl_prompts,
     shard,

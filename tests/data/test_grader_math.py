@@ -4,7 +4,8 @@ import asyncio
 
 import pytest
 
-from realhf.impl.environment.math_grader import MathGrader, extract_answer, numbers_equal, parse_number
+from realhf.impl.environment.math_answer import extract_answer, numbers_equal, parse_number
+from realhf.impl.environment.math_grader import MathGrader
 
 
 @pytest.mark.parametrize(

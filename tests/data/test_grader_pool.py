@@ -9,13 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from realhf.impl.environment.math_grader import (
-    HardTimeoutPool,
-    MathGrader,
-    PoolClosed,
-    TaskFailed,
-    TaskTimeout,
-)
+from realhf.base.hard_timeout_pool import HardTimeoutPool, PoolClosed, TaskFailed, TaskTimeout
+from realhf.impl.environment.math_grader import MathGrader
 
 
 def _children() -> set:

@@ -14,7 +14,7 @@ from helpers.training_runs import REPO, read_metrics, run_training, training_com
 
 STEPS, CKPT, ETA, B = 12, 4, 1, 8
 COMMON = [f"exp_ctrl.benchmark_steps={STEPS}", f"exp_ctrl.ckpt_freq_steps={CKPT}", f"max_head_offpolicyness={ETA}",
-          f"dataset.train_bs_n_seqs={B}", "max_concurrent_rollouts=16", "evaluation.n_prompts=0"]
+          f"groups_per_step={B}", "max_concurrent_rollouts=16", "evaluation.n_prompts=0"]
 
 
 def _worker_pid(tmp_path, config_name):

@@ -13,10 +13,12 @@ from typing import Dict, List, Optional
 
 import psutil
 
+from realhf.base.trial_files import read_metrics
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Small and quick: 4 prompt groups of 4 answers per step, 2 rollout workers.
-SMALL_RUN = ["dataset.train_bs_n_seqs=4", "group_size=4", "max_concurrent_rollouts=8", "evaluation.n_prompts=0",
+SMALL_RUN = ["groups_per_step=4", "group_size=4", "max_concurrent_rollouts=8", "evaluation.n_prompts=0",
              "ppo.gen.max_new_tokens=24"]
 
 
@@ -40,10 +42,7 @@ class Run:
         return self.out_path.read_text(errors="replace")
 
     def metrics(self) -> List[dict]:
-        path = self.log_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_metrics(str(self.log_dir))
 
     def log(self, name: str) -> str:
         path = self.log_dir / f"{name}.log"

@@ -1,4 +1,4 @@
-"""A fake SGLang generation server: the HTTP protocol of DESIGN §5 with deterministic outputs.
+"""A fake SGLang generation server: the HTTP protocol of docs/architecture.md §5 with deterministic outputs.
 
 A real FastAPI/uvicorn app on 127.0.0.1 (in a thread of the test process, so tests can read its
 counters). Output token k of a request is a pure function of the sequence so far and the weight

@@ -1,11 +1,12 @@
 """Drive training/main_async_ppo.py as a subprocess, the way a user runs it, and look at what it left."""
 
-import json
 import os
 import subprocess
 import sys
 
 import psutil
+
+from realhf.base.trial_files import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,13 +22,6 @@ def trial_processes(marker: str):
         if "realhf" in cmd and marker in cmd:
             found.append((p.pid, cmd))
     return found
-
-
-def read_metrics(log_dir):
-    path = log_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def training_command(tmp_path, trial, *overrides):

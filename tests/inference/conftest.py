@@ -49,7 +49,7 @@ def server_url(qwen_path):
     if external:
         yield external.rstrip("/")
         return
-    from realhf.impl.inference.engine import create_engine
+    from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import HttpServerThread
 

@@ -9,13 +9,8 @@ import time
 import pytest
 import torch
 
-from realhf.impl.inference.engine import (
-    EngineClosedError,
-    GenerateRequest,
-    SamplingParams,
-    check_request,
-    create_engine,
-)
+from realhf.impl.inference.factory import create_engine
+from realhf.impl.inference.request import EngineClosedError, GenerateRequest, SamplingParams, check_request
 from realhf.impl.inference.sampling import sample
 
 

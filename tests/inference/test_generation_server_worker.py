@@ -4,7 +4,9 @@ import time
 
 import pytest
 
-from realhf.api.cli_args import GenerationServerConfig, NativeEngineConfig, validate_generation_server_config
+from realhf.api.cli_args import NativeEngineConfig
+from realhf.api.worker_configs import GenerationServerConfig
+from realhf.api.validation import validate_worker_config
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail
 from realhf.system.worker_base import STATUS_COMPLETE
@@ -79,12 +81,12 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
 def test_config_errors_name_the_field(change, field):
     cfg = GenerationServerConfig(**{"model_path": "/m", **change})
     with pytest.raises(ValueError, match=field):
-        validate_generation_server_config(cfg)
+        validate_worker_config(cfg)
     cfg = GenerationServerConfig(model_path="/m")
     cfg.native.kind = "onnx"
     with pytest.raises(ValueError, match="native.kind"):
-        validate_generation_server_config(cfg)
+        validate_worker_config(cfg)
     cfg = GenerationServerConfig(model_path="/m")
     cfg.native.decode_attention = "fast"
     with pytest.raises(ValueError, match="native.decode_attention"):
-        validate_generation_server_config(cfg)
+        validate_worker_config(cfg)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from realhf.impl.inference.engine import GenerateRequest, SamplingParams, create_engine, engine_kind_for
-from realhf.impl.inference.hf_engine import HFRunner
+from realhf.impl.inference.factory import create_engine, engine_kind_for
+from realhf.impl.inference.hf_runner import HFRunner
+from realhf.impl.inference.request import GenerateRequest, SamplingParams
 from realhf.impl.inference.server_app import create_app
 from realhf.system.http_thread import HttpServerThread
 

@@ -77,3 +77,27 @@ def test_sigterm_stops_the_server_cleanly(launched):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 0, log_path.read_text()
     assert "stopped" in log_path.read_text()
+
+
+def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaults():
+    import dataclasses
+
+    from realhf.api.cli_args import NativeEngineConfig
+    from realhf.launch_server import dataclass_from_args, parse_args
+
+    args = parse_args(["--model-path", "m"])
+    assert dataclass_from_args(NativeEngineConfig, args) == NativeEngineConfig()
+    flags = ["--n-threads", "2", "--max-running-requests", "8", "--context-length", "64", "--dtype", "bfloat16",
+             "--kind", "hf", "--random-seed", "7", "--decode-attention", "torch"]
+    config = dataclass_from_args(NativeEngineConfig, parse_args(["--model-path", "m", *flags]))
+    assert dataclasses.asdict(config) == dict(n_threads=2, max_running_requests=8, context_length=64,
+                                              dtype="bfloat16", kind="hf", seed=7, decode_attention="torch")
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--kind", "vllm"], ["--n-threads", "0"], ["--tp-size", "2"]])
+def test_bad_engine_options_are_refused_before_anything_loads(flags, capsys):
+    from realhf.launch_server import parse_args
+
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model-path", "m", *flags])
+    assert info.value.code == 2 and flags[0] in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Conformance of a generation server to the SGLang protocol of DESIGN §5, over real HTTP.
+"""Conformance of a generation server to the SGLang protocol of docs/architecture.md §5, over real HTTP.
 
 Only HTTP and the served model's HF reference are used, so a real SGLang server passes these too
 (see conftest: REALHF_CONFORMANCE_URL / REALHF_CONFORMANCE_MODEL).

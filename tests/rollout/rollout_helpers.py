@@ -7,7 +7,7 @@ import urllib.error
 import urllib.request
 
 from helpers.fake_sglang import FakeSGLangServer
-from realhf.api.cli_args import GserverManagerConfig
+from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import name_resolve, names
 from realhf.system.gserver_manager import serve_manager
 

@@ -180,15 +180,17 @@ def test_registered_names_resolve_and_unknown_names_fail_with_the_choices():
 
 
 def test_agent_config_rejects_inverted_success_bounds():
-    with pytest.raises(ValueError, match="success_rate_lb"):
-        AgentConfig(success_rate_lb=0.9, success_rate_ub=0.1)
+    from realhf.api.validation import ConfigError, check_agent
+
+    with pytest.raises(ConfigError, match="rollout.agent.success_rate_lb"):
+        check_agent(AgentConfig(success_rate_lb=0.9, success_rate_ub=0.1))
 
 
 def test_math_env_reads_boxed_hash_and_last_number_answers():
     async def main():
         env = make_env(EnvConfig())
         try:
-            p = Prompt("q", "q", "", (), (" 3+4=7\n#### 7",))
+            p = Prompt(query_id="q", prompt="", solutions=(" 3+4=7\n#### 7",), task="math", qid="q")
             _, successes, done, info = await env.step((p, ["\\boxed{7}", "#### 7", "so it is 7", "#### 8", ""]))
             return successes, done, info
         finally:
@@ -208,7 +210,7 @@ def test_math_env_check_work_also_requires_every_worked_equation_to_hold(check_w
     async def main():
         env = make_env(EnvConfig(check_work=check_work))
         try:
-            return await env.step((Prompt("q", "q", "", (), (" 4-2=2\n2+5=7\n#### 7",)), answers))
+            return await env.step((Prompt(query_id="q", prompt="", solutions=(" 4-2=2\n2+5=7\n#### 7",), task="math", qid="q"), answers))
         finally:
             await env.aclose()
 
@@ -220,6 +222,6 @@ def test_math_env_check_work_also_requires_every_worked_equation_to_hold(check_w
 @pytest.mark.parametrize("text, ok", [(" 5-2=3\n3+4=7", True), (" 4-4=1", False), ("12 + 9 = 21", True),
                                       ("2*3=7", False), ("1.5+2=3.5", True), ("#### 3", True), ("9-12=-3", True)])
 def test_work_lines_correct_checks_integer_equations_only(text, ok):
-    from realhf.impl.environment.math_grader import work_lines_correct
+    from realhf.impl.environment.math_answer import work_lines_correct
 
     assert work_lines_correct(text) is ok

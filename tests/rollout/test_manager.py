@@ -1,4 +1,4 @@
-"""Specification of the GserverManager over real HTTP (DESIGN §4, §5; issue 3 item 2).
+"""Specification of the GserverManager over real HTTP (docs/architecture.md §4, §5; issue 3 item 2).
 
 The manager app runs for real (uvicorn on 127.0.0.1, its watcher reading Redis); generation
 servers are fake SGLang servers (tests/helpers/fake_sglang.py), also real HTTP.
@@ -13,7 +13,7 @@ import pytest
 from rollout_helpers import fake_servers, http, running_manager, set_version, wait_for
 
 from realhf.base import name_resolve, names
-from realhf.system.weight_update import param_realloc_path
+from realhf.base.trial_files import published_version_dir
 
 pytestmark = pytest.mark.usefixtures("nr")
 
@@ -39,7 +39,7 @@ async def _allocate_until_refused(url: str, n_clients: int, per_client: int, tag
 def test_admission_with_nothing_finishing_admits_eta_plus_one_batches_then_one_more_per_version(eta, first, after_v1):
     # B = 4 prompt groups per train step, 5 clients of 4 slots each: min(4·5, (1 + η)·4) admissions
     # (AReaL v0.3: 4 / 8 / 20 for η = 0 / 1 / 4), then (2 + η)·4 cumulative at version 1.
-    with fake_servers(1) as servers, running_manager([s.url for s in servers], train_batch_size=4,
+    with fake_servers(1) as servers, running_manager([s.url for s in servers], groups_per_step=4,
                                                      max_head_offpolicyness=eta, max_concurrent_rollouts=100) as m:
         assert asyncio.run(_allocate_until_refused(m.url, 5, 4, "v0")) == first
         set_version(1)
@@ -50,7 +50,7 @@ def test_admission_with_nothing_finishing_admits_eta_plus_one_batches_then_one_m
 
 
 def test_finished_and_filtered_rollouts_free_slots_and_only_accepted_ones_count():
-    with fake_servers(1) as servers, running_manager([s.url for s in servers], train_batch_size=2,
+    with fake_servers(1) as servers, running_manager([s.url for s in servers], groups_per_step=2,
                                                      max_head_offpolicyness=0) as m:
         for q in ("a", "b"):
             assert http("POST", f"{m.url}/allocate_rollout", {"qid": q})[1] == {"success": True, "reason": "ok"}
@@ -157,9 +157,9 @@ def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
 
 def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_admission_answers(tmp_path):
     fileroot = str(tmp_path)
-    os.makedirs(param_realloc_path(fileroot, "actor", 1))
+    os.makedirs(published_version_dir(fileroot, "actor", 1))
     with fake_servers(2, check_model_path=True, update_delay=0.6) as servers, \
-            running_manager([s.url for s in servers], fileroot=fileroot, max_concurrent_rollouts=1000,
+            running_manager([s.url for s in servers], run_dir=fileroot, max_concurrent_rollouts=1000,
                             max_head_offpolicyness=100) as m:
         set_version(1)
         # While the updates run (0.6 s per server), admission keeps answering, without waiting
@@ -181,7 +181,7 @@ def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_a
         assert answered_during_update >= 3 and max(latencies) < 0.6, (answered_during_update, latencies)
         for s in servers:
             assert s.event_names() == ["pause", "update", "continue"]
-            assert s.loaded_paths == [param_realloc_path(fileroot, "actor", 1)] and s.weight_version == 1
+            assert s.loaded_paths == [str(published_version_dir(fileroot, "actor", 1))] and s.weight_version == 1
         # One at a time: the second server is paused only after the first one continued.
         first, second = sorted(servers, key=lambda s: s.events[0][2])
         assert first.events[-1][2] <= second.events[0][2]
@@ -190,23 +190,28 @@ def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_a
 def test_a_failed_weight_update_still_continues_the_server_and_is_retried(tmp_path):
     fileroot = str(tmp_path)  # version 1's directory does not exist yet: the server refuses
     with fake_servers(1, check_model_path=True) as (server,), \
-            running_manager([server.url], fileroot=fileroot) as m:
+            running_manager([server.url], run_dir=fileroot) as m:
         set_version(1)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["weight_updates"]["failed"] >= 1, 5, "a failed update")
         assert server.event_names()[:2] == ["pause", "continue"] and server.weight_version == 0
-        os.makedirs(param_realloc_path(fileroot, "actor", 1))
+        os.makedirs(published_version_dir(fileroot, "actor", 1))
         wait_for(lambda: server.weight_version == 1, 10, "the retried update")
         assert "not a directory" in http("GET", f"{m.url}/status")[1]["weight_updates"]["last_error"]
 
 
-def test_metrics_are_prometheus_text():
+def test_metrics_are_prometheus_text_with_the_numbers_of_status():
+    from prometheus_client.parser import text_string_to_metric_families
+
     with fake_servers(1) as servers, running_manager([s.url for s in servers]) as m:
         http("POST", f"{m.url}/allocate_rollout", {"qid": "a"})
         status, text = http("GET", f"{m.url}/metrics")
         assert status == 200
-        assert "realhf_manager_running_rollouts 1" in text
-        assert f'realhf_manager_server_version{{url="{servers[0].url}"}} 0' in text
-        assert 'realhf_manager_rejections_total{reason="staleness"} 0' in text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        assert samples[("realhf_manager_running_rollouts", ())] == 1
+        assert samples[("realhf_manager_server_version", (("url", servers[0].url),))] == 0
+        assert samples[("realhf_manager_rejections_total", (("reason", "staleness"),))] == 0
+        assert samples[("realhf_manager_accepted_rollouts_total", ())] == 0
 
 
 def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come():
@@ -220,16 +225,18 @@ def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come()
 
 
 def test_manager_config_rejects_bad_values_naming_the_field():
-    from realhf.api.cli_args import GserverManagerConfig, RolloutWorkerConfig
+    from realhf.api.validation import ConfigError, validate_worker_config
+    from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
 
-    with pytest.raises(ValueError, match="gserver_manager.schedule_policy='fastest'.*least_token_usage"):
-        GserverManagerConfig(schedule_policy="fastest")
-    with pytest.raises(ValueError, match="gserver_manager.poll_interval"):
-        GserverManagerConfig(poll_interval=2.0)
-    with pytest.raises(ValueError, match="gserver_manager.max_head_offpolicyness"):
-        GserverManagerConfig(max_head_offpolicyness=-1)
-    with pytest.raises(ValueError, match="rollout.group_size"):
-        RolloutWorkerConfig(group_size=0)
+    with pytest.raises(ConfigError, match="gserver_manager.schedule_policy='fastest'.*least_token_usage"):
+        validate_worker_config(GserverManagerConfig(schedule_policy="fastest"))
+    with pytest.raises(ConfigError, match="gserver_manager.poll_interval"):
+        validate_worker_config(GserverManagerConfig(poll_interval=2.0))
+    with pytest.raises(ConfigError, match="gserver_manager.max_head_offpolicyness"):
+        validate_worker_config(GserverManagerConfig(max_head_offpolicyness=-1))
+    with pytest.raises(ConfigError, match="rollout_worker.group_size"):
+        validate_worker_config(RolloutWorkerConfig(group_size=0))
+    validate_worker_config(GserverManagerConfig())  # the defaults pass
 
 
 def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up_to_30_s():

@@ -20,14 +20,15 @@ import uuid
 import pytest
 import torch
 
-from realhf.api.cli_args import GenerationHyperparameters, GserverManagerConfig, RolloutWorkerConfig
+from realhf.api.cli_args import GenerationHyperparameters
+from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
 from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
 from realhf.base.process import die_with_parent
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
 from realhf.system.push_pull_stream import NameResolvingZmqPuller
 from realhf.system.stream_dataset import StreamDataset, StreamTimeoutError
-from realhf.system.weight_update import param_realloc_path
+from realhf.base.trial_files import published_version_dir
 
 MODEL = os.path.abspath("assets/tiny-math/sft")
 DATA = os.path.abspath("assets/tiny-math/data/train.jsonl")
@@ -64,9 +65,9 @@ def get_json(url: str):
 
 def publish_version(fileroot: str, exp: str, trial: str, version: int):
     """What the trainer does after a step: the HF directory, then the version key."""
-    tmp = param_realloc_path(fileroot, "actor", version) + ".tmp"
+    tmp = str(published_version_dir(fileroot, "actor", version)) + ".tmp"
     shutil.copytree(MODEL, tmp)
-    os.rename(tmp, param_realloc_path(fileroot, "actor", version))
+    os.rename(tmp, published_version_dir(fileroot, "actor", version))
     name_resolve.add(names.model_version(exp, trial, "actor"), version, replace=True)
 
 
@@ -100,7 +101,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
         name_resolve.add_subentry(names.gen_servers(exp, trial), url)
         dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0), parse=Trajectory.from_msg)
         launcher.submit(WorkerSpec("gserver_manager", 1, [GserverManagerConfig(
-            train_batch_size=B, max_head_offpolicyness=ETA, n_servers=1, fileroot=fileroot, poll_interval=0.1,
+            groups_per_step=B, max_head_offpolicyness=ETA, n_servers=1, run_dir=fileroot, poll_interval=0.1,
             max_concurrent_rollouts=8, schedule_policy="least_requests")]))
         launcher.submit(WorkerSpec("rollout_worker", 2, [RolloutWorkerConfig(
             dataset_path=DATA, tokenizer_path=MODEL, group_size=GROUP, max_concurrent_rollouts=4,

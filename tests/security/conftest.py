@@ -18,7 +18,7 @@ def tiny_model_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def native_server(tiny_model_path):
     """(url, engine) of a native generation server."""
-    from realhf.impl.inference.engine import create_engine
+    from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import HttpServerThread
 
@@ -35,12 +35,13 @@ def native_server(tiny_model_path):
 @pytest.fixture(scope="module")
 def manager_server(tmp_path_factory):
     """(url, service) of a GserverManager app routing to one (never contacted) server URL."""
-    from realhf.api.cli_args import GserverManagerConfig
-    from realhf.system.gserver_manager import ManagerService, create_app
+    from realhf.api.worker_configs import GserverManagerConfig
+    from realhf.system.gserver_manager import create_app
     from realhf.system.http_thread import HttpServerThread
+    from realhf.system.manager_service import ManagerService
 
-    config = GserverManagerConfig(max_concurrent_rollouts=8, train_batch_size=2, max_head_offpolicyness=1,
-                                  fileroot=str(tmp_path_factory.mktemp("manager_root")))
+    config = GserverManagerConfig(max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1,
+                                  run_dir=str(tmp_path_factory.mktemp("manager_root")))
     service = ManagerService(config, ["http://127.0.0.1:9"])
     server = HttpServerThread(create_app(service), host="127.0.0.1", name="manager-under-test").start()
     try:

@@ -1,28 +1,24 @@
 """Invalid config values and dataset rows are refused before any process starts, naming the
 field (issue 6, bullet 5). Complements tests/experiments/test_async_ppo_config.py (which covers
 eta < 0, lb > ub, missing paths, group_size=0, ...) and tests/data/test_dataset_loader.py (the
-loader's own file:line messages): here, what check_config adds on top."""
+loader's own file:line messages): here, what realhf.api.validation adds on top."""
 
 import os
 import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from realhf.experiments.async_ppo_math import ConfigError, check_config
+from realhf.api.validation import ConfigError
+from realhf.api.validation import validate_experiment as check_config
+from realhf.experiments.config_loading import REPO_ROOT as REPO
+from realhf.experiments.config_loading import compose_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "assets", "tiny-math", "data", "train.jsonl")
 
 
 def load(*overrides):
-    sys.path.insert(0, os.path.join(REPO, "training"))
-    import main_async_ppo  # noqa: F401  (registers the schema with Hydra)
-
-    with initialize_config_dir(config_dir=os.path.join(REPO, "training", "configs"), version_base=None):
-        return OmegaConf.to_object(compose(config_name="async-ppo", overrides=list(overrides)))
+    return compose_config(overrides)
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,9 @@ import os
 import psutil
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from helpers.tiny_models import make_random_causal_lm
-from realhf.api import cli_args
+from realhf.api import cli_args, worker_configs
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
 from realhf.base.redis_server import RedisServer
@@ -30,7 +28,8 @@ def _listening_ip(port: int) -> str:
 
 
 def test_every_host_field_of_the_config_tree_defaults_to_loopback():
-    fields = [(cls.__name__, f.name, f.default) for cls in vars(cli_args).values()
+    fields = [(cls.__name__, f.name, f.default)
+              for cls in list(vars(cli_args).values()) + list(vars(worker_configs).values())
               if dataclasses.is_dataclass(cls) and isinstance(cls, type)
               for f in dataclasses.fields(cls) if f.name in ("host", "bind_host")]
     assert fields, "no host fields found"
@@ -38,13 +37,9 @@ def test_every_host_field_of_the_config_tree_defaults_to_loopback():
 
 
 def _load(*overrides):
-    import sys
+    from realhf.experiments.config_loading import compose_config
 
-    sys.path.insert(0, os.path.join(REPO, "training"))
-    import main_async_ppo  # noqa: F401  (registers the schema with Hydra)
-
-    with initialize_config_dir(config_dir=os.path.join(REPO, "training", "configs"), version_base=None):
-        return OmegaConf.to_object(compose(config_name="async-ppo", overrides=list(overrides)))
+    return compose_config(overrides)
 
 
 def _hosts(obj, path="config"):
@@ -158,7 +153,7 @@ def pickle_only_models(tmp_path_factory):
 
 def test_trainer_refuses_a_checkpoint_without_safetensors(pickle_only_models):
     from realhf.api.cli_args import ModelTrainEvalConfig
-    from realhf.system.model_worker import load_causal_lm
+    from realhf.impl.model.model_loading import load_causal_lm
 
     path = pickle_only_models["qwen2"]
     with pytest.raises(ValueError, match="safetensors") as info:
@@ -168,7 +163,7 @@ def test_trainer_refuses_a_checkpoint_without_safetensors(pickle_only_models):
 
 @pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
 def test_inference_engines_refuse_a_checkpoint_without_safetensors(pickle_only_models, arch):
-    from realhf.impl.inference.engine import create_engine
+    from realhf.impl.inference.factory import create_engine
 
     with pytest.raises(Exception, match="safetensors"):
         create_engine(pickle_only_models[arch], max_running_requests=2, context_length=32)

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from realhf.api.cli_args import ExperimentSaveEvalControl, MasterWorkerConfig
+from realhf.api.cli_args import ExperimentSaveEvalControl
+from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
-from realhf.system.master_worker import MasterWorker, dp_shares, total_train_steps
+from realhf.system.master_worker import MasterWorker, dp_shares
 from realhf.system.stats_logger import format_line, step_metrics
 from realhf.system.worker_base import WorkerContext
 
@@ -19,12 +20,13 @@ def test_each_dp_rank_gets_its_share_of_b_with_the_remainder_to_the_first_ranks(
 
 
 def test_benchmark_steps_win_over_epochs_and_an_epoch_is_dataset_size_over_b():
-    cfg = MasterWorkerConfig(train_batch_size=16, dataset_size=100, exp_ctrl=ExperimentSaveEvalControl(total_train_epochs=2))
-    assert total_train_steps(cfg) == 12  # 100 // 16 = 6 steps per epoch
+    from realhf.api.cli_args import AsyncPPOMATHConfig
+    from realhf.experiments.async_ppo_math import total_train_steps
+
+    cfg = AsyncPPOMATHConfig(groups_per_step=16, exp_ctrl=ExperimentSaveEvalControl(total_train_epochs=2))
+    assert total_train_steps(cfg, n_rows=100) == 12  # 100 // 16 = 6 steps per epoch
     cfg.exp_ctrl.benchmark_steps = 5
-    assert total_train_steps(cfg) == 5
-    with pytest.raises(ValueError, match=r"exp_ctrl.benchmark_steps is 0 and dataset_size \(0\)"):
-        total_train_steps(MasterWorkerConfig(dataset_size=0))
+    assert total_train_steps(cfg, n_rows=100) == 5
 
 
 class _FakeStream:
@@ -44,7 +46,7 @@ class _FakeStream:
 def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out(redis_name_resolve, caplog):
     ctx = WorkerContext(experiment_name="mlogic", trial_name="t", worker_type="master_worker",
                         name_resolve=redis_name_resolve)
-    cfg = MasterWorkerConfig(n_model_workers=2, train_batch_size=4, data_poll_interval=0.02, data_log_interval=0.05,
+    cfg = MasterWorkerConfig(n_model_workers=2, groups_per_step=4, data_poll_interval=0.02, data_log_interval=0.05,
                              stall_timeout=0.1, data_timeout=0.4)
     w = MasterWorker(ctx, cfg)
     w._stream, w.shares, w.step, w.version, w.stale_dropped = _FakeStream(), [2, 2], 0, 0, -1
@@ -84,7 +86,7 @@ def test_stall_report_names_manager_state_dead_servers_and_missing_workers(redis
     listens on; heartbeats for one of two rollout workers."""
     from fastapi import FastAPI
 
-    from realhf.api.cli_args import GserverManagerConfig
+    from realhf.api.worker_configs import GserverManagerConfig
     from realhf.base.network import find_free_port
     from realhf.system.gserver_manager import serve_manager
     from realhf.system.http_thread import HttpServerThread
@@ -94,7 +96,7 @@ def test_stall_report_names_manager_state_dead_servers_and_missing_workers(redis
     health.get("/health")(lambda: {"ok": True})
     server = HttpServerThread(health, host="127.0.0.1", name="health-standin").start()
     dead = f"http://127.0.0.1:{find_free_port()}"
-    manager = serve_manager(GserverManagerConfig(train_batch_size=4, max_concurrent_rollouts=8), "stall", "t",
+    manager = serve_manager(GserverManagerConfig(groups_per_step=4, max_concurrent_rollouts=8), "stall", "t",
                             server_urls=[server.url, dead])
     try:
         name_resolve.add(names.gserver_manager("stall", "t"), manager.url, replace=True)

@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from realhf.api.cli_args import (ExperimentSaveEvalControl, MasterWorkerConfig, ModelTrainEvalConfig,
-                                 ModelWorkerConfig, NameResolveConfig, PPOHyperparameters)
+from realhf.api.cli_args import (ExperimentSaveEvalControl, ModelTrainEvalConfig, NameResolveConfig, PPOHyperparameters,
+                                 StatsLoggingConfig)
+from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
@@ -67,11 +68,13 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(red
     model, tok = load_tiny()
     groups = make_groups(model, tok, load_rows(B * STEPS + 1), group_size=GROUP)
     ppo = PPOHyperparameters(ppo_n_minibatches=2)
-    worker_cfg = ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT), ppo=ppo, fileroot=str(tmp_path),
-                                   max_head_offpolicyness=ETA)
-    master_cfg = MasterWorkerConfig(n_model_workers=N_DP, train_batch_size=B, group_size=GROUP, ppo=ppo,
-                                    exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS), fileroot=str(tmp_path),
-                                    tensorboard_path=str(tmp_path / "tb"), worker_connect_timeout=120)
+    worker_cfg = ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT), ppo=ppo, run_dir=str(tmp_path),
+                                   max_head_offpolicyness=ETA, total_train_steps=STEPS)
+    master_cfg = MasterWorkerConfig(n_model_workers=N_DP, groups_per_step=B, group_size=GROUP, ppo=ppo,
+                                    total_train_steps=STEPS, exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS),
+                                    log_dir=str(tmp_path / "logs" / EXP / TRIAL),
+                                    stats=StatsLoggingConfig(tensorboard_path=str(tmp_path / "tb")),
+                                    worker_connect_timeout=120)
     launcher = LocalLauncher(EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url),
                              startup_timeout=120)
     stop, errors = threading.Event(), []
@@ -102,7 +105,7 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(red
     assert name_resolve.get(names.model_version(EXP, TRIAL, "actor")) == "3"
     assert name_resolve.get(names.stale_dropped(EXP, TRIAL)) == "1"
     assert name_resolve.get(names.training_samples(EXP, TRIAL)) == str(B * STEPS)
-    published = tmp_path / "param_realloc" / "actor"
+    published = tmp_path / "published_weights" / "actor"
     assert sorted(p.name for p in published.iterdir()) == ["2", "3"]  # the last two versions
     assert (published / "3" / "model.safetensors").is_file()
     assert (tmp_path / "checkpoints" / "actor" / "version3" / "model.safetensors").is_file()

@@ -7,8 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from realhf.api.cli_args import ModelTrainEvalConfig, ModelWorkerConfig, OptimizerConfig, PPOHyperparameters
+from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
+from realhf.api.worker_configs import ModelWorkerConfig
+from realhf.base.trial_files import published_version_dir
 from realhf.system.request_reply_stream import RemoteError
 from trainer_harness import ModelWorkerHarness
 from trajectory_factory import TINY_SFT, load_rows, load_tiny, make_groups
@@ -16,12 +18,12 @@ from trajectory_factory import TINY_SFT, load_rows, load_tiny, make_groups
 GROUP = 4
 
 
-def _config(fileroot) -> ModelWorkerConfig:
+def _config(run_dir) -> ModelWorkerConfig:
     # The NOTES recipe, plus batch-level advantage normalisation so that its all-reduce is exercised.
     return ModelWorkerConfig(
         actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-4, gradient_clipping=1.0)),
         ppo=PPOHyperparameters(ppo_n_minibatches=2, group_adv_norm=True, adv_norm=True),
-        fileroot=str(fileroot), max_head_offpolicyness=4, distributed_timeout=120, master_discovery_timeout=120,
+        run_dir=str(run_dir), max_head_offpolicyness=4, distributed_timeout=120, master_discovery_timeout=120,
     )
 
 
@@ -54,7 +56,7 @@ def test_one_train_step_changes_the_weights_bumps_the_version_and_publishes_a_lo
     train = dp1_run["train"][0]
     assert train["version"] == 1
     assert dp1_run["published_version"] == "1"  # model_version/actor in Redis
-    out = dp1_run["root"] / "param_realloc" / "actor" / "1"
+    out = published_version_dir(dp1_run["root"], "actor", 1)
     assert train["published"] == str(out)
     before = load_file(f"{TINY_SFT}/model.safetensors")
     after = load_file(str(out / "model.safetensors"))
@@ -88,8 +90,8 @@ def test_dp2_over_gloo_gives_the_same_update_as_dp1_on_the_same_data(dp1_run, gr
         h.close()
     assert [r["version"] for r in result["train"]] == [1, 1]
     assert result["train"][0]["published"] and not result["train"][1]["published"]  # rank 0 publishes
-    dp1 = load_file(str(dp1_run["root"] / "param_realloc" / "actor" / "1" / "model.safetensors"))
-    dp2 = load_file(str(tmp_path / "param_realloc" / "actor" / "1" / "model.safetensors"))
+    dp1 = load_file(str(published_version_dir(dp1_run["root"], "actor", 1) / "model.safetensors"))
+    dp2 = load_file(str(published_version_dir(tmp_path, "actor", 1) / "model.safetensors"))
     start = load_file(f"{TINY_SFT}/model.safetensors")
     worst = max(float((dp1[k] - dp2[k]).abs().max()) for k in dp1)
     update = max(float((dp1[k] - start[k]).abs().max()) for k in dp1)

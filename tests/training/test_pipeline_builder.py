@@ -1,4 +1,4 @@
-"""The dataflow-graph builder of DESIGN §7: topological order and errors that name the node."""
+"""The dataflow-graph builder of docs/architecture.md §7: topological order and errors that name the node."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The trainer-side staleness guard of DESIGN §4: never train a group with version_start < v − η."""
+"""The trainer-side staleness guard of docs/architecture.md §4: never train a group with version_start < v − η."""
 
 import pytest
 

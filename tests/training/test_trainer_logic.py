@@ -2,7 +2,6 @@
 schedule and the weight files. No processes, no sockets."""
 
 import json
-import math
 import os
 
 import pytest
@@ -11,8 +10,9 @@ from safetensors.torch import load_file
 
 from realhf.api.cli_args import OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
+from realhf.base.trial_files import published_weights_dir
 from realhf.impl.model import actor, checkpoint
-from realhf.impl.model.batching import minibatch_rows, pack_trajectories
+from realhf.impl.model.batching import TrainBatch, minibatch_rows, pack_trajectories
 from realhf.impl.model.optim import lr_factor, make_optimizer
 from trajectory_factory import load_rows, load_tiny, make_groups
 
@@ -102,14 +102,15 @@ def test_lr_schedule_warms_up_linearly_then_follows_the_cosine_to_the_floor():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("lr_scheduler_type", "linear", r"actor.optimizer.lr_scheduler_type must be one of \('constant', 'cosine'\)"),
-    ("type", "sgd", "actor.optimizer.type must be 'adam'"),
-    ("warmup_steps_proportion", 1.5, "actor.optimizer.warmup_steps_proportion"),
+    ("lr_scheduler_type", "linear", r"actor.optimizer.lr_scheduler_type='linear': choose one of \['constant', 'cosine'\]"),
+    ("type", "sgd", r"actor.optimizer.type='sgd': choose one of \['adam'\]"),
+    ("warmup_steps_proportion", 1.0, r"actor.optimizer.warmup_steps_proportion must lie in \[0, 1\)"),
 ])
-def test_bad_optimizer_settings_fail_naming_the_field(tiny, field, value, message):
-    cfg = OptimizerConfig(**{field: value})
-    with pytest.raises(ValueError, match=message):
-        make_optimizer(tiny[0], cfg, total_steps=10)
+def test_bad_optimizer_settings_fail_naming_the_field(field, value, message):
+    from realhf.api.validation import ConfigError, check_optimizer
+
+    with pytest.raises(ConfigError, match=message):
+        check_optimizer(OptimizerConfig(**{field: value}))
 
 
 def test_published_versions_are_complete_hf_dirs_and_only_the_last_two_are_kept(tiny, tmp_path):
@@ -118,7 +119,7 @@ def test_published_versions_are_complete_hf_dirs_and_only_the_last_two_are_kept(
     model, _ = tiny
     for v in (1, 2, 3):
         checkpoint.publish_weights(model, str(tmp_path), "actor", v, tokenizer_source="assets/tiny-math/sft", keep=2)
-    root = tmp_path / "param_realloc" / "actor"
+    root = published_weights_dir(str(tmp_path), "actor")
     assert sorted(os.listdir(root)) == ["2", "3"]  # no temp dirs left, version 1 pruned
     loaded = AutoModelForCausalLM.from_pretrained(root / "3")
     AutoTokenizer.from_pretrained(root / "3")
@@ -166,6 +167,52 @@ def test_without_group_norm_gae_gives_each_trained_token_its_discounted_sequence
     assert adv[0, last].tolist() == pytest.approx([0.5 * 3.0, 3.0])
 
 
+def _reference_gae_advantages(batch, cfg):
+    """compute_advantages without group norm, one sample at a time in plain Python: a sample's
+    steps are its trained tokens in order; reward −kl_ctl·(prox − ref) at each, plus the shaped
+    score at the last; GAE with zero values; 0 elsewhere and for a sample without trained tokens."""
+    out = torch.zeros_like(batch.behav_logprobs, dtype=torch.float64)
+    for i in range(batch.n_seqs):
+        steps = batch.loss_mask[i].nonzero().flatten().tolist()
+        if not steps:
+            continue
+        score = (float(batch.rewards[i]) + cfg.reward_output_bias) * cfg.reward_output_scaling
+        rewards = [-cfg.kl_ctl * float(batch.prox_logprobs[i, t] - batch.ref_logprobs[i, t]) for t in steps]
+        rewards[-1] += score
+        running = 0.0
+        for k in reversed(range(len(steps))):
+            running = rewards[k] + cfg.discount * cfg.gae_lambda * running
+            out[i, steps[k]] = running
+    return out
+
+
+@pytest.mark.parametrize("kl_ctl", [0.0, 0.1])
+def test_gae_advantages_on_a_ragged_batch_match_a_per_sample_reference(kl_ctl):
+    # Rows of different lengths, trained tokens with holes (inserted feedback), one row with no
+    # trained token at all; the padded batch goes through GAE in one masked pass.
+    g = torch.Generator().manual_seed(0)
+    n, width = 6, 12
+    lengths = torch.tensor([12, 3, 7, 1, 9, 5])
+    cols = torch.arange(width - 1)[None, :]  # [1, T-1]
+    loss_mask = (cols < lengths[:, None] - 1) & (torch.rand(n, width - 1, generator=g) < 0.8)  # [N, T-1]
+    loss_mask[3] = False
+    batch = TrainBatch(
+        input_ids=torch.zeros(n, width, dtype=torch.long),
+        attention_mask=(torch.arange(width)[None, :] < lengths[:, None]).long(),
+        loss_mask=loss_mask,
+        behav_logprobs=-torch.rand(n, width - 1, generator=g),
+        rewards=torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, 1.0]),
+        group_ids=torch.arange(n) // 2,
+        prox_logprobs=-torch.rand(n, width - 1, generator=g),
+        ref_logprobs=-torch.rand(n, width - 1, generator=g),
+    )
+    cfg = PPOHyperparameters(group_adv_norm=False, adv_norm=False, kl_ctl=kl_ctl, discount=0.9, gae_lambda=0.8,
+                             reward_output_scaling=2.0, reward_output_bias=0.5)
+    adv = actor.compute_advantages(batch, cfg)
+    assert torch.allclose(adv.double(), _reference_gae_advantages(batch, cfg), atol=1e-6)
+    assert (adv[~loss_mask] == 0).all()
+
+
 def test_kl_to_the_reference_needs_reference_logprobs_and_vanishes_when_ref_is_the_policy(tiny):
     _, tok = tiny
     model, _ = load_tiny()
@@ -182,7 +229,7 @@ def test_kl_to_the_reference_needs_reference_logprobs_and_vanishes_when_ref_is_t
 
 def test_publishing_keeps_the_newest_versions_and_drops_those_after_a_resumed_one(tiny, tmp_path):
     model, _ = tiny
-    root = checkpoint.param_realloc_dir(str(tmp_path), "actor")
+    root = published_weights_dir(str(tmp_path), "actor")
     for v in (1, 2, 3, 4, 5, 6):  # a run that got to version 6, then was resumed from version 4
         checkpoint.publish_weights(model, str(tmp_path), "actor", v, None, keep=2)
     assert sorted(int(p.name) for p in root.iterdir()) == [5, 6]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Sequence
 
-from realhf.api.cli_args import ModelWorkerConfig, NameResolveConfig
+from realhf.api.cli_args import NameResolveConfig
+from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
 from realhf.system.push_pull_stream import ZMQPusher

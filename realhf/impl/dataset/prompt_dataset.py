@@ -14,23 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Union
+
+from realhf.api.prompt import PromptRow
 
 _FIELDS: Tuple[Tuple[str, type], ...] = (("query_id", str), ("prompt", str), ("solutions", list), ("task", str))
 
 
 class DatasetFormatError(ValueError):
     """A dataset file that does not follow the JSONL prompt schema; the message is `path:line: what`."""
-
-
-@dataclass(frozen=True)
-class PromptRow:
-    query_id: str
-    prompt: str
-    solutions: Tuple[str, ...]  # reference completions; math ones end in "#### <answer>"
-    task: str
 
 
 def _parse_row(obj: Any, where: str, seen: Dict[str, int]) -> PromptRow:

@@ -7,7 +7,7 @@ A step grades a batch of answers to one prompt (a group, or one turn of one samp
 one success (1.0 / 0.0) per answer; the agent turns successes into rewards. With `check_work`, an
 answer also needs every worked equation in it (`5-2=3`) to hold. The final answer is
 read from `\\boxed{...}`, `#### N` or the last number; equivalence is exact for plain numbers and
-math-verify otherwise, in a process pool with a hard timeout (see math_grader). The environment
+math-verify otherwise, in a process pool with a hard timeout (see math_answer, math_grader). The environment
 is stateless between steps, so one instance serves all concurrent episodes of a worker.
 """
 
@@ -17,7 +17,8 @@ import asyncio
 from typing import Any, Dict, List, Sequence, Tuple
 
 from realhf.api.env import Environment, register_env
-from realhf.impl.environment.math_grader import MathGrader, extract_answer, work_lines_correct
+from realhf.impl.environment.math_answer import extract_answer, work_lines_correct
+from realhf.impl.environment.math_grader import MathGrader
 
 
 @register_env("math")

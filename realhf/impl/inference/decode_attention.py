@@ -38,11 +38,10 @@ from typing import Optional
 
 import torch
 
+from realhf.api.choices import DECODE_ATTENTION
 from realhf.base import logging
 
 logger = logging.getLogger("decode_attention")
-
-ATTENTION_CHOICES = ("auto", "kernel", "torch")
 
 _C_SOURCE = r"""
 #include <math.h>
@@ -263,8 +262,8 @@ def load_kernel() -> Optional[DecodeAttentionKernel]:
 
 def resolve_attention(choice: str, dtype: torch.dtype) -> Optional[DecodeAttentionKernel]:
     """The kernel to use for `choice` ('auto' | 'kernel' | 'torch'), or None for the torch path."""
-    if choice not in ATTENTION_CHOICES:
-        raise ValueError(f"decode attention must be one of {ATTENTION_CHOICES}, got {choice!r}")
+    if choice not in DECODE_ATTENTION:
+        raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {choice!r}")
     if choice == "torch":
         return None
     if dtype != torch.float32:

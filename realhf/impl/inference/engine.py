@@ -1,4 +1,4 @@
-"""The native inference engine: slot-based continuous batching over a static KV cache.
+"""The native inference engine: continuous batching over a model runner, driven by one thread.
 
 One engine thread runs the loop; every other thread talks to it through a request queue and a
 command queue and gets `concurrent.futures.Future`s back (`asyncio.wrap_future` makes them
@@ -10,8 +10,8 @@ awaitable). One turn of the loop:
     4. retire finished ones    resolve their futures, move the last slots into the holes
 
 so new requests join between decode steps and finished ones leave at once. Running requests
-always occupy slots 0..n-1 (see `StaticKVTransformer`), and every per-slot state lives in a
-tensor indexed by slot, so a decode step is a fixed number of tensor ops whatever n is.
+always occupy slots 0..n-1, and their per-slot state lives in tensors indexed by slot
+(`realhf.impl.inference.slots`), so a decode step is a fixed number of tensor ops whatever n is.
 
 Per-token log-probs are those of `realhf.impl.inference.sampling` (log_softmax(logits / T) at the
 sampled token; greedy: T treated as 1).
@@ -21,8 +21,9 @@ weights land are returned with `abort` and their partial output first (all of it
 old weights), so each response carries exactly one `weight_version`. The GserverManager pauses
 servers before updating them anyway, so normally nothing is running at that moment.
 
-The model behind the engine is a "runner" (`ModelRunner`): `StaticKVRunner` here for the
-Qwen2/Llama family, `realhf.impl.inference.hf_engine.HFRunner` for any other HF causal LM.
+The model behind the engine is a runner (`realhf.impl.inference.runners.ModelRunner`);
+`realhf.impl.inference.factory.create_engine` builds both for a model directory. Requests and
+results are the types of `realhf.impl.inference.request`.
 """
 
 from __future__ import annotations
@@ -32,178 +33,22 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
 from realhf.base import logging
-from realhf.impl.inference.sampling import sample
-from realhf.impl.inference.transformer import (
-    SUPPORTED_MODEL_TYPES,
-    StaticKVTransformer,
-    load_model,
-    parse_dtype,
-    read_hf_config,
-)
+from realhf.impl.inference.request import EngineClosedError, GenerateRequest, GenerateResult, check_request
+from realhf.impl.inference.runners import ModelRunner
+from realhf.impl.inference.slots import SlotState
 
 logger = logging.getLogger("engine")
 
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 # Prompts per prefill forward. Chunks of similar-length prompts pad little; 16 prompts of ~32
 # tokens still make matmuls big enough to run at full speed (256 bench prompts: 0.85 s in
 # chunks of 64, 0.70 s in chunks of 16).
 _PREFILL_CHUNK = 16
-
-
-# --------------------------------------------------------------------------------------------
-# Requests and results
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    temperature: float = 1.0  # 0: greedy
-    top_p: float = 1.0  # 1: off
-    top_k: int = -1  # -1: off
-    min_new_tokens: int = 0  # stop tokens are masked out until this many tokens exist
-    stop_token_ids: List[int] = field(default_factory=list)
-    ignore_eos: bool = False
-
-
-@dataclass
-class GenerateRequest:
-    input_ids: List[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    rid: str = ""
-
-
-@dataclass
-class GenerateResult:
-    rid: str
-    output_ids: List[int]
-    output_logprobs: List[float]
-    finish_reason: Dict[str, Any]  # {"type": "stop"|"length"|"abort", ...} as SGLang
-    prompt_tokens: int
-    weight_version: int
-    e2e_latency: float
-
-    def to_sglang(self, return_logprob: bool = True) -> Dict[str, Any]:
-        """The `/generate` response body of DESIGN §5."""
-        meta: Dict[str, Any] = {
-            "id": self.rid,
-            "finish_reason": self.finish_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
-            "weight_version": self.weight_version,
-            "e2e_latency": self.e2e_latency,
-        }
-        if return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids)]
-        return {"output_ids": self.output_ids, "meta_info": meta}
-
-
-class EngineClosedError(RuntimeError):
-    pass
-
-
-def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Optional[str]:
-    """Why a request cannot be served (a message naming the field), or None."""
-    s = req.sampling
-    if not req.input_ids:
-        return "input_ids is empty: at least one prompt token is needed"
-    bad = [t for t in req.input_ids if not 0 <= t < vocab_size]
-    if bad:
-        return f"input_ids contains token ids outside [0, {vocab_size}): {bad[:5]}"
-    if s.max_new_tokens < 0:
-        return f"sampling_params.max_new_tokens must be >= 0, got {s.max_new_tokens}"
-    if len(req.input_ids) + s.max_new_tokens > context_len:
-        return (f"prompt ({len(req.input_ids)} tokens) + sampling_params.max_new_tokens ({s.max_new_tokens}) "
-                f"exceeds the context length {context_len}")
-    if s.min_new_tokens < 0 or s.min_new_tokens > max(s.max_new_tokens, 0):
-        return f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {s.min_new_tokens}"
-    if not s.temperature >= 0:
-        return f"sampling_params.temperature must be >= 0, got {s.temperature}"
-    if not 0 < s.top_p <= 1:
-        return f"sampling_params.top_p must be in (0, 1], got {s.top_p}"
-    if s.top_k == 0 or s.top_k < -1:
-        return f"sampling_params.top_k must be -1 (off) or >= 1, got {s.top_k}"
-    bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
-    if bad:
-        return f"sampling_params.stop_token_ids contains ids outside [0, {vocab_size}): {bad[:5]}"
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Model runners
-# --------------------------------------------------------------------------------------------
-
-
-class ModelRunner(Protocol):
-    """What the engine needs from a model: a slotted cache with prefill, decode and moves."""
-
-    vocab_size: int
-    context_len: int
-    n_slots: int
-    eos_token_ids: List[int]
-
-    def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
-
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
-
-    def move_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None: ...
-
-    def load_weights(self, model_path: str) -> Any:
-        """New weights from a checkpoint, in new tensors; callable from any thread."""
-
-    def set_weights(self, weights: Any) -> None: ...
-
-
-class StaticKVRunner:
-    """The Qwen2/Llama-family `StaticKVTransformer` as a ModelRunner."""
-
-    kind = "static_kv"
-
-    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
-                 attention: str = "auto"):
-        self.dtype = parse_dtype(dtype)
-        args, weights = load_model(model_path, self.dtype)
-        context_len = context_len or args.max_position_embeddings
-        self.model = StaticKVTransformer(args, weights, n_slots, context_len, self.dtype, attention)
-        self.attention = "C kernel" if self.model.attention_kernel is not None else "torch matmuls"
-        self.args = args
-        self.vocab_size = args.vocab_size
-        self.context_len = context_len
-        self.n_slots = n_slots
-        self.eos_token_ids = list(args.eos_token_ids)
-
-    def prefill(self, slots, tokens, lengths):
-        return self.model.prefill(slots, tokens, lengths)
-
-    def decode(self, tokens, positions):
-        return self.model.decode(tokens, positions)
-
-    def move_slots(self, src, dst, length):
-        self.model.move_slots(src, dst, length)
-
-    def load_weights(self, model_path: str):
-        args, weights = load_model(model_path, self.dtype)
-        if args.shape_signature() != self.args.shape_signature():
-            raise ValueError(
-                f"checkpoint {model_path!r} has shape {args.shape_signature()} but the running model has "
-                f"{self.args.shape_signature()}; a weight update cannot change the architecture"
-            )
-        return weights
-
-    def set_weights(self, weights) -> None:
-        self.model.set_weights(weights)
-
-
-# --------------------------------------------------------------------------------------------
-# The engine
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -249,25 +94,9 @@ class Engine:
         torch.set_num_threads(n_threads)
         self.generator = torch.Generator().manual_seed(seed)
 
-        S, C = runner.n_slots, runner.context_len
-        self.vocab_size, self.context_len, self.n_slots = runner.vocab_size, C, S
-        # Per-slot state, rows 0..n_active-1 in use.
-        self.seq_len = torch.zeros(S, dtype=torch.long)  # prompt + generated (last token not yet cached)
-        self.last_tok = torch.zeros(S, dtype=torch.long)
-        self.n_gen = torch.zeros(S, dtype=torch.long)
-        self.max_new = torch.zeros(S, dtype=torch.long)
-        self.min_new = torch.zeros(S, dtype=torch.long)
-        self.temp = torch.ones(S, dtype=torch.float32)
-        self.top_p = torch.ones(S, dtype=torch.float32)
-        self.top_k = torch.full((S,), self.vocab_size, dtype=torch.long)
-        self.stop_ids = torch.full((S, 1), -1, dtype=torch.long)  # padded with -1; widened on demand
-        self.out_tok = torch.zeros(S, C, dtype=torch.long)
-        self.out_lp = torch.zeros(S, C, dtype=torch.float32)
-        self.slot_req: List[_Req] = []
-        # Python counters of the running rows, so a step never reduces a tensor to learn them.
-        self._n_greedy = 0
-        self._n_filter = 0
-        self._n_min_new = 0
+        self.vocab_size, self.context_len, self.n_slots = runner.vocab_size, runner.context_len, runner.n_slots
+        self.slots = SlotState(self.n_slots, self.context_len, self.vocab_size)
+        self.slot_req: List[_Req] = []  # the request in each running slot 0..n_active-1
 
         self._waiting: Deque[_Req] = collections.deque()
         self._live: Dict[str, _Req] = {}  # rid -> request, queued or running
@@ -365,7 +194,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         n = self.n_active
-        used = int(self.seq_len[:n].sum()) if n else 0
+        used = int(self.slots.seq_len[:n].sum()) if n else 0
         t0, tok0 = self._tput_mark
         elapsed = time.monotonic() - t0
         # The loop refreshes the rate while decoding; an idle engine decays it here.
@@ -516,104 +345,42 @@ class Engine:
         batch.sort(key=lambda r: len(r.req.input_ids))
         lo, b = self.n_active, len(batch)
         hi = lo + b
-        lengths = torch.tensor([len(r.req.input_ids) for r in batch])
-
-        # Per-slot sampling state of the new rows.
-        sp = [r.req.sampling for r in batch]
-        self.temp[lo:hi] = torch.tensor([s.temperature for s in sp], dtype=torch.float32)
-        self.top_p[lo:hi] = torch.tensor([s.top_p for s in sp], dtype=torch.float32)
-        self.top_k[lo:hi] = torch.tensor([s.top_k if s.top_k > 0 else self.vocab_size for s in sp])
-        # Capped by the room left in the context, so one comparison per step covers both limits.
-        self.max_new[lo:hi] = torch.tensor([min(r.req.sampling.max_new_tokens, self.context_len - len(r.req.input_ids))
-                                            for r in batch])
-        self.min_new[lo:hi] = torch.tensor([s.min_new_tokens for s in sp])
-        width_stop = max(1, max(len(r.stop_ids) for r in batch))
-        if width_stop > self.stop_ids.shape[1]:
-            wider = torch.full((self.n_slots, width_stop), -1, dtype=torch.long)
-            wider[:, : self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = wider
-        self.stop_ids[lo:hi] = -1
-        for i, r in enumerate(batch):
-            if r.stop_ids:
-                self.stop_ids[lo + i, : len(r.stop_ids)] = torch.tensor(r.stop_ids)
-        self.n_gen[lo:hi] = 0
-        self.seq_len[lo:hi] = lengths
+        lengths = torch.tensor([len(r.req.input_ids) for r in batch])  # [b]
+        self.slots.fill(lo, [r.req.sampling for r in batch], lengths, [r.stop_ids for r in batch])
         self.slot_req.extend(batch)
-        for s in sp:
-            self._count(s, +1)
         self.prompt_tokens_total += int(lengths.sum())
 
         parts = []
         for c0 in range(0, b, _PREFILL_CHUNK):
             chunk = batch[c0 : c0 + _PREFILL_CHUNK]
-            tokens = torch.zeros(len(chunk), len(chunk[-1].req.input_ids), dtype=torch.long)
+            tokens = torch.zeros(len(chunk), len(chunk[-1].req.input_ids), dtype=torch.long)  # [c, longest]
             for i, r in enumerate(chunk):
                 tokens[i, : len(r.req.input_ids)] = torch.tensor(r.req.input_ids)
             slots = torch.arange(lo + c0, lo + c0 + len(chunk))
             parts.append(self.runner.prefill(slots, tokens, lengths[c0 : c0 + len(chunk)]))
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [b, vocab]
         self._sample_append_retire(logits, lo, hi)
-
-    def _count(self, s: SamplingParams, sign: int) -> None:
-        self._n_greedy += sign * (s.temperature <= 0)
-        self._n_filter += sign * (s.top_k > 0 or s.top_p < 1)
-        self._n_min_new += sign * (s.min_new_tokens > 0)
 
     # ---- one decode step ------------------------------------------------------------------------
     def _decode_step(self) -> None:
         n = self.n_active
-        logits = self.runner.decode(self.last_tok[:n], self.seq_len[:n] - 1)
+        logits = self.runner.decode(self.slots.last_tok[:n], self.slots.seq_len[:n] - 1)  # [n, vocab]
         self._sample_append_retire(logits, 0, n)
 
     def _sample_append_retire(self, logits: torch.Tensor, lo: int, hi: int) -> None:
         """Sample one token for rows lo..hi-1 from their logits, append it, retire finished rows."""
-        n_gen = self.n_gen[lo:hi]
-        stop_ids = self.stop_ids[lo:hi]
-        if self._n_min_new:
-            # Rows below min_new_tokens must not stop: their stop tokens get probability 0 (as
-            # SGLang's min-new-tokens penalizer; the log-probs are those of the masked logits).
-            below = n_gen < self.min_new[lo:hi]
-            if bool(below.any()):
-                rows, cols = ((stop_ids >= 0) & below[:, None]).nonzero(as_tuple=True)
-                logits = logits.clone()
-                logits[rows, stop_ids[rows, cols]] = float("-inf")
-        n = hi - lo
-        tokens, logprobs = sample(
-            logits, self.temp[lo:hi], self.top_p[lo:hi], self.top_k[lo:hi],
-            all_greedy=self._n_greedy == self.n_active, any_greedy=self._n_greedy > 0,
-            any_filter=self._n_filter > 0, generator=self.generator,
-        )
-        rows = torch.arange(lo, hi)
-        self.out_tok[rows, n_gen] = tokens
-        self.out_lp[rows, n_gen] = logprobs
-        n_gen += 1  # in place: views of the slot state
-        self.seq_len[lo:hi] += 1
-        self.last_tok[lo:hi] = tokens
-        self.generation_tokens_total += n
-
-        hit_stop = (stop_ids == tokens[:, None]).any(dim=1)
-        done = hit_stop | (n_gen >= self.max_new[lo:hi])  # max_new is capped by the context left
-        if not bool(done.any()):
-            return
-        idx = done.nonzero().flatten().tolist()
-        stops = hit_stop[idx].tolist()
-        toks = tokens[idx].tolist()
-        reasons = []
-        for i, stopped, tok in zip(idx, stops, toks):
-            if stopped:
-                reasons.append({"type": "stop", "matched": tok})
-            else:
-                reasons.append({"type": "length", "length": int(self.n_gen[lo + i])})
-        self._retire([lo + i for i in idx], reasons)
+        finished, reasons = self.slots.sample_append(logits, lo, hi, self.generator)
+        self.generation_tokens_total += hi - lo
+        if finished:
+            self._retire(finished, reasons)
 
     # ---- leaving --------------------------------------------------------------------------------
     def _retire(self, slots: List[int], reasons: List[Dict[str, Any]]) -> None:
         """Resolve the requests in `slots` and compact the running rows to 0..n'-1."""
         for slot, reason in zip(slots, reasons):
             r = self.slot_req[slot]
-            g = int(self.n_gen[slot])
-            self._finish(r, self.out_tok[slot, :g].tolist(), self.out_lp[slot, :g].tolist(), reason)
-            self._count(r.req.sampling, -1)
+            ids, lps = self.slots.release(slot, r.req.sampling)
+            self._finish(r, ids, lps, reason)
         n = self.n_active
         keep = n - len(slots)
         gone = set(slots)
@@ -621,13 +388,8 @@ class Engine:
         movers = [s for s in range(keep, n) if s not in gone]
         if holes:
             src, dst = torch.tensor(movers), torch.tensor(holes)
-            self.runner.move_slots(src, dst, int(self.seq_len[src].max()))
-            for t in (self.seq_len, self.last_tok, self.n_gen, self.max_new, self.min_new, self.temp,
-                      self.top_p, self.top_k, self.stop_ids):
-                t[dst] = t[src]
-            g = int(self.n_gen[dst].max())
-            self.out_tok[dst, :g] = self.out_tok[src, :g]
-            self.out_lp[dst, :g] = self.out_lp[src, :g]
+            self.runner.move_slots(src, dst, int(self.slots.seq_len[src].max()))
+            self.slots.move(src, dst)
             for h, m in zip(holes, movers):
                 self.slot_req[h] = self.slot_req[m]
         del self.slot_req[keep:]
@@ -659,48 +421,3 @@ class Engine:
             logger.info(f"{self.name}: running={self.n_active} queued={len(self._waiting)} "
                         f"version={self.weight_version} gen={self._tput:.0f} tok/s "
                         f"total_tokens={self.generation_tokens_total} requests={self.requests_total}")
-
-
-# --------------------------------------------------------------------------------------------
-# Construction from a model directory
-# --------------------------------------------------------------------------------------------
-
-
-def engine_kind_for(model_path: str, kind: str = "auto") -> str:
-    if kind not in ("auto", "static_kv", "hf"):
-        raise ValueError(f"engine kind must be 'auto', 'static_kv' or 'hf', got {kind!r}")
-    if kind != "auto":
-        return kind
-    return "static_kv" if read_hf_config(model_path).get("model_type") in SUPPORTED_MODEL_TYPES else "hf"
-
-
-def create_engine(model_path: str, *, kind: str = "auto", max_running_requests: int = 256, context_length: int = 0,
-                  dtype: str = "float32", n_threads: int = 1, seed: int = 1, weight_version: int = 0,
-                  name: str = "engine", attention: str = "auto") -> Engine:
-    """An (unstarted) engine for an HF model directory: the static-KV runner for Qwen2/Llama,
-    the HF-forward fallback for anything else (kind='auto'). `attention` picks the static-KV
-    runner's decode attention: 'auto' (the C kernel if it builds here), 'kernel' or 'torch'."""
-    torch.set_num_threads(n_threads)
-    kind = engine_kind_for(model_path, kind)
-    t0 = time.monotonic()
-    if kind == "static_kv":
-        runner = StaticKVRunner(model_path, max_running_requests, context_length, dtype, attention)
-    else:
-        from realhf.impl.inference.hf_engine import HFRunner
-
-        runner = HFRunner(model_path, max_running_requests, context_length, dtype)
-    logger.info(f"{name}: {kind} runner for {model_path} ({time.monotonic() - t0:.1f}s): "
-                f"{runner.n_slots} slots x {runner.context_len} tokens, vocab {runner.vocab_size}, "
-                f"{dtype}, {n_threads} thread(s), decode attention {getattr(runner, 'attention', 'hf forward')}, "
-                f"weight version {weight_version}")
-    return Engine(runner, weight_version=weight_version, seed=seed, n_threads=n_threads, model_path=model_path,
-                  name=name)
-
-
-def create_engine_from_config(model_path: str, config, *, weight_version: int = 0, seed: Optional[int] = None,
-                              name: str = "engine") -> Engine:
-    """`create_engine` from a `NativeEngineConfig`."""
-    return create_engine(model_path, kind=config.kind, max_running_requests=config.max_running_requests,
-                         context_length=config.context_length, dtype=config.dtype, n_threads=config.n_threads,
-                         seed=config.seed if seed is None else seed, weight_version=weight_version, name=name,
-                         attention=config.decode_attention)

@@ -1,4 +1,4 @@
-"""The SGLang HTTP protocol (DESIGN §5) in front of a native `Engine`.
+"""The SGLang HTTP protocol (docs/architecture.md §5) in front of a native `Engine`.
 
     POST /generate                  {input_ids, sampling_params, return_logprob, rid?}
     POST /pause_generation          running requests return now with finish_reason abort
@@ -26,17 +26,14 @@ import time
 from typing import Any, List, Optional, Union
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from realhf.base import logging
-from realhf.impl.inference.engine import (
-    DEFAULT_MAX_NEW_TOKENS,
-    Engine,
-    EngineClosedError,
-    GenerateRequest,
-    SamplingParams,
-)
+from realhf.impl.inference.engine import Engine
+from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
+from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, EngineClosedError, GenerateRequest, SamplingParams
 
 logger = logging.getLogger("gen_server")
 
@@ -206,6 +203,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
     app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
     model_name = served_model_name or engine.model_path or "model"
     started = time.time()
+    metrics_registry = engine_registry(engine, model_name)
 
     @app.exception_handler(BadRequest)
     async def _on_bad_request(request: Request, exc: BadRequest):
@@ -303,30 +301,7 @@ def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(prometheus_text(engine, model_name), media_type="text/plain; version=0.0.4")
+        return Response(generate_latest(metrics_registry), media_type=PROMETHEUS_CONTENT_TYPE)
 
     return app
 
-
-def prometheus_text(engine: Engine, model_name: str) -> str:
-    """SGLang's metric names (`sglang:*`), so a scraper reads either server the same way."""
-    s = engine.stats()
-    label = '{model_name="%s"}' % model_name.replace("\\", "\\\\").replace('"', '\\"')
-    rows = [
-        ("sglang:num_running_reqs", "gauge", "Requests being decoded.", s.running),
-        ("sglang:num_queue_reqs", "gauge", "Requests waiting for a slot.", s.queued),
-        ("sglang:token_usage", "gauge", "Fraction of KV-cache tokens in use.", s.token_usage),
-        ("sglang:gen_throughput", "gauge", "Generated tokens per second (recent).", s.gen_throughput),
-        ("sglang:max_running_requests", "gauge", "KV-cache slots.", s.n_slots),
-        ("sglang:context_len", "gauge", "Tokens per slot.", s.context_len),
-        ("sglang:prompt_tokens_total", "counter", "Prompt tokens prefilled.", s.prompt_tokens_total),
-        ("sglang:generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens_total),
-        ("sglang:num_requests_total", "counter", "Requests finished (any reason).", s.requests_total),
-        ("sglang:num_aborted_requests_total", "counter", "Requests finished by abort.", s.aborted_total),
-        ("realhf:weight_version", "gauge", "Version of the weights being served.", s.weight_version),
-        ("realhf:paused", "gauge", "1 while generation is paused.", int(s.paused)),
-    ]
-    lines = []
-    for name, kind, help_, value in rows:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{label} {value}"]
-    return "\n".join(lines) + "\n"

@@ -33,13 +33,6 @@ from realhf.impl.inference.decode_attention import decode_mask, resolve_attentio
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 Data parallelism without a wrapper: every rank holds its own groups; the loss of a minibatch is
 its sum over the rank's tokens divided by the token count *summed over all ranks*, and the
 gradients are summed across ranks before clipping, so DP=N computes exactly the update of DP=1
-on the union of the ranks' minibatches (the loss is a global token mean, DESIGN §7).
+on the union of the ranks' minibatches (the loss is a global token mean, docs/architecture.md §7).
 """
 
 from __future__ import annotations
@@ -118,13 +118,14 @@ def compute_advantages(batch: TrainBatch, cfg: PPOHyperparameters) -> torch.Tens
       a reference is loaded, through GAE (`discount`, `gae_lambda`) with zero values (no critic);
     - then `adv_norm`: normalise over all trained tokens of the step, globally across DP ranks.
     """
-    mask = batch.loss_mask
-    scores = F.shape_reward(batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias, cfg.max_reward_clip)
+    mask = batch.loss_mask  # [N, T-1]
+    scores = F.shape_reward(batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias,
+                            cfg.max_reward_clip)  # [N]
     if cfg.group_adv_norm:
-        per_sample = F.grpo_advantages(scores, batch.group_ids, norm_std=cfg.group_adv_norm_std)
-        adv = per_sample[:, None].expand_as(mask).to(torch.float32)
+        per_sample = F.grpo_advantages(scores, batch.group_ids, norm_std=cfg.group_adv_norm_std)  # [N]
+        adv = per_sample[:, None].expand_as(mask).to(torch.float32)  # [N, T-1]
     else:
-        adv = _gae_advantages(batch, scores, cfg)
+        adv = _gae_advantages(batch, scores, cfg)  # [N, T-1]
     adv = torch.where(mask, adv, torch.zeros_like(adv))
     if cfg.adv_norm:
         adv = F.masked_normalization(adv, mask, all_reduce=True)
@@ -132,29 +133,19 @@ def compute_advantages(batch: TrainBatch, cfg: PPOHyperparameters) -> torch.Tens
 
 
 def _gae_advantages(batch: TrainBatch, scores: torch.Tensor, cfg: PPOHyperparameters) -> torch.Tensor:
-    mask = batch.loss_mask
-    has_tokens = mask.any(dim=1)
-    kl = torch.zeros_like(batch.behav_logprobs)
+    mask = batch.loss_mask  # [N, T-1]
+    kl = torch.zeros_like(batch.behav_logprobs)  # [N, T-1]
     if cfg.kl_ctl > 0:
         if batch.ref_logprobs is None:
             raise ValueError("ppo.kl_ctl > 0 needs reference log-probs: run ref_inf before actor_train")
         old = batch.prox_logprobs if batch.prox_logprobs is not None else batch.behav_logprobs
         kl = F.kl_estimate(old, batch.ref_logprobs, "k1")
-    rows = torch.nonzero(has_tokens).flatten()
-    token_rewards = F.rewards_with_kl(scores[rows], kl[rows], cfg.kl_ctl, mask=mask[rows])
-    # Pack the trained tokens row by row, run GAE, scatter back.
-    sub_mask = mask[rows]
-    lengths = sub_mask.sum(dim=1)
-    cu = torch.zeros(len(rows) + 1, dtype=torch.long)
-    cu[1:] = torch.cumsum(lengths, 0)
-    packed_rewards = token_rewards[sub_mask]
-    values = torch.zeros(packed_rewards.numel() + len(rows), dtype=packed_rewards.dtype)
-    adv_packed, _ = F.gae_1d(packed_rewards, values, cu, torch.zeros(len(rows), dtype=torch.bool),
-                             cfg.discount, cfg.gae_lambda)
-    adv = torch.zeros_like(batch.behav_logprobs)
-    sub = torch.zeros_like(token_rewards)
-    sub[sub_mask] = adv_packed.to(sub.dtype)
-    adv[rows] = sub
+    # A sample without a trained token has nowhere to put its score: its row stays 0.
+    rows = mask.any(dim=1)  # [N]
+    token_rewards = torch.zeros_like(kl)  # [N, T-1]
+    token_rewards[rows] = F.rewards_with_kl(scores[rows], kl[rows], cfg.kl_ctl, mask=mask[rows])
+    values = torch.zeros_like(token_rewards)  # [N, T-1] no critic
+    adv, _ = F.gae_masked(token_rewards, values, mask, cfg.discount, cfg.gae_lambda)  # [N, T-1]
     return adv
 
 

@@ -9,8 +9,10 @@ Layout (right padding, one row per sample, prompt then output):
                               output token j of a sample with P prompt tokens sits in column P+j-1
         loss_mask       trained tokens (generated ones; not the prompt, not inserted feedback)
         behav_logprobs  the log-prob the generation server sampled the token with
-        versions        the weight version that produced the token (−1 outside the output)
-    per sample [N]   rewards, group_ids (index of the prompt group in this batch), no_eos
+    per sample [N]   rewards, group_ids (index of the prompt group in this batch)
+
+Token versions and `no_eos` stay on the trajectories (the staleness guard and `batch_summary`
+read them there); nothing in the train step does.
 
 `prox_logprobs` / `ref_logprobs` are filled in later by the `inference` calls.
 """
@@ -32,10 +34,8 @@ class TrainBatch:
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     behav_logprobs: torch.Tensor
-    versions: torch.Tensor
     rewards: torch.Tensor
     group_ids: torch.Tensor
-    no_eos: torch.Tensor
     prox_logprobs: Optional[torch.Tensor] = None
     ref_logprobs: Optional[torch.Tensor] = None
 
@@ -79,8 +79,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
     attention_mask = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     behav = torch.zeros((n, width - 1), dtype=torch.float32)
-    versions = torch.full((n, width - 1), -1, dtype=torch.long)
-    ids_np, mask_np, behav_np, versions_np = input_ids.numpy(), loss_mask.numpy(), behav.numpy(), versions.numpy()
+    ids_np, mask_np, behav_np = input_ids.numpy(), loss_mask.numpy(), behav.numpy()
     for i, (_, prompt, s) in enumerate(rows):
         if not len(prompt):
             raise ValueError(f"sample {i}: empty prompt; the first output token needs a prompt token to predict it")
@@ -94,16 +93,13 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
             cols = slice(p - 1, p - 1 + o)
             mask_np[i, cols] = s.loss_mask != 0
             behav_np[i, cols] = s.logprobs
-            versions_np[i, cols] = s.versions
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         loss_mask=loss_mask,
         behav_logprobs=behav,
-        versions=versions,
         rewards=torch.tensor([s.reward for _, _, s in rows], dtype=torch.float32),
         group_ids=torch.tensor([g for g, _, _ in rows], dtype=torch.long),
-        no_eos=torch.tensor([s.no_eos for _, _, s in rows], dtype=torch.bool),
     )
 
 

@@ -1,4 +1,4 @@
-"""The trainer-side staleness guard (DESIGN §4) and the FIFO of groups a DP head may train on.
+"""The trainer-side staleness guard (docs/architecture.md §4) and the FIFO of groups a DP head may train on.
 
 A model worker never trains a group whose `version_start < v − η`: such groups are dropped and
 counted, the master publishes the count as `stale_dropped`, and the GserverManager subtracts it

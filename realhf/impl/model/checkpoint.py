@@ -1,7 +1,7 @@
 """Weights on disk: published versions for the generation servers, saves, and recovery state.
 
-Published weights (DESIGN §5): `<fileroot>/param_realloc/<role>/<version>/` is a complete HF
-directory (config.json, model.safetensors, tokenizer files). It is written into a temporary
+Published weights (docs/architecture.md §5): `<run_dir>/published_weights/<role>/<version>/`
+(the layout is `realhf.base.trial_files`'s) is a complete HF directory (config.json, model.safetensors, tokenizer files). It is written into a temporary
 directory next to it and renamed into place, so a server never loads a half-written version;
 all but the newest `keep` versions are then deleted.
 
@@ -22,6 +22,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from realhf.base.trial_files import published_weights_dir
+
 # Copied verbatim from the source model: training does not change the tokenizer.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -29,9 +31,6 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 
 
-def param_realloc_dir(fileroot: str, role: str = "actor") -> Path:
-    """Where a role's published versions live: `<fileroot>/param_realloc/<role>/`."""
-    return Path(fileroot) / "param_realloc" / role
 
 
 def _tmp_dir_next_to(out: Path) -> Path:
@@ -86,10 +85,10 @@ def prune_versions(root: Path, keep: int, current: Optional[int] = None) -> list
     return doomed
 
 
-def publish_weights(model: torch.nn.Module, fileroot: str, role: str, version: int,
+def publish_weights(model: torch.nn.Module, run_dir: str, role: str, version: int,
                     tokenizer_source: Optional[str], keep: int = 2) -> Path:
-    """Write `param_realloc/<role>/<version>` atomically and prune older versions."""
-    root = param_realloc_dir(fileroot, role)
+    """Write version `version` of `role`'s published weights atomically and prune older versions."""
+    root = published_weights_dir(run_dir, role)
     out = save_hf_dir(model, root / str(int(version)), tokenizer_source)
     prune_versions(root, keep, current=int(version))
     return out
@@ -120,11 +119,6 @@ def save_recover_state(out: Path, model: torch.nn.Module, optimizer: torch.optim
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def recover_dir(fileroot: str, role: str = "actor") -> Path:
-    """Where a role's recovery checkpoint lives: `<fileroot>/recover/<role>/` (one, replaced each time)."""
-    return Path(fileroot) / "recover" / role
 
 
 def read_recover_info(path: Path) -> Optional[Dict[str, Any]]:

@@ -7,25 +7,8 @@ from typing import Callable, Tuple
 
 import torch
 
+from realhf.api.choices import LR_SCHEDULES
 from realhf.api.cli_args import OptimizerConfig
-
-LR_SCHEDULES = ("constant", "cosine")
-
-
-def check_optimizer_config(cfg: OptimizerConfig, where: str = "actor.optimizer") -> None:
-    """Raise ValueError naming the field for a value the trainer cannot use."""
-    if cfg.type != "adam":
-        raise ValueError(f"{where}.type must be 'adam', got {cfg.type!r}")
-    if cfg.lr_scheduler_type not in LR_SCHEDULES:
-        raise ValueError(f"{where}.lr_scheduler_type must be one of {LR_SCHEDULES}, got {cfg.lr_scheduler_type!r}")
-    if not cfg.lr > 0:
-        raise ValueError(f"{where}.lr must be > 0, got {cfg.lr}")
-    if not 0 <= cfg.warmup_steps_proportion < 1:
-        raise ValueError(f"{where}.warmup_steps_proportion must be in [0, 1), got {cfg.warmup_steps_proportion}")
-    if not 0 <= cfg.min_lr_ratio <= 1:
-        raise ValueError(f"{where}.min_lr_ratio must be in [0, 1], got {cfg.min_lr_ratio}")
-    if cfg.gradient_clipping < 0:
-        raise ValueError(f"{where}.gradient_clipping must be >= 0 (0 disables it), got {cfg.gradient_clipping}")
 
 
 def lr_factor(kind: str, total_steps: int, warmup_proportion: float, min_lr_ratio: float = 0.0) -> Callable[[int], float]:
@@ -53,10 +36,9 @@ def lr_factor(kind: str, total_steps: int, warmup_proportion: float, min_lr_rati
 
 
 def make_optimizer(
-    model: torch.nn.Module, cfg: OptimizerConfig, total_steps: int, where: str = "actor.optimizer"
+    model: torch.nn.Module, cfg: OptimizerConfig, total_steps: int
 ) -> Tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW over the trainable parameters and a LambdaLR stepped once per optimizer step."""
-    check_optimizer_config(cfg, where)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay

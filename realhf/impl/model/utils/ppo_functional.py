@@ -1,9 +1,8 @@
 """PPO / GRPO math on tensors: the decoupled actor loss, advantages, normalisation, KL terms.
 
-Pure torch, no state, no processes (DESIGN §7). Every function reads in the order the formula is
-written. Shapes are either *padded* (`[batch, time]` with a boolean mask) or *packed* (all
-sequences concatenated along one dimension, delimited by `cu_seqlens = [0, n_0, n_0+n_1, ...]`);
-each function says which.
+Pure torch, no state, no processes (docs/architecture.md §7). Every function reads in the order the formula is
+written. Token tensors are *padded*: `[batch, time]` with a boolean mask marking the tokens that
+count (the trainer's batch layout, realhf.impl.model.batching); each function gives its shapes.
 
 Gradients flow only through the current policy's `logprobs`; every other input (behaviour and
 proximal log-probs, advantages, rewards, values) is treated as a constant.
@@ -15,6 +14,8 @@ from typing import Dict, Literal, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
+from realhf.api.choices import KL_ESTIMATORS
 
 Stats = Dict[str, torch.Tensor]
 
@@ -52,8 +53,8 @@ def actor_loss_fn(
 ) -> Tuple[torch.Tensor, Stats]:
     """The (decoupled) PPO clipped surrogate loss, per token then reduced over `loss_mask`.
 
-    All tensors have the same shape (padded or packed, any rank). With `den` the proximal
-    log-probs when given, else the behaviour (`old`) log-probs:
+    All tensors have the same shape (any rank). With `den` the proximal log-probs when given,
+    else the behaviour (`old`) log-probs:
 
         r = exp(logp − den)
         L = max(−A·r, −A·clip(r, 1 − eps_clip, 1 + eps_clip_high))      eps_clip_high defaults to eps_clip
@@ -146,71 +147,57 @@ def actor_loss_fn(
 
 
 # ---------------------------------------------------------------------------------------------
-# Generalised advantage estimation on packed sequences
+# Generalised advantage estimation on the padded batch
 # ---------------------------------------------------------------------------------------------
 
 
-def gae_1d(
+def gae_masked(
     rewards: torch.Tensor,
     values: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    bootstrap: torch.Tensor,
+    mask: torch.Tensor,
     gamma: float,
     lam: float,
+    bootstrap_values: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """GAE advantages and returns for packed sequences.
+    """GAE advantages and returns on a padded batch, over the masked tokens of each row.
 
-    `cu_seqlens` (length S+1) delimits the S sequences inside `rewards`: sequence i has
-    `n_i = cu_seqlens[i+1] − cu_seqlens[i]` rewards. `values` is packed with one extra entry per
-    sequence (n_i + 1 values; sequence i's values start at `cu_seqlens[i] + i`). The extra, last
-    value is used only where `bootstrap[i]` is true (the sequence was cut, not terminated);
-    otherwise the value after the last step is 0.
+    `rewards`, `values` and `mask` are `[B, L]`. A row's steps are its masked positions in order;
+    unmasked positions (padding, the prompt, inserted feedback between turns) are skipped, so a
+    step's successor is the next *masked* position of its row. The value after a row's last step
+    is `bootstrap_values[b]` (`[B]`; for a sequence that was cut, not terminated), else 0.
 
         δ_t = r_t + γ·V_{t+1} − V_t,    A_t = δ_t + γ·λ·A_{t+1},    returns_t = A_t + V_t
 
-    Returns `(advantages, returns)`, each shaped like `rewards`. Inputs are treated as constants.
+    One backward pass over the time axis for all rows at once. Returns `(advantages, returns)`,
+    `[B, L]`, 0 outside the mask. Inputs are treated as constants.
     """
-    rewards = rewards.detach()
-    values = values.detach().to(rewards.dtype)
-    cu_seqlens = cu_seqlens.long()
-    n_seqs = cu_seqlens.numel() - 1
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    if rewards.dim() != 1 or values.dim() != 1:
-        raise ValueError("gae_1d expects packed 1-D rewards and values")
-    if rewards.numel() != int(cu_seqlens[-1]):
-        raise ValueError(f"rewards has {rewards.numel()} entries but cu_seqlens ends at {int(cu_seqlens[-1])}")
-    if values.numel() != rewards.numel() + n_seqs:
-        raise ValueError(
-            f"values must have one more entry per sequence than rewards: expected "
-            f"{rewards.numel() + n_seqs}, got {values.numel()}"
-        )
-    if bootstrap.numel() != n_seqs:
-        raise ValueError(f"bootstrap must have one flag per sequence ({n_seqs}), got {bootstrap.numel()}")
+    if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != mask.shape:
+        raise ValueError(f"gae_masked expects rewards, values and mask of one [B, L] shape, got "
+                         f"{tuple(rewards.shape)}, {tuple(values.shape)} and {tuple(mask.shape)}")
+    rewards = rewards.detach()  # [B, L]
+    values = values.detach().to(rewards.dtype)  # [B, L]
+    mask = mask.bool()  # [B, L]
+    n_rows, length = rewards.shape
+    if bootstrap_values is None:
+        next_value = rewards.new_zeros(n_rows)  # [B]
+    else:
+        if bootstrap_values.shape != (n_rows,):
+            raise ValueError(f"bootstrap_values must have one entry per row ({n_rows}), "
+                             f"got {tuple(bootstrap_values.shape)}")
+        next_value = bootstrap_values.detach().to(rewards.dtype).clone()  # [B]
+    next_adv = rewards.new_zeros(n_rows)  # [B]
 
-    # Scatter the packed sequences into a [S, T] grid (padding never touches the result).
-    max_len = int(lengths.max()) if n_seqs > 0 else 0
-    seq_of_token = torch.repeat_interleave(torch.arange(n_seqs), lengths)
-    step_of_token = torch.arange(rewards.numel()) - cu_seqlens[:-1][seq_of_token]
-    value_start = cu_seqlens[:-1] + torch.arange(n_seqs)
-
-    r = rewards.new_zeros(n_seqs, max_len)
-    v = rewards.new_zeros(n_seqs, max_len + 1)
-    r[seq_of_token, step_of_token] = rewards
-    v[seq_of_token, step_of_token] = values[value_start[seq_of_token] + step_of_token]
-    last_value = values[value_start + lengths]
-    v[torch.arange(n_seqs), lengths] = torch.where(bootstrap.bool(), last_value, torch.zeros_like(last_value))
-
-    # Backward recursion over time, all sequences at once.
-    adv = rewards.new_zeros(n_seqs, max_len)
-    running = rewards.new_zeros(n_seqs)
-    for t in reversed(range(max_len)):
-        delta = r[:, t] + gamma * v[:, t + 1] - v[:, t]
-        running = torch.where(t < lengths, delta + gamma * lam * running, torch.zeros_like(running))
-        adv[:, t] = running
-
-    advantages = adv[seq_of_token, step_of_token]
-    returns = advantages + v[seq_of_token, step_of_token]
-    return advantages, returns
+    adv = rewards.new_zeros(n_rows, length)  # [B, L]
+    for t in reversed(range(length)):
+        m = mask[:, t]  # [B]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]  # [B]
+        a = delta + gamma * lam * next_adv  # [B]
+        # Off the mask the recursion carries the successor's advantage and value through.
+        next_adv = torch.where(m, a, next_adv)
+        next_value = torch.where(m, values[:, t], next_value)
+        adv[:, t] = torch.where(m, a, torch.zeros_like(a))
+    returns = torch.where(mask, adv + values, torch.zeros_like(adv))  # [B, L]
+    return adv, returns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +295,7 @@ def kl_estimate(
         return 0.5 * log_ratio**2
     if kind == "k3":
         return torch.exp(-log_ratio) - 1 + log_ratio
-    raise ValueError(f"kl_estimate kind must be one of 'k1', 'k2', 'k3', got {kind!r}")
+    raise ValueError(f"kl_estimate kind must be one of {KL_ESTIMATORS}, got {kind!r}")
 
 
 def rewards_with_kl(
@@ -316,40 +303,24 @@ def rewards_with_kl(
     kl: torch.Tensor,
     kl_ctl: float,
     *,
-    cu_seqlens: Optional[torch.Tensor] = None,
-    mask: Optional[torch.Tensor] = None,
+    mask: torch.Tensor,
 ) -> torch.Tensor:
-    """Per-token rewards: `−kl_ctl·kl` at every token, plus each sequence's score at its last token.
+    """Per-token rewards `[S, T]`: `−kl_ctl·kl` at every masked token, plus each sequence's score
+    at its last masked token; 0 outside the mask.
 
-    `score` has one entry per sequence. Give exactly one layout:
-      - packed: `kl` is 1-D and `cu_seqlens` (length S+1) delimits the sequences;
-      - padded: `kl` is `[S, T]` and `mask` marks the real tokens; a sequence's last token is its
-        last masked position, and unmasked positions get reward 0.
-    Every sequence needs at least one token (its score has to land somewhere). `kl` is detached.
+    `score` is `[S]`, `kl` and `mask` are `[S, T]`. Every sequence needs at least one masked
+    token (its score has to land somewhere). `kl` is detached.
     """
-    if (cu_seqlens is None) == (mask is None):
-        raise ValueError("rewards_with_kl needs exactly one of cu_seqlens (packed) or mask (padded)")
-    rewards = -kl_ctl * kl.detach()
-    score = score.detach().to(rewards.dtype)
-
-    if cu_seqlens is not None:
-        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-        if score.numel() != lengths.numel():
-            raise ValueError(f"score has {score.numel()} entries for {lengths.numel()} sequences")
-        if (lengths <= 0).any():
-            bad = torch.nonzero(lengths <= 0).flatten().tolist()
-            raise ValueError(f"sequences {bad} have no tokens to carry their score")
-        last = cu_seqlens[1:].long() - 1
-        return rewards.index_add(0, last, score)
-
-    mask = mask.bool()
+    rewards = -kl_ctl * kl.detach()  # [S, T]
+    score = score.detach().to(rewards.dtype)  # [S]
+    mask = mask.bool()  # [S, T]
     if score.numel() != mask.shape[0]:
         raise ValueError(f"score has {score.numel()} entries for {mask.shape[0]} sequences")
     if not mask.any(dim=1).all():
         bad = torch.nonzero(~mask.any(dim=1)).flatten().tolist()
         raise ValueError(f"sequences {bad} have no masked tokens to carry their score")
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
+    positions = torch.arange(mask.shape[1]).expand_as(mask)  # [S, T]
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values  # [S]
     rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
     rewards[torch.arange(mask.shape[0]), last] += score
     return rewards

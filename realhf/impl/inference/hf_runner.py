@@ -1,6 +1,6 @@
-"""The fallback engine for architectures the static-KV transformer does not implement.
+"""The fallback runner for architectures the static-KV transformer does not implement.
 
-`HFRunner` is a ModelRunner (see `realhf.impl.inference.engine`) that runs the HF model's own
+`HFRunner` is a ModelRunner (see `realhf.impl.inference.runners`) that runs the HF model's own
 forward, so the engine around it — queue, continuous batching, sampling, pause/abort, weight
 swap, the HTTP protocol — is exactly the native one. Simple on purpose: it keeps each slot's
 token sequence and recomputes the full forward of the running slots at every decode step (no
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from realhf.impl.inference.transformer import eos_ids_from_config, parse_dtype, read_hf_config
+from realhf.base.dtypes import torch_dtype
+from realhf.impl.inference.transformer import eos_ids_from_config, read_hf_config
 
 
 def _max_positions(cfg: dict) -> int:
@@ -24,11 +25,13 @@ def _max_positions(cfg: dict) -> int:
 
 
 class HFRunner:
+    """Any HF causal LM as a ModelRunner: each slot's tokens, the full forward at every step."""
+
     kind = "hf"
 
     def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32"):
         cfg = read_hf_config(model_path)
-        self.dtype = parse_dtype(dtype)
+        self.dtype = torch_dtype(dtype)
         self.model = self.load_weights(model_path)
         max_pos = _max_positions(cfg)
         if context_len > max_pos:

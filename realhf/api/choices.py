@@ -1,0 +1,23 @@
+"""Every closed list of values a config field may take, defined once.
+
+Hydra/OmegaConf cannot express `Literal`, so choice fields are plain `str`; `realhf.api.validation`
+checks them against these tuples and the code that acts on a choice imports the same tuple.
+"""
+
+from realhf.base.allocation_mode import ENGINES
+from realhf.base.dtypes import DTYPE_NAMES
+
+GENERATION_BACKENDS = ENGINES  # the <engine> of allocation_mode: "native" or "sglang"
+NATIVE_ENGINE_KINDS = ("auto", "static_kv", "hf")
+DECODE_ATTENTION = ("auto", "kernel", "torch")
+DTYPES = DTYPE_NAMES
+SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+OPTIMIZERS = ("adam",)
+LR_SCHEDULES = ("constant", "cosine")
+TRAINER_BACKENDS = ("torch",)
+RECOVER_MODES = ("disabled", "auto", "resume")
+NAME_RESOLVE_BACKENDS = ("redis", "memory")
+WANDB_MODES = ("offline", "online")
+BUILTIN_AGENTS = ("math-single-step", "math-multi-turn")
+BUILTIN_ENVS = ("math",)

@@ -1,0 +1,392 @@
+"""Every rule a config value must satisfy, in one place.
+
+`validate_experiment(cfg)` runs before any process starts (the entry point calls it through
+`realhf.experiments`); `validate_worker_config(cfg)` runs at every worker's entry, so a worker
+config written by hand or by another tool is held to the same rules. Each refusal is a
+`ConfigError` whose message names the field as the user spells it (`ppo.eps_clip`,
+`rollout.agent.type`) and says what would work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from typing import Any, Iterable
+
+from realhf.api import choices
+from realhf.api.cli_args import AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig, NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters, RestartPolicyConfig, StatsLoggingConfig
+from realhf.api.worker_configs import (
+    GenerationServerConfig,
+    GserverManagerConfig,
+    MasterWorkerConfig,
+    ModelWorkerConfig,
+    RolloutWorkerConfig,
+)
+from realhf.base.allocation_mode import AllocationMode
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot run; the message names the field."""
+
+
+class _Fields:
+    """Checks over the fields of one config object; messages name `<prefix>.<field>`."""
+
+    def __init__(self, obj: Any, prefix: str = ""):
+        self.obj, self.prefix = obj, prefix
+
+    def name(self, field: str) -> str:
+        return f"{self.prefix}.{field}" if self.prefix else field
+
+    def value(self, field: str) -> Any:
+        obj = self.obj
+        for part in field.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    @staticmethod
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    def at_least(self, field: str, low: float, strict: bool = False) -> None:
+        v = self.value(field)
+        ok = v > low if strict else v >= low  # NaN fails both
+        self.need(ok, f"{self.name(field)} must be {'>' if strict else '>='} {low}, got {v}")
+
+    def within(self, field: str, low: float, high: float) -> None:
+        v = self.value(field)
+        self.need(low <= v <= high, f"{self.name(field)} must lie in [{low}, {high}], got {v}")
+
+    def choice(self, field: str, options: Iterable[str]) -> None:
+        v = self.value(field)
+        self.need(v in options, f"{self.name(field)}={v!r}: choose one of {list(options)}")
+
+
+# ---- one sub-config at a time ------------------------------------------------------------------
+
+
+def check_name_resolve(c: NameResolveConfig, prefix: str = "cluster.name_resolve") -> None:
+    f = _Fields(c, prefix)
+    f.choice("type", choices.NAME_RESOLVE_BACKENDS)
+    f.at_least("keepalive_ttl", 0, strict=True)
+
+
+def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_policy") -> None:
+    f = _Fields(c, prefix)
+    f.at_least("max_restarts", 0)
+    f.at_least("backoff", 0)
+
+
+def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> None:
+    f = _Fields(c, prefix)
+    f.at_least("max_new_tokens", 0, strict=True)
+    f.need(0 < c.top_p <= 1, f"{f.name('top_p')} must lie in (0, 1], got {c.top_p}")
+    f.need(c.top_k == -1 or c.top_k >= 1, f"{f.name('top_k')} must be -1 (off) or >= 1, got {c.top_k}")
+    f.need(0 <= c.min_new_tokens <= c.max_new_tokens,
+           f"{f.name('min_new_tokens')} must lie in [0, {f.name('max_new_tokens')}={c.max_new_tokens}], got {c.min_new_tokens}")
+    f.need(all(t >= 0 for t in c.stop_token_ids), f"{f.name('stop_token_ids')} must be token ids >= 0, got {c.stop_token_ids}")
+
+
+def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native") -> None:
+    f = _Fields(c, prefix)
+    f.choice("kind", choices.NATIVE_ENGINE_KINDS)
+    f.choice("dtype", choices.DTYPES)
+    f.choice("decode_attention", choices.DECODE_ATTENTION)
+    f.at_least("n_threads", 1)
+    f.at_least("max_running_requests", 1)
+    f.at_least("context_length", 0)
+
+
+def _check_class(f: _Fields, field: str, lookup) -> None:
+    """Resolve a registered name or `module:Class` now, so a typo fails before any process starts."""
+    try:
+        lookup(f.value(field))
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"{f.name(field)}: {e}") from None
+
+
+def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
+    from realhf.api.agent import agent_class
+
+    f = _Fields(c, prefix)
+    f.need(0.0 <= c.success_rate_lb <= 1.0 and 0.0 <= c.success_rate_ub <= 1.0,
+           f"{f.name('success_rate_lb')}={c.success_rate_lb} and {f.name('success_rate_ub')}={c.success_rate_ub} "
+           "must lie in [0, 1]")
+    f.need(c.success_rate_lb <= c.success_rate_ub,
+           f"{f.name('success_rate_lb')}={c.success_rate_lb} > {f.name('success_rate_ub')}={c.success_rate_ub}: "
+           "every group would be dropped")
+    f.at_least("num_turns", 0, strict=True)
+    _check_class(f, "type", agent_class)
+
+
+def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
+    from realhf.api.env import env_class
+
+    f = _Fields(c, prefix)
+    f.at_least("grader_workers", 0, strict=True)
+    f.at_least("grader_timeout", 0, strict=True)
+    _check_class(f, "type", env_class)
+
+
+def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None:
+    f = _Fields(c, prefix)
+    f.choice("type", choices.OPTIMIZERS)
+    f.choice("lr_scheduler_type", choices.LR_SCHEDULES)
+    f.at_least("lr", 0, strict=True)
+    f.need(math.isfinite(c.lr), f"{f.name('lr')} must be finite, got {c.lr}")
+    f.at_least("weight_decay", 0)
+    f.at_least("eps", 0, strict=True)
+    f.at_least("gradient_clipping", 0)
+    for name in ("beta1", "beta2"):
+        f.need(0 <= f.value(name) < 1, f"{f.name(name)} must lie in [0, 1), got {f.value(name)}")
+    f.within("min_lr_ratio", 0.0, 1.0)
+    f.need(0 <= c.warmup_steps_proportion < 1,
+           f"{f.name('warmup_steps_proportion')} must lie in [0, 1), got {c.warmup_steps_proportion}")
+
+
+def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
+    f = _Fields(c, prefix)
+    f.choice("dtype", choices.DTYPES)
+    f.choice("backend", choices.TRAINER_BACKENDS)
+    f.at_least("n_threads", 1)
+    check_optimizer(c.optimizer, f.name("optimizer"))
+
+
+def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
+    f = _Fields(c, prefix)
+    f.at_least("ppo_n_minibatches", 0, strict=True)
+    f.at_least("micro_batch_tokens", 0)
+    f.at_least("eps_clip", 0, strict=True)
+    if c.eps_clip_high is not None:
+        f.at_least("eps_clip_high", 0, strict=True)
+    if c.c_clip is not None:
+        f.at_least("c_clip", 1, strict=True)
+    if c.behav_imp_weight_cap is not None:
+        f.at_least("behav_imp_weight_cap", 1)
+    f.at_least("kl_ctl", 0)
+    f.choice("kl_estimator", choices.KL_ESTIMATORS)
+    f.within("discount", 0.0, 1.0)
+    f.within("gae_lambda", 0.0, 1.0)
+    check_generation(c.gen, f.name("gen"))
+
+
+def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
+    f = _Fields(c, prefix)
+    for name in ("benchmark_steps", "save_freq_steps", "ckpt_freq_steps", "ckpt_freq_secs", "eval_freq_steps"):
+        f.at_least(name, 0)
+    if c.benchmark_steps == 0:
+        f.at_least("total_train_epochs", 0, strict=True)
+
+
+def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
+    f = _Fields(c, prefix)
+    f.choice("wandb_mode", choices.WANDB_MODES)
+    for field, module, extra in (("wandb_project", "wandb", "wandb"), ("tensorboard_path", "tensorboard", "tensorboard")):
+        f.need(not f.value(field) or importlib.util.find_spec(module) is not None,
+               f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'")
+
+
+# ---- the experiment ----------------------------------------------------------------------------
+
+
+def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
+    """Raise ConfigError naming the first field that cannot work; return the parsed allocation."""
+    f = _Fields(cfg)
+    try:
+        alloc = AllocationMode.parse(cfg.allocation_mode)
+        alloc.validate(cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node)
+    except ValueError as e:
+        raise ConfigError(f"allocation_mode: {e}") from None
+    f.need(cfg.cluster.n_nodes == 1,
+           f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node (a Ray launcher is future work)")
+    for name in ("experiment_name", "trial_name"):
+        value = f.value(name)  # both become name-resolve key prefixes and directory names
+        f.need(bool(value) and set(value) <= _NAME_CHARS and not value.startswith("."),
+               f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty")
+    f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
+    check_name_resolve(cfg.cluster.name_resolve)
+    check_restart_policy(cfg.cluster.restart_policy)
+
+    for name in ("group_size", "groups_per_step", "max_concurrent_rollouts", "rollout.n_workers"):
+        f.at_least(name, 0, strict=True)
+    f.at_least("max_head_offpolicyness", 0)
+    f.at_least("new_tokens_per_chunk", 0)
+    f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    f.choice("recover_mode", choices.RECOVER_MODES)
+    for name in ("rollout.request_timeout", "stall_timeout"):
+        f.at_least(name, 0, strict=True)
+    check_agent(cfg.rollout.agent)
+    check_env(cfg.rollout.env)
+
+    check_ppo(cfg.ppo)
+    f.need(cfg.ppo.gen.temperature > 0,
+           f"ppo.gen.temperature must be > 0 for RL (got {cfg.ppo.gen.temperature}): greedy rollouts give every "
+           "answer of a group the same reward")
+    check_model(cfg.actor, "actor")
+    check_model(cfg.ref, "ref")
+    check_native_engine(cfg.gen_server.native)
+    check_exp_ctrl(cfg.exp_ctrl)
+    check_stats(cfg.stats)
+    ev = _Fields(cfg.evaluation, "evaluation")
+    ev.at_least("n_prompts", 0)
+    if cfg.evaluation.n_prompts > 0:
+        ev.at_least("max_new_tokens", 0, strict=True)
+        ev.at_least("batch_size", 0, strict=True)
+        ev.at_least("sampled_temperature", 0)
+
+    _check_files(cfg)
+    _check_shapes(cfg, alloc)
+    return alloc
+
+
+def _check_files(cfg: AsyncPPOMATHConfig) -> None:
+    need = _Fields.need
+    for name in ("actor.path", "dataset.path"):
+        path = _Fields(cfg).value(name)
+        need(bool(path), f"{name} is empty")
+        need(os.path.exists(path), f"{name}={path!r} does not exist (relative paths are from {os.getcwd()})")
+    need(os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
+         f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)")
+    if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
+        need(os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
+             f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)")
+    if cfg.evaluation.n_prompts > 0:
+        need(os.path.isfile(cfg.dataset.test_path),
+             f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)")
+    context = cfg.gen_server.native.context_length or _max_positions(cfg.actor.path)
+    if context:
+        need(cfg.ppo.gen.max_new_tokens < context,
+             f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} leaves no room for a prompt in the generation "
+             f"servers' context of {context} tokens (gen_server.native.context_length, 0: the model's "
+             "max_position_embeddings)")
+    # Parse every row now, so a malformed line fails here with file:line, not in a worker later.
+    n_rows = len(load_rows("dataset.path", cfg.dataset.path))
+    if cfg.evaluation.n_prompts > 0:
+        load_rows("dataset.test_path", cfg.dataset.test_path)
+    need(n_rows >= cfg.groups_per_step,
+         f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
+
+
+def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
+    """Rules that tie the batch, the DP size and the rollout workers together."""
+    from realhf.system.push_pull_stream import grouping
+
+    need = _Fields.need
+    dp, B = alloc.train.dp, cfg.groups_per_step
+    need(B % dp == 0, f"groups_per_step={B} must be divisible by the trainer's DP size {dp} (allocation_mode)")
+    need(cfg.rollout.n_workers >= dp,
+         f"rollout.n_workers={cfg.rollout.n_workers} < trainer DP size {dp}: every DP rank needs a rollout worker")
+    samples_per_rank = B * cfg.group_size // dp
+    need(cfg.ppo.ppo_n_minibatches <= samples_per_rank,
+         f"ppo.ppo_n_minibatches={cfg.ppo.ppo_n_minibatches} exceeds the {samples_per_rank} samples a DP rank trains on "
+         "per step (groups_per_step x group_size / DP): some minibatches would be empty")
+    # Starvation: a DP rank waits for B/dp groups, all of which come from its own rollout
+    # workers; if those may not keep that many in flight, the step never fills.
+    share, per_worker = B // dp, rollouts_per_worker(cfg)
+    for rank, senders in grouping(cfg.rollout.n_workers, dp).items():
+        room = per_worker * len(senders)
+        need(room >= share,
+             f"max_concurrent_rollouts={cfg.max_concurrent_rollouts} over {cfg.rollout.n_workers} rollout workers lets "
+             f"DP rank {rank} have only {room} groups in flight, but each train step needs {share} from it: "
+             f"raise max_concurrent_rollouts to at least {share * math.ceil(cfg.rollout.n_workers / len(senders))}")
+
+
+def rollouts_per_worker(cfg: AsyncPPOMATHConfig) -> int:
+    """Each rollout worker's share of max_concurrent_rollouts."""
+    return max(1, cfg.max_concurrent_rollouts // cfg.rollout.n_workers)
+
+
+def load_rows(field: str, path: str):
+    """The prompts of a JSONL file; a malformed row is a ConfigError naming `field` and file:line."""
+    from realhf.impl.dataset.prompt_dataset import DatasetFormatError, load_jsonl_prompts
+
+    try:
+        return load_jsonl_prompts(path)
+    except DatasetFormatError as e:
+        raise ConfigError(f"{field}: {e}") from None
+
+
+def _max_positions(model_path: str) -> int:
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            value = json.load(f).get("max_position_embeddings", 0)
+    except (OSError, ValueError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+# ---- one worker's config -----------------------------------------------------------------------
+
+
+def _check_generation_server(c: GenerationServerConfig) -> None:
+    f = _Fields(c, "generation_server")
+    f.choice("backend", choices.GENERATION_BACKENDS)
+    f.need(bool(c.model_path), "generation_server.model_path is empty; set it to an HF model directory")
+    check_native_engine(c.native, "generation_server.native")
+    f.need(c.backend != "native" or c.tp_size == 1,
+           f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}")
+    f.within("port", 0, 65535)
+    for name in ("startup_timeout", "health_check_interval", "health_timeout", "keepalive_ttl"):
+        f.at_least(name, 0, strict=True)
+
+
+def _check_manager(c: GserverManagerConfig) -> None:
+    f = _Fields(c, "gserver_manager")
+    f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers"):
+        f.at_least(name, 0, strict=True)
+    f.at_least("max_head_offpolicyness", 0)
+    f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
+
+
+def _check_rollout_worker(c: RolloutWorkerConfig) -> None:
+    f = _Fields(c, "rollout_worker")
+    for name in ("group_size", "max_concurrent_rollouts", "n_pullers", "max_consecutive_failures"):
+        f.at_least(name, 0, strict=True)
+    f.at_least("new_tokens_per_chunk", 0)
+    check_agent(c.agent)
+    check_env(c.env)
+    check_generation(c.gconfig)
+
+
+def _check_model_worker(c: ModelWorkerConfig) -> None:
+    f = _Fields(c)
+    f.need(bool(c.actor.path), "actor.path is empty: set it to an HF model directory")
+    check_model(c.actor, "actor")
+    check_model(c.ref, "ref")
+    check_ppo(c.ppo)
+    f.at_least("max_head_offpolicyness", 0)
+    f.at_least("total_train_steps", 0)
+
+
+def _check_master(c: MasterWorkerConfig) -> None:
+    f = _Fields(c, "master_worker")
+    f.at_least("n_model_workers", 1)
+    f.need(c.groups_per_step >= c.n_model_workers,
+           f"groups_per_step ({c.groups_per_step}) must be >= the number of model workers ({c.n_model_workers}): "
+           "every DP rank trains at least one group per step")
+    f.at_least("total_train_steps", 0, strict=True)
+    check_exp_ctrl(c.exp_ctrl)
+    check_ppo(c.ppo)
+
+
+_WORKER_CHECKS = {
+    GenerationServerConfig: _check_generation_server,
+    GserverManagerConfig: _check_manager,
+    RolloutWorkerConfig: _check_rollout_worker,
+    ModelWorkerConfig: _check_model_worker,
+    MasterWorkerConfig: _check_master,
+}
+
+
+def validate_worker_config(cfg: Any) -> None:
+    """The rules for one worker's config (a no-op for config classes this module does not know,
+    e.g. a user's own worker)."""
+    check = _WORKER_CHECKS.get(type(cfg))
+    if check is not None:
+        check(cfg)

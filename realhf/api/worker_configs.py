@@ -1,0 +1,140 @@
+"""The config of each worker process, derived from the root config by `realhf.experiments`.
+
+A field that carries a fact of the root tree (`realhf.api.cli_args.AsyncPPOMATHConfig`) is
+declared with `same_as("<root field>")`: it takes the root's default and help, so a fact has
+one default however many workers read it. The remaining fields are a worker's own mechanics
+(poll intervals, discovery timeouts) or values the experiment computes (a worker's share of the
+rollouts, the trial's run directory); their rules live in `realhf.api.validation`.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from realhf.api.cli_args import AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig, NativeEngineConfig, PPOHyperparameters, SGLangConfig, StatsLoggingConfig, _f, _sub
+
+
+def _root_field(path: str) -> dataclasses.Field:
+    cls, f = AsyncPPOMATHConfig, None
+    for part in path.split("."):
+        f = next((x for x in dataclasses.fields(cls) if x.name == part), None)
+        if f is None:
+            raise AttributeError(f"{path!r} is not a field of AsyncPPOMATHConfig")
+        cls = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
+    return f
+
+
+def same_as(path: str, help: str = "") -> Any:
+    """A worker field carrying the root config's fact `path`: the root's default and help."""
+    f = _root_field(path)
+    text = help or f"{f.metadata.get('help', '')} (root: {path})"
+    if f.default_factory is not dataclasses.MISSING:
+        return field(default_factory=f.default_factory, metadata={"help": text})
+    return field(default=f.default, metadata={"help": text})
+
+
+@dataclass
+class GenerationServerConfig:
+    """One generation server: an engine behind the SGLang HTTP protocol (docs/architecture.md §5)."""
+
+    backend: str = _f("native", "'native' (built-in engine) or 'sglang' (the <engine> of allocation_mode).")
+    model_path: str = same_as("actor.path", "HF directory (config.json + safetensors) of the initial weights.")
+    host: str = same_as("cluster.bind_host")
+    port: int = _f(0, "HTTP port; 0: a free port.")
+    native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (backend=native).")
+    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (backend=sglang).")
+    tp_size: int = _f(1, "Tensor parallelism of the sglang backend (native: must be 1).")
+    base_gpu_id: int = _f(0, "First GPU of the sglang backend.")
+    seed: int = same_as("seed", "Sampler seed; server i uses seed + i (overrides native.seed).")
+    weight_version: int = _f(0, "Weight version reported until the first update_weights_from_disk.")
+    startup_timeout: float = _f(120.0, "Seconds the native backend may take to serve /health (sglang: sglang.startup_timeout).")
+    health_check_interval: float = _f(2.0, "Seconds between liveness checks of the backend; a dead backend fails the worker.")
+    health_timeout: float = _f(10.0, "Seconds one /health request of the sglang backend may take.")
+    keepalive_ttl: float = _f(10.0, "Seconds before this server's gen_servers/ entry expires if the process dies.")
+    weights_root: str = _f("", "The role's published-weights directory: on start, serve the version named by model_version/<role> from here (a restarted server rejoins current); empty: model_path.")
+    model_role: str = _f("actor", "Role whose model_version a (re)starting server loads from weights_root.")
+
+
+@dataclass
+class GserverManagerConfig:
+    """The GserverManager: admission under the staleness rule, routing, weight updates."""
+
+    host: str = same_as("cluster.bind_host")
+    schedule_policy: str = same_as("schedule_policy")
+    max_concurrent_rollouts: int = same_as("max_concurrent_rollouts")
+    groups_per_step: int = same_as("groups_per_step")
+    max_head_offpolicyness: int = same_as("max_head_offpolicyness")
+    n_servers: int = _f(1, "Generation servers to wait for under gen_servers/ before serving (allocation_mode).")
+    model_role: str = _f("actor", "Role whose model_version the manager watches and loads.")
+    run_dir: str = _f("", "The trial's run directory; published weights are read from its published_weights/<role>/<version>.")
+    poll_interval: float = _f(0.25, "Seconds between reads of model_version and stale_dropped (<= 0.5).")
+    discovery_timeout: float = _f(300.0, "Seconds to wait for n_servers generation servers to register.")
+    update_timeout: float = _f(300.0, "Seconds allowed for one server's pause/update/continue.")
+    log_interval: float = _f(10.0, "Seconds between status log lines.")
+    health_check_interval: float = _f(1.0, "Seconds between GET /health of every registered generation server.")
+    health_timeout: float = _f(5.0, "Seconds one /health may take before it counts as a failure.")
+    max_health_failures: int = _f(2, "Consecutive failed health checks that drop a server from routing (until it answers again).")
+    trained_groups_at_start: int = _f(0, "Groups already trained when the run resumes from a checkpoint; admission counts them as accepted.")
+
+
+@dataclass
+class RolloutWorkerConfig:
+    """One rollout worker: many concurrent agent episodes over its shard of the prompts."""
+
+    dataset_path: str = same_as("dataset.path", "JSONL prompts; each worker takes a disjoint shard.")
+    tokenizer_path: str = same_as("actor.path", "HF directory of the tokenizer (the actor's).")
+    seed: int = same_as("seed", "Seed of the prompt order (each worker adds its index).")
+    agent: AgentConfig = same_as("rollout.agent")
+    env: EnvConfig = same_as("rollout.env")
+    gconfig: GenerationHyperparameters = same_as("ppo.gen")
+    group_size: int = same_as("group_size")
+    max_concurrent_rollouts: int = _f(16, "This worker's share of the root max_concurrent_rollouts (groups it keeps in flight).")
+    new_tokens_per_chunk: int = same_as("new_tokens_per_chunk")
+    n_pullers: int = _f(1, "Trainer DP heads receiving trajectories (pushers are grouped over them).")
+    request_timeout: float = same_as("rollout.request_timeout")
+    sampler_state: str = _f("", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start.")
+    manager_timeout: float = _f(30.0, "Seconds allowed for one call to the GserverManager.")
+    discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
+    push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
+    max_consecutive_failures: int = _f(20, "Episodes failing in a row before the worker gives up.")
+    server_wait_timeout: float = _f(300.0, "Seconds a request keeps retrying while its generation server is down (killed, restarting) before the episode fails.")
+    log_every_groups: int = _f(20, "Log one line per this many finished groups.")
+
+
+@dataclass
+class ModelWorkerConfig:
+    """One data-parallel rank of the trainer."""
+
+    actor: ModelTrainEvalConfig = same_as("actor")
+    ref: ModelTrainEvalConfig = same_as("ref")
+    ppo: PPOHyperparameters = same_as("ppo")
+    run_dir: str = _f("./runs", "The trial's run directory: published_weights/, checkpoints/ and recover/ go under it.")
+    bind_host: str = same_as("cluster.bind_host")
+    max_head_offpolicyness: int = same_as("max_head_offpolicyness")
+    total_train_steps: int = _f(0, "Planned train steps (the LR schedule's horizon is this x ppo_n_minibatches); 0: constant LR.")
+    seed: int = same_as("seed")
+    stream_queue_size: int = _f(4096, "Prompt groups buffered by this DP head before pushers block.")
+    keep_last_versions: int = _f(2, "Published weight versions kept per role (older ones are deleted).")
+    recover: bool = _f(False, "On initialize, resume from the trial's recovery checkpoint if one exists.")
+    distributed_timeout: float = _f(300.0, "Seconds to wait for the torch.distributed rendezvous and collectives.")
+    master_discovery_timeout: float = _f(300.0, "Seconds to wait for the master's request socket in name resolve.")
+
+
+@dataclass
+class MasterWorkerConfig:
+    n_model_workers: int = _f(1, "Model workers (= DP ranks) to drive.")
+    groups_per_step: int = same_as("groups_per_step")
+    group_size: int = same_as("group_size")
+    total_train_steps: int = _f(1, "Train steps of the run (exp_ctrl.benchmark_steps, or epochs x steps per epoch).")
+    ppo: PPOHyperparameters = same_as("ppo")
+    exp_ctrl: ExperimentSaveEvalControl = same_as("exp_ctrl")
+    stats: StatsLoggingConfig = same_as("stats")
+    log_dir: str = _f("./runs/logs", "The trial's log directory: metrics.jsonl goes there.")
+    bind_host: str = same_as("cluster.bind_host")
+    stall_timeout: float = same_as("stall_timeout")
+    worker_connect_timeout: float = _f(300.0, "Seconds to wait for every model worker to connect.")
+    request_timeout: float = _f(1800.0, "Seconds to wait for one reply of a model worker (e.g. a train step).")
+    data_poll_interval: float = _f(0.2, "Seconds between 'fetch' polls while waiting for a step's data.")
+    data_log_interval: float = _f(30.0, "While waiting for data, log progress every N seconds.")
+    expected_workers: Dict[str, int] = _f({}, "Worker counts per type, so a stall report can name the missing ones.")
+    data_timeout: float = _f(3600.0, "Fail the run after N seconds without a full batch.")

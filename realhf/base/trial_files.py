@@ -1,0 +1,89 @@
+"""Where one trial's files live, and the readers of the ones other tools look at.
+
+Everything a run writes goes under `cluster.fileroot` (docs/architecture.md §11):
+
+    logs/<experiment>/<trial>/        <type>-<index>.log, configs/, metrics.jsonl, accuracy.json
+    runs/<experiment>/<trial>/        the run directory:
+        published_weights/<role>/<v>/   weights the generation servers load (HF dir, atomic rename)
+        checkpoints/<role>/version<v>/  saves (exp_ctrl.save_freq_steps and the final one)
+        recover/<role>/                 the recovery checkpoint (one, replaced atomically)
+
+Workers are handed the run directory; these functions are the only place that knows the names
+below it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class TrialFiles:
+    """The two directories of one trial under `fileroot`."""
+
+    fileroot: str
+    experiment: str
+    trial: str
+
+    @property
+    def log_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.fileroot), "logs", self.experiment, self.trial)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(os.path.abspath(self.fileroot), "runs", self.experiment, self.trial)
+
+    @property
+    def metrics_path(self) -> str:
+        return metrics_path(self.log_dir)
+
+
+def metrics_path(log_dir: str) -> str:
+    """One JSON object per completed train step, written by the master."""
+    return os.path.join(log_dir, "metrics.jsonl")
+
+
+def read_metrics(log_dir: str) -> List[dict]:
+    """The rows of `metrics.jsonl` under `log_dir` ([] before the first step)."""
+    path = metrics_path(str(log_dir))
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def published_weights_dir(run_dir: str, role: str = "actor") -> Path:
+    """Where a role's published versions live: `<run_dir>/published_weights/<role>/<version>/`."""
+    return Path(run_dir) / "published_weights" / role
+
+
+def published_version_dir(run_dir: str, role: str, version: int) -> Path:
+    return published_weights_dir(run_dir, role) / str(int(version))
+
+
+def latest_published(weights_dir: str, at_most: Optional[int] = None) -> Tuple[Optional[str], int]:
+    """The newest complete version (a directory with a config.json; versions appear by rename, so
+    a present one is whole) under `weights_dir`, no newer than `at_most`; (None, 0) if none."""
+    try:
+        found = sorted((int(d) for d in os.listdir(weights_dir) if d.isdigit()), reverse=True)
+    except FileNotFoundError:
+        return None, 0
+    for v in found:
+        path = os.path.join(weights_dir, str(v))
+        if (at_most is None or v <= at_most) and os.path.isfile(os.path.join(path, "config.json")):
+            return path, v
+    return None, 0
+
+
+def checkpoints_dir(run_dir: str, role: str = "actor") -> Path:
+    """Where saves go: `<run_dir>/checkpoints/<role>/version<v>/`."""
+    return Path(run_dir) / "checkpoints" / role
+
+
+def recover_dir(run_dir: str, role: str = "actor") -> Path:
+    """Where a role's recovery checkpoint lives (one, replaced each time)."""
+    return Path(run_dir) / "recover" / role

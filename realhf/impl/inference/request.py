@@ -1,0 +1,90 @@
+"""What a caller asks the native engine for and what it gets back, and the check of a request.
+
+`GenerateRequest` (prompt token ids + `SamplingParams`) goes in, `GenerateResult` (token ids,
+per-token log-probs, SGLang's `finish_reason`, the weight version that produced it) comes out;
+`check_request` says, naming the field, why a request cannot be served. The HTTP layer
+(`realhf.impl.inference.server_app`) maps SGLang's JSON onto these types; nothing here knows
+about threads, tensors or the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0  # 1: off
+    top_k: int = -1  # -1: off
+    min_new_tokens: int = 0  # stop tokens are masked out until this many tokens exist
+    stop_token_ids: List[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerateRequest:
+    input_ids: List[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    rid: str = ""
+
+
+@dataclass
+class GenerateResult:
+    rid: str
+    output_ids: List[int]
+    output_logprobs: List[float]
+    finish_reason: Dict[str, Any]  # {"type": "stop"|"length"|"abort", ...} as SGLang
+    prompt_tokens: int
+    weight_version: int
+    e2e_latency: float
+
+    def to_sglang(self, return_logprob: bool = True) -> Dict[str, Any]:
+        """The `/generate` response body of docs/architecture.md §5."""
+        meta: Dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "e2e_latency": self.e2e_latency,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids)]
+        return {"output_ids": self.output_ids, "meta_info": meta}
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was stopped or its thread died: nothing more will be served (HTTP 503)."""
+
+
+def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Optional[str]:
+    """Why a request cannot be served (a message naming the field), or None."""
+    s = req.sampling
+    if not req.input_ids:
+        return "input_ids is empty: at least one prompt token is needed"
+    bad = [t for t in req.input_ids if not 0 <= t < vocab_size]
+    if bad:
+        return f"input_ids contains token ids outside [0, {vocab_size}): {bad[:5]}"
+    if s.max_new_tokens < 0:
+        return f"sampling_params.max_new_tokens must be >= 0, got {s.max_new_tokens}"
+    if len(req.input_ids) + s.max_new_tokens > context_len:
+        return (f"prompt ({len(req.input_ids)} tokens) + sampling_params.max_new_tokens ({s.max_new_tokens}) "
+                f"exceeds the context length {context_len}")
+    if s.min_new_tokens < 0 or s.min_new_tokens > max(s.max_new_tokens, 0):
+        return f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {s.min_new_tokens}"
+    if not s.temperature >= 0:
+        return f"sampling_params.temperature must be >= 0, got {s.temperature}"
+    if not 0 < s.top_p <= 1:
+        return f"sampling_params.top_p must be in (0, 1], got {s.top_p}"
+    if s.top_k == 0 or s.top_k < -1:
+        return f"sampling_params.top_k must be -1 (off) or >= 1, got {s.top_k}"
+    bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        return f"sampling_params.stop_token_ids contains ids outside [0, {vocab_size}): {bad[:5]}"
+    return None

@@ -1,0 +1,84 @@
+"""The models behind the native engine ("runners"): the contract, and the static-KV runner.
+
+A runner owns the weights and a slotted cache of the running requests; the engine
+(`realhf.impl.inference.engine`) owns everything else — queue, slots' sampling state, pause,
+abort, weight versions. `ModelRunner` is the whole contract between them:
+
+    prefill(slots, tokens, lengths)   new prompts into free slots   -> logits [b, vocab]
+    decode(tokens, positions)         one token for slots 0..n-1    -> logits [n, vocab]
+    move_slots(src, dst, length)      compaction after requests leave
+    load_weights(path) / set_weights  a weight swap, loaded off the engine thread
+
+`StaticKVRunner` (here) runs the Qwen2/Llama-family `StaticKVTransformer`; `HFRunner`
+(`realhf.impl.inference.hf_runner`) runs any other HF causal LM through its own forward;
+`realhf.impl.inference.factory` picks one for a model directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Protocol
+
+import torch
+
+from realhf.base.dtypes import torch_dtype
+from realhf.impl.inference.transformer import StaticKVTransformer, load_model
+
+
+class ModelRunner(Protocol):
+    """What the engine needs from a model: a slotted cache with prefill, decode and moves."""
+
+    vocab_size: int
+    context_len: int
+    n_slots: int
+    eos_token_ids: List[int]
+
+    def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None: ...
+
+    def load_weights(self, model_path: str) -> Any:
+        """New weights from a checkpoint, in new tensors; callable from any thread."""
+
+    def set_weights(self, weights: Any) -> None: ...
+
+
+class StaticKVRunner:
+    """The Qwen2/Llama-family `StaticKVTransformer` as a ModelRunner."""
+
+    kind = "static_kv"
+
+    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
+                 attention: str = "auto"):
+        self.dtype = torch_dtype(dtype)
+        args, weights = load_model(model_path, self.dtype)
+        context_len = context_len or args.max_position_embeddings
+        self.model = StaticKVTransformer(args, weights, n_slots, context_len, self.dtype, attention)
+        self.attention = "C kernel" if self.model.attention_kernel is not None else "torch matmuls"
+        self.args = args
+        self.vocab_size = args.vocab_size
+        self.context_len = context_len
+        self.n_slots = n_slots
+        self.eos_token_ids = list(args.eos_token_ids)
+
+    def prefill(self, slots, tokens, lengths):
+        return self.model.prefill(slots, tokens, lengths)
+
+    def decode(self, tokens, positions):
+        return self.model.decode(tokens, positions)
+
+    def move_slots(self, src, dst, length):
+        self.model.move_slots(src, dst, length)
+
+    def load_weights(self, model_path: str):
+        args, weights = load_model(model_path, self.dtype)
+        if args.shape_signature() != self.args.shape_signature():
+            raise ValueError(
+                f"checkpoint {model_path!r} has shape {args.shape_signature()} but the running model has "
+                f"{self.args.shape_signature()}; a weight update cannot change the architecture"
+            )
+        return weights
+
+    def set_weights(self, weights) -> None:
+        self.model.set_weights(weights)

@@ -1,0 +1,51 @@
+"""What any launcher is asked to run, and how it reports failure: launcher-neutral.
+
+`realhf.experiments` turns a config into `WorkerSpec`s; a launcher (today `scheduler/local.py`)
+starts them, supervises them and raises the errors below. Nothing here knows how processes are
+started.
+"""
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+# Each worker sets its own torch thread count from config; these keep numpy/BLAS from spawning
+# one thread per core in every process of a small machine.
+DEFAULT_WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass
+class WorkerSpec:
+    """`count` workers of one type; `configs[i]` is the config dataclass of worker i."""
+
+    worker_type: str
+    count: int
+    configs: List[Any] = field(default_factory=list)
+    worker_class: str = ""  # default: the built-in class of `worker_type`
+    env: Dict[str, str] = field(default_factory=dict)
+    echo_log: bool = False  # copy this worker's log lines to the launcher's console
+    restart: bool = False  # restart a worker of this spec that dies while the trial runs
+    max_restarts: int = 3  # per worker; the next death after this many restarts fails the trial
+    restart_backoff: float = 1.0  # seconds before restart k+1 is backoff·2^k (capped at 30 s)
+
+
+class LauncherError(RuntimeError):
+    pass
+
+
+class WorkerFailedError(LauncherError):
+    def __init__(self, worker: str, reason: str, log_path: str, log_tail: str):
+        super().__init__(f"worker {worker} failed: {reason} (log: {log_path})")
+        self.worker, self.reason, self.log_path, self.log_tail = worker, reason, log_path, log_tail
+
+
+class LauncherInterrupted(LauncherError):
+    def __init__(self, signum: int):
+        super().__init__(f"launcher received {signal.Signals(signum).name}")
+        self.signum = signum

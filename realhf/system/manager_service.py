@@ -1,0 +1,136 @@
+"""The GserverManager's state and the logic behind each endpoint, without sockets.
+
+It wires together admission (`realhf.impl.admission.StalenessManager`, docs/architecture.md §4), routing
+(`realhf.impl.routing.Router`), server health (`realhf.impl.server_health.ServerHealth`), the
+per-server weight versions (`realhf.system.weight_update.WeightUpdater`) and the counters of
+`/status`. The HTTP app and the watcher (`realhf.system.gserver_manager`) call into it from one
+event loop; nothing here does I/O, so admission keeps answering while a server is being updated.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from realhf.api.worker_configs import GserverManagerConfig
+from realhf.base import logging
+from realhf.impl.admission import StalenessManager
+from realhf.impl.routing import Router
+from realhf.impl.server_health import DROPPED, UP, ServerHealth
+from realhf.system.manager_metrics import ThroughputWindow
+from realhf.system.weight_update import WeightUpdater
+
+logger = logging.getLogger("gserver_manager")
+
+
+class _Version:
+    """The trainer version as last read by the watcher (handlers never do I/O)."""
+
+    def __init__(self):
+        self.value = 0
+
+    def get_version(self) -> int:
+        return self.value
+
+
+class ManagerService:
+    """Admission + routing + server health + weight versions + counters; no sockets."""
+
+    def __init__(self, config: GserverManagerConfig, server_urls: List[str]):
+        self.config = config
+        self.version = _Version()
+        self.admission = StalenessManager(config.max_concurrent_rollouts, config.groups_per_step,
+                                          config.max_head_offpolicyness, self.version,
+                                          accepted=config.trained_groups_at_start)
+        self.router = Router(config.schedule_policy, server_urls)
+        self.updater = WeightUpdater(config.run_dir, config.model_role, config.update_timeout)
+        self.updater.set_servers(server_urls)
+        self.health = ServerHealth(server_urls, config.max_health_failures)
+        self.throughput = ThroughputWindow()
+        self.n_abandoned = 0
+
+    # ---- the endpoints ------------------------------------------------------------------------
+    def allocate(self, qid: str) -> dict:
+        d = self.admission.allocate(qid)
+        return {"success": d.success, "reason": d.reason}
+
+    def schedule(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,
+                 previous_url: Optional[str] = None, previous_version: Optional[int] = None) -> dict:
+        if not self.admission.is_running(qid):
+            # Routing it would count load on a server until a /finish_rollout that never comes.
+            raise KeyError(f"schedule_request({qid!r}): no running rollout with this qid "
+                           "(call /allocate_rollout first, or it already finished)")
+        version = self.version.value
+        url = self.router.schedule(qid, prompt_len, group_size, new_token_budget, previous_url=previous_url,
+                                   previous_version=previous_version, current_version=version)
+        return {"url": url, "version": version}
+
+    def finish(self, qid: str, accepted: bool, n_tokens: int) -> dict:
+        self.admission.finish(qid, accepted)  # KeyError: never allocated or already finished
+        self.router.release(qid)
+        self.throughput.add(accepted, n_tokens)
+        return {"success": True}
+
+    def abandon(self, qids: List[str]) -> dict:
+        """Free the slots of rollouts that died with their worker (a restarted rollout worker
+        reports its previous incarnation's in-flight qids); unknown qids are ignored."""
+        running = self.admission.running_qids()
+        done = [q for q in dict.fromkeys(qids) if q in running]
+        for qid in done:
+            self.admission.abandon(qid)
+            self.router.release(qid)
+        self.n_abandoned += len(done)
+        if done:
+            logger.info(f"abandoned {len(done)} rollouts of a dead worker: {done[:5]}{' ...' if len(done) > 5 else ''}")
+        return {"abandoned": len(done), "unknown": len(set(qids)) - len(done)}
+
+    def status(self) -> dict:
+        s = self.admission.status()
+        loads = self.router.loads()
+        s["servers"] = [
+            {"url": url, "requests": load.requests, "tokens": load.tokens,
+             "version": self.updater.versions.get(url), "updating": self.updater.updating == url}
+            for url, load in loads.items()
+        ]
+        s["schedule_policy"] = self.router.policy
+        s["unhealthy_servers"] = sorted(self.health.failures)
+        s["servers_dropped"] = self.health.n_dropped
+        s["abandoned"] = self.n_abandoned
+        s["weight_updates"] = {"done": self.updater.n_updates, "failed": self.updater.n_failures,
+                               "last_error": self.updater.last_error}
+        s["throughput"] = self.throughput.summary()
+        return s
+
+    # ---- what the watcher reads ---------------------------------------------------------------
+    def observe_trainer(self, version: int, stale_dropped: int) -> None:
+        """The trainer's published version and stale-dropped total (both only ever grow)."""
+        if version > self.version.value:
+            logger.info(f"model version {self.version.value} → {version}")
+            self.version.value = version
+        if stale_dropped > self.admission.status()["stale_dropped"]:
+            self.admission.set_stale_dropped(stale_dropped)
+
+    def observe_servers(self, registered: List[str]) -> None:
+        """Route to the registered servers that pass their health checks. A server new to
+        routing starts at the weight version it reported (a restarted server loads the current
+        weights itself)."""
+        urls = self.health.routable(registered)
+        old = self.router.servers()
+        if set(urls) == set(old):
+            return
+        self.router.set_servers(urls)
+        self.updater.set_servers(urls)
+        for url in set(urls) - set(old):
+            if url in self.health.reported_versions:
+                self.updater.versions[url] = self.health.reported_versions[url]
+        logger.info(f"routed generation servers: {old} → {urls}"
+                    + ("" if urls else " (none alive: rollouts wait for a server to come back)"))
+
+    def observe_health(self, url: str, ok: bool, weight_version: Optional[int] = None) -> None:
+        """One /health check's result (`weight_version`: what a joining server reported)."""
+        change = self.health.record(url, ok, weight_version)
+        if change == UP:
+            logger.info(f"generation server {url} is up (weight version "
+                        f"{self.health.reported_versions.get(url, 'unknown')})")
+        elif change == DROPPED:
+            logger.warning(f"generation server {url} failed {self.health.failures[url]} health checks in a row; "
+                           "dropped from routing")
