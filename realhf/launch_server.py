@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from realhf.api.choices import DECODE_ATTENTION, NATIVE_ENGINE_KINDS
 from realhf.api.cli_args import NativeEngineConfig
+from realhf.api.validation import ConfigError, check_native_engine
 from realhf.base import logging
 from realhf.base.dtypes import DTYPE_NAMES
 
@@ -69,9 +70,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tp_size != 1:
         p.error(f"--tp-size must be 1 for the native CPU engine, got {args.tp_size}")
-    for name in ("n_threads", "max_running_requests"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    try:  # the same rules as gen_server.native in a run's config, named by their flags here
+        check_native_engine(dataclass_from_args(NativeEngineConfig, args), prefix="")
+    except ConfigError as e:
+        field, _, rest = str(e).partition(" ")
+        p.error(f"--{field.replace('_', '-')} {rest}")
     return args
 
 

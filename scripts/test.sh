@@ -2,7 +2,7 @@
 # Runs the test suite: sets up .venv and redis-server if needed, then pytest.
 #   bash scripts/test.sh                 # the CI suite (slow tests skipped)
 #   bash scripts/test.sh --runslow       # everything
-#   bash scripts/test.sh tests/base -k name_resolve   # any pytest arguments
+#   bash scripts/test.sh tests/unit/base -k name_resolve   # any pytest arguments
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "${REPO_ROOT}/scripts/setup_env.sh"

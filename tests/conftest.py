@@ -1,6 +1,11 @@
-"""Shared pytest set-up: the `slow` marker and the helpers package on the path."""
+"""Fixtures shared across the test tree: the `slow` switch, a real Redis and name resolve, the
+leftover-process check, tiny models and the live servers (native generation server, manager)."""
+
+import os
 
 import pytest
+
+from helpers.native_server import CONTEXT, SMALL_CONTEXT, SMALL_SLOTS, serve_native
 
 
 def pytest_addoption(parser):
@@ -14,6 +19,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- processes and name resolve ------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +47,18 @@ def redis_name_resolve(redis_url):
 
 
 @pytest.fixture
+def nr(redis_name_resolve):
+    """Real Redis name resolve with the manager harness's trial cleared before and after."""
+    from realhf.base import name_resolve, names
+
+    from helpers.manager_harness import EXP, TRIAL
+
+    name_resolve.clear_subtree(names.trial_root(EXP, TRIAL))
+    yield
+    name_resolve.clear_subtree(names.trial_root(EXP, TRIAL))
+
+
+@pytest.fixture
 def no_leftover_processes():
     """Fails the test if it leaves any child process of the test runner behind."""
     import psutil
@@ -52,3 +72,101 @@ def no_leftover_processes():
     for p in alive:
         p.kill()
     assert not alive, f"processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+
+
+# ---- tiny models and their HF references -------------------------------------------------------
+#
+# The conformance tests (tests/unit/impl/inference/test_server_app.py) talk to the server only
+# through the SGLang HTTP protocol, so they can be pointed at any server: set
+# REALHF_CONFORMANCE_URL (e.g. a real `python -m sglang.launch_server --skip-tokenizer-init` on a
+# GPU box) and REALHF_CONFORMANCE_MODEL (the model directory it serves) and the same assertions
+# run against it.
+
+
+def _random_lm(tmp_path_factory, name, arch, seed, **overrides):
+    from helpers.tiny_models import make_random_causal_lm
+
+    return make_random_causal_lm(str(tmp_path_factory.mktemp(name)), arch, seed=seed, **overrides)
+
+
+@pytest.fixture(scope="session")
+def qwen_path(tmp_path_factory):
+    return _random_lm(tmp_path_factory, "qwen_a", "qwen2", 0, max_position_embeddings=CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def qwen_path_b(tmp_path_factory):
+    """Same architecture, other weights: the target of weight swaps."""
+    return _random_lm(tmp_path_factory, "qwen_b", "qwen2", 1, max_position_embeddings=CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def gpt2_path(tmp_path_factory):
+    return _random_lm(tmp_path_factory, "gpt2", "gpt2", 0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """A qwen2 model with a small context: the default native server's."""
+    return _random_lm(tmp_path_factory, "tiny_qwen", "qwen2", 0, max_position_embeddings=SMALL_CONTEXT)
+
+
+@pytest.fixture(scope="session")
+def hf_ref(qwen_path):
+    from helpers.hf_reference import HFReference
+
+    return HFReference(os.environ.get("REALHF_CONFORMANCE_MODEL") or qwen_path)
+
+
+@pytest.fixture(scope="session")
+def hf_ref_b(qwen_path_b):
+    from helpers.hf_reference import HFReference
+
+    return HFReference(qwen_path_b)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """(model, tokenizer) of the committed tiny-math SFT warm start, on one thread; tests that
+    train load a private copy with `helpers.trajectories.load_tiny`."""
+    import torch
+
+    from helpers.trajectories import load_tiny
+
+    torch.set_num_threads(1)
+    return load_tiny()
+
+
+# ---- live servers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def native_server_model(tiny_model_path):
+    """(model path, context length, slots) that `native_server` serves; a test module that needs
+    another model overrides this fixture."""
+    return tiny_model_path, SMALL_CONTEXT, SMALL_SLOTS
+
+
+@pytest.fixture(scope="module")
+def native_server(native_server_model):
+    """(url, engine) of a native generation server (engine thread + uvicorn on 127.0.0.1) for a test module."""
+    with serve_native(*native_server_model) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def manager_server(tmp_path_factory):
+    """(url, service) of a GserverManager app routing to one (never contacted) server URL."""
+    from realhf.api.worker_configs import GserverManagerConfig
+    from realhf.system.gserver_manager import create_app
+    from realhf.system.http_thread import HttpServerThread
+    from realhf.system.manager_service import ManagerService
+
+    config = GserverManagerConfig(max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1,
+                                  run_dir=str(tmp_path_factory.mktemp("manager_root")))
+    service = ManagerService(config, ["http://127.0.0.1:9"])
+    server = HttpServerThread(create_app(service), host="127.0.0.1", name="manager-under-test").start()
+    try:
+        yield server.url, service
+    finally:
+        server.stop()

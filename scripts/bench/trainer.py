@@ -15,7 +15,7 @@ step receives them. Ways of doing the same work, timed alternately, best of `--r
                     takes rows in order of length, at most `ppo.micro_batch_tokens` padded tokens
                     (512, 1024 = the default, 2048) per forward
 
-All produce the same update (tests/training/test_trainer_logic.py checks it). One thread.
+All produce the same update (tests/unit/impl/model/test_actor.py checks it). One thread.
 """
 
 from __future__ import annotations

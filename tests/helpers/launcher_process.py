@@ -8,7 +8,7 @@ import sys
 import time
 from typing import List
 
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers.paths import TESTS_DIR
 
 
 class LauncherProcess:

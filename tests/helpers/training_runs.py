@@ -1,14 +1,37 @@
-"""Drive training/main_async_ppo.py as a subprocess, the way a user runs it, and look at what it left."""
+"""Drive training/main_async_ppo.py as a subprocess, the way a user runs it, and look at what it
+left: its metrics (read with `realhf.base.trial_files.read_metrics`), its logs, its processes.
+
+`run_training` runs to the end; `Run` starts a run and lets a test poke at it from outside while
+it goes (kill workers, read the manager's /status), then check that nothing it started is left.
+"""
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
 
 import psutil
 
-from realhf.base.trial_files import read_metrics
+from realhf.base.trial_files import TrialFiles, read_metrics
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.http import http
+from helpers.paths import REPO
+from helpers.wait import wait_for
+
+EXPERIMENT = "async-ppo-math"  # training/configs/async-ppo.yaml's experiment_name
+
+# Small and quick: 4 prompt groups of 4 answers per step, 2 rollout workers.
+SMALL_RUN = ["groups_per_step=4", "group_size=4", "max_concurrent_rollouts=8", "evaluation.n_prompts=0",
+             "ppo.gen.max_new_tokens=24"]
+
+
+def trial_log_dir(tmp_path, trial) -> Path:
+    """Where a run with `cluster.fileroot=tmp_path` writes its logs and metrics.jsonl."""
+    return Path(TrialFiles(str(tmp_path), EXPERIMENT, trial).log_dir)
 
 
 def trial_processes(marker: str):
@@ -33,5 +56,145 @@ def run_training(tmp_path, trial, *overrides, timeout=900, env=None):
     """Run to the end; returns (CompletedProcess, metrics.jsonl rows, the trial's log dir)."""
     proc = subprocess.run(training_command(tmp_path, trial, *overrides), cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=env)
-    log_dir = tmp_path / "logs" / "async-ppo-math" / trial
+    log_dir = trial_log_dir(tmp_path, trial)
     return proc, read_metrics(log_dir), log_dir
+
+
+class Run:
+    """`python training/main_async_ppo.py` in its own process; output collected in a file."""
+
+    def __init__(self, tmp_path, trial: str, *overrides: str, own_process_group: bool = False):
+        self.tmp_path, self.trial = tmp_path, trial
+        self.log_dir = trial_log_dir(tmp_path, trial)
+        self.out_path = tmp_path / f"{trial}.out"
+        self._out = open(self.out_path, "w")
+        # own_process_group: like a job in a terminal, so a Ctrl-C can reach the whole group.
+        self.proc = subprocess.Popen(training_command(tmp_path, trial, *overrides), cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=own_process_group)
+        self.seen: Dict[int, tuple] = {}  # every descendant seen while running: pid -> (cmdline, create_time)
+
+    # ---- observation --------------------------------------------------------------------------
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def metrics(self) -> List[dict]:
+        return read_metrics(str(self.log_dir))
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def track(self) -> None:
+        """Remember every descendant (workers, redis-server, grader pools) for the final check."""
+        try:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                try:
+                    cmd, created = " ".join(p.cmdline()), p.create_time()
+                except psutil.Error:
+                    continue
+                known = self.seen.get(p.pid)
+                # A child caught between fork and exec has no command line yet: fill it in later.
+                if known is None or (known[1] == created and cmd and not known[0]):
+                    self.seen[p.pid] = (cmd, created)
+        except psutil.NoSuchProcess:
+            pass
+
+    def worker_pid(self, worker: str) -> int:
+        """Pid of the live worker `<type>-<index>` (e.g. generation_server-0)."""
+        self.track()
+        for pid, (cmd, _) in self.seen.items():
+            if f"configs/{worker}.yaml" in cmd and psutil.pid_exists(pid):
+                try:
+                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                        return pid
+                except psutil.NoSuchProcess:
+                    pass
+        raise AssertionError(f"no live process of {worker}; output:\n{self.output()[-3000:]}")
+
+    def wait_for(self, what: str, predicate, timeout: float, interval: float = 0.5):
+        """Poll `predicate()` until it returns something truthy; fail naming `what`, with the run's output."""
+        def observed():
+            self.track()
+            value = predicate()
+            if not value and self.proc.poll() is not None:
+                raise AssertionError(f"the run ended (code {self.proc.returncode}) while waiting for {what}:\n"
+                                     f"{self.output()[-4000:]}")
+            return value
+
+        try:
+            return wait_for(observed, timeout, what, interval)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}:\n{self.output()[-4000:]}") from None
+
+    def wait_steps(self, n: int, timeout: float = 600) -> None:
+        self.wait_for(f"{n} train steps", lambda: len(self.metrics()) >= n, timeout)
+
+    def manager_url(self) -> str:
+        m = re.search(r"serving on (http://\S+):", self.log("gserver_manager-0"))
+        assert m, "the manager never logged its URL"
+        return m.group(1)
+
+    def manager_status(self) -> Optional[dict]:
+        try:
+            status, body = http("GET", f"{self.manager_url()}/status", timeout=10)
+        except OSError:
+            return None
+        return body if status == 200 else None
+
+    def server_url(self, index: int) -> str:
+        urls = re.findall(r"at (http://\S+); registered", self.log(f"generation_server-{index}"))
+        assert urls, f"generation_server-{index} never registered"
+        return urls[-1]  # the latest incarnation
+
+    # ---- the end ------------------------------------------------------------------------------
+    def finish(self, timeout: float = 900) -> int:
+        try:
+            while self.proc.poll() is None and timeout > 0:
+                self.track()
+                time.sleep(0.5)
+                timeout -= 0.5
+            return self.proc.wait(timeout=max(timeout, 1))
+        finally:
+            self._out.close()
+
+    def stop(self) -> None:
+        """Clean-up for a failed test: SIGKILL the run and everything it started."""
+        self.track()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for p in self._same_processes():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        self._out.close()
+
+    def _same_processes(self) -> List[psutil.Process]:
+        """Seen descendants still alive (the same process: a reused pid does not count)."""
+        procs = []
+        for pid, (_, created) in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created:
+                    procs.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return procs
+
+    def leftovers(self, timeout: float = 10.0) -> List[str]:
+        """Descendants seen during the run that are still alive `timeout` s after it ended."""
+        _, alive = psutil.wait_procs(self._same_processes(), timeout=timeout)
+        return [f"{p.pid}: {self.seen[p.pid][0]}" for p in alive if _not_zombie(p)]
+
+    def kill_worker(self, worker: str, sig=signal.SIGKILL) -> int:
+        pid = self.worker_pid(worker)
+        os.kill(pid, sig)
+        return pid
+
+
+def _not_zombie(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,37 @@
+"""The rollout side's surroundings in one process: fake SGLang servers and the real GserverManager
+app (HTTP server + watcher) on 127.0.0.1, under one trial of the real name resolve."""
+
+import contextlib
+
+from realhf.api.worker_configs import GserverManagerConfig
+from realhf.base import name_resolve, names
+from realhf.system.gserver_manager import serve_manager
+
+from helpers.fake_sglang import FakeSGLangServer
+
+EXP, TRIAL = "rollout-test", "t0"
+
+
+@contextlib.contextmanager
+def running_manager(urls, **overrides):
+    """The real manager app (HTTP server + watcher) on 127.0.0.1, over the given server URLs."""
+    config = GserverManagerConfig(**{"poll_interval": 0.05, "n_servers": len(urls), **overrides})
+    server = serve_manager(config, EXP, TRIAL, server_urls=list(urls))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def fake_servers(n, **kw):
+    servers = [FakeSGLangServer(**kw).start() for _ in range(n)]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def set_version(v: int, role: str = "actor"):
+    name_resolve.add(names.model_version(EXP, TRIAL, role), v, replace=True)

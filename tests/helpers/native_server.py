@@ -1,0 +1,26 @@
+"""A native generation server in the test process: the engine thread plus uvicorn on 127.0.0.1."""
+
+import contextlib
+
+# The inference tests' server: long enough that a pause can catch requests mid-answer; the slot
+# cache stays small (2 layers).
+CONTEXT, SLOTS = 2048, 96
+# The default (security tests'): small, so fuzzed /generate bodies that fit finish in a few decode steps.
+SMALL_CONTEXT, SMALL_SLOTS = 64, 8
+
+
+@contextlib.contextmanager
+def serve_native(model_path: str, context_length: int, slots: int):
+    """(url, engine) of a native server on `model_path`, stopped on exit."""
+    from realhf.impl.inference.factory import create_engine
+    from realhf.impl.inference.server_app import create_app
+    from realhf.system.http_thread import HttpServerThread
+
+    engine = create_engine(model_path, max_running_requests=slots, context_length=context_length, seed=1).start()
+    server = HttpServerThread(create_app(engine), "127.0.0.1", 0, name="generation-server")
+    try:
+        server.start(timeout=30)
+        yield server.url, engine
+    finally:
+        server.stop()
+        engine.stop()

@@ -1,0 +1,70 @@
+"""Issue 6, bullets 1 and 4: Ctrl-C, or the death of a worker that is not restarted (master,
+model worker), stops the whole run: every process it started is gone (redis-server included),
+the exit status is non-zero and one line says why (naming the failed worker, with its log tail)."""
+
+import os
+import signal
+
+import pytest
+
+from helpers.training_runs import SMALL_RUN, Run
+
+
+def _interrupted_run_stops_everything(tmp_path, trial, interrupt, code_expected, signal_name, **run_kw):
+    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, **run_kw)
+    try:
+        run.wait_steps(1)
+        interrupt(run)
+        code = run.finish(timeout=120)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == code_expected, out[-4000:]
+    assert f"run interrupted (exit {code_expected}): launcher received {signal_name}" in out, out[-3000:]
+    assert run.leftovers() == []
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_leftover_processes):
+    def ctrl_c(run):
+        assert any("redis-server" in cmd for cmd, _ in run.seen.values()), run.seen
+        # Ctrl-C in a terminal: SIGINT to the foreground process group (the entry point and
+        # redis-server; the workers run in sessions of their own and are stopped by the launcher).
+        os.killpg(run.proc.pid, signal.SIGINT)
+
+    _interrupted_run_stops_everything(tmp_path, "sigint", ctrl_c, 130, "SIGINT", own_process_group=True)
+
+
+@pytest.mark.e2e
+def test_sigterm_to_the_entry_point_stops_every_process_says_so_and_exits_143(tmp_path, no_leftover_processes):
+    # What a process manager (systemd, a batch scheduler) sends: only the entry point gets it.
+    _interrupted_run_stops_everything(tmp_path, "sigterm", lambda run: run.proc.send_signal(signal.SIGTERM),
+                                      143, "SIGTERM")
+
+
+def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
+    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    try:
+        run.wait_steps(2)
+        run.kill_worker(worker)
+        code = run.finish(timeout=180)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 1, out[-4000:]
+    assert f"run failed (exit 1): worker {name} exited with code -9 (SIGKILL)" in out, out[-3000:]
+    assert f"worker {name} failed" in out and "last 30 lines of" in out  # the log tail is printed
+    assert "restart 1" not in run.log(worker)  # not restarted by default
+    assert run.leftovers() == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigkilled_model_worker_stops_the_run_cleanly_naming_it(tmp_path, no_leftover_processes):
+    _killed_worker_stops_the_run(tmp_path, "mwkill", "model_worker-0", "model_worker/0")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigkilled_master_stops_the_run_cleanly_naming_it(tmp_path, no_leftover_processes):
+    _killed_worker_stops_the_run(tmp_path, "masterkill", "master_worker-0", "master_worker/0")

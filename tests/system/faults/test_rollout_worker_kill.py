@@ -1,0 +1,43 @@
+"""Issue 6, bullet 1: a rollout worker SIGKILLed mid-run is restarted with the same index; the
+groups its dead incarnation had in flight are settled at the manager (pushed ones finished,
+the others abandoned: no leaked admission slot) and run again first; the run completes."""
+
+import re
+
+import pytest
+
+from helpers.training_runs import SMALL_RUN, Run
+
+# Long enough that the run outlasts the restart: a step of this small run takes ~0.2 s, and the
+# other rollout worker alone keeps the trainer fed while worker 0 restarts.
+STEPS = 300
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_readmitted(
+        tmp_path, no_leftover_processes):
+    run = Run(tmp_path, "rwkill", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN)
+    try:
+        run.wait_steps(2)
+        run.kill_worker("rollout_worker-0")
+        pattern = (r"previous incarnation left (\d+) groups in flight: (\d+) already pushed \(reported finished\), "
+                   r"(\d+) slots released at the manager, (\d+) prompts re-admitted first")
+        m = run.wait_for("the restarted rollout worker to settle its predecessor's groups",
+                         lambda: re.search(pattern, run.log("rollout_worker-0")), 180)
+        left, pushed, released, readmitted = map(int, m.groups())
+        status = run.manager_status()
+        code = run.finish()
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 0, out[-5000:]
+    assert "realhf launcher: restart 1 of rollout_worker/0" in run.log("rollout_worker-0")
+    assert left > 0  # it was killed with work in flight (each worker keeps up to 4 groups)
+    # Every group of the dead incarnation is accounted for: finished if pushed, else its slot freed.
+    assert pushed + released == left and readmitted == released
+    assert status is not None and status["abandoned"] == released
+    assert status["running"] <= 8  # max_concurrent_rollouts: no slot held by the dead incarnation
+    assert [m["step"] for m in run.metrics()] == list(range(1, STEPS + 1))
+    assert "'rollout_worker/0': 1" in out
+    assert run.leftovers() == []

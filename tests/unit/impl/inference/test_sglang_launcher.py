@@ -1,0 +1,96 @@
+"""The sglang backend without sglang: command construction and the readiness / teardown logic,
+against a stand-in `sglang.launch_server` that parses SGLang's flags strictly."""
+
+import re
+import time
+
+import psutil
+import pytest
+
+from realhf.api.cli_args import SGLangConfig
+from realhf.base.network import find_free_port
+from realhf.impl.inference.sglang_launcher import SGLangLaunchError, SGLangProcess, build_sglang_command, http_healthy
+
+from helpers import sglang_standin
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_command_has_the_required_sglang_flags_and_only_the_configured_optional_ones():
+    cmd = build_sglang_command("/models/m", "10.0.0.5", 30001, SGLangConfig(), tp_size=2, base_gpu_id=4, seed=7,
+                               python="/usr/bin/python3")
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
+    assert flag(cmd, "--model-path") == "/models/m" and "--skip-tokenizer-init" in cmd
+    assert flag(cmd, "--tp-size") == "2" and flag(cmd, "--base-gpu-id") == "4"
+    assert flag(cmd, "--random-seed") == "7" and flag(cmd, "--host") == "10.0.0.5" and flag(cmd, "--port") == "30001"
+    assert flag(cmd, "--mem-fraction-static") == "0.8" and flag(cmd, "--dtype") == "bfloat16"
+    assert "--enable-metrics" in cmd
+    for default_off in ("--context-length", "--max-running-requests", "--chunked-prefill-size",
+                        "--attention-backend", "--disable-radix-cache"):
+        assert default_off not in cmd
+
+    cfg = SGLangConfig(context_length=4096, max_running_requests=64, chunked_prefill_size=8192,
+                       attention_backend="triton", disable_radix_cache=True, enable_metrics=False,
+                       extra_args=["--schedule-policy", "lpm"])
+    cmd = build_sglang_command("/m", "127.0.0.1", 1, cfg)
+    assert flag(cmd, "--context-length") == "4096" and flag(cmd, "--max-running-requests") == "64"
+    assert flag(cmd, "--chunked-prefill-size") == "8192" and flag(cmd, "--attention-backend") == "triton"
+    assert "--disable-radix-cache" in cmd and "--enable-metrics" not in cmd
+    assert cmd[-2:] == ["--schedule-policy", "lpm"]
+
+
+def test_command_refuses_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="model_path"):
+        build_sglang_command("", "h", 1, SGLangConfig())
+    with pytest.raises(ValueError, match="tp_size"):
+        build_sglang_command("/m", "h", 1, SGLangConfig(), tp_size=0)
+
+
+def _process(tmp_path, env, timeout=30.0, cfg=None):
+    port = find_free_port()
+    cmd = build_sglang_command("/models/m", "127.0.0.1", port, cfg or SGLangConfig(context_length=128))
+    env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake"), **env}
+    return SGLangProcess(cmd, f"http://127.0.0.1:{port}", str(tmp_path / "sglang.log"), startup_timeout=timeout,
+                         health_timeout=2.0, env=env, poll_interval=0.1)
+
+
+def test_start_waits_for_health_and_stop_kills_the_whole_tree(tmp_path, no_leftover_processes):
+    server = _process(tmp_path, {"FAKE_SGLANG_DELAY": "1.0", "FAKE_SGLANG_CHILD": "1"})
+    t0 = time.monotonic()
+    server.start()
+    try:
+        assert time.monotonic() - t0 >= 1.0  # not before /health said 200
+        assert http_healthy(server.url, 2.0) and server.exit_code() is None
+        child_pid = int(re.search(r"child pid (\d+)", server.log_tail()).group(1))
+        assert psutil.pid_exists(child_pid)
+    finally:
+        server.stop()
+    assert server.exit_code() is not None
+    assert not psutil.pid_exists(child_pid) or psutil.Process(child_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_exits_early_fails_fast_with_its_url_and_log_tail(tmp_path, no_leftover_processes):
+    server = _process(tmp_path, {"FAKE_SGLANG_EXIT": "3"})
+    t0 = time.monotonic()
+    with pytest.raises(SGLangLaunchError) as e:
+        server.start()
+    assert time.monotonic() - t0 < 20
+    msg = str(e.value)
+    assert server.url in msg and "code 3" in msg and "CUDA error: fake failure" in msg
+
+
+def test_a_server_that_never_gets_healthy_times_out_naming_the_url_and_is_killed(tmp_path, no_leftover_processes):
+    server = _process(tmp_path, {"FAKE_SGLANG_DELAY": "600"}, timeout=2.0)
+    with pytest.raises(SGLangLaunchError, match=re.escape(f"{server.url}/health")) as e:
+        server.start()
+    assert "fake sglang starting" in str(e.value)
+    assert server.exit_code() is not None
+
+
+def test_an_unknown_flag_reaches_sglang_and_fails_there(tmp_path, no_leftover_processes):
+    # extra_args go verbatim; the stand-in parses strictly like SGLang's argparse.
+    server = _process(tmp_path, {}, cfg=SGLangConfig(extra_args=["--no-such-flag"]))
+    with pytest.raises(SGLangLaunchError, match="no-such-flag"):
+        server.start()

@@ -1,0 +1,31 @@
+"""Trajectories packed into a padded training batch, and its split into minibatches."""
+
+import pytest
+import torch
+
+from realhf.api.trajectory import Trajectory
+from realhf.impl.model.batching import minibatch_rows, pack_trajectories
+
+from helpers.trajectories import load_rows, make_groups
+
+
+def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_it(tiny):
+    model, tok = tiny
+    msg = make_groups(model, tok, load_rows(1), group_size=2)[0]
+    traj = Trajectory.from_msg(msg)
+    batch = pack_trajectories([traj], pad_id=0)
+    p = len(traj.prompt_ids)
+    for i, s in enumerate(traj.samples):
+        o = len(s.output_ids)
+        assert batch.input_ids[i, p: p + o].tolist() == s.output_ids.tolist()
+        assert batch.loss_mask[i].nonzero().flatten().tolist() == list(range(p - 1, p - 1 + o))
+        assert torch.allclose(batch.behav_logprobs[i, p - 1: p - 1 + o], torch.from_numpy(s.logprobs.copy()))
+    assert batch.group_ids.tolist() == [0, 0] and batch.rewards.tolist() == [1.0, -1.0]
+
+
+def test_minibatches_are_contiguous_and_cover_every_sequence_once():
+    parts = minibatch_rows(5, 2)
+    assert [p.tolist() for p in parts] == [[0, 1, 2], [3, 4]]
+    assert [p.tolist() for p in minibatch_rows(1, 2)] == [[0], []]
+    with pytest.raises(ValueError, match="ppo_n_minibatches"):
+        minibatch_rows(4, 0)

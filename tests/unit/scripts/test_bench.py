@@ -1,0 +1,122 @@
+"""Each benchmark of `scripts/bench` runs in --short mode and ends with its JSON line of numbers.
+
+Benchmarks measure and never assert speed, so neither do these tests: they check that each one
+runs, exits 0, leaves no process behind, and reports the figures its docs promise (positive).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.paths import REPO
+
+
+def run_bench(*args, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) > 1, "a table is printed before the JSON line"
+    return json.loads(lines[-1]), proc.stdout
+
+
+def assert_positive(result, keys):
+    for key in keys:
+        assert isinstance(result[key], (int, float)) and result[key] > 0, f"{key} = {result.get(key)!r}"
+
+
+def generation_bench(*flags):
+    """stdout of `scripts.bench.generation --short` (its output has no single shape to parse)."""
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench.generation", "--short", *flags],
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_bench_generation_short_prints_a_table_and_a_json_line(no_leftover_processes):
+    lines = generation_bench().strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["bench"] == "generation"
+    assert [r["concurrency"] for r in result["results"]] == [32, 4]
+    for r in result["results"]:
+        assert r["native_tok_s"] > 0 and r["hf_tok_s"] > 0 and r["ratio"] > 0
+    assert any("ratio" in line for line in lines[:-1])
+
+
+def test_bench_generation_profile_prints_the_decode_step_breakdown(no_leftover_processes):
+    out = generation_bench("--profile")
+    assert "ms/step" in out and "at 32 slots" in out
+    for block in ("attention", "mlp", "sampling", "rms_norm", "rope", "other"):
+        assert block in out, out
+
+
+def test_stream_bench_reports_stream_and_raw_rates(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.stream", "--short")
+    assert result["bench"] == "stream"
+    assert_positive(result, ["stream_msgs_per_s", "stream_mb_per_s", "raw_msgs_per_s", "raw_mb_per_s",
+                             "stream_over_raw_mb_per_s", "msg_bytes", "from_msg_ms"])
+
+
+def test_manager_bench_reports_requests_per_second(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.manager", "--short")
+    assert result["bench"] == "manager"
+    assert_positive(result, ["requests_per_s", "rollouts_per_s", "p50_ms"])
+    assert result["errors"] == 0
+
+
+def test_weight_update_bench_reports_tiny_and_large_latency(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.weight_update", "--short")
+    assert result["bench"] == "weight_update"
+    assert_positive(result, ["tiny_model_update_s", "large_model_update_s", "large_model_params"])
+    assert result["large_model_params"] > result["tiny"]["params"]
+
+
+def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.trainer", "--short")
+    assert result["bench"] == "trainer"
+    assert_positive(result, ["baseline_s", "current_s", "speedup", "n_tokens"])
+
+
+def test_suite_entry_point_writes_markdown_and_json(tmp_path, no_leftover_processes):
+    _, stdout = run_bench("scripts.bench", "manager", "--short", "--out-dir", str(tmp_path))
+    assert json.loads(stdout.strip().splitlines()[-1])["bench"] == "manager"
+    doc = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert doc["machine"]["cores"] > 0 and doc["machine"]["cpu_model"]
+    entry = doc["results"]["manager"]
+    assert entry["_mode"] == "short" and len(entry["_load_before"]) == 3
+    assert_positive(entry, ["requests_per_s"])
+    md = (tmp_path / "benchmarks.md").read_text()
+    assert "### manager" in md and "requests/s" in md and "load average" in md
+    # A second run regenerates the marked part and keeps text written outside it.
+    (tmp_path / "benchmarks.md").write_text(md + "\n## Optimisations\n\nhand-written notes\n")
+    run_bench("scripts.bench", "manager", "--short", "--out-dir", str(tmp_path))
+    md2 = (tmp_path / "benchmarks.md").read_text()
+    assert md2.count("### manager") == 1 and "hand-written notes" in md2
+
+
+@pytest.mark.slow
+def test_e2e_bench_reports_async_over_sync(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.e2e", "--short", timeout=1200)
+    assert result["bench"] == "e2e"
+    assert_positive(result, ["async_over_sync_samples_per_s", "async_over_sync_gen_tokens_per_s"])
+    for run in ("async", "sync"):
+        assert_positive(result[run], ["samples_per_s", "gen_tokens_per_s", "wall_s", "step_time_s"])
+        assert "sampled_acc_after" in result[run]
+
+
+@pytest.mark.slow
+def test_scaling_bench_reports_every_axis_and_a_linearity_figure(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.scaling", "--short", timeout=1800)
+    assert result["bench"] == "scaling"
+    assert set(result["axes"]) == {"rollout.n_workers", "max_concurrent_rollouts", "group_size",
+                                   "ppo.gen.max_new_tokens"}
+    for points in result["axes"].values():
+        assert len(points) >= 2
+        for p in points:
+            assert_positive(p, ["samples_per_s", "step_time_s"])
+    assert "max_new_tokens_linearity_r2" in result
+    assert_positive(result, ["rollout_workers_last_over_first_samples_per_s"])

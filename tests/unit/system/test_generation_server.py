@@ -1,0 +1,96 @@
+"""The GenerationServer worker as a real process under LocalLauncher, on a real Redis."""
+
+import pytest
+
+from realhf.api.cli_args import NativeEngineConfig
+from realhf.api.worker_configs import GenerationServerConfig
+from realhf.api.validation import validate_worker_config
+from realhf.base import name_resolve, names
+from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail
+from realhf.system.worker_base import STATUS_COMPLETE
+
+from helpers import sglang_standin
+from helpers.http import http
+from helpers.sglang_client import generate
+from helpers.wait import wait_for
+
+EXP = "gen-server-test"
+
+
+def _wait_for_servers(launcher, exp, trial, n, timeout=90.0):
+    key = names.gen_servers(exp, trial)
+
+    def registered():
+        urls = name_resolve.get_subtree(key)
+        if len(urls) >= n:
+            return urls
+        failure = launcher._check_workers()
+        if failure is not None:
+            pytest.fail(f"no {n} entries under {key} ({failure[1]}); log:\n{log_tail(failure[0].log_path)}")
+        return None
+
+    try:
+        return wait_for(registered, timeout, f"{n} entries under {key}", interval=0.1)
+    except TimeoutError as e:
+        pytest.fail(f"{e}; log:\n{log_tail(launcher._procs[0].log_path)}")
+
+
+def _complete(exp, trial, launcher):
+    name_resolve.add(names.experiment_status(exp, trial), STATUS_COMPLETE, replace=True)
+    launcher.wait(timeout=60)
+
+
+def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exit(
+        redis_name_resolve, qwen_path, hf_ref, tmp_path, no_leftover_processes):
+    trial = "native"
+    cfg = GenerationServerConfig(model_path=qwen_path, weight_version=2,
+                                 native=NativeEngineConfig(max_running_requests=8, context_length=256))
+    launcher = LocalLauncher(EXP, trial, str(tmp_path), name_resolve_config=redis_name_resolve, startup_timeout=60)
+    with launcher:
+        launcher.submit(WorkerSpec("generation_server", 2, [cfg, cfg]))
+        urls = _wait_for_servers(launcher, EXP, trial, 2)
+        assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+        for url in urls:
+            out = generate(url, [5, 6, 7], max_new_tokens=8, temperature=0.0, ignore_eos=True)
+            assert out["output_ids"] == hf_ref.greedy([5, 6, 7], 8)
+            assert out["meta_info"]["weight_version"] == 2
+        _complete(EXP, trial, launcher)
+        assert all(p.exited == 0 for p in launcher._procs)
+    name_resolve.reconfigure(redis_name_resolve)
+    assert name_resolve.get_subtree(names.gen_servers(EXP, trial)) == []
+
+
+def test_sglang_backend_worker_launches_waits_for_health_and_registers(
+        redis_name_resolve, tmp_path, no_leftover_processes):
+    trial = "sglang"
+    cfg = GenerationServerConfig(backend="sglang", model_path="/models/fake", tp_size=2, base_gpu_id=2)
+    cfg.sglang.startup_timeout = 30
+    launcher = LocalLauncher(EXP, trial, str(tmp_path), name_resolve_config=redis_name_resolve, startup_timeout=60)
+    env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake"), "FAKE_SGLANG_DELAY": "0.5"}
+    with launcher:
+        launcher.submit(WorkerSpec("generation_server", 1, [cfg], env=env))
+        (url,) = _wait_for_servers(launcher, EXP, trial, 1)
+        assert http("GET", f"{url}/health")[0] == 200
+        log = (tmp_path / "logs" / EXP / trial / "sglang-0.log").read_text()
+        assert "--tp-size', '2'" in log and "--base-gpu-id', '2'" in log and "--skip-tokenizer-init" in log
+        _complete(EXP, trial, launcher)
+
+
+@pytest.mark.parametrize("change,field", [
+    (dict(backend="vllm"), "backend"),
+    (dict(model_path=""), "model_path"),
+    (dict(tp_size=2), "tp_size"),
+    (dict(startup_timeout=0), "startup_timeout"),
+])
+def test_config_errors_name_the_field(change, field):
+    cfg = GenerationServerConfig(**{"model_path": "/m", **change})
+    with pytest.raises(ValueError, match=field):
+        validate_worker_config(cfg)
+    cfg = GenerationServerConfig(model_path="/m")
+    cfg.native.kind = "onnx"
+    with pytest.raises(ValueError, match="native.kind"):
+        validate_worker_config(cfg)
+    cfg = GenerationServerConfig(model_path="/m")
+    cfg.native.decode_attention = "fast"
+    with pytest.raises(ValueError, match="native.decode_attention"):
+        validate_worker_config(cfg)

@@ -1,0 +1,105 @@
+"""ModelWorker on real processes: a train step updates and publishes the weights, and DP=2 over
+gloo computes the same update as DP=1 on the same data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
+from realhf.api.trajectory import Trajectory
+from realhf.api.worker_configs import ModelWorkerConfig
+from realhf.base.trial_files import published_version_dir
+from realhf.system.request_reply_stream import RemoteError
+
+from helpers.model_worker_harness import ModelWorkerHarness
+from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
+
+GROUP = 4
+
+
+def _config(run_dir) -> ModelWorkerConfig:
+    # The NOTES recipe, plus batch-level advantage normalisation so that its all-reduce is exercised.
+    return ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-4, gradient_clipping=1.0)),
+        ppo=PPOHyperparameters(ppo_n_minibatches=2, group_adv_norm=True, adv_norm=True),
+        run_dir=str(run_dir), max_head_offpolicyness=4, distributed_timeout=120, master_discovery_timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def groups():
+    torch.set_num_threads(1)
+    model, tok = load_tiny()
+    return make_groups(model, tok, load_rows(4), group_size=GROUP)
+
+
+@pytest.fixture(scope="module")
+def dp1_run(groups, redis_url, tmp_path_factory):
+    """DP=1 on groups [g0, g2, g1, g3]: minibatch 1 = g0+g2, minibatch 2 = g1+g3 — the union of
+    what DP rank 0 (g0, g1) and rank 1 (g2, g3) train in each of their two minibatches."""
+    root = tmp_path_factory.mktemp("dp1")
+    h = ModelWorkerHarness(str(root), "dp1", 1, _config(root), redis_url)
+    try:
+        h.push(0, [groups[0], groups[2], groups[1], groups[3]])
+        result = h.step([4])
+        result["published_version"] = h.model_version()
+    finally:
+        h.close()
+    result["root"] = root
+    return result
+
+
+def test_one_train_step_changes_the_weights_bumps_the_version_and_publishes_a_loadable_checkpoint(dp1_run, groups):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    train = dp1_run["train"][0]
+    assert train["version"] == 1
+    assert dp1_run["published_version"] == "1"  # model_version/actor in Redis
+    out = published_version_dir(dp1_run["root"], "actor", 1)
+    assert train["published"] == str(out)
+    before = load_file(f"{TINY_SFT}/model.safetensors")
+    after = load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()
+    moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+    assert 1e-5 < moved < 1e-2, moved  # Adam with lr 1e-4 moves weights by about lr per step
+    model = AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+    for k, v in model.state_dict().items():
+        if k in after:
+            assert torch.equal(v, after[k])
+    stats = train["stats"]
+    assert stats["n_tokens"] == sum(Trajectory.from_msg(g).n_generated_tokens for g in groups)
+    assert stats["lr"] == pytest.approx(1e-4)
+    # Sampler and trainer agree on the behaviour log-probs before the update (same weights).
+    assert dp1_run["inference"][0]["behav_abs_diff"] < 1e-4
+
+
+def test_dp2_over_gloo_gives_the_same_update_as_dp1_on_the_same_data(dp1_run, groups, redis_url, tmp_path,
+                                                                      no_leftover_processes):
+    h = ModelWorkerHarness(str(tmp_path), "dp2", 2, _config(tmp_path), redis_url)
+    try:
+        # A handler's failure comes back to the master as a RemoteError, and the worker carries on.
+        with pytest.raises(RemoteError, match="train_step: no batch taken; call fetch with take > 0 first"):
+            h.stream.call_all("train_step", timeout=60)
+        h.push(0, [groups[0], groups[1]])
+        h.push(1, [groups[2], groups[3]])
+        result = h.step([2, 2])
+        assert h.model_version() == "1"
+    finally:
+        h.close()
+    assert [r["version"] for r in result["train"]] == [1, 1]
+    assert result["train"][0]["published"] and not result["train"][1]["published"]  # rank 0 publishes
+    dp1 = load_file(str(published_version_dir(dp1_run["root"], "actor", 1) / "model.safetensors"))
+    dp2 = load_file(str(published_version_dir(tmp_path, "actor", 1) / "model.safetensors"))
+    start = load_file(f"{TINY_SFT}/model.safetensors")
+    worst = max(float((dp1[k] - dp2[k]).abs().max()) for k in dp1)
+    update = max(float((dp1[k] - start[k]).abs().max()) for k in dp1)
+    print(f"largest DP1-vs-DP2 weight difference {worst:.2e}, largest update {update:.2e}")
+    assert worst < 0.01 * update and update > 1e-5, (worst, update)  # 1% of one update
+    s1, s2 = dp1_run["train"][0]["stats"], result["train"][0]["stats"]
+    for key in ("loss", "n_tokens", "grad_norm", "importance_ratio", "clip_fraction", "adv_mean"):
+        assert s2[key] == pytest.approx(s1[key], rel=1e-4, abs=1e-6), key
+    # Both ranks report the same global stats.
+    assert result["train"][1]["stats"]["loss"] == pytest.approx(s2["loss"], rel=1e-6)

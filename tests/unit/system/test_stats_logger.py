@@ -1,0 +1,20 @@
+"""Per-step metrics: the ranks' fetch and train replies merged into one row, and its log line."""
+
+from realhf.system.stats_logger import format_line, step_metrics
+
+
+def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
+    fetch = [
+        {"batch": {"n_groups": 1, "n_samples": 2, "reward_sum": 1.0, "n_success": 2, "n_no_eos": 0,
+                   "gen_tokens": 30, "output_tokens": 30, "head_offpolicyness": [2], "tail_offpolicyness": [1]}},
+        {"batch": {"n_groups": 1, "n_samples": 2, "reward_sum": -1.0, "n_success": 0, "n_no_eos": 1,
+                   "gen_tokens": 10, "output_tokens": 10, "head_offpolicyness": [0], "tail_offpolicyness": [0]}},
+    ]
+    train = [{"version": 5, "stats": {"loss": 0.5}, "train_time_s": 1.0}] * 2
+    m = step_metrics(3, 5, fetch, train, {}, stale_dropped=4, step_time_s=2.0, wait_time_s=0.5, training_samples=6)
+    assert m["reward_mean"] == 0.0 and m["success_rate"] == 0.5 and m["no_eos_rate"] == 0.25
+    assert (m["head_offpolicyness_mean"], m["head_offpolicyness_max"]) == (1.0, 2)
+    assert (m["tail_offpolicyness_mean"], m["tail_offpolicyness_max"]) == (0.5, 1)
+    assert m["samples_per_s"] == 2.0 and m["gen_tokens_per_s"] == 20.0 and m["loss"] == 0.5
+    line = format_line(m)
+    assert line.startswith("[bold]step 3[/bold] v5") and "head_stale 1.00 | /max 2" in line and "dropped 4" in line

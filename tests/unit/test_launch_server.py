@@ -1,0 +1,104 @@
+"""`python -m realhf.launch_server` as a real subprocess: serving, weight swaps, clean exit."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers.http import http
+from helpers.sglang_client import generate
+
+PROMPT = [7, 8, 9, 10]
+
+
+@pytest.fixture
+def launched(qwen_path, tmp_path, no_leftover_processes):
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "realhf.launch_server", "--model-path", qwen_path, "--host", "127.0.0.1",
+             "--port", "0", "--n-threads", "1", "--max-running-requests", "16", "--context-length", "512",
+             "--weight-version", "3"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 60
+        url = None
+        while url is None:
+            m = re.search(r"ready at (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            if m:
+                url = m.group(1)
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"launch_server did not become ready (exit {proc.poll()}):\n{log_path.read_text()}")
+            else:
+                time.sleep(0.1)
+        while http("GET", f"{url}/health")[0] != 200:
+            assert time.monotonic() < deadline, f"{url}/health never answered 200"
+            time.sleep(0.1)
+        yield proc, url, log_path
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_weight_swap_from_disk_changes_outputs_and_weight_version(launched, qwen_path_b, hf_ref, hf_ref_b, gpt2_path):
+    proc, url, _ = launched
+    before = generate(url, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    assert before["meta_info"]["weight_version"] == 3
+    assert before["output_ids"] == hf_ref.greedy(PROMPT, 16)
+
+    status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": qwen_path_b, "weight_version": 4})
+    assert status == 200 and body["success"] is True, body
+    after = generate(url, PROMPT, max_new_tokens=16, temperature=0.7, ignore_eos=True)
+    assert after["meta_info"]["weight_version"] == 4
+    got = torch.tensor([t[0] for t in after["meta_info"]["output_token_logprobs"]])
+    assert torch.allclose(got, hf_ref_b.logprobs(PROMPT, after["output_ids"], 0.7), atol=1e-4)
+    greedy = generate(url, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)["output_ids"]
+    assert greedy == hf_ref_b.greedy(PROMPT, 16) and greedy != before["output_ids"]
+
+    # An incompatible checkpoint is refused with a message; version 4 keeps serving.
+    status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": gpt2_path, "weight_version": 5})
+    assert status == 400 and body["success"] is False and "gpt2" in body["message"]
+    assert generate(url, PROMPT, max_new_tokens=2)["meta_info"]["weight_version"] == 4
+    assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == 4
+
+
+def test_sigterm_stops_the_server_cleanly(launched):
+    proc, url, log_path = launched
+    generate(url, PROMPT, max_new_tokens=4)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0, log_path.read_text()
+    assert "stopped" in log_path.read_text()
+
+
+def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaults():
+    import dataclasses
+
+    from realhf.api.cli_args import NativeEngineConfig
+    from realhf.launch_server import dataclass_from_args, parse_args
+
+    args = parse_args(["--model-path", "m"])
+    assert dataclass_from_args(NativeEngineConfig, args) == NativeEngineConfig()
+    flags = ["--n-threads", "2", "--max-running-requests", "8", "--context-length", "64", "--dtype", "bfloat16",
+             "--kind", "hf", "--random-seed", "7", "--decode-attention", "torch"]
+    config = dataclass_from_args(NativeEngineConfig, parse_args(["--model-path", "m", *flags]))
+    assert dataclasses.asdict(config) == dict(n_threads=2, max_running_requests=8, context_length=64,
+                                              dtype="bfloat16", kind="hf", seed=7, decode_attention="torch")
+
+
+@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--kind", "vllm"], ["--n-threads", "0"], ["--tp-size", "2"]])
+def test_bad_engine_options_are_refused_before_anything_loads(flags, capsys):
+    from realhf.launch_server import parse_args
+
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model-path", "m", *flags])
+    assert info.value.code == 2 and flags[0] in capsys.readouterr().err
