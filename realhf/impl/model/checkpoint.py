@@ -40,7 +40,7 @@ def _tmp_dir_next_to(out: Path) -> Path:
     return tmp
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
+def move_into_place(tmp: Path, out: Path) -> None:
     if out.exists():  # e.g. a recovered run re-publishing a version: replace the old copy
         old = out.with_name(f".old-{out.name}-{os.getpid()}")
         out.rename(old)
@@ -65,7 +65,7 @@ def save_hf_dir(model: torch.nn.Module, out: Path, tokenizer_source: Optional[st
     tmp = _tmp_dir_next_to(out)
     try:
         _write_hf_files(model, tmp, tokenizer_source)
-        _move_into_place(tmp, out)
+        move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -114,7 +114,7 @@ def save_recover_state(out: Path, model: torch.nn.Module, optimizer: torch.optim
             "python_rng": random.getstate(),
         }, tmp / _STATE_FILE)  # fmt: skip
         (tmp / _META_FILE).write_text(json.dumps({**(extra or {}), "version": int(version)}))
-        _move_into_place(tmp, out)
+        move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

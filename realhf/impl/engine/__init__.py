@@ -1,0 +1,1 @@
+"""Trainer engines: implementations of realhf.api.engine_api.TrainEngine."""

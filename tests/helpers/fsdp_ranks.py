@@ -1,0 +1,153 @@
+"""One rank of an FSDPEngine run for the engine tests, and the data and loss every run shares.
+
+    RANK=r WORLD_SIZE=w MASTER_PORT=p python -m helpers.fsdp_ranks OUT_DIR
+
+Each rank joins a gloo group on 127.0.0.1:p and trains its share of `make_batch()` (samples are
+dealt out per minibatch: rank r of w takes the r-th contiguous w-th of each minibatch, so the
+ranks of one step together hold exactly the minibatch DP=1 trains on):
+
+    step 1, step 2                    → rank 0 writes params_step2.safetensors, save_hf → hf/
+    save_recover(recover/), step 3    → params_step3.safetensors
+    a fresh engine: load_recover, step 3 → params_step3_recovered.safetensors
+
+`run_steps` is also what the tests call in-process for the DP=1 reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
+from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.impl.model.batching import TrainBatch
+from realhf.impl.model.utils import ppo_functional as F
+
+from helpers.paths import TINY_MATH
+
+TINY_SFT = os.path.join(TINY_MATH, "sft")
+N_ROWS, N_STEPS = 16, 2  # two minibatches of 8 samples: one per optimizer step
+
+
+def engine_config(**overrides) -> FSDPEngineConfig:
+    # Cosine LR over 4 steps: every step has its own LR, so a lost schedule state shows.
+    # Adam moves a weight whose gradient g is near 0 by ≈ lr·g/eps, so with the default eps (1e-8)
+    # float summation-order noise in g (~1e-10 between DP=1 and DP=2) moves a few weights by
+    # ~1e-5; eps = 1e-6 keeps that noise ~100x below the 1e-5 tolerance.
+    optimizer = OptimizerConfig(lr=1e-3, eps=1e-6, lr_scheduler_type="cosine", min_lr_ratio=0.1,
+                                gradient_clipping=0.5)
+    # 32 padded tokens per micro-batch: in step 1 rank 0 of 2 has 2 micro-batches, rank 1 has 3
+    # (so rank 0 runs a padding forward); DP=1 has 5 and 3.
+    fields = dict(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), total_steps=4, device="cpu",
+                  micro_batch_tokens=32)
+    return FSDPEngineConfig(**{**fields, **overrides})
+
+
+def make_batch() -> TrainBatch:
+    """16 right-padded samples of 3-6 prompt and 1-12 output tokens (so the ranks' token counts
+    differ), rewards ±1 as the advantage of every output token."""
+    g = torch.Generator().manual_seed(0)
+    prompt_lens = torch.randint(3, 7, (N_ROWS,), generator=g)  # [N]
+    output_lens = torch.randint(1, 13, (N_ROWS,), generator=g)  # [N]
+    width = int((prompt_lens + output_lens).max())
+    input_ids = torch.zeros((N_ROWS, width), dtype=torch.long)  # [N, T]
+    attention_mask = torch.zeros((N_ROWS, width), dtype=torch.long)  # [N, T]
+    loss_mask = torch.zeros((N_ROWS, width - 1), dtype=torch.bool)  # [N, T-1]
+    for i, (p, o) in enumerate(zip(prompt_lens.tolist(), output_lens.tolist())):
+        input_ids[i, : p + o] = torch.randint(4, 258, (p + o,), generator=g)
+        attention_mask[i, : p + o] = 1
+        loss_mask[i, p - 1 : p - 1 + o] = True
+    rewards = torch.where(torch.rand(N_ROWS, generator=g) > 0.5, 1.0, -1.0)  # [N]
+    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
+                      behav_logprobs=torch.zeros(loss_mask.shape), rewards=rewards,
+                      group_ids=torch.arange(N_ROWS) // 4)
+
+
+def rank_rows(step: int, rank: int, world_size: int) -> torch.Tensor:
+    minibatch = torch.arange(N_ROWS).chunk(N_STEPS)[step]
+    return minibatch.tensor_split(world_size)[rank]
+
+
+def token_logprobs(logits: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+    """log π(token t+1 | ≤ t) of each prediction; 0 on padding."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # [n, t-1, V]
+    logp = logp.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)  # [n, t-1]
+    return torch.where(mb.attention_mask[:, 1:].bool(), logp, torch.zeros_like(logp))
+
+
+def train_step(engine: FSDPEngine, batch: TrainBatch) -> Dict[str, float]:
+    """One PPO step: the old log-probs are this engine's own (ratio 1 before the step, moved by
+    a fixed offset so the clip is active on some tokens); advantages are the rewards."""
+    offset = 0.3 * torch.sin(batch.input_ids[:, 1:].float())  # [N, T-1] a function of the token alone
+    old = engine.forward(batch, token_logprobs) + offset  # [N, T-1]
+    advantages = batch.rewards[:, None].expand_as(batch.loss_mask)  # [N, T-1]
+
+    def ppo_loss(logits: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+        w = mb.loss_mask.shape[1]
+        loss, _ = F.actor_loss_fn(token_logprobs(logits, mb), old[rows, :w].to(logits.device),
+                                  advantages[rows, :w].to(logits.device), eps_clip=0.2, loss_mask=mb.loss_mask,
+                                  reduce="sum")
+        return loss
+
+    return engine.train_batch(batch, ppo_loss, lambda mb: float(mb.loss_mask.sum()))
+
+
+def run_steps(engine: FSDPEngine, steps: List[int], rank: int, world_size: int) -> List[Dict[str, float]]:
+    batch = make_batch()
+    return [train_step(engine, batch.select(rank_rows(step % N_STEPS, rank, world_size))) for step in steps]
+
+
+def full_params(engine: FSDPEngine) -> Dict[str, torch.Tensor]:
+    """Every parameter, gathered (a collective; the full tensors are on rank 0)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(engine.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().clone().contiguous() for k, v in state.items()}
+
+
+def _write(out: Path, name: str, engine: FSDPEngine) -> None:
+    from safetensors.torch import save_file
+
+    params = full_params(engine)
+    if engine.rank == 0:
+        # A tied weight is one tensor under two names; safetensors stores each name's own copy.
+        save_file({k: v.clone() for k, v in params.items()}, str(out / name))
+
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                            rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    try:
+        engine = FSDPEngine(engine_config())
+        engine.initialize()
+        stats = run_steps(engine, [0, 1], rank, world_size)
+        _write(out, "params_step2.safetensors", engine)
+        engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
+        engine.save_recover(out / "recover")
+        stats += run_steps(engine, [0], rank, world_size)
+        _write(out, "params_step3.safetensors", engine)
+        engine.destroy()
+
+        fresh = FSDPEngine(engine_config())
+        fresh.initialize()
+        fresh.load_recover(out / "recover")
+        stats += run_steps(fresh, [0], rank, world_size)
+        _write(out, "params_step3_recovered.safetensors", fresh)
+        fresh.destroy()
+        if rank == 0:
+            (out / "stats.json").write_text(json.dumps(stats))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
