@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from realhf.api.cli_args import SFTConfig
+from realhf.api.validation import ConfigError, check_sft
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
@@ -109,19 +110,12 @@ def save_hf_dir(model, tokenizer, out: Path, tokenizer_source: Path) -> None:
     tmp.rename(out)
 
 
-def _check_config(cfg: SFTConfig) -> None:
-    for name in ("model_path", "output_path", "train_path"):
-        if not getattr(cfg, name):
-            raise SystemExit(f"error: {name} is required (pass {name}=...)")
-    if cfg.eval_n >= 0 and not cfg.test_path:
-        raise SystemExit("error: test_path is required for the accuracy report (or pass eval_n=-1)")
-    if cfg.steps < 1 or cfg.batch_size < 1 or cfg.warmup_steps < 0:
-        raise SystemExit(f"error: need steps >= 1, batch_size >= 1, warmup_steps >= 0; got {cfg}")
-
-
 def train_sft(cfg: SFTConfig, log: Callable[[str], None] = print) -> Dict[str, object]:
     """Run the warm start; returns the loss of every step, timings and the accuracies."""
-    _check_config(cfg)
+    try:
+        check_sft(cfg)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     torch.set_num_threads(cfg.n_threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -16,7 +16,9 @@ import os
 from typing import Any, Iterable
 
 from realhf.api import choices
-from realhf.api.cli_args import AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig, NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters, RestartPolicyConfig, StatsLoggingConfig
+from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl,
+                                 GenerationHyperparameters, ModelTrainEvalConfig, NameResolveConfig, NativeEngineConfig,
+                                 OptimizerConfig, PPOHyperparameters, RestartPolicyConfig, SFTConfig, StatsLoggingConfig)
 from realhf.api.worker_configs import (
     GenerationServerConfig,
     GserverManagerConfig,
@@ -189,6 +191,20 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
     for field, module, extra in (("wandb_project", "wandb", "wandb"), ("tensorboard_path", "tensorboard", "tensorboard")):
         f.need(not f.value(field) or importlib.util.find_spec(module) is not None,
                f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'")
+
+
+def check_sft(c: SFTConfig) -> None:
+    """training/main_sft.py's config (a root of its own)."""
+    f = _Fields(c)
+    for name in ("model_path", "output_path", "train_path"):
+        f.need(bool(f.value(name)), f"{name} is required (pass {name}=...)")
+    f.need(c.eval_n < 0 or bool(c.test_path), "test_path is required for the accuracy report (or pass eval_n=-1)")
+    f.at_least("steps", 1)
+    f.at_least("batch_size", 1)
+    f.at_least("warmup_steps", 0)
+    f.at_least("lr", 0, strict=True)
+    f.at_least("grad_clip", 0)
+    f.at_least("n_threads", 1)
 
 
 # ---- the experiment ----------------------------------------------------------------------------

@@ -11,7 +11,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
-from realhf.api.cli_args import AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig, NativeEngineConfig, PPOHyperparameters, SGLangConfig, StatsLoggingConfig, _f, _sub
+from realhf.api.cli_args import (
+    AgentConfig,
+    AsyncPPOMATHConfig,
+    EnvConfig,
+    ExperimentSaveEvalControl,
+    GenerationHyperparameters,
+    ModelTrainEvalConfig,
+    NativeEngineConfig,
+    PPOHyperparameters,
+    SGLangConfig,
+    StatsLoggingConfig,
+    _f,
+    _sub,
+)
 
 
 def _root_field(path: str) -> dataclasses.Field:

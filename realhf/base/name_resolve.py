@@ -295,7 +295,7 @@ class RedisNameRecordRepository(NameRecordRepository):
                     # The server has a password, the URL none (NOAUTH / HELLO without AUTH).
                     raise NameResolveError(
                         f"Redis at {redact_url(url)} requires a password: put it in the URL as "
-                        "redis://:PASSWORD@host:port/db (cluster.name_resolve.redis_url or REDIS_URL)"
+                        "redis://:PASSWORD@host:port/db (cluster.name_resolve.redis_url)"
                     ) from None
                 raise NameResolveError(f"Redis at {redact_url(url)} rejected the password: {e}") from None
             except redis.ConnectionError as e:

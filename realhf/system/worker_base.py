@@ -1,6 +1,6 @@
 """The lifecycle every realhf worker process shares.
 
-    configure → register a heartbeat (keep-alive key) → loop { poll } → exit hook → deregister
+    register a heartbeat (keep-alive key) → configure → loop { poll } → exit hook → deregister
 
 The loop ends when `experiment_status` is no longer RUNNING, on SIGTERM/SIGINT, or when the
 worker itself asks to stop. A worker subclass implements `_configure`, `_poll` (sync) or

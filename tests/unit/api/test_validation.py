@@ -120,3 +120,17 @@ def test_bad_optimizer_settings_fail_naming_the_field(field, value, message):
 def test_agent_config_rejects_inverted_success_bounds():
     with pytest.raises(ConfigError, match="rollout.agent.success_rate_lb"):
         check_agent(AgentConfig(success_rate_lb=0.9, success_rate_ub=0.1))
+
+
+def test_sft_config_is_refused_naming_the_field():
+    from realhf.api.cli_args import SFTConfig
+    from realhf.api.validation import check_sft
+
+    with pytest.raises(ConfigError, match=r"model_path is required"):
+        check_sft(SFTConfig())
+    ok = dict(model_path="m", output_path="o", train_path="t", eval_n=-1)
+    check_sft(SFTConfig(**ok))
+    with pytest.raises(ConfigError, match=r"^steps must be >= 1, got 0"):
+        check_sft(SFTConfig(**ok, steps=0))
+    with pytest.raises(ConfigError, match=r"test_path is required"):
+        check_sft(SFTConfig(**{**ok, "eval_n": 0}))
