@@ -148,9 +148,9 @@ class RolloutWorker(AsyncWorker):
                 request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
                 eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout)
             self.manager = self.client.manager
-            if self.previous_inflight:
+            if self.previous_inflight is not None:  # a restart: settle what the dead incarnation left
                 await self._recover_inflight(self.previous_inflight)
-                self.previous_inflight = {}
+                self.previous_inflight = None
         try:
             await self._step()
         except Exception as e:
@@ -251,11 +251,13 @@ class RolloutWorker(AsyncWorker):
         self._maybe_log()
 
     # ---- in-flight record (survives a SIGKILL of this process) ------------------------------------
-    def _read_inflight(self) -> Dict[str, dict]:
+    def _read_inflight(self) -> Optional[Dict[str, dict]]:
+        """What a previous incarnation of this worker in this trial left in flight; None if this
+        is the first incarnation (the launcher clears the trial's keys at start)."""
         try:
             value = json.loads(name_resolve.get(self.inflight_key))
         except name_resolve.NameEntryNotFoundError:
-            return {}
+            return None
         except ValueError:
             self.logger.warning(f"ignoring an unreadable in-flight record under {self.inflight_key}")
             return {}

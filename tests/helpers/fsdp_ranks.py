@@ -145,6 +145,9 @@ def main(out: Path) -> None:
         fresh.destroy()
         if rank == 0:
             (out / "stats.json").write_text(json.dumps(stats))
+        # Both ranks leave gloo together: a rank that tears down while its peer still talks to it
+        # can abort (seen once in the engine benchmark: "terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -81,6 +81,15 @@ def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
     assert_positive(result, ["baseline_s", "current_s", "speedup", "n_tokens"])
 
 
+def test_engine_bench_times_old_path_engine_and_dp2(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.engine", "--short")
+    assert result["bench"] == "engine"
+    assert_positive(result, ["old_s", "engine_s", "engine_sharded_s", "engine_over_old", "sharded_over_old",
+                             "dp1_s", "dp2_s", "dp_speedup", "n_tokens"])
+    assert [w["way"] for w in result["dp1"]["ways"]] == ["old", "engine", "engine sharded"]
+    assert [(r["dp"], r["sharded"]) for r in result["dp"]["runs"]] == [(1, False), (2, True)]
+
+
 def test_suite_entry_point_writes_markdown_and_json(tmp_path, no_leftover_processes):
     _, stdout = run_bench("scripts.bench", "manager", "--short", "--out-dir", str(tmp_path))
     assert json.loads(stdout.strip().splitlines()[-1])["bench"] == "manager"
