@@ -37,7 +37,8 @@ from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
-from realhf.system.generation_client import GenerationClient, GenerationError
+from realhf.system.generation_client import GenerationClient
+from realhf.system.http_json import GenerationError
 from realhf.system.manager_client import ManagerClient
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker

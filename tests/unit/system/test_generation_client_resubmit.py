@@ -10,7 +10,8 @@ import pytest
 
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.base import name_resolve, names
-from realhf.system.generation_client import GenerationClient, GenerationError
+from realhf.system.generation_client import GenerationClient
+from realhf.system.http_json import GenerationError
 
 from helpers.fake_sglang import FakeSGLangServer
 from helpers.manager_harness import EXP, TRIAL, running_manager
