@@ -2,12 +2,15 @@
 
     python -m realhf.launch_server --model-path DIR --host 127.0.0.1 --port 30000 \\
         [--n-threads 1 --max-running-requests 256 --context-length 0 --dtype float32 \\
-         --kind auto --seed 1 --decode-attention auto --weight-version 0]
+         --kind auto --seed 1 --decode-attention auto --weight-version 0 --device auto --base-gpu-id 0]
 
 The engine options are the fields of `NativeEngineConfig` (same names, defaults and help; `--help`
-lists them). `--port 0` picks a free port; the line `realhf.launch_server ready at
-http://HOST:PORT` on stderr says which. A few SGLang flags are accepted for drop-in use
-(`--skip-tokenizer-init` is implied; `--random-seed` = `--seed`; `--tp-size` must be 1).
+lists them). `--device` and `--base-gpu-id` (SGLang's flag: the GPU index on this node) are the
+two arguments of `realhf.base.device.pick_device`, as `cluster.device` and
+`GenerationServerConfig.base_gpu_id` are in a run. `--port 0` picks a free port; the line
+`realhf.launch_server ready at http://HOST:PORT` on stderr says which. A few SGLang flags are
+accepted for drop-in use (`--skip-tokenizer-init` is implied; `--random-seed` = `--seed`;
+`--tp-size` must be 1).
 SIGINT/SIGTERM stop it cleanly.
 """
 
@@ -22,6 +25,7 @@ from realhf.api.choices import DECODE_ATTENTION, NATIVE_ENGINE_KINDS
 from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.validation import ConfigError, check_native_engine
 from realhf.base import logging
+from realhf.base.device import DEVICE_NAMES, pick_device
 from realhf.base.dtypes import DTYPE_NAMES
 
 # Choice lists of NativeEngineConfig's str fields (the dataclass cannot carry them: see choices.py).
@@ -63,13 +67,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_dataclass_options(p.add_argument_group("engine (NativeEngineConfig)"), NativeEngineConfig,
                           choices=_ENGINE_CHOICES, aliases={"seed": ["--random-seed"]})
     p.add_argument("--weight-version", type=int, default=0, help="version reported until the first weight update")
+    p.add_argument("--device", default="auto", choices=DEVICE_NAMES,
+                   help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU")
+    p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
     p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
     p.add_argument("--tp-size", type=int, default=1, help="accepted for SGLang compatibility; must be 1")
     args = p.parse_args(argv)
     if args.tp_size != 1:
-        p.error(f"--tp-size must be 1 for the native CPU engine, got {args.tp_size}")
+        p.error(f"--tp-size must be 1 for the native engine, got {args.tp_size}")
+    try:  # a GPU asked for on a machine without one is refused here, named by the flag
+        args.engine_device = pick_device(args.device, args.base_gpu_id)
+    except ValueError as e:
+        p.error(f"--device {args.device} --base-gpu-id {args.base_gpu_id}: {e}")
     try:  # the same rules as gen_server.native in a run's config, named by their flags here
         check_native_engine(dataclass_from_args(NativeEngineConfig, args), prefix="")
     except ConfigError as e:
@@ -85,13 +96,15 @@ def main(argv=None) -> int:
 
     import uvicorn
 
+    from realhf.base.device import bind_device
     from realhf.impl.inference.factory import create_engine_from_config
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import listening_socket
 
     engine_config = dataclass_from_args(NativeEngineConfig, args)
+    bind_device(args.engine_device)
     engine = create_engine_from_config(args.model_path, engine_config, weight_version=args.weight_version,
-                                       name="engine")
+                                       name="engine", device=args.engine_device)
     sock = listening_socket(args.host, args.port, "realhf.launch_server")
     try:
         port = sock.getsockname()[1]

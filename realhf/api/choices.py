@@ -5,6 +5,7 @@ checks them against these tuples and the code that acts on a choice imports the 
 """
 
 from realhf.base.allocation_mode import ENGINES
+from realhf.base.device import DEVICE_NAMES
 from realhf.base.dtypes import DTYPE_NAMES
 
 GENERATION_BACKENDS = ENGINES  # the <engine> of allocation_mode: "native" or "sglang"
@@ -13,9 +14,11 @@ DECODE_ATTENTION = ("auto", "kernel", "torch")
 DTYPES = DTYPE_NAMES
 SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+ADV_ESTIMATORS = ("grpo", "gae", "reinforce")
 OPTIMIZERS = ("adam",)
 LR_SCHEDULES = ("constant", "cosine")
 TRAINER_BACKENDS = ("torch",)
+DEVICES = DEVICE_NAMES
 RECOVER_MODES = ("disabled", "auto", "resume")
 NAME_RESOLVE_BACKENDS = ("redis", "memory")
 WANDB_MODES = ("offline", "online")

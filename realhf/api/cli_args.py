@@ -62,6 +62,7 @@ class ClusterSpecConfig:
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
     n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one).")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
+    device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,6 +192,8 @@ class ModelTrainEvalConfig:
     dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.")
     n_threads: int = _f(1, "torch threads of the model worker.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
+    param_dtype: str = _f("", "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.")
+    reduce_dtype: str = _f("float32", "Mixed precision (FSDP2): the dtype gradients are reduced across DP ranks in.")
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and LR schedule (trained models only).")
 
 
@@ -209,11 +212,13 @@ class PPOHyperparameters:
     reward_output_scaling: float = _f(1.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     reward_output_bias: float = _f(0.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.")
-    discount: float = _f(1.0, "GAE discount gamma (used when group_adv_norm is off).")
-    gae_lambda: float = _f(1.0, "GAE lambda (used when group_adv_norm is off).")
+    adv_estimator: str = _f("grpo", "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo adds the KL as a loss term, gae and reinforce subtract it from the per-token reward.")
+    discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).")
+    gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).")
     adv_norm: bool = _f(False, "Normalise advantages over all trained tokens of the step (global across DP).")
-    group_adv_norm: bool = _f(True, "GRPO advantages: (reward - group mean) / (group std + eps) per prompt group.")
-    group_adv_norm_std: bool = _f(True, "With group_adv_norm: divide by the group std (False: Dr.GRPO, mean only).")
+    group_adv_norm_std: bool = _f(True, "adv_estimator=grpo: divide by the group std (False: Dr.GRPO, mean only).")
+    value_eps_clip: float = _f(0.2, "Critic: clipped value loss, the new value may move at most this far from the one critic_inf computed before the step.")
+    critic_warmup_steps: int = _f(0, "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).")
     kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.")
 
 
@@ -272,6 +277,7 @@ class AsyncPPOMATHConfig:
     cluster: ClusterSpecConfig = _sub(ClusterSpecConfig, "Where files go, how processes find each other.")
     actor: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "The trained policy; its path is also the generation servers' initial weights.")
     ref: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "Reference policy for the KL term (used only when ppo.kl_ctl > 0; empty path: actor.path).")
+    critic: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "Critic for ppo.adv_estimator=gae: a value head on the actor's architecture, initialised from this path (empty: actor.path; the head itself starts random).")
     dataset: DatasetConfig = _sub(DatasetConfig, "Training and held-out prompts.")
     groups_per_step: int = _f(16, "B: prompt groups per train step, summed over DP ranks (the admission unit).")
     group_size: int = _f(8, "Answers sampled per prompt (one prompt group).")

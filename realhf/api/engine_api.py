@@ -51,7 +51,8 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def save_recover(self, path: Path) -> None:
-        """Write the sharded model, optimizer and LR-schedule state to `path` atomically."""
+        """Write the sharded model, optimizer and LR-schedule state into the directory `path`
+        (the caller makes a checkpoint of several engines atomic: realhf.impl.model.recover_checkpoint)."""
 
     @abc.abstractmethod
     def load_recover(self, path: Path) -> None:

@@ -27,7 +27,11 @@ from realhf.api.worker_configs import (
     RolloutWorkerConfig,
 )
 from realhf.base.allocation_mode import AllocationMode
+from realhf.base.device import pick_device
 
+# The config.json keys a critic must share with the actor: it is a value head on the actor's
+# architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
+CRITIC_ARCH_KEYS = ("model_type", "vocab_size", "hidden_size")
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -82,6 +86,16 @@ def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_
     f = _Fields(c, prefix)
     f.at_least("max_restarts", 0)
     f.at_least("backoff", 0)
+
+
+def check_device(name: str, field: str = "cluster.device") -> None:
+    """A device name this machine can honour; a worker's copy names its own field."""
+    _Fields.need(name in choices.DEVICES, f"{field}={name!r}: choose one of {list(choices.DEVICES)}")
+    try:
+        pick_device(name)  # refuses a GPU device on a machine where torch sees none
+    except ValueError as e:
+        # pick_device's message speaks of cluster.device, the root field every copy comes from
+        raise ConfigError(str(e) if field == "cluster.device" else f"{field}: {e}") from None
 
 
 def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> None:
@@ -154,6 +168,9 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
 def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
     f = _Fields(c, prefix)
     f.choice("dtype", choices.DTYPES)
+    f.choice("reduce_dtype", choices.DTYPES)
+    f.need(c.param_dtype == "" or c.param_dtype in choices.DTYPES,
+           f"{f.name('param_dtype')}={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}")
     f.choice("backend", choices.TRAINER_BACKENDS)
     f.at_least("n_threads", 1)
     check_optimizer(c.optimizer, f.name("optimizer"))
@@ -172,6 +189,9 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
         f.at_least("behav_imp_weight_cap", 1)
     f.at_least("kl_ctl", 0)
     f.choice("kl_estimator", choices.KL_ESTIMATORS)
+    f.choice("adv_estimator", choices.ADV_ESTIMATORS)
+    f.at_least("value_eps_clip", 0, strict=True)
+    f.at_least("critic_warmup_steps", 0)
     f.within("discount", 0.0, 1.0)
     f.within("gae_lambda", 0.0, 1.0)
     check_generation(c.gen, f.name("gen"))
@@ -227,6 +247,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
+    check_device(cfg.cluster.device)
 
     for name in ("group_size", "groups_per_step", "max_concurrent_rollouts", "rollout.n_workers"):
         f.at_least(name, 0, strict=True)
@@ -245,7 +266,11 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
            "answer of a group the same reward")
     check_model(cfg.actor, "actor")
     check_model(cfg.ref, "ref")
+    check_model(cfg.critic, "critic")
     check_native_engine(cfg.gen_server.native)
+    f.need(cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
+           f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
+           "puts the engine on a GPU; use 'auto' or 'torch'")
     check_exp_ctrl(cfg.exp_ctrl)
     check_stats(cfg.stats)
     ev = _Fields(cfg.evaluation, "evaluation")
@@ -271,6 +296,8 @@ def _check_files(cfg: AsyncPPOMATHConfig) -> None:
     if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
         need(os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
              f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)")
+    if cfg.ppo.adv_estimator == "gae":
+        check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
     if cfg.evaluation.n_prompts > 0:
         need(os.path.isfile(cfg.dataset.test_path),
              f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)")
@@ -288,12 +315,46 @@ def _check_files(cfg: AsyncPPOMATHConfig) -> None:
          f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
 
 
+def check_critic_matches_actor(critic_path: str, actor_path: str) -> None:
+    """adv_estimator=gae: the critic (empty path: the actor's weights) must be an HF model
+    directory of the actor's architecture, compared on CRITIC_ARCH_KEYS of the two config.json."""
+    actor = _hf_config("actor.path", actor_path)
+    if not critic_path:
+        return  # initialised from the actor's own directory
+    critic = _hf_config("critic.path", critic_path)
+    differ = [f"{key}={critic.get(key)!r} (actor: {actor.get(key)!r})"
+              for key in CRITIC_ARCH_KEYS if critic.get(key) != actor.get(key)]
+    _Fields.need(not differ,
+                 f"critic.path={critic_path!r} has {', '.join(differ)} in its config.json, unlike actor.path="
+                 f"{actor_path!r}: the critic is a value head on the actor's architecture, so it must share the "
+                 f"actor's {', '.join(CRITIC_ARCH_KEYS)} (leave critic.path empty to start from the actor)")
+
+
+def _hf_config(field: str, path: str) -> dict:
+    """The config.json of the HF model directory `path`; a ConfigError naming `field` if unreadable."""
+    file = os.path.join(path, "config.json")
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except OSError:
+        raise ConfigError(f"{field}={path!r} is not an HF model directory (no config.json)") from None
+    except ValueError as e:
+        raise ConfigError(f"{field}={path!r}: {file} is not valid JSON ({e})") from None
+    _Fields.need(isinstance(config, dict), f"{field}={path!r}: {file} is not a JSON object")
+    return config
+
+
 def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
     """Rules that tie the batch, the DP size and the rollout workers together."""
     from realhf.system.push_pull_stream import grouping
 
     need = _Fields.need
     dp, B = alloc.train.dp, cfg.groups_per_step
+    # Checked before divisibility: "16 % 32" would blame groups_per_step for what is a DP size too large.
+    need(dp <= B,
+         f"allocation_mode={cfg.allocation_mode!r} trains on {dp} DP ranks, more than groups_per_step={B} groups per "
+         f"step: every DP rank needs at least one group; lower the trainer part's d<N> to at most {B} or raise "
+         "groups_per_step")
     need(B % dp == 0, f"groups_per_step={B} must be divisible by the trainer's DP size {dp} (allocation_mode)")
     need(cfg.rollout.n_workers >= dp,
          f"rollout.n_workers={cfg.rollout.n_workers} < trainer DP size {dp}: every DP rank needs a rollout worker")
@@ -343,6 +404,7 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
     f = _Fields(c, "generation_server")
     f.choice("backend", choices.GENERATION_BACKENDS)
     f.need(bool(c.model_path), "generation_server.model_path is empty; set it to an HF model directory")
+    check_device(c.device, f.name("device"))
     check_native_engine(c.native, "generation_server.native")
     f.need(c.backend != "native" or c.tp_size == 1,
            f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}")
@@ -354,8 +416,11 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
 def _check_manager(c: GserverManagerConfig) -> None:
     f = _Fields(c, "gserver_manager")
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
-    for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers"):
+    for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
         f.at_least(name, 0, strict=True)
+    f.need(c.groups_per_step >= c.n_trainer_ranks,
+           f"gserver_manager.groups_per_step={c.groups_per_step} < n_trainer_ranks={c.n_trainer_ranks}: "
+           "every trainer DP rank takes at least one group per step")
     f.at_least("max_head_offpolicyness", 0)
     f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
 
@@ -375,7 +440,11 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     f.need(bool(c.actor.path), "actor.path is empty: set it to an HF model directory")
     check_model(c.actor, "actor")
     check_model(c.ref, "ref")
+    check_model(c.critic, "critic")
     check_ppo(c.ppo)
+    check_device(c.device, f.name("device"))
+    if c.ppo.adv_estimator == "gae":
+        check_critic_matches_actor(c.critic.path, c.actor.path)
     f.at_least("max_head_offpolicyness", 0)
     f.at_least("total_train_steps", 0)
 

@@ -102,8 +102,9 @@ class AllocationMode:
             )
         if self.train.tp != 1 or self.train.pp != 1:
             fail(
-                f"the torch trainer backend supports data parallelism only for now, so the trainer "
-                f"part needs m1 p1 (got m{self.train.tp} p{self.train.pp}); use d{self.train.world_size}m1p1"
+                f"the trainer part needs m1 p1 (got m{self.train.tp} p{self.train.pp}): trainer tensor and "
+                f"pipeline parallelism (Megatron-core TP/PP) is not built yet, the trainer runs FSDP2 data "
+                f"parallelism only; use d{self.train.world_size}m1p1"
             )
         if n_gpus_per_node == 0:
             if self.gen_engine != "native":

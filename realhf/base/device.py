@@ -21,7 +21,7 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     """The device `cluster.device=name` means for the process of local rank `local_rank`."""
     if name not in DEVICE_NAMES:
         raise ValueError(f"cluster.device must be one of {', '.join(DEVICE_NAMES)}, got {name!r}")
-    has_gpu = torch.cuda.is_available()
+    has_gpu = gpu_available()
     if name == _GPU and not has_gpu:
         raise ValueError(f"cluster.device={_GPU} but torch sees no GPU on this machine "
                          f"(torch {torch.__version__}); set cluster.device=cpu or auto")
@@ -29,8 +29,8 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")
     n_gpus = torch.cuda.device_count()
     if not 0 <= local_rank < n_gpus:
-        raise ValueError(f"local rank {local_rank} has no GPU: this node has {n_gpus} "
-                         f"(cluster.device={name}); start at most {n_gpus} trainer processes per node")
+        raise ValueError(f"GPU index {local_rank} does not exist: this node has {n_gpus} GPUs "
+                         f"(cluster.device={name}); allocation_mode places more processes on it than it has GPUs")
     return torch.device(_GPU, local_rank)
 
 
@@ -44,3 +44,37 @@ def bind_device(device: torch.device) -> None:
 def dist_backend(device: torch.device) -> str:
     """The torch.distributed backend for collectives on `device`: NCCL on a GPU, gloo on the CPU."""
     return "nccl" if device.type == _GPU else "gloo"
+
+
+def gpu_available() -> bool:
+    """Whether torch sees a GPU this process could use."""
+    return torch.cuda.is_available()
+
+
+def rng_state(device: torch.device) -> dict:
+    """This process's torch RNG state (the CPU generator, and `device`'s when it is a GPU)."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == _GPU:
+        state["device"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == _GPU and "device" in state:
+        torch.cuda.set_rng_state(state["device"], device)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the ranks of the default process group (unchanged without one), returned
+    on `t`'s device. NCCL reduces only GPU tensors, so a CPU tensor travels to this process's
+    GPU and back when the group is NCCL."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    on = t
+    if dist.get_backend() == "nccl" and t.device.type != _GPU:
+        on = t.to(torch.device(_GPU, torch.cuda.current_device()))
+    dist.all_reduce(on)
+    return on.to(t.device) if on is not t else t

@@ -84,6 +84,7 @@ def checkpoints_dir(run_dir: str, role: str = "actor") -> Path:
     return Path(run_dir) / "checkpoints" / role
 
 
-def recover_dir(run_dir: str, role: str = "actor") -> Path:
-    """Where a role's recovery checkpoint lives (one, replaced each time)."""
-    return Path(run_dir) / "recover" / role
+def recover_dir(run_dir: str) -> Path:
+    """Where the trainer's recovery checkpoint lives (one, replaced each time; the layout is
+    realhf.impl.model.recover_checkpoint's)."""
+    return Path(run_dir) / "recover"

@@ -28,7 +28,7 @@ from realhf.api.worker_configs import (
 )
 from realhf.base import trial_files
 from realhf.base.trial_files import TrialFiles
-from realhf.impl.model import checkpoint
+from realhf.impl.model.recover_checkpoint import read_info as read_recover_info
 from realhf.scheduler.worker_spec import WorkerSpec
 
 __all__ = ["ConfigError", "initial_setup", "recover_info", "trial_files_of", "total_train_steps"]
@@ -39,7 +39,7 @@ def trial_files_of(cfg: AsyncPPOMATHConfig) -> TrialFiles:
 
 
 def recover_checkpoint(cfg: AsyncPPOMATHConfig) -> str:
-    return str(trial_files.recover_dir(trial_files_of(cfg).run_dir, "actor"))
+    return str(trial_files.recover_dir(trial_files_of(cfg).run_dir))
 
 
 def count_rows(path: str) -> int:
@@ -61,7 +61,7 @@ def recover_info(cfg: AsyncPPOMATHConfig) -> Optional[dict]:
     if cfg.recover_mode == "disabled":
         return None
     path = recover_checkpoint(cfg)
-    info = checkpoint.read_recover_info(path)
+    info = read_recover_info(path)
     if info is None and cfg.recover_mode == "resume":
         raise ConfigError(f"recover_mode=resume but there is no recovery checkpoint at {path} (experiment_name="
                           f"{cfg.experiment_name!r}, trial_name={cfg.trial_name!r}, cluster.fileroot="
@@ -81,7 +81,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
 
     gen_servers = [
         GenerationServerConfig(
-            backend=alloc.gen_engine, model_path=cfg.actor.path, host=host,
+            backend=alloc.gen_engine, model_path=cfg.actor.path, host=host, device=cfg.cluster.device,
             native=dataclasses.replace(cfg.gen_server.native), sglang=dataclasses.replace(cfg.gen_server.sglang),
             tp_size=alloc.gen.tp, base_gpu_id=i * alloc.gen.tp * alloc.gen.pp, seed=cfg.seed,
             # a restarted server loads the current weights from here
@@ -92,7 +92,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     manager = GserverManagerConfig(
         host=host, schedule_policy=cfg.schedule_policy, max_concurrent_rollouts=cfg.max_concurrent_rollouts,
         groups_per_step=cfg.groups_per_step, max_head_offpolicyness=cfg.max_head_offpolicyness,
-        n_servers=alloc.gen.dp, model_role="actor", run_dir=files.run_dir,
+        n_servers=alloc.gen.dp, n_trainer_ranks=alloc.train.dp, model_role="actor", run_dir=files.run_dir,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
     rollout = RolloutWorkerConfig(
@@ -103,7 +103,8 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         n_pullers=alloc.train.dp, request_timeout=cfg.rollout.request_timeout,
     )
     model = ModelWorkerConfig(
-        actor=cfg.actor, ref=cfg.ref, ppo=cfg.ppo, run_dir=files.run_dir, bind_host=host,
+        actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,
+        first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp, run_dir=files.run_dir, bind_host=host,
         max_head_offpolicyness=cfg.max_head_offpolicyness, total_train_steps=total_steps, seed=cfg.seed,
         recover=bool(resume),
     )

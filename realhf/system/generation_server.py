@@ -4,7 +4,8 @@
                `model_version/<role>`), so a restarted server rejoins with the current weights,
                else `model_path` at `weight_version`
                start the backend on `host` and a free port
-               native: the built-in engine thread + uvicorn (realhf.impl.inference) in this process
+               native: the built-in engine thread + uvicorn (realhf.impl.inference) in this process,
+                       on `pick_device(device, base_gpu_id)`: weights, cache and steps all there
                sglang: `python -m sglang.launch_server` as a child process, wait for /health
                then register `http://host:port` under gen_servers/ (keep-alive key)
     loop:      check every `health_check_interval` s that the backend is alive (a dead backend
@@ -87,12 +88,15 @@ class GenerationServer(Worker):
         raise AssertionError("unreachable")
 
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
+        from realhf.base.device import bind_device, pick_device
         from realhf.impl.inference.factory import create_engine_from_config
         from realhf.impl.inference.server_app import create_app
         from realhf.system.http_thread import HttpServerThread
 
+        device = pick_device(cfg.device, cfg.base_gpu_id)
+        bind_device(device)
         self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
-                                                 seed=seed, name=self.name).start()
+                                                 seed=seed, name=self.name, device=device).start()
         self._server = HttpServerThread(create_app(self._engine), cfg.host, cfg.port,
                                         name="generation server").start(timeout=cfg.startup_timeout)
         return self._server.port

@@ -2,7 +2,9 @@
 
 HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field):
 
-    POST /allocate_rollout {qid}                       → {success, reason}
+    POST /allocate_rollout {qid, rank}                 → {success, reason}; `rank` (required): the
+                                                         trainer DP rank the group will be pushed to,
+                                                         whose budget admits it (422 if out of range)
     POST /schedule_request {qid, prompt_len, group_size, new_token_budget,
                             previous_server_url, previous_version}  → {url, version}; 409 for a
                                                          qid that is not an allocated, running rollout
@@ -10,6 +12,7 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
                                                          rollouts whose worker died (no count)
     GET  /status                                       → version, running, accepted, rejections,
+                                                         the same per DP rank (`per_rank`),
                                                          per-server load and version, throughput
     GET  /metrics                                      → the same, Prometheus text format
 
@@ -17,7 +20,8 @@ What each endpoint does is `realhf.system.manager_service.ManagerService` (admis
 routing, server health, weight versions). This file wires it to HTTP and to name resolve: a
 watcher coroutine, in the same event loop as the app, every `poll_interval` s
 
-    reads `model_version/<role>` and `stale_dropped` (a missing key counts as 0),
+    reads `model_version/<role>` and `stale_dropped` (a JSON list, one total per trainer DP rank;
+        a missing key counts as zeros),
     routes to the servers registered under `gen_servers/` that answer `/health` (a killed server
         is dropped within ~`max_health_failures · health_check_interval` s, a restarted one
         joins at the weight version it reports),
@@ -30,6 +34,7 @@ answering while a server is being updated.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Callable, List, Optional
 
@@ -50,6 +55,7 @@ from realhf.system.worker_base import Worker
 # ---- request bodies --------------------------------------------------------------------------
 class AllocateRequest(BaseModel):
     qid: str = Field(min_length=1)
+    rank: int = Field(ge=0)  # required: a default would silently put every rollout in rank 0's budget
 
 
 class ScheduleRequest(BaseModel):
@@ -91,7 +97,10 @@ def create_app(service: ManagerService) -> FastAPI:
 
     @app.post("/allocate_rollout")
     async def allocate_rollout(req: AllocateRequest):
-        return service.allocate(req.qid)
+        try:
+            return service.allocate(req.qid, req.rank)
+        except ValueError as e:  # a rank beyond the trainer's DP size
+            raise HTTPException(422, f"invalid request body: {e}")
 
     @app.post("/schedule_request")
     async def schedule_request(req: ScheduleRequest):
@@ -127,7 +136,7 @@ def create_app(service: ManagerService) -> FastAPI:
 
 # ---- the watcher ----------------------------------------------------------------------------
 async def run_watcher(service: ManagerService, read_version: Callable[[], int],
-                      read_stale_dropped: Callable[[], int], list_servers: Callable[[], List[str]]) -> None:
+                      read_stale_dropped: Callable[[], List[int]], list_servers: Callable[[], List[str]]) -> None:
     """Poll versions and servers; run weight-update rounds and health checks in tasks of their
     own. Routed servers = registered under gen_servers/ (a dead server's keep-alive entry
     expires) ∩ answering /health (a SIGKILLed one stops at once)."""
@@ -191,6 +200,22 @@ def _read_int(key: str) -> int:
         return 0
 
 
+def read_stale_dropped(key: str, n_ranks: int) -> List[int]:
+    """The trainer's stale-dropped totals per DP rank, published by the master as a JSON list;
+    zeros while the key is missing (nothing dropped yet)."""
+    try:
+        raw = name_resolve.get(key)
+    except name_resolve.NameEntryNotFoundError:
+        return [0] * n_ranks
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value):
+        raise ValueError(f"{key}={raw!r}: expected a JSON list of stale-dropped totals per trainer DP rank")
+    return value
+
+
 def wait_for_servers(experiment: str, trial: str, n: int, timeout: float) -> List[str]:
     key = names.gen_servers(experiment, trial)
     deadline = time.monotonic() + timeout
@@ -218,7 +243,8 @@ def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
     servers_key = names.gen_servers(experiment, trial)
 
     async def watch():
-        await run_watcher(service, lambda: _read_int(version_key), lambda: _read_int(stale_key),
+        n_ranks = service.admission.n_ranks
+        await run_watcher(service, lambda: _read_int(version_key), lambda: read_stale_dropped(stale_key, n_ranks),
                           lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))))
 
     thread = HttpServerThread(create_app(service), host=config.host, name="gserver-manager", tasks=[watch])
@@ -238,7 +264,8 @@ class GserverManager(Worker):
         self._last_log = time.monotonic()
         self.logger.info(
             f"serving on {self._server.url}: {len(self._server.service.router.servers())} servers, policy "
-            f"{cfg.schedule_policy}, B={cfg.groups_per_step}, eta={cfg.max_head_offpolicyness}, "
+            f"{cfg.schedule_policy}, B={cfg.groups_per_step} (per trainer rank "
+            f"{self._server.service.admission.shares}), eta={cfg.max_head_offpolicyness}, "
             f"max_concurrent_rollouts={cfg.max_concurrent_rollouts}")
 
     def _poll(self) -> bool:
@@ -249,7 +276,8 @@ class GserverManager(Worker):
             servers = " ".join(f"{x['url']}[req={x['requests']} v={x['version']}]" for x in s["servers"])
             self.logger.info(
                 f"v={s['version']} running={s['running']} accepted={s['accepted']} capacity={s['capacity']} "
-                f"stale_dropped={s['stale_dropped']} rejections={s['rejections']} "
+                f"(per rank {s['per_rank']['capacity']}) stale_dropped={s['stale_dropped']} "
+                f"rejections={s['rejections']} "
                 f"tok/s={s['throughput']['tokens_per_s']:.0f} servers: {servers}")
         time.sleep(0.1)
         return True

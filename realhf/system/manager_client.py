@@ -1,6 +1,6 @@
 """What a rollout worker asks the GserverManager (its HTTP API: `realhf.system.gserver_manager`).
 
-    ok, reason = await manager.allocate_rollout(qid)          # admission (docs/architecture.md §4)
+    ok, reason = await manager.allocate_rollout(qid, rank)    # admission (docs/architecture.md §4)
     url, version = await manager.schedule_request(qid, ...)   # a server for the next chunk
     await manager.finish_rollout(qid, accepted, n_tokens)     # frees the slot; counts if accepted
     r = await manager.abandon_rollouts(qids)                  # a dead incarnation's slots
@@ -29,9 +29,10 @@ class ManagerClient:
     async def _post(self, endpoint: str, body: dict) -> dict:
         return await post_json(self._session(), f"{self.url}/{endpoint}", body, self.timeout)
 
-    async def allocate_rollout(self, qid: str) -> Tuple[bool, str]:
-        """(admitted, reason): the reason names the capacity term that refused it."""
-        r = await self._post("allocate_rollout", {"qid": qid})
+    async def allocate_rollout(self, qid: str, rank: int) -> Tuple[bool, str]:
+        """(admitted, reason) for group `qid`, to be pushed to trainer DP rank `rank` (whose budget
+        admits it); the reason names the capacity term that refused it."""
+        r = await self._post("allocate_rollout", {"qid": qid, "rank": int(rank)})
         return bool(r.get("success")), str(r.get("reason", ""))
 
     async def schedule_request(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,

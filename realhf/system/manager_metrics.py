@@ -70,6 +70,11 @@ class _StatusCollector:
         yield CounterMetricFamily("realhf_manager_stale_dropped_total", "Accepted rollouts the trainer dropped as stale.",
                                   value=s["stale_dropped"])
         yield GaugeMetricFamily("realhf_manager_capacity", "Rollouts that may be admitted now.", value=s["capacity"])
+        per_rank = GaugeMetricFamily("realhf_manager_rank_capacity",
+                                     "Rollouts pushed to this trainer DP rank that may be admitted now.", labels=["rank"])
+        for rank, capacity in enumerate(s["per_rank"]["capacity"]):
+            per_rank.add_metric([str(rank)], capacity)
+        yield per_rank
         rejections = CounterMetricFamily("realhf_manager_rejections_total", "Refused allocations, by reason.",
                                          labels=["reason"])
         for reason, n in s["rejections"].items():

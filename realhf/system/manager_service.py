@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging
-from realhf.impl.admission import StalenessManager
+from realhf.impl.admission import StalenessManager, dp_shares, resumed_accepted
 from realhf.impl.routing import Router
 from realhf.impl.server_health import DROPPED, UP, ServerHealth
 from realhf.system.manager_metrics import ThroughputWindow
@@ -32,15 +32,21 @@ class _Version:
         return self.value
 
 
+def trainer_shares(config: GserverManagerConfig) -> List[int]:
+    """Groups per step each trainer DP rank takes (the master's `dp_shares`, same function)."""
+    return dp_shares(config.groups_per_step, config.n_trainer_ranks)
+
+
 class ManagerService:
     """Admission + routing + server health + weight versions + counters; no sockets."""
 
     def __init__(self, config: GserverManagerConfig, server_urls: List[str]):
         self.config = config
         self.version = _Version()
-        self.admission = StalenessManager(config.max_concurrent_rollouts, config.groups_per_step,
-                                          config.max_head_offpolicyness, self.version,
-                                          accepted=config.trained_groups_at_start)
+        shares = trainer_shares(config)
+        self.admission = StalenessManager(config.max_concurrent_rollouts, shares, config.max_head_offpolicyness,
+                                          self.version,
+                                          accepted=resumed_accepted(shares, config.trained_groups_at_start))
         self.router = Router(config.schedule_policy, server_urls)
         self.updater = WeightUpdater(config.run_dir, config.model_role, config.update_timeout)
         self.updater.set_servers(server_urls)
@@ -49,8 +55,9 @@ class ManagerService:
         self.n_abandoned = 0
 
     # ---- the endpoints ------------------------------------------------------------------------
-    def allocate(self, qid: str) -> dict:
-        d = self.admission.allocate(qid)
+    def allocate(self, qid: str, rank: int) -> dict:
+        """`rank`: the trainer DP rank the rollout's worker pushes to (ValueError if out of range)."""
+        d = self.admission.allocate(qid, rank)
         return {"success": d.success, "reason": d.reason}
 
     def schedule(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,
@@ -101,13 +108,20 @@ class ManagerService:
         return s
 
     # ---- what the watcher reads ---------------------------------------------------------------
-    def observe_trainer(self, version: int, stale_dropped: int) -> None:
-        """The trainer's published version and stale-dropped total (both only ever grow)."""
+    def observe_trainer(self, version: int, stale_dropped: List[int]) -> None:
+        """The trainer's published version and stale-dropped totals per DP rank (all only ever
+        grow: an older read, e.g. from another replica of name resolve, changes nothing). A list
+        of the wrong length — a trainer of another DP size — is a ValueError."""
         if version > self.version.value:
             logger.info(f"model version {self.version.value} → {version}")
             self.version.value = version
-        if stale_dropped > self.admission.status()["stale_dropped"]:
-            self.admission.set_stale_dropped(stale_dropped)
+        current = self.admission.stale_dropped()
+        if len(stale_dropped) != len(current):
+            raise ValueError(f"the trainer published stale_dropped for {len(stale_dropped)} DP ranks {stale_dropped}, "
+                             f"but this manager budgets {len(current)} (gserver_manager.n_trainer_ranks)")
+        merged = [max(old, int(new)) for old, new in zip(current, stale_dropped)]
+        if merged != current:
+            self.admission.set_stale_dropped(merged)
 
     def observe_servers(self, registered: List[str]) -> None:
         """Route to the registered servers that pass their health checks. A server new to

@@ -1,10 +1,9 @@
 """MasterWorker: drives the training steps over request/reply (docs/architecture.md §2, §7).
 
-    configure: build the dataflow graph → bind the request socket → wait for the model workers
-               → initialize them
+    configure: bind the request socket → wait for the model workers → initialize them
     each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
-               run the graph (actor_inf → [ref_inf] → actor_train), one request per node to
-               every model worker → publish training_samples → log the step's metrics
+               the model calls of `_train_calls`, top to bottom, each one request to every model
+               worker → publish training_samples → log the step's metrics
     the end:   after total_train_steps (set by the experiment), save, set
                experiment_status=COMPLETE (every worker then leaves its loop), exit
 """
@@ -13,22 +12,28 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import metrics_path
+from realhf.impl.admission import dp_shares
 from realhf.system import stall_report
-from realhf.system.pipeline import ppo_pipeline
 from realhf.system.request_reply_stream import MasterStream
 from realhf.system.stats_logger import StatsLogger, step_metrics, truncate_metrics
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
-def dp_shares(batch_size: int, dp_size: int) -> List[int]:
-    """Groups each DP rank contributes to a step: B // dp, the remainder one each to ranks 0, 1, …"""
-    k, rest = divmod(batch_size, dp_size)
-    return [k + (1 if r < rest else 0) for r in range(dp_size)]
+def train_call_names(ppo) -> List[str]:
+    """The model calls of one train step, in order (what `MasterWorker._train_calls` runs)."""
+    names_ = []
+    if ppo.recompute_logprob or ppo.use_decoupled_loss:
+        names_.append("actor_inf")
+    if ppo.kl_ctl > 0:
+        names_.append("ref_inf")
+    if ppo.adv_estimator == "gae":
+        names_ += ["critic_inf", "critic_train"]
+    return names_ + ["actor_train"]
 
 
 class MasterWorker(Worker):
@@ -42,8 +47,6 @@ class MasterWorker(Worker):
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
         self.total_steps = cfg.total_train_steps
         self.shares = dp_shares(cfg.groups_per_step, cfg.n_model_workers)
-        recompute = cfg.ppo.recompute_logprob or cfg.ppo.use_decoupled_loss
-        self.graph = ppo_pipeline(recompute_logprob=recompute, use_ref=cfg.ppo.kl_ctl > 0).order()
 
         self._stream = MasterStream(exp, trial, cfg.n_model_workers, host=cfg.bind_host)
         self.logger.info(f"waiting for {cfg.n_model_workers} model workers at {self._stream.address}")
@@ -65,26 +68,33 @@ class MasterWorker(Worker):
         # A version is a completed step (docs/architecture.md §4): a recovered trainer resumes the step count.
         self.step = self.version
         self.training_samples = self.version * cfg.groups_per_step
-        self.stale_dropped = -1
+        self.stale_dropped = 0  # the total over DP ranks, for metrics and the checkpoint
+        self._stale_dropped_per_rank: Optional[List[int]] = None  # what was last published
         self._publish("training_samples", self.training_samples)
-        self._update_stale_dropped(0)
+        self._update_stale_dropped([])
         self._t_start = self._t_last_step = time.monotonic()
         self._t_last_ckpt = time.monotonic()
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
             f"training {self.total_steps} steps of B={cfg.groups_per_step} groups (shares {self.shares}) "
-            f"from version {self.version}; graph {' -> '.join(n.name for n in self.graph)}; metrics in {self.metrics_path}"
+            f"from version {self.version}; calls {' -> '.join(train_call_names(cfg.ppo))}; metrics in {self.metrics_path}"
         )
 
     def _publish(self, what: str, value: int) -> None:
         key = getattr(names, what)(self.ctx.experiment_name, self.ctx.trial_name)
         name_resolve.add(key, str(int(value)), replace=True, delete_on_exit=False)
 
-    def _update_stale_dropped(self, n: int) -> None:
-        # Published as soon as it changes: the manager frees admission capacity for dropped groups.
-        if n != self.stale_dropped:
-            self.stale_dropped = n
-            self._publish("stale_dropped", n)
+    def _update_stale_dropped(self, replies: List[dict]) -> None:
+        """Publish each DP rank's stale-dropped total (from `fetch` replies) as a JSON list, as
+        soon as one changes: the manager frees admission capacity of that rank's budget."""
+        per_rank = [0] * len(self.shares)
+        for r in replies:
+            per_rank[r["dp_rank"]] = int(r["stale_dropped"])
+        if per_rank != self._stale_dropped_per_rank:
+            self._stale_dropped_per_rank = per_rank
+            self.stale_dropped = sum(per_rank)
+            key = names.stale_dropped(self.ctx.experiment_name, self.ctx.trial_name)
+            name_resolve.add(key, json.dumps(per_rank), replace=True, delete_on_exit=False)
 
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
@@ -100,7 +110,7 @@ class MasterWorker(Worker):
         reported_at = 0.0
         while True:
             replies = self._stream.call_all("fetch", {"take": 0}, timeout=cfg.request_timeout)
-            self._update_stale_dropped(sum(r["stale_dropped"] for r in replies))
+            self._update_stale_dropped(replies)
             short = [r for r in replies if r["buffered"] < self.shares[r["dp_rank"]]]
             if not short:
                 return time.monotonic() - t0
@@ -131,11 +141,8 @@ class MasterWorker(Worker):
         wait_s = self._wait_for_data()
         fetched = self._stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)},
                                         timeout=cfg.request_timeout)
-        self._update_stale_dropped(sum(r["stale_dropped"] for r in fetched))
-        results: Dict[str, List[Any]] = {}
-        for node in self.graph:
-            results[node.name] = self._stream.call_all(node.call.handler, node.call.data, timeout=cfg.request_timeout)
-        train = results["actor_train"]
+        self._update_stale_dropped(fetched)
+        inference, train = self._train_calls()
         self.version = train[0]["version"]
         self.step += 1
         self.training_samples += cfg.groups_per_step
@@ -143,13 +150,33 @@ class MasterWorker(Worker):
 
         now = time.monotonic()
         metrics = step_metrics(
-            self.step, self.version, fetched, train,
-            {n.call.data["model"]: results[n.name] for n in self.graph if n.call.handler == "inference"},
-            self.stale_dropped, now - self._t_last_step, wait_s, self.training_samples,
+            self.step, self.version, fetched, train, inference, self.stale_dropped, now - self._t_last_step, wait_s, self.training_samples,
         )  # fmt: skip
         self._t_last_step = now
         self._stats.log(metrics)
         self._save_and_checkpoint()
+
+    def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
+        """One train step on the batch the model workers took: (inference replies per model,
+        actor_train replies, carrying the critic's stats too). Reads as the dataflow it is
+        (docs/architecture.md §10); `train_call_names` lists the same calls."""
+        ppo, timeout = self.config.ppo, self.config.request_timeout
+
+        def call(handler: str, data: Optional[dict] = None) -> List[Any]:
+            return self._stream.call_all(handler, data, timeout=timeout)
+
+        inference: Dict[str, List[Any]] = {}
+        if ppo.recompute_logprob or ppo.use_decoupled_loss:
+            inference["actor"] = call("inference", {"model": "actor"})  # proximal log-probs
+        if ppo.kl_ctl > 0:
+            inference["ref"] = call("inference", {"model": "ref"})  # reference log-probs
+        critic_stats: Dict[str, Any] = {}
+        if ppo.adv_estimator == "gae":
+            inference["critic"] = call("inference", {"model": "critic"})  # values for GAE
+            critic_stats = call("critic_train")[0]["stats"]  # global stats, the same on every rank
+        train = call("train_step")  # advantages (once, shared with critic_train), PPO, version + 1, publish
+        train[0]["stats"].update(critic_stats)
+        return inference, train
 
     def _save_and_checkpoint(self) -> None:
         cfg, ctrl = self.config, self.config.exp_ctrl

@@ -1,15 +1,18 @@
 """ModelWorker: one data-parallel rank of the trainer (torch backend), driven by the master.
 
-    configure: trajectory puller (this DP head's StreamDataset) → torch.distributed rendezvous →
-               the trainer (PPOActor: actor, reference, optimizer; resumed from the recovery
-               checkpoint when asked) → connect to the master's request socket
+    configure: trajectory puller (this DP head's StreamDataset) → torch.distributed process
+               group (gloo on the CPU, NCCL on GPUs: realhf.base.device) → the engines (FSDP2
+               actor, frozen reference when kl_ctl > 0, critic when adv_estimator=gae; resumed
+               from the recovery checkpoint when asked) → connect to the master's request socket
     loop:      poll one request → run its handler → reply (errors go back as RemoteError)
 
 Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
-applying the staleness guard), `inference` (proximal or reference log-probs of the taken batch),
-`train_step` (ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`,
-`checkpoint`, `ping`. The worker owns the data (stream, buffer, staleness guard), the weight
-version and its publishing; the training work lives in realhf.impl.model.ppo_actor.
+applying the staleness guard), `inference` (`model`: actor → proximal log-probs, ref → reference
+log-probs, critic → values of the taken batch), `critic_train`, `train_step` (the actor's
+ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`, `checkpoint`,
+`ping`. Every handler past `fetch` is collective: all DP ranks get the same request. The worker
+owns the data (stream, buffer, staleness guard), the weight version and its publishing; the
+training work lives in realhf.impl.model.ppo_actor.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import torch.distributed as dist
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import name_resolve, names, trial_files
+from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.network import host_for_peers, split_host_port
-from realhf.impl.model import checkpoint
+from realhf.impl.model import checkpoint, recover_checkpoint
 from realhf.impl.model.batching import TrainBatch, batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
-from realhf.impl.model.ppo_actor import PPOActor
+from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
 from realhf.system.push_pull_stream import NameResolvingZmqPuller
 from realhf.system.request_reply_stream import WorkerStream
 from realhf.system.stream_dataset import StreamDataset
@@ -58,32 +62,44 @@ class ModelWorker(Worker):
         self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg,
                                       name=f"dp{self.dp_rank}-stream")
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
+        # On one node the generation servers hold the first GPUs; DP rank r takes first_gpu + r.
+        self.device = pick_device(cfg.device, cfg.first_gpu + self.dp_rank)
+        bind_device(self.device)
         self._init_distributed()
 
-        self._recover_path = trial_files.recover_dir(cfg.run_dir, "actor")
-        self.trainer = PPOActor.from_config(cfg, self._recover_path if cfg.recover else None)
-        if self.trainer.recovered is not None:
-            self.version = int(self.trainer.recovered["version"])
+        t0 = time.monotonic()
+        self.engines = build_engines(cfg, cfg.first_gpu + self.dp_rank)
+        self.actor = PPOActor(self.engines["actor"], cfg.ppo)
+        self.critic = PPOCritic(self.engines["critic"], cfg.ppo) if "critic" in self.engines else None
+        self._trained = {role: e for role, e in self.engines.items() if role != "ref"}
+        self._recover_path = trial_files.recover_dir(cfg.run_dir)
+        if cfg.recover and recover_checkpoint.read_info(self._recover_path) is not None:
+            info = recover_checkpoint.load(self._recover_path, self._trained, self.dp_rank, self.device)
+            self.version = int(info["version"])
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
-        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size}: actor {cfg.actor.path} "
-                         f"({self.trainer.n_params / 1e6:.2f}M params, {cfg.actor.dtype}), "
-                         f"ref {'loaded' if self.trainer.ref is not None else 'off'}, "
-                         f"eta {cfg.max_head_offpolicyness}, puller {puller.address}")
+        sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
+        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} params "
+                         f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
+                         f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}")
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
             "initialize": self._initialize, "fetch": self._fetch, "inference": self._inference,
-            "train_step": self._train_step, "save": self._save, "checkpoint": self._checkpoint,
-            "ping": self._ping,
+            "critic_train": self._critic_train, "train_step": self._train_step, "save": self._save,
+            "checkpoint": self._checkpoint, "ping": self._ping,
         }  # fmt: skip
         self._stream = WorkerStream(exp, trial, self.dp_rank, discovery_timeout=cfg.master_discovery_timeout)
 
     def _init_distributed(self) -> None:
-        """Rank 0 binds the rendezvous store on a free port and publishes it in name resolve."""
-        if self.dp_size == 1:
-            return
+        """The process group every engine shards over. Rank 0 binds the rendezvous store on a free
+        port and publishes it in name resolve; a single rank uses an in-process store."""
         cfg = self.config
-        key = names.distributed_master(self.ctx.experiment_name, self.ctx.trial_name)
+        backend = dist_backend(self.device)
         timeout = datetime.timedelta(seconds=cfg.distributed_timeout)
+        if self.dp_size == 1:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            self._dist_initialized = True
+            return
+        key = names.distributed_master(self.ctx.experiment_name, self.ctx.trial_name)
         if self.dp_rank == 0:
             # TCPStore given a host still listens on every interface; handing it a socket we
             # bound ourselves keeps the rendezvous on bind_host (loopback by default).
@@ -95,9 +111,10 @@ class ModelWorker(Worker):
             host, port = split_host_port(name_resolve.wait(key, timeout=cfg.distributed_timeout))
             store = dist.TCPStore(host, port, self.dp_size, is_master=False, timeout=timeout)
         t0 = time.monotonic()
-        dist.init_process_group("gloo", store=store, rank=self.dp_rank, world_size=self.dp_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=self.dp_rank, world_size=self.dp_size, timeout=timeout)
         self._dist_initialized = True
-        self.logger.info(f"torch.distributed (gloo) ready: rank {self.dp_rank}/{self.dp_size} in {time.monotonic() - t0:.1f}s")
+        self.logger.info(f"torch.distributed ({backend}) ready: rank {self.dp_rank}/{self.dp_size} "
+                         f"in {time.monotonic() - t0:.1f}s")
 
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
@@ -121,6 +138,8 @@ class ModelWorker(Worker):
             self._stream.close()
         if getattr(self, "_dataset", None) is not None:
             self._dataset.close()
+        for engine in getattr(self, "engines", {}).values():
+            engine.destroy()
         if getattr(self, "_dist_initialized", False):
             dist.destroy_process_group()
         if getattr(self, "_store_socket", None) is not None:
@@ -128,25 +147,28 @@ class ModelWorker(Worker):
 
     # ---- handlers ---------------------------------------------------------------------------
     def _publish(self, weights: bool) -> str:
-        """Rank 0: write this version's weights (with `weights`), then its number in name resolve
-        (after the rename: a reader never sees a version without its weights). Returns the
-        directory written, "" if none."""
+        """Collective: write this version's weights (with `weights`; gathered from the shards,
+        written by rank 0), then rank 0 sets its number in name resolve (after the rename: a
+        reader never sees a version without its weights). Returns the directory rank 0 wrote, ""
+        on other ranks and without weights."""
+        cfg = self.config
+        out = trial_files.published_version_dir(cfg.run_dir, "actor", self.version)
+        if weights:
+            self.engines["actor"].save_hf(out, cfg.actor.path)
         if self.dp_rank != 0:
             return ""
-        cfg = self.config
-        path = ""
         if weights:
-            path = str(checkpoint.publish_weights(self.trainer.actor, cfg.run_dir, "actor", self.version,
-                                                  cfg.actor.path, cfg.keep_last_versions))
+            checkpoint.prune_versions(trial_files.published_weights_dir(cfg.run_dir, "actor"),
+                                      cfg.keep_last_versions, current=self.version)
         key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, "actor")
         # Kept after exit: the last published version is part of the trial's record.
         name_resolve.add(key, str(self.version), replace=True, delete_on_exit=False)
-        return path
+        return str(out) if weights else ""
 
     def _initialize(self, data: Any) -> Dict[str, Any]:
         self._publish(weights=self.version > 0)  # recovered: servers must load these weights
         return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "version": self.version,
-                "n_params": self.trainer.n_params}
+                "n_params": self.engines["actor"].n_params}
 
     def _pull_into_buffer(self) -> None:
         for traj in self._dataset.get_available():  # parsed by the dataset's pull thread
@@ -167,7 +189,7 @@ class ModelWorker(Worker):
         take = int(data.get("take", 0))
         if take > 0:
             groups = self._buffer.take(take, self.version)
-            self._batch = pack_trajectories(groups, self.trainer.pad_id)
+            self._batch = pack_trajectories(groups, self._pad_id())
             summary = batch_summary(groups, self.version)
             reply["batch"] = summary
             reply["buffered"] = len(self._buffer)
@@ -181,38 +203,62 @@ class ModelWorker(Worker):
             raise RuntimeError(f"{what}: no batch taken; call fetch with take > 0 first")
         return self._batch
 
+    def _pad_id(self) -> int:
+        return int(getattr(self.engines["actor"].hf_config, "pad_token_id", None) or 0)
+
     def _inference(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """`{model: actor|ref}`: log-probs of the batch; actor → proximal, ref → reference."""
-        return self.trainer.inference(self._need_batch("inference"), data.get("model", "actor"))
+        """`{model: actor|ref|critic}`: proximal log-probs, reference log-probs or values of the batch."""
+        batch, role = self._need_batch("inference"), data.get("model", "actor")
+        if role not in self.engines:
+            raise ValueError(f"inference on {role!r}, but this trainer holds {sorted(self.engines)} "
+                             "(ref needs ppo.kl_ctl > 0, critic ppo.adv_estimator=gae)")
+        if role == "actor":
+            return self.actor.compute_logprobs(batch)
+        if role == "critic":
+            return self.critic.compute_values(batch)
+        return reference_logprobs(self.engines["ref"], batch, self.config.ppo.gen.temperature)
+
+    def _critic_train(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        if self.critic is None:
+            raise ValueError("critic_train, but there is no critic (ppo.adv_estimator is not gae)")
+        t0 = time.monotonic()
+        stats = self.critic.train_step(self._need_batch("critic_train"))
+        return {"stats": stats, "train_time_s": time.monotonic() - t0}
 
     def _train_step(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        cfg = self.config
         batch = self._need_batch("train_step")
         t0 = time.monotonic()
-        stats = self.trainer.train_step(batch)
+        if self.critic is not None and self.version < cfg.ppo.critic_warmup_steps:
+            stats = {"actor_frozen": 1.0}  # critic warm-up: the version advances, the weights stay
+        else:
+            stats = self.actor.train_step(batch)
         train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None
         published = self._publish(weights=True)
-        self.logger.info(f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
-                         f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
-                         f"publish {time.monotonic() - t0 - train_s:.2f}s")
+        publish_s = time.monotonic() - t0 - train_s
+        if "loss" in stats:
+            self.logger.info(f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
+                             f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
+                             f"publish {publish_s:.2f}s")
+        else:
+            self.logger.info(f"version {self.version}: critic warm-up, actor not trained; publish {publish_s:.2f}s")
         return {"version": self.version, "stats": stats, "published": published, "train_time_s": train_s,
-                "publish_time_s": time.monotonic() - t0 - train_s}
+                "publish_time_s": publish_s}
 
     def _save(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """An HF checkpoint at `path` (default `<run_dir>/checkpoints/actor/version<v>`)."""
+        """Collective: an HF checkpoint at `path` (default `<run_dir>/checkpoints/actor/version<v>`)."""
         default = trial_files.checkpoints_dir(self.config.run_dir, "actor") / f"version{self.version}"
         path = data.get("path") or str(default)
-        if self.dp_rank == 0:  # every rank holds the same weights
-            checkpoint.save_hf_dir(self.trainer.actor, Path(path), self.config.actor.path)
+        self.engines["actor"].save_hf(Path(path), self.config.actor.path)
         return {"path": str(path), "version": self.version}
 
     def _checkpoint(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """Recovery state: weights + optimizer + LR schedule + RNG + version, and the master's
-        `extra` counters in the same atomic write (rank 0; ranks are replicas)."""
-        if self.dp_rank == 0:
-            self.trainer.save_recover_state(self._recover_path, self.version, self.config.actor.path,
-                                            extra=data.get("extra"))
+        """Collective: the recovery checkpoint (every trained engine's shards, LR schedules, each
+        rank's RNG, the version and the master's `extra` counters) in one atomic write."""
+        extra = {**(data.get("extra") or {}), "version": self.version}
+        recover_checkpoint.save(self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra)
         return {"path": str(self._recover_path), "version": self.version}
 
     def _ping(self, data: Any) -> Dict[str, Any]:

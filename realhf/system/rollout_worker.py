@@ -3,7 +3,8 @@
 Its loop, in one asyncio event loop:
 
     while fewer than `max_concurrent_rollouts` episodes are in flight:
-        next prompt of this worker's shard → POST /allocate_rollout {qid}
+        next prompt of this worker's shard → POST /allocate_rollout {qid, rank}
+            (rank: the DP head this worker pushes to; each head has its own admission budget)
         admitted: start the episode as a task;  refused: stop filling
     wait until an episode ends (a slot frees) or a short backoff passes (the trainer's version,
     hence capacity, may have changed elsewhere)
@@ -193,7 +194,7 @@ class RolloutWorker(AsyncWorker):
                 # Read by the master when it checkpoints (rollout workers take no requests).
                 name_resolve.add(self._sampler_key, json.dumps(self.sampler.state_dict()), replace=True)
             row, qid = self.pending
-            ok, reason = await self.manager.allocate_rollout(qid)
+            ok, reason = await self.manager.allocate_rollout(qid, self.pusher.puller_index)
             if not ok:
                 self.stats["refused"] += 1
                 return n, True

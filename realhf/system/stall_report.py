@@ -6,7 +6,9 @@ answering, a trainer dropping every group as stale. `stall_report` gathers one s
 short timeouts so that reporting never becomes the next hang:
 
     data        per DP rank: groups held / needed, received, stale-dropped, invalid
-    manager     GET /status: version, running, accepted, capacity, rejections by reason, servers
+    manager     GET /status: version, running, accepted, capacity (total and per DP rank: a rank
+                out of budget while another is short is the deadlock per-rank admission prevents),
+                rejections by reason, servers
     servers     GET /health of every registered generation server
     workers     heartbeats present per worker type, and which indices are missing
 """
@@ -56,7 +58,8 @@ def manager_line(experiment: str, trial: str) -> str:
     rejections = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejections", {}).items())) or "none"
     servers = "; ".join(f"{x['url']} requests={x['requests']} version={x['version']}" for x in s.get("servers", []))
     return (f"manager {url}: version {s.get('version')}, running {s.get('running')}, accepted {s.get('accepted')}, "
-            f"capacity {s.get('capacity')}, stale-dropped {s.get('stale_dropped')}, rejections: {rejections}; "
+            f"capacity {s.get('capacity')} (per DP rank {s.get('per_rank', {}).get('capacity')}), "
+            f"stale-dropped {s.get('stale_dropped')}, rejections: {rejections}; "
             f"servers: {servers or 'none'}")
 
 

@@ -76,8 +76,9 @@ def step_metrics(step: int, version: int, fetch_replies: List[Dict[str, Any]], t
             m[k] = float(v)
     for role, replies in inference_replies.items():
         n = sum(r["n_tokens"] for r in replies)
-        if n:
-            m[f"{role}_inf_behav_abs_diff"] = sum(r["behav_abs_diff"] * r["n_tokens"] for r in replies) / n
+        for key in ("behav_abs_diff", "value_mean"):  # log-prob models / the critic
+            if n and key in replies[0]:
+                m[f"{role}_inf_{key}"] = sum(r[key] * r["n_tokens"] for r in replies) / n
     return m
 
 

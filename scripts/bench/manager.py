@@ -90,7 +90,7 @@ async def clients(url: str, n_clients: int, seconds: float, warmup: float) -> di
         while time.perf_counter() < t_end:
             qid = f"c{c}-{i}"
             i += 1
-            ok1, d1, l1 = await post(session, "/allocate_rollout", {"qid": qid})
+            ok1, d1, l1 = await post(session, "/allocate_rollout", {"qid": qid, "rank": 0})
             if not (ok1 and d1.get("success")):
                 counts["errors"] += 1
                 first_error[:] = first_error or [f"allocate_rollout: {d1}"]

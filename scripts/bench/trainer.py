@@ -1,27 +1,30 @@
-"""The trainer's work per step, as the model worker does it: proximal log-probs (actor_inf),
-reference log-probs (ref_inf), and the PPO train step, on a realistic batch of the embedded task.
+"""The trainer's work per step, as the model worker does it on its engines: proximal log-probs
+(actor_inf, PPOActor.compute_logprobs), reference log-probs (ref_inf, a frozen FSDPEngine), and
+the PPO train step (PPOActor.train_step), on a realistic batch of the embedded task.
 
     python -m scripts.bench.trainer [--short] [--repeats 5]
 
 The batch: B = 16 prompts × 8 answers sampled at T = 1 from `assets/tiny-math/sft`, as a train
-step receives them. Ways of doing the same work, timed alternately, best of `--repeats`:
+step receives them; GRPO, kl_ctl 0.1 (so ref_inf runs), 2 minibatches, AdamW lr 1e-4. Ways of
+doing the same work, timed alternately, best of `--repeats`; each way holds its own actor and
+reference engines (DP=1, unwrapped: the engine's default), built from the same weights:
 
-    baseline        actor_inf over every row in arrival order, then ref_inf, then train_step with
-                    one forward/backward per minibatch
+    baseline        no deferral: actor_inf over every row, then ref_inf, then the train step,
+                    each forward over a whole minibatch (ppo.micro_batch_tokens = 0)
     deferred prox   actor_inf skips the first minibatch (its train forward, before any optimizer
-                    step, gives the proximal log-probs); inference passes take rows in order of
-                    length in micro-batches of 64, so each is padded only to its own longest row
-    micro-batches   as above, and every forward — the train step's too, accumulating gradients —
-                    takes rows in order of length, at most `ppo.micro_batch_tokens` padded tokens
-                    (512, 1024 = the default, 2048) per forward
+                    step, gives the proximal log-probs), still whole minibatches
+    micro-batches   as above, and every forward takes rows in order of length, at most
+                    `ppo.micro_batch_tokens` padded tokens (512, 1024 = the default, 2048) per
+                    forward, accumulating gradients in the train step
 
-All produce the same update (tests/unit/impl/model/test_actor.py checks it). One thread.
+All produce the same update (tests/unit/impl/model/test_actor.py and test_ppo_actor.py check
+it). One thread. The engine itself (FSDP-wrapped vs not, DP=2 vs DP=1): scripts/bench/engine.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import sys
 import time
 
@@ -57,66 +60,68 @@ def make_batch(model, tok, n_prompts: int, group: int, seed: int = 1):
     return pack_trajectories(trajs, tok.pad_token_id)
 
 
-def one_step(actor_model, ref_model, batch, cfg, deferred: bool, micro_batch_tokens: int) -> float:
-    """One step's trainer work; micro_batch_tokens < 0: the train step in whole minibatches and
-    inference in micro-batches of 64 rows (before `ppo.micro_batch_tokens` existed)."""
-    import dataclasses
+def sample_batch(n_prompts: int, group: int = 8):
+    """`make_batch` from a freshly loaded tiny-math model."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import torch
-
-    from realhf.impl.model import actor
-    from realhf.impl.model.optim import make_optimizer
-
-    model = copy.deepcopy(actor_model)
-    opt, sched = make_optimizer(model, cfg["optim"], 0)
-    ppo = dataclasses.replace(cfg["ppo"], micro_batch_tokens=max(micro_batch_tokens, 0))
-    b = copy.deepcopy(batch)
-    t0 = time.perf_counter()
-    if deferred:
-        first = set(actor.first_minibatch_rows(b.n_seqs, ppo.ppo_n_minibatches).tolist())
-        rest = torch.tensor([r for r in range(b.n_seqs) if r not in first], dtype=torch.long)
-        if micro_batch_tokens < 0:
-            b.prox_logprobs = _inference(model, b, rows=rest, sort=True)
-            b.ref_logprobs = _inference(ref_model, b, sort=True)
-        else:
-            b.prox_logprobs = actor.inference_logprobs(model, b, 1.0, micro_batch_tokens=micro_batch_tokens, rows=rest)
-            b.ref_logprobs = actor.inference_logprobs(ref_model, b, 1.0, micro_batch_tokens=micro_batch_tokens)
-    else:
-        b.prox_logprobs = _inference(model, b)
-        b.ref_logprobs = _inference(ref_model, b)
-    actor.ppo_train_step(model, opt, sched, b, ppo, 1.0, prox_from_first_forward=deferred)
-    return time.perf_counter() - t0
+    transformers.utils.logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(MODEL, use_safetensors=True).eval()
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    return make_batch(model, tok, n_prompts, group)
 
 
-# name -> (deferred prox, micro_batch_tokens; < 0: see one_step)
+def worker_config(ppo, optim):
+    """The model worker's config of the default run on the tiny model (the engines are built
+    from it exactly as the trainer builds them: realhf.impl.model.ppo_actor.engine_config)."""
+    from realhf.api.cli_args import ModelTrainEvalConfig
+    from realhf.api.worker_configs import ModelWorkerConfig
+
+    return ModelWorkerConfig(actor=ModelTrainEvalConfig(path=MODEL, optimizer=optim), ppo=ppo, device="cpu")
+
+
+class Trainer:
+    """One DP rank's actor (PPOActor) and frozen reference engine."""
+
+    def __init__(self, cfg, shard_single_rank: bool = False, defer: bool = True, local_rank: int = 0):
+        from realhf.impl.engine.fsdp_engine import FSDPEngine
+        from realhf.impl.model.ppo_actor import PPOActor, engine_config
+
+        self.ppo = cfg.ppo
+        self.engines = {}
+        for role in ("actor", "ref"):
+            config = dataclasses.replace(engine_config(cfg, role, local_rank), shard_single_rank=shard_single_rank)
+            self.engines[role] = FSDPEngine(config)
+            self.engines[role].initialize()
+        self.actor = PPOActor(self.engines["actor"], cfg.ppo)
+        self.actor.can_defer_prox = self.actor.can_defer_prox and defer
+
+    def step(self, batch) -> float:
+        """actor_inf, ref_inf and the train step on a copy of `batch`; seconds."""
+        from realhf.impl.model.ppo_actor import reference_logprobs
+
+        b = dataclasses.replace(batch, prox_logprobs=None, ref_logprobs=None, values=None, advantages=None,
+                                returns=None)
+        t0 = time.perf_counter()
+        self.actor.compute_logprobs(b)
+        reference_logprobs(self.engines["ref"], b, self.ppo.gen.temperature)
+        self.actor.train_step(b)
+        return time.perf_counter() - t0
+
+    def destroy(self) -> None:
+        for engine in self.engines.values():
+            engine.destroy()
+
+
+# name -> (deferred prox, ppo.micro_batch_tokens; 0: whole minibatches)
 WAYS = {
-    "baseline (full actor_inf, arrival order, whole minibatches)": (False, -1),
-    "deferred prox, length-sorted inference (64 rows)": (True, -1),
+    "baseline (no deferral, whole minibatches)": (False, 0),
+    "deferred prox, whole minibatches": (True, 0),
     "+ length-sorted micro-batches of <= 512 padded tokens everywhere": (True, 512),
     "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)": (True, 1024),
     "+ length-sorted micro-batches of <= 2048 padded tokens everywhere": (True, 2048),
 }
 DEFAULT_WAY = "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)"
-
-
-def _inference(model, batch, rows=None, sort: bool = False, micro_batch_size: int = 64):
-    """Inference as it was before token-budget micro-batches: 64 rows per forward, in arrival
-    order or (sort) in order of length."""
-    import torch
-
-    from realhf.impl.model.actor import compute_logprobs
-
-    rows = torch.arange(batch.n_seqs) if rows is None else rows
-    if sort:
-        rows = rows[torch.argsort(batch.attention_mask[rows].sum(dim=1), stable=True)]
-    model.eval()
-    out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1))
-    with torch.no_grad():
-        for chunk in torch.split(rows, micro_batch_size):
-            mb = batch.select(chunk)
-            out[chunk, : mb.input_ids.shape[1] - 1] = compute_logprobs(model, mb)
-    model.train()
-    return out
 
 
 def tables(r):
@@ -139,23 +144,31 @@ def main(argv=None) -> int:
         args.repeats, args.prompts = 1, 4
 
     import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch.distributed as dist
 
     from realhf.api.cli_args import OptimizerConfig, PPOHyperparameters
 
     torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(MODEL, use_safetensors=True)
-    ref = AutoModelForCausalLM.from_pretrained(MODEL, use_safetensors=True).eval()
-    tok = AutoTokenizer.from_pretrained(MODEL)
     log(f"sampling a batch of {args.prompts} x 8 answers")
-    batch = make_batch(model.eval(), tok, args.prompts, 8)
-    cfg = {"optim": OptimizerConfig(lr=1e-4), "ppo": PPOHyperparameters(ppo_n_minibatches=2, kl_ctl=0.1)}
-    times = {name: [] for name in WAYS}
-    for _ in range(args.repeats):
-        for name, (deferred, mb_rows) in WAYS.items():
-            times[name].append(one_step(model, ref, batch, cfg, deferred, mb_rows))
+    batch = sample_batch(args.prompts)
+    optim = OptimizerConfig(lr=1e-4, gradient_clipping=1.0)
+    # One one-rank group for every engine (an engine that made its own would tear it down).
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        trainers = {name: Trainer(worker_config(PPOHyperparameters(ppo_n_minibatches=2, kl_ctl=0.1,
+                                                                   micro_batch_tokens=budget), optim), defer=defer)
+                    for name, (defer, budget) in WAYS.items()}
+        for t in trainers.values():  # untimed warm-up
+            t.step(batch)
+        times = {name: [] for name in WAYS}
+        for i in range(args.repeats):
+            for name, t in trainers.items():
+                times[name].append(t.step(batch))
+            log(f"repeat {i + 1}/{args.repeats}: " + ", ".join(f"{v[-1]:.3f} s" for v in times.values()))
+        for t in trainers.values():
+            t.destroy()
+    finally:
+        dist.destroy_process_group()
     best = {name: min(t) for name, t in times.items()}
     base = best[next(iter(WAYS))]
     default = best[DEFAULT_WAY]

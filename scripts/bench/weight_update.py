@@ -5,7 +5,7 @@
 Real processes and the real path of docs/architecture.md §5: native generation servers
 (`python -m realhf.launch_server`), the GserverManager's HTTP app and watcher (`serve_manager`,
 default poll interval) in this process, a real Redis name resolve. Per version v the trainer's
-side is replayed: `publish_weights` writes `published_weights/actor/<v>` (timed separately: the
+side is replayed: the engine's `save_hf` writes `published_weights/actor/<v>` (timed separately: the
 trainer pays it before it publishes), then `model_version/actor = v` is set and the clock runs
 until every server's `GET /get_model_info` reports `weight_version == v` (polled every 10 ms).
 Models: the tiny-math SFT model (0.55M) and a random Qwen2 of ≈100M parameters (short mode:
@@ -92,8 +92,8 @@ def served_version(url: str) -> int:
 def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot: str) -> dict:
     from realhf.api.worker_configs import GserverManagerConfig
     from realhf.base import name_resolve, names
-    from realhf.base.trial_files import published_weights_dir
-    from realhf.impl.model.checkpoint import publish_weights
+    from realhf.base.trial_files import published_version_dir, published_weights_dir
+    from realhf.impl.model.checkpoint import prune_versions, save_hf_dir
     from realhf.system.gserver_manager import serve_manager
 
     servers = [ServerProcess(model_path) for _ in range(n_servers)]
@@ -108,7 +108,9 @@ def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot
         publish_s, latency_s = [], []
         for v in range(1, repeats + 1):
             t0 = time.perf_counter()
-            publish_weights(model, fileroot, "actor", v, tokenizer_source=None)
+            # What the model worker does at DP=1 (its engine's save_hf writes through save_hf_dir).
+            save_hf_dir(model, published_version_dir(fileroot, "actor", v), tokenizer_source=None)
+            prune_versions(published_weights_dir(fileroot, "actor"), keep=2, current=v)
             publish_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             name_resolve.add(key, str(v), replace=True)

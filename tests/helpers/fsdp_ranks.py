@@ -6,11 +6,14 @@ Each rank joins a gloo group on 127.0.0.1:p and trains its share of `make_batch(
 dealt out per minibatch: rank r of w takes the r-th contiguous w-th of each minibatch, so the
 ranks of one step together hold exactly the minibatch DP=1 trains on):
 
-    step 1, step 2                    → rank 0 writes params_step2.safetensors, save_hf → hf/
-    save_recover(recover/), step 3    → params_step3.safetensors
-    a fresh engine: load_recover, step 3 → params_step3_recovered.safetensors
+    actor: step 1, step 2             → rank 0 writes params_step2.safetensors, save_hf → hf/
+    recover_checkpoint.save(recover/), step 3 → params_step3.safetensors
+    a fresh engine: recover_checkpoint.load, step 3 → params_step3_recovered.safetensors
+    critic (value head): initialised  → critic_init.safetensors
+    critic: step 1, step 2            → critic_step2.safetensors
 
-`run_steps` is also what the tests call in-process for the DP=1 reference.
+`run_steps` / `run_critic_steps` are also what the tests call in-process for the DP=1 reference;
+`open_engines` is how in-process tests hold engines.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 import torch
 import torch.distributed as dist
 
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.impl.model import recover_checkpoint
+from realhf.impl.model.actor import token_values
 from realhf.impl.model.batching import TrainBatch
 from realhf.impl.model.utils import ppo_functional as F
 
@@ -48,6 +54,26 @@ def engine_config(**overrides) -> FSDPEngineConfig:
     fields = dict(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), total_steps=4, device="cpu",
                   micro_batch_tokens=32)
     return FSDPEngineConfig(**{**fields, **overrides})
+
+
+def critic_config(**overrides) -> FSDPEngineConfig:
+    """The actor's config with a value head (seeded: every rank builds the same head)."""
+    return engine_config(value_head=True, seed=3, **overrides)
+
+
+@contextmanager
+def open_engines(*configs: FSDPEngineConfig) -> Iterator[List[FSDPEngine]]:
+    """Initialised engines, destroyed in reverse order on exit. In a process without a group the
+    first engine creates (and owns) a one-rank gloo group, so it must be the last destroyed."""
+    engines: List[FSDPEngine] = []
+    try:
+        for config in configs:
+            engines.append(FSDPEngine(config))
+            engines[-1].initialize()
+        yield engines
+    finally:
+        for engine in reversed(engines):
+            engine.destroy()
 
 
 def make_batch() -> TrainBatch:
@@ -104,6 +130,26 @@ def run_steps(engine: FSDPEngine, steps: List[int], rank: int, world_size: int) 
     return [train_step(engine, batch.select(rank_rows(step % N_STEPS, rank, world_size))) for step in steps]
 
 
+def critic_train_step(engine: FSDPEngine, batch: TrainBatch) -> Dict[str, float]:
+    """One clipped-value-loss step toward returns = the sample's reward on every output token,
+    clipped around the engine's own values before the step (ε 0.2: some tokens clip)."""
+    old_values = engine.forward(batch, token_values)  # [N, T-1]
+    returns = batch.rewards[:, None].expand_as(batch.loss_mask)  # [N, T-1]
+
+    def value_loss(output: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+        w, dev = mb.loss_mask.shape[1], output.device
+        loss, _ = F.value_loss_fn(token_values(output, mb), old_values[rows, :w].to(dev), returns[rows, :w].to(dev),
+                                  eps_clip=0.2, mask=mb.loss_mask)
+        return loss
+
+    return engine.train_batch(batch, value_loss, lambda mb: float(mb.loss_mask.sum()))
+
+
+def run_critic_steps(engine: FSDPEngine, steps: List[int], rank: int, world_size: int) -> List[Dict[str, float]]:
+    batch = make_batch()
+    return [critic_train_step(engine, batch.select(rank_rows(step % N_STEPS, rank, world_size))) for step in steps]
+
+
 def full_params(engine: FSDPEngine) -> Dict[str, torch.Tensor]:
     """Every parameter, gathered (a collective; the full tensors are on rank 0)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -132,19 +178,28 @@ def main(out: Path) -> None:
         stats = run_steps(engine, [0, 1], rank, world_size)
         _write(out, "params_step2.safetensors", engine)
         engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
-        engine.save_recover(out / "recover")
+        recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device,
+                                extra={"version": 2})
         stats += run_steps(engine, [0], rank, world_size)
         _write(out, "params_step3.safetensors", engine)
         engine.destroy()
 
         fresh = FSDPEngine(engine_config())
         fresh.initialize()
-        fresh.load_recover(out / "recover")
+        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
         stats += run_steps(fresh, [0], rank, world_size)
         _write(out, "params_step3_recovered.safetensors", fresh)
         fresh.destroy()
+
+        critic = FSDPEngine(critic_config())
+        critic.initialize()
+        _write(out, "critic_init.safetensors", critic)
+        critic_stats = run_critic_steps(critic, [0, 1], rank, world_size)
+        _write(out, "critic_step2.safetensors", critic)
+        critic.destroy()
         if rank == 0:
             (out / "stats.json").write_text(json.dumps(stats))
+            (out / "critic_stats.json").write_text(json.dumps(critic_stats))
         # Both ranks leave gloo together: a rank that tears down while its peer still talks to it
         # can abort (seen once in the engine benchmark: "terminate called without an active exception").
         dist.barrier()

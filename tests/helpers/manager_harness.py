@@ -12,10 +12,15 @@ from helpers.fake_sglang import FakeSGLangServer
 EXP, TRIAL = "rollout-test", "t0"
 
 
+def manager_config(n_trainer_ranks: int = 1, **fields) -> GserverManagerConfig:
+    """A GserverManagerConfig whose admission budgets `n_trainer_ranks` trainer DP ranks."""
+    return GserverManagerConfig(n_trainer_ranks=n_trainer_ranks, **fields)
+
+
 @contextlib.contextmanager
 def running_manager(urls, **overrides):
     """The real manager app (HTTP server + watcher) on 127.0.0.1, over the given server URLs."""
-    config = GserverManagerConfig(**{"poll_interval": 0.05, "n_servers": len(urls), **overrides})
+    config = manager_config(**{"poll_interval": 0.05, "n_servers": len(urls), **overrides})
     server = serve_manager(config, EXP, TRIAL, server_urls=list(urls))
     try:
         yield server

@@ -24,3 +24,30 @@ def serve_native(model_path: str, context_length: int, slots: int):
     finally:
         server.stop()
         engine.stop()
+
+
+def held_tensors(obj, path: str = "engine", _seen=None):
+    """(attribute path, tensor) for every tensor reachable from `obj` through the attributes of
+    realhf / torch / transformers objects, dataclasses, lists, tuples and dicts: the state an
+    engine or runner keeps between steps (weights, KV cache, slots, buffers)."""
+    import collections
+
+    import torch
+
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+        return
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple, set, collections.deque)):
+        items = enumerate(obj)
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("realhf", "torch", "transformers"):
+        items = vars(obj).items()
+    else:
+        return
+    for key, value in items:
+        yield from held_tensors(value, f"{path}.{key}", seen)

@@ -102,3 +102,13 @@ def test_bad_engine_options_are_refused_before_anything_loads(flags, capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(["--model-path", "m", *flags])
     assert info.value.code == 2 and flags[0] in capsys.readouterr().err
+
+
+def test_device_flags_pick_the_engine_device_and_a_missing_gpu_is_refused(monkeypatch, capsys):
+    from realhf.launch_server import parse_args
+
+    assert parse_args(["--model-path", "m", "--device", "cpu", "--base-gpu-id", "2"]).engine_device == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--model-path", "m", "--device", "cuda"])
+    assert info.value.code == 2 and "--device cuda" in capsys.readouterr().err

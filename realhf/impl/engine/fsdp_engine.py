@@ -15,15 +15,19 @@ measurement behind that default) or a mixed-precision policy that only FSDP appl
 
 Checkpoints: `save_hf` gathers the full state dict on rank 0 and writes an HF directory through
 realhf.impl.model.checkpoint; `save_recover` writes each rank's shards with
-torch.distributed.checkpoint into a temporary directory that rank 0 fsyncs and renames.
+torch.distributed.checkpoint into a directory the caller makes atomic
+(realhf.impl.model.recover_checkpoint: one temporary directory for every engine of a trainer,
+fsynced and renamed in one step).
+
+Kinds of model (FSDPEngineConfig): a causal LM (actor, reference; `.logits` `[n, t, V]`) or a
+value model (critic; `.logits` `[n, t, 1]`), trainable or frozen (the reference: no optimizer,
+no gradients, nothing to recover).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -47,9 +51,8 @@ from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.model import checkpoint
-from realhf.impl.model.actor import micro_batches
-from realhf.impl.model.batching import TrainBatch
-from realhf.impl.model.model_loading import load_causal_lm
+from realhf.impl.model.batching import TrainBatch, micro_batches
+from realhf.impl.model.model_loading import load_causal_lm, load_value_model
 from realhf.impl.model.optim import make_optimizer
 
 _LR_SCHEDULE_FILE = "lr_schedule.json"
@@ -72,6 +75,9 @@ class FSDPEngineConfig:
     # 16 rows x 18 tokens 22-27 ms unwrapped vs 34 ms sharded; 128 rows (3 micro-batches)
     # 120-123 ms vs 142-153 ms. With one rank FSDP's hooks and DTensors cost and save nothing.
     shard_single_rank: bool = False
+    value_head: bool = False  # a critic: one output per position instead of the LM head
+    trainable: bool = True  # False: frozen (the reference policy), no optimizer
+    seed: int = 1  # initialises a value head (the same on every rank)
 
 
 class FSDPEngine(TrainEngine):
@@ -96,15 +102,27 @@ class FSDPEngine(TrainEngine):
             self._owns_group = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-        model = load_causal_lm(self.config.model)
+        if self.config.value_head:
+            model = load_value_model(self.config.model, self.config.seed)
+        else:
+            model = load_causal_lm(self.config.model)
+        if not self.config.trainable:
+            model.requires_grad_(False)
         self.hf_config = model.config
         mp = self._mixed_precision(model)
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
         if self.sharded:
             self._shard(model, mp or MixedPrecisionPolicy())
         model.to(self.device)
-        self.model = model.train()
-        self.optimizer, self.lr_scheduler = make_optimizer(model, self.config.model.optimizer, self.config.total_steps)
+        self.model = model.train(self.config.trainable)
+        if self.config.trainable:
+            self.optimizer, self.lr_scheduler = make_optimizer(model, self.config.model.optimizer,
+                                                               self.config.total_steps)
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the whole model (a sharded DTensor reports its global shape)."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def destroy(self) -> None:
         self.model = self.optimizer = self.lr_scheduler = None
@@ -161,6 +179,8 @@ class FSDPEngine(TrainEngine):
             self.model.train(was_training)
 
     def train_batch(self, batch: TrainBatch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> Dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError(f"train_batch on a frozen engine ({self.config.model.path}, trainable=False)")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = self._plan(batch)
@@ -234,10 +254,11 @@ class FSDPEngine(TrainEngine):
     def _plain_hf_model(self, state: Dict[str, torch.Tensor]) -> torch.nn.Module:
         """An unwrapped HF model around `state`'s tensors (no copy): save_pretrained of the
         FSDP-wrapped model would write its generated class name into config.json."""
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+        auto = AutoModelForTokenClassification if self.config.value_head else AutoModelForCausalLM
         with torch.device("meta"):
-            plain = AutoModelForCausalLM.from_config(self.hf_config)
+            plain = auto.from_config(self.hf_config)
         plain.load_state_dict(state, strict=True, assign=True)
         return plain
 
@@ -265,22 +286,18 @@ class FSDPEngine(TrainEngine):
 
     def save_recover(self, path: Path) -> None:
         """Collective: the shards of model and optimizer (torch.distributed.checkpoint) and the LR
-        schedule, in `.tmp-<name>` next to `path`, fsynced and renamed to `path` by rank 0.
-        `path` must be on a file system all ranks see."""
+        schedule into the directory `path`, on a file system all ranks see. Not atomic by itself:
+        realhf.impl.model.recover_checkpoint writes every engine into one temporary directory and
+        renames that."""
         path = Path(path)
-        tmp = path.with_name(f".tmp-{path.name}")
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-            tmp.mkdir(parents=True)
-        dist.barrier()
+            path.mkdir(parents=True, exist_ok=True)
+        if self.world_size > 1:
+            dist.barrier()
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
         if self.rank == 0:
-            (tmp / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
-            _fsync_tree(tmp)
-            checkpoint.move_into_place(tmp, path)
-            _fsync(path.parent)
-        dist.barrier()
+            (path / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
 
     def load_recover(self, path: Path) -> None:
         path = Path(path)
@@ -290,18 +307,3 @@ class FSDPEngine(TrainEngine):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         self.lr_scheduler.load_state_dict(json.loads((path / _LR_SCHEDULE_FILE).read_text()))
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file under `root`, then the directories, so the rename publishes whole files."""
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            _fsync(Path(dirpath) / name)
-        _fsync(Path(dirpath))

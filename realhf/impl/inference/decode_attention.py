@@ -18,7 +18,8 @@ loop, which asks for the next rows before it needs them, ≈ 10 GB/s (a bare `su
 skips the masked columns and the scattered cache write: attention plus cache write of a decode
 step went from ≈ 26 to ≈ 12.5 ms at 256 slots (docs/benchmarks.md, "Engine decode step").
 
-The kernel is fp32 only and single-threaded (the engine runs one torch thread). Where no C
+The kernel is fp32, CPU only and single-threaded (the engine runs one torch thread): on another
+device 'auto' means the torch path and 'kernel' is refused before anything is allocated. Where no C
 compiler is found, or the build fails, `load_kernel()` returns None with the reason logged once
 and the engine uses the torch path. Memory safety rests on the wrapper's checks (dtypes, shapes,
 strides, max length); a slot length outside [1, context_len] that slipped past a caller gives NaN
@@ -117,8 +118,9 @@ void decode_attention(const float* q, int64_t q_stride, const float* k_new, int6
 def decode_mask(positions: torch.Tensor, T: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [n, 1, 1, T] of `torch_decode_attention`: slot b sees columns 0..positions[b];
     the columns after it hold stale or padding values."""
-    visible = torch.arange(T)[None, :] <= positions[:, None]
-    return torch.zeros(len(positions), 1, 1, T, dtype=dtype).masked_fill_(~visible[:, None, None, :], float("-inf"))
+    visible = torch.arange(T, device=positions.device)[None, :] <= positions[:, None]  # [n, T]
+    mask = torch.zeros(len(positions), 1, 1, T, dtype=dtype, device=positions.device)  # [n, 1, 1, T]
+    return mask.masked_fill_(~visible[:, None, None, :], float("-inf"))
 
 
 def torch_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
@@ -176,12 +178,17 @@ class DecodeAttentionKernel:
                              f"{lens.dtype} {tuple(lens.shape)}")
         if not 1 <= max_len <= C:
             raise ValueError(f"decode attention kernel: max_len {max_len} outside [1, context_len={C}]")
+        # On q's device (the CPU, checked above), whatever torch's default device is: the C loop
+        # writes through these pointers.
         if out is None:
-            out = torch.empty(n, H, d)
+            out = torch.empty(n, H, d, device=q.device)
         if scratch is None or scratch.numel() < C:
-            scratch = torch.empty(C)
-        if out.shape != (n, H, d) or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"decode attention kernel: out must be contiguous float32 [{n}, {H}, {d}]")
+            scratch = torch.empty(C, device=q.device)
+        if (out.shape != (n, H, d) or out.dtype != torch.float32 or out.device.type != "cpu"
+                or not out.is_contiguous()):
+            raise ValueError(f"decode attention kernel: out must be a contiguous float32 CPU tensor [{n}, {H}, {d}]")
+        if scratch.dtype != torch.float32 or scratch.device.type != "cpu" or not scratch.is_contiguous():
+            raise ValueError(f"decode attention kernel: scratch must be a contiguous float32 CPU tensor of >= {C}")
         self._fn(q.data_ptr(), q.stride(0), k_new.data_ptr(), k_new.stride(0), v_new.data_ptr(), v_new.stride(0),
                  k_cache.data_ptr(), v_cache.data_ptr(), lens.data_ptr(), out.data_ptr(),
                  n, H, KVH, C, d, scale, scratch.data_ptr())
@@ -260,11 +267,19 @@ def load_kernel() -> Optional[DecodeAttentionKernel]:
         return _loaded["kernel"]
 
 
-def resolve_attention(choice: str, dtype: torch.dtype) -> Optional[DecodeAttentionKernel]:
-    """The kernel to use for `choice` ('auto' | 'kernel' | 'torch'), or None for the torch path."""
+def resolve_attention(choice: str, dtype: torch.dtype,
+                      device: Optional[torch.device] = None) -> Optional[DecodeAttentionKernel]:
+    """The kernel to use for `choice` ('auto' | 'kernel' | 'torch') on `device` (default: the
+    CPU), or None for the torch path. Allocates nothing, so callers decide before loading."""
     if choice not in DECODE_ATTENTION:
         raise ValueError(f"decode attention must be one of {DECODE_ATTENTION}, got {choice!r}")
     if choice == "torch":
+        return None
+    if device is not None and device.type != "cpu":
+        # The C loop reads host memory through raw pointers: a GPU cache would be a segfault.
+        if choice == "kernel":
+            raise ValueError(f"gen_server.native.decode_attention=kernel (launch_server: --decode-attention) runs "
+                             f"on the CPU only, but the engine's device is {device}; use 'auto' or 'torch'")
         return None
     if dtype != torch.float32:
         if choice == "kernel":

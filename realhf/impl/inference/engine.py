@@ -21,6 +21,11 @@ weights land are returned with `abort` and their partial output first (all of it
 old weights), so each response carries exactly one `weight_version`. The GserverManager pauses
 servers before updating them anyway, so normally nothing is running at that moment.
 
+Device: the engine runs where its runner's weights are (`runner.device`, one device chosen by
+`realhf.base.device.pick_device` where the server is built). The slots' state, the sampler's
+generator and every tensor a step creates live there; token ids and log-probs reach the host only
+when requests finish, batched per step.
+
 The model behind the engine is a runner (`realhf.impl.inference.runners.ModelRunner`);
 `realhf.impl.inference.factory.create_engine` builds both for a model directory. Requests and
 results are the types of `realhf.impl.inference.request`.
@@ -92,10 +97,11 @@ class Engine:
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name
         torch.set_num_threads(n_threads)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.device = runner.device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
         self.vocab_size, self.context_len, self.n_slots = runner.vocab_size, runner.context_len, runner.n_slots
-        self.slots = SlotState(self.n_slots, self.context_len, self.vocab_size)
+        self.slots = SlotState(self.n_slots, self.context_len, self.vocab_size, self.device)
         self.slot_req: List[_Req] = []  # the request in each running slot 0..n_active-1
 
         self._waiting: Deque[_Req] = collections.deque()
@@ -345,19 +351,21 @@ class Engine:
         batch.sort(key=lambda r: len(r.req.input_ids))
         lo, b = self.n_active, len(batch)
         hi = lo + b
-        lengths = torch.tensor([len(r.req.input_ids) for r in batch])  # [b]
-        self.slots.fill(lo, [r.req.sampling for r in batch], lengths, [r.stop_ids for r in batch])
+        prompt_lens = [len(r.req.input_ids) for r in batch]
+        self.slots.fill(lo, [r.req.sampling for r in batch], prompt_lens, [r.stop_ids for r in batch])
         self.slot_req.extend(batch)
-        self.prompt_tokens_total += int(lengths.sum())
+        self.prompt_tokens_total += sum(prompt_lens)
 
         parts = []
         for c0 in range(0, b, _PREFILL_CHUNK):
             chunk = batch[c0 : c0 + _PREFILL_CHUNK]
-            tokens = torch.zeros(len(chunk), len(chunk[-1].req.input_ids), dtype=torch.long)  # [c, longest]
-            for i, r in enumerate(chunk):
-                tokens[i, : len(r.req.input_ids)] = torch.tensor(r.req.input_ids)
-            slots = torch.arange(lo + c0, lo + c0 + len(chunk))
-            parts.append(self.runner.prefill(slots, tokens, lengths[c0 : c0 + len(chunk)]))
+            longest = len(chunk[-1].req.input_ids)
+            # Right-padded: one tensor (one copy to a GPU) per chunk.
+            tokens = torch.tensor([r.req.input_ids + [0] * (longest - len(r.req.input_ids)) for r in chunk],
+                                  dtype=torch.long, device=self.device)  # [c, longest]
+            slots = torch.arange(lo + c0, lo + c0 + len(chunk), device=self.device)  # [c]
+            lengths = torch.tensor(prompt_lens[c0 : c0 + len(chunk)], device=self.device)  # [c]
+            parts.append(self.runner.prefill(slots, tokens, lengths))
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [b, vocab]
         self._sample_append_retire(logits, lo, hi)
 
@@ -377,9 +385,9 @@ class Engine:
     # ---- leaving --------------------------------------------------------------------------------
     def _retire(self, slots: List[int], reasons: List[Dict[str, Any]]) -> None:
         """Resolve the requests in `slots` and compact the running rows to 0..n'-1."""
-        for slot, reason in zip(slots, reasons):
-            r = self.slot_req[slot]
-            ids, lps = self.slots.release(slot, r.req.sampling)
+        leaving = [self.slot_req[slot] for slot in slots]
+        outputs = self.slots.release(slots, [r.req.sampling for r in leaving])
+        for r, (ids, lps), reason in zip(leaving, outputs, reasons):
             self._finish(r, ids, lps, reason)
         n = self.n_active
         keep = n - len(slots)
@@ -387,7 +395,8 @@ class Engine:
         holes = [s for s in sorted(gone) if s < keep]
         movers = [s for s in range(keep, n) if s not in gone]
         if holes:
-            src, dst = torch.tensor(movers), torch.tensor(holes)
+            src = torch.tensor(movers, device=self.device)  # [m]
+            dst = torch.tensor(holes, device=self.device)  # [m]
             self.runner.move_slots(src, dst, int(self.slots.seq_len[src].max()))
             self.slots.move(src, dst)
             for h, m in zip(holes, movers):

@@ -10,8 +10,11 @@ small models; Qwen2/Llama go through the fast static-KV runner.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
+from realhf.base.device import pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.inference.transformer import eos_ids_from_config, read_hf_config
 
@@ -29,9 +32,11 @@ class HFRunner:
 
     kind = "hf"
 
-    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32"):
+    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
+                 device: Optional[torch.device] = None):
         cfg = read_hf_config(model_path)
         self.dtype = torch_dtype(dtype)
+        self.device = device or pick_device("cpu")
         self.model = self.load_weights(model_path)
         max_pos = _max_positions(cfg)
         if context_len > max_pos:
@@ -40,14 +45,14 @@ class HFRunner:
         self.vocab_size = int(self.model.config.vocab_size)
         self.n_slots = n_slots
         self.eos_token_ids = eos_ids_from_config(cfg)
-        self.seqs = torch.zeros(n_slots, self.context_len, dtype=torch.long)
+        self.seqs = torch.zeros(n_slots, self.context_len, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def _last_logits(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         # Right padding needs no attention mask: causal attention keeps real tokens from ever
         # seeing the padding after them, and position ids 0..len-1 are the defaults.
         logits = self.model(input_ids=tokens, use_cache=False).logits
-        return logits[torch.arange(tokens.shape[0]), lengths - 1].float()
+        return logits[torch.arange(tokens.shape[0], device=self.device), lengths - 1].float()
 
     def prefill(self, slots, tokens, lengths):
         self.seqs[slots, : tokens.shape[1]] = tokens
@@ -55,7 +60,7 @@ class HFRunner:
 
     def decode(self, tokens, positions):
         n = tokens.shape[0]
-        self.seqs[torch.arange(n), positions] = tokens
+        self.seqs[torch.arange(n, device=self.device), positions] = tokens
         width = int(positions.max()) + 1
         return self._last_logits(self.seqs[:n, :width], positions + 1)
 
@@ -68,7 +73,7 @@ class HFRunner:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, use_safetensors=True)
-        model.eval()
+        model.to(self.device).eval()  # loaded on the host, then moved: a no-op on the CPU
         old = getattr(self, "model", None)
         if old is not None and model.config.vocab_size != old.config.vocab_size:
             raise ValueError(f"checkpoint {model_path!r} has vocab {model.config.vocab_size}, the running model "

@@ -9,6 +9,10 @@ abort, weight versions. `ModelRunner` is the whole contract between them:
     move_slots(src, dst, length)      compaction after requests leave
     load_weights(path) / set_weights  a weight swap, loaded off the engine thread
 
+A runner lives on one `device` (`realhf.base.device.pick_device`, chosen where the server is
+built): its weights and cache are there, the engine puts the slots' state and every tensor it
+passes in there too, and the logits come back there.
+
 `StaticKVRunner` (here) runs the Qwen2/Llama-family `StaticKVTransformer`; `HFRunner`
 (`realhf.impl.inference.hf_runner`) runs any other HF causal LM through its own forward;
 `realhf.impl.inference.factory` picks one for a model directory.
@@ -16,11 +20,13 @@ abort, weight versions. `ModelRunner` is the whole contract between them:
 
 from __future__ import annotations
 
-from typing import Any, List, Protocol
+from typing import Any, List, Optional, Protocol
 
 import torch
 
+from realhf.base.device import pick_device
 from realhf.base.dtypes import torch_dtype
+from realhf.impl.inference.decode_attention import resolve_attention
 from realhf.impl.inference.transformer import StaticKVTransformer, load_model
 
 
@@ -31,6 +37,7 @@ class ModelRunner(Protocol):
     context_len: int
     n_slots: int
     eos_token_ids: List[int]
+    device: torch.device
 
     def prefill(self, slots: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor: ...
 
@@ -50,11 +57,15 @@ class StaticKVRunner:
     kind = "static_kv"
 
     def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
-                 attention: str = "auto"):
+                 attention: str = "auto", device: Optional[torch.device] = None):
         self.dtype = torch_dtype(dtype)
-        args, weights = load_model(model_path, self.dtype)
+        self.device = device or pick_device("cpu")
+        # Before the weights load: a kernel asked for on a GPU is refused without allocating there.
+        kernel = resolve_attention(attention, self.dtype, self.device)
+        args, weights = load_model(model_path, self.dtype, self.device)
         context_len = context_len or args.max_position_embeddings
-        self.model = StaticKVTransformer(args, weights, n_slots, context_len, self.dtype, attention)
+        self.model = StaticKVTransformer(args, weights, n_slots, context_len, self.dtype,
+                                         "kernel" if kernel is not None else "torch")
         self.attention = "C kernel" if self.model.attention_kernel is not None else "torch matmuls"
         self.args = args
         self.vocab_size = args.vocab_size
@@ -72,7 +83,7 @@ class StaticKVRunner:
         self.model.move_slots(src, dst, length)
 
     def load_weights(self, model_path: str):
-        args, weights = load_model(model_path, self.dtype)
+        args, weights = load_model(model_path, self.dtype, self.device)
         if args.shape_signature() != self.args.shape_signature():
             raise ValueError(
                 f"checkpoint {model_path!r} has shape {args.shape_signature()} but the running model has "

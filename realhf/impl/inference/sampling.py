@@ -29,7 +29,7 @@ def _inverse_cdf(weights: torch.Tensor, generator: Optional[torch.Generator]) ->
     cdf = weights.cumsum(dim=-1)
     # 1 − U with U uniform in [0, 1) lies in (0, 1], so u is in (0, cdf[-1]]: the search always
     # lands inside the row, and never on a zero-weight token (whose cdf equals its predecessor's).
-    u = torch.rand(weights.shape[0], 1, generator=generator).neg_().add_(1.0).mul_(cdf[:, -1:])
+    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device).neg_().add_(1.0).mul_(cdf[:, -1:])
     return torch.searchsorted(cdf, u).squeeze(1)
 
 
@@ -46,6 +46,7 @@ def sample(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Tokens [n] (int64) and their log-probs [n] (float32).
 
+    All tensors on one device (the logits'), `generator` too; the results stay there.
     logits: [n, V] float32. temperature: [n], 0 = greedy. top_p: [n], values >= 1 mean off.
     top_k: [n] int64, values >= V mean off. The three flags are what the caller knows about the
     rows (kept as Python counters so that no step pays for a reduction to find out):
@@ -66,7 +67,7 @@ def sample(
     if any_filter:
         sorted_w, order = weights.sort(dim=-1, descending=True)
         vocab = weights.shape[-1]
-        remove = torch.arange(vocab)[None, :] >= top_k[:, None]
+        remove = torch.arange(vocab, device=weights.device)[None, :] >= top_k[:, None]  # [n, V]
         # SGLang's rule: drop a token once the mass strictly before it already exceeds top_p
         # (the most likely token always stays). Rows with top_p >= 1 skip the rule, so float
         # rounding of the cumulative sum can never drop a tail token there.

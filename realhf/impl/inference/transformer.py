@@ -188,11 +188,13 @@ class Weights:
     lm_head: torch.Tensor
 
 
-def build_weights(args: ModelArgs, tensors: Dict[str, torch.Tensor], dtype: torch.dtype) -> Weights:
+def build_weights(args: ModelArgs, tensors: Dict[str, torch.Tensor], dtype: torch.dtype,
+                  device: Optional[torch.device] = None) -> Weights:
+    """The checkpoint's tensors in `dtype` on `device` (None: where they are, the CPU)."""
     def take(name: str) -> torch.Tensor:
         if name not in tensors:
             raise KeyError(f"{args.model_type} checkpoint is missing tensor {name!r}")
-        return tensors[name].to(dtype)
+        return tensors[name].to(device=device, dtype=dtype)
 
     def maybe(name: str, present: bool) -> Optional[torch.Tensor]:
         return take(name) if present else None
@@ -227,9 +229,10 @@ def build_weights(args: ModelArgs, tensors: Dict[str, torch.Tensor], dtype: torc
     return Weights(embed=embed, layers=layers, final_norm=take("model.norm.weight"), lm_head=lm_head)
 
 
-def load_model(model_path: str, dtype: torch.dtype) -> tuple[ModelArgs, Weights]:
+def load_model(model_path: str, dtype: torch.dtype, device: Optional[torch.device] = None) -> tuple[ModelArgs, Weights]:
+    """Config and weights of a model directory; read into host memory, then moved to `device`."""
     args = ModelArgs.from_hf_config(read_hf_config(model_path))
-    return args, build_weights(args, load_safetensors_dir(model_path), dtype)
+    return args, build_weights(args, load_safetensors_dir(model_path), dtype, device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,7 +303,10 @@ def mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
 
 
 class StaticKVTransformer:
-    """Forward passes for prefill and decode, writing keys/values into per-slot cache rows."""
+    """Forward passes for prefill and decode, writing keys/values into per-slot cache rows.
+
+    Runs on the device its weights are on: the cache, the RoPE tables and every tensor a step
+    creates go there too."""
 
     def __init__(self, args: ModelArgs, weights: Weights, n_slots: int, context_len: int, dtype: torch.dtype,
                  attention: str = "auto"):
@@ -309,18 +315,21 @@ class StaticKVTransformer:
                 f"context length {context_len} exceeds the model's max_position_embeddings "
                 f"{args.max_position_embeddings}"
             )
+        self.device = device = weights.embed.device
+        # Decode attention: the C kernel when it builds here (fp32, CPU), else batched torch
+        # matmuls. Decided first: a kernel refused on this device must fail before the cache exists.
+        self.attention_kernel = resolve_attention(attention, dtype, device)
         self.args = args
         self.weights = weights
         self.dtype = dtype
         self.n_slots = n_slots
         self.context_len = context_len
         self.scale = 1.0 / math.sqrt(args.head_dim)
-        self.cos, self.signed_sin = rope_tables(args, context_len, dtype)
+        # Computed on the host and moved: the same table values on every device.
+        self.cos, self.signed_sin = (t.to(device) for t in rope_tables(args, context_len, dtype))  # [C, d]
         shape = (args.n_layers, n_slots, args.n_kv_heads, context_len, args.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype)
-        self.v_cache = torch.zeros(shape, dtype=dtype)
-        # Decode attention: the C kernel when it builds here (fp32), else batched torch matmuls.
-        self.attention_kernel = resolve_attention(attention, dtype)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
 
     @property
     def vocab_size(self) -> int:
@@ -352,7 +361,7 @@ class StaticKVTransformer:
         cos, sin = self.cos[:P, None, :], self.signed_sin[:P, None, :]
         # The engine admits into consecutive slots: then a slice makes the cache write a plain copy.
         s0 = int(slots[0])
-        rows = slice(s0, s0 + b) if bool((slots == torch.arange(s0, s0 + b)).all()) else slots
+        rows = slice(s0, s0 + b) if bool((slots == torch.arange(s0, s0 + b, device=slots.device)).all()) else slots
         x = F.embedding(tokens, w.embed)  # [b, P, hidden]
         for li, lw in enumerate(w.layers):
             h = rms_norm(x, lw.attn_norm, a.rms_norm_eps)
@@ -363,7 +372,7 @@ class StaticKVTransformer:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
             x = x + F.linear(att.transpose(1, 2).reshape(b, P, -1), lw.w_o, lw.b_o)
             x = x + mlp(rms_norm(x, lw.mlp_norm, a.rms_norm_eps), lw)
-        last = x[torch.arange(b), lengths - 1]  # only the last real token needs logits
+        last = x[torch.arange(b, device=self.device), lengths - 1]  # only the last real token needs logits
         return self._logits(last)
 
     @torch.inference_mode()
@@ -381,8 +390,8 @@ class StaticKVTransformer:
             lens = positions + 1
         else:
             # Where each slot's new key/value goes, with a layer's cache seen as rows of head_dim.
-            kv_heads = torch.arange(a.n_kv_heads)
-            cache_rows = ((torch.arange(n)[:, None] * a.n_kv_heads + kv_heads) * self.context_len
+            kv_heads = torch.arange(a.n_kv_heads, device=self.device)
+            cache_rows = ((torch.arange(n, device=self.device)[:, None] * a.n_kv_heads + kv_heads) * self.context_len
                           + positions[:, None]).flatten()
             mask = decode_mask(positions, T, self.dtype)
         x = F.embedding(tokens, w.embed)  # [n, hidden]

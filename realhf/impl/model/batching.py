@@ -14,7 +14,9 @@ Layout (right padding, one row per sample, prompt then output):
 Token versions and `no_eos` stay on the trajectories (the staleness guard and `batch_summary`
 read them there); nothing in the train step does.
 
-`prox_logprobs` / `ref_logprobs` are filled in later by the `inference` calls.
+Filled in by the train step's calls, `[N, T-1]` each: `prox_logprobs` / `ref_logprobs` /
+`values` by the `inference` of the actor / reference / critic, `advantages` and `returns` once
+before the first train call (`realhf.impl.model.ppo_actor.ensure_advantages`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class TrainBatch:
     group_ids: torch.Tensor
     prox_logprobs: Optional[torch.Tensor] = None
     ref_logprobs: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None
 
     @property
     def n_seqs(self) -> int:
@@ -109,6 +114,25 @@ def minibatch_rows(n_seqs: int, n_minibatches: int) -> List[torch.Tensor]:
     if n_minibatches < 1:
         raise ValueError(f"ppo.ppo_n_minibatches must be >= 1, got {n_minibatches}")
     return list(torch.tensor_split(torch.arange(n_seqs), n_minibatches))
+
+
+def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int) -> List[torch.Tensor]:
+    """`rows` in order of length, cut into chunks whose padded size (rows × longest row) stays
+    within `max_tokens` (a longer row goes alone; 0: one chunk in arrival order). A forward's
+    cost is its padded size, so similar lengths share a chunk and memory stays bounded."""
+    if len(rows) == 0:
+        return []
+    if max_tokens <= 0:
+        return [rows]
+    lengths = batch.attention_mask[rows].sum(dim=1)
+    order = torch.argsort(lengths, stable=True)
+    chunks, start = [], 0
+    for i, length in enumerate(lengths[order].tolist()):
+        if i > start and (i + 1 - start) * length > max_tokens:
+            chunks.append(rows[order[start:i]])
+            start = i
+    chunks.append(rows[order[start:]])
+    return chunks
 
 
 def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:

@@ -1,9 +1,10 @@
 """The trainer-side staleness guard (docs/architecture.md §4) and the FIFO of groups a DP head may train on.
 
 A model worker never trains a group whose `version_start < v − η`: such groups are dropped and
-counted, the master publishes the count as `stale_dropped`, and the GserverManager subtracts it
-from `accepted` so that a drop frees admission capacity instead of starving the trainer. The
-version only grows, so the guard is re-applied to the whole buffer at every look.
+counted, the master publishes each rank's count as `stale_dropped` (a per-rank list), and the
+GserverManager subtracts it from that rank's `accepted` so that a drop frees admission capacity
+instead of starving the trainer. The version only grows, so the guard is re-applied to the whole
+buffer at every look.
 """
 
 from __future__ import annotations

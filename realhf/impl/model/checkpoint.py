@@ -1,36 +1,31 @@
-"""Weights on disk: published versions for the generation servers, saves, and recovery state.
+"""HF directories on disk: published versions for the generation servers, and saves.
 
 Published weights (docs/architecture.md §5): `<run_dir>/published_weights/<role>/<version>/`
-(the layout is `realhf.base.trial_files`'s) is a complete HF directory (config.json, model.safetensors, tokenizer files). It is written into a temporary
-directory next to it and renamed into place, so a server never loads a half-written version;
-all but the newest `keep` versions are then deleted.
+(the layout is `realhf.base.trial_files`'s) is a complete HF directory (config.json,
+model.safetensors, tokenizer files), gathered from the trainer's shards by its engine
+(`TrainEngine.save_hf`). It is written into a temporary directory next to it and renamed into
+place, so a server never loads a half-written version; `prune_versions` then deletes all but the
+newest `keep`.
 
-Recovery state (`save_recover_state` / `load_recover_state`): the HF weights plus optimizer,
-LR-schedule and RNG state and the version, written the same atomic way. These files are only
-ever read from local disk by the process that wrote them (torch.load with weights_only=True).
+The recovery checkpoint (sharded, all engines of a trainer) is realhf.impl.model.recover_checkpoint's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
 
-from realhf.base.trial_files import published_weights_dir
 
 # Copied verbatim from the source model: training does not change the tokenizer.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json",
 )  # fmt: skip
-
-
 
 
 def _tmp_dir_next_to(out: Path) -> Path:
@@ -83,64 +78,3 @@ def prune_versions(root: Path, keep: int, current: Optional[int] = None) -> list
     for v in doomed:
         shutil.rmtree(Path(root) / str(v), ignore_errors=True)
     return doomed
-
-
-def publish_weights(model: torch.nn.Module, run_dir: str, role: str, version: int,
-                    tokenizer_source: Optional[str], keep: int = 2) -> Path:
-    """Write version `version` of `role`'s published weights atomically and prune older versions."""
-    root = published_weights_dir(run_dir, role)
-    out = save_hf_dir(model, root / str(int(version)), tokenizer_source)
-    prune_versions(root, keep, current=int(version))
-    return out
-
-
-# ---- recovery ----------------------------------------------------------------------------------
-
-_STATE_FILE = "trainer_state.pt"
-_META_FILE = "recover_info.json"
-
-
-def save_recover_state(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                       lr_scheduler: Any, version: int, tokenizer_source: Optional[str],
-                       extra: Optional[Dict[str, Any]] = None) -> Path:
-    out = Path(out)
-    tmp = _tmp_dir_next_to(out)
-    try:
-        _write_hf_files(model, tmp, tokenizer_source)
-        torch.save({
-            "optimizer": optimizer.state_dict(),
-            "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-        }, tmp / _STATE_FILE)  # fmt: skip
-        (tmp / _META_FILE).write_text(json.dumps({**(extra or {}), "version": int(version)}))
-        move_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def read_recover_info(path: Path) -> Optional[Dict[str, Any]]:
-    """The metadata of the recovery checkpoint at `path` (version, step, counters…), None if there is none."""
-    if not has_recover_state(path):
-        return None
-    return json.loads((Path(path) / _META_FILE).read_text())
-
-
-def has_recover_state(path: Path) -> bool:
-    return (Path(path) / _META_FILE).is_file() and (Path(path) / _STATE_FILE).is_file()
-
-
-def load_recover_state(path: Path, optimizer: torch.optim.Optimizer, lr_scheduler: Any) -> Dict[str, Any]:
-    """Restore optimizer, schedule and RNG state (the weights are loaded from `path` as an HF
-    directory by the caller); returns the metadata, including `version`."""
-    path = Path(path)
-    state = torch.load(path / _STATE_FILE, weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    if lr_scheduler is not None and state["lr_scheduler"] is not None:
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    py = state["python_rng"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    return json.loads((path / _META_FILE).read_text())

@@ -1,112 +1,173 @@
-"""PPOActor: what one trainer DP rank holds — the actor, the frozen reference (only when
-`ppo.kl_ctl > 0`), AdamW and its LR schedule — and the two calls a train step makes on them.
+"""The models of one trainer DP rank as TrainEngines, and what a train step asks of each.
 
-    inference(batch, "actor" | "ref")   proximal / reference log-probs, stored on the batch
-    train_step(batch)                   `ppo_n_minibatches` optimizer steps → global stats
+    engine_config(cfg, role, local_rank)   the FSDPEngine of `actor`, `ref` (frozen) or `critic`
+    PPOActor      proximal log-probs (with the deferral below) and `ppo_n_minibatches` PPO steps
+    PPOCritic     values, and `ppo_n_minibatches` steps of the clipped value loss
+    reference_logprobs / ensure_advantages   the reference's log-probs; the step's advantages,
+                  computed once before the first train call
 
-It also owns the one piece of state that spans those calls, the proximal log-prob deferral:
-`inference(batch, "actor")` may leave out the rows of the first minibatch, because that
-minibatch's train forward runs before any optimizer step, with the proximal weights, and gives
-the same log-probs; `train_step` of the same batch then fills them in. That needs train and eval
-forwards that agree (no dropout) and advantages that do not read the proximal log-probs before
-training (a KL reward through GAE does).
+The deferral: `PPOActor.compute_logprobs` may leave out the rows of the first minibatch, because
+that minibatch's train forward runs before any optimizer step of the train step, with the
+proximal weights, and gives the same log-probs; `train_step` of the same batch fills them in.
+That needs train and eval forwards that agree (no dropout) and advantages that do not read the
+proximal log-probs (GAE with a KL reward does).
 
-The PPO math lives in pure functions (realhf.impl.model.actor, .utils.ppo_functional); the model
-worker keeps the data, the weight versions and the publishing.
+The PPO math is in realhf.impl.model.actor; the model worker keeps the data, the versions and
+the publishing, and routes requests here.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
 
-from realhf.api.cli_args import OptimizerConfig, PPOHyperparameters
+from realhf.api.cli_args import PPOHyperparameters
+from realhf.api.engine_api import TrainEngine
 from realhf.api.worker_configs import ModelWorkerConfig
-from realhf.impl.model import checkpoint
-from realhf.impl.model.actor import first_minibatch_rows, has_dropout, inference_logprobs, ppo_train_step
-from realhf.impl.model.batching import TrainBatch
-from realhf.impl.model.model_loading import load_causal_lm, load_frozen
-from realhf.impl.model.optim import make_optimizer
+from realhf.base.device import all_reduce_sum
+from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.impl.model.actor import (
+    ActorLoss,
+    CriticLoss,
+    compute_advantages,
+    first_minibatch_rows,
+    has_dropout,
+    loss_weight,
+    token_logprobs,
+    token_values,
+)
+from realhf.impl.model.batching import TrainBatch, minibatch_rows
 
-ROLES = ("actor", "ref")
+ROLES = ("actor", "ref", "critic")
+
+
+def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEngineConfig:
+    """The engine of `role`: the reference and the critic load `actor.path` when their own path is empty."""
+    if role not in ROLES:
+        raise ValueError(f"unknown model role {role!r}; known: {ROLES}")
+    model = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic}[role]
+    if not model.path:
+        model = type(model)(**{**model.__dict__, "path": cfg.actor.path})
+    return FSDPEngineConfig(
+        model=model, device=cfg.device, local_rank=local_rank, micro_batch_tokens=cfg.ppo.micro_batch_tokens,
+        # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
+        total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
+        value_head=role == "critic", trainable=role != "ref", seed=cfg.seed,
+        param_dtype=model.param_dtype or None, reduce_dtype=model.reduce_dtype,
+    )
+
+
+def roles_of(ppo: PPOHyperparameters) -> list:
+    """The engines a trainer with these hyper-parameters holds."""
+    return ["actor"] + (["ref"] if ppo.kl_ctl > 0 else []) + (["critic"] if ppo.adv_estimator == "gae" else [])
+
+
+def build_engines(cfg: ModelWorkerConfig, local_rank: int) -> Dict[str, FSDPEngine]:
+    engines = {}
+    for role in roles_of(cfg.ppo):
+        engine = FSDPEngine(engine_config(cfg, role, local_rank))
+        engine.initialize()
+        engines[role] = engine
+    return engines
+
+
+def ensure_advantages(batch: TrainBatch, ppo: PPOHyperparameters) -> None:
+    """Compute the step's advantages and returns once, before the first train call reads them."""
+    if batch.advantages is None:
+        batch.advantages, batch.returns = compute_advantages(batch, ppo)
+
+
+def _inference_stats(role: str, out: torch.Tensor, batch: TrainBatch, computed: torch.Tensor, t0: float) -> Dict[str, Any]:
+    mask = batch.loss_mask & computed[:, None]  # [N, T-1]
+    n = max(int(mask.sum()), 1)
+    stats = {"model": role, "n_tokens": int(mask.sum()), "time_s": time.monotonic() - t0}
+    if role == "critic":
+        stats["value_mean"] = float(out[mask].sum()) / n
+    else:
+        stats["logprob_mean"] = float(out[mask].sum()) / n
+        # Sampler vs trainer agreement: large only when the weights moved (staleness).
+        stats["behav_abs_diff"] = float((out - batch.behav_logprobs)[mask].abs().sum()) / n
+    return stats
+
+
+def reference_logprobs(engine: TrainEngine, batch: TrainBatch, temperature: float) -> Dict[str, Any]:
+    """`batch.ref_logprobs` under the frozen reference."""
+    t0 = time.monotonic()
+    batch.ref_logprobs = engine.forward(batch, lambda out, mb: token_logprobs(out, mb, temperature))  # [N, T-1]
+    return _inference_stats("ref", batch.ref_logprobs, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
+
+
+def _minibatch_steps(engine: TrainEngine, batch: TrainBatch, n_minibatches: int, loss, fill_first: bool = False):
+    """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, global tokens)."""
+    norms, lr, n_tokens = [], 0.0, 0.0
+    for i, rows in enumerate(minibatch_rows(batch.n_seqs, n_minibatches)):
+        fn = loss.for_rows(rows, fill_prox=True) if fill_first and i == 0 else loss.for_rows(rows)
+        out = engine.train_batch(batch.select(rows), fn, loss_weight)
+        norms.append(out["grad_norm"])
+        lr, n_tokens = out["lr"], n_tokens + out["loss_weight"]
+    return norms, lr, n_tokens
 
 
 class PPOActor:
-    def __init__(self, actor: torch.nn.Module, ref: Optional[torch.nn.Module], ppo: PPOHyperparameters,
-                 optimizer: OptimizerConfig, total_optimizer_steps: int):
-        self.actor, self.ref, self.ppo = actor, ref, ppo
-        self.gradient_clipping = optimizer.gradient_clipping
-        self.optimizer, self.lr_scheduler = make_optimizer(actor, optimizer, total_optimizer_steps)
-        self.can_defer_prox = not has_dropout(actor) and (ppo.group_adv_norm or ppo.kl_ctl == 0)
+    def __init__(self, engine: FSDPEngine, ppo: PPOHyperparameters):
+        self.engine, self.ppo = engine, ppo
+        # A KL reward (gae, reinforce with kl_ctl > 0) reads the proximal log-probs in the advantages.
+        self.can_defer_prox = not has_dropout(engine.model) and (ppo.adv_estimator == "grpo" or ppo.kl_ctl == 0)
         # The batch whose first-minibatch proximal log-probs were left to its train forward.
         # Matched by identity, so a deferral never carries over to another batch.
         self._deferred_batch: Optional[TrainBatch] = None
-        # Metadata of the recovery checkpoint this trainer resumed from (`version`, counters).
-        self.recovered: Optional[Dict[str, Any]] = None
 
-    @classmethod
-    def from_config(cls, cfg: ModelWorkerConfig, recover_path: Optional[Path] = None) -> "PPOActor":
-        """Load the models and build the optimizer. When `recover_path` holds a recovery
-        checkpoint, the actor's weights come from it and its optimizer, LR-schedule and RNG state
-        are restored (`recovered` then holds its metadata); otherwise the actor is `actor.path`."""
-        recovering = recover_path is not None and checkpoint.has_recover_state(recover_path)
-        actor = load_causal_lm(cfg.actor, str(recover_path) if recovering else None)
-        ref = load_frozen(cfg.ref, cfg.ref.path or cfg.actor.path) if cfg.ppo.kl_ctl > 0 else None
-        # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
-        horizon = cfg.total_train_steps * cfg.ppo.ppo_n_minibatches
-        trainer = cls(actor, ref, cfg.ppo, cfg.actor.optimizer, horizon)
-        if recovering:
-            trainer.recovered = checkpoint.load_recover_state(recover_path, trainer.optimizer, trainer.lr_scheduler)
-        return trainer
-
-    @property
-    def pad_id(self) -> int:
-        return int(getattr(self.actor.config, "pad_token_id", None) or 0)
-
-    @property
-    def n_params(self) -> int:
-        return sum(p.numel() for p in self.actor.parameters())
-
-    def inference(self, batch: TrainBatch, role: str = "actor") -> Dict[str, Any]:
-        """Log-probs of `batch` under `role` (actor → `batch.prox_logprobs`, ref →
-        `batch.ref_logprobs`) and the numbers the master logs about them."""
-        if role not in ROLES:
-            raise ValueError(f"inference: model must be 'actor' or 'ref', got {role!r}")
-        model = self.actor if role == "actor" else self.ref
-        if model is None:
-            raise ValueError("inference on 'ref' but no reference model is loaded (ppo.kl_ctl is 0)")
+    def compute_logprobs(self, batch: TrainBatch) -> Dict[str, Any]:
+        """`batch.prox_logprobs` under the current weights (all rows, or all but the first
+        minibatch's when deferring) and the numbers the master logs about them."""
         t0 = time.monotonic()
-        computed = torch.ones(batch.n_seqs, dtype=torch.bool)  # [N] rows whose log-probs this call computes
-        if role == "actor":
-            self._deferred_batch = batch if self.can_defer_prox else None
-            if self.can_defer_prox:
-                computed[first_minibatch_rows(batch.n_seqs, self.ppo.ppo_n_minibatches)] = False
-        rows = None if computed.all() else torch.nonzero(computed).flatten()
-        logp = inference_logprobs(model, batch, self.ppo.gen.temperature,
-                                  micro_batch_tokens=self.ppo.micro_batch_tokens, rows=rows)  # [N, T-1]
-        if role == "actor":
-            batch.prox_logprobs = logp
-        else:
-            batch.ref_logprobs = logp
-        mask = batch.loss_mask & computed[:, None]  # [N, T-1]
-        n = max(int(mask.sum()), 1)
-        return {"model": role, "n_tokens": int(mask.sum()), "time_s": time.monotonic() - t0,
-                "logprob_mean": float(logp[mask].sum()) / n,
-                # Sampler vs trainer agreement: large only when the weights moved (staleness).
-                "behav_abs_diff": float((logp - batch.behav_logprobs)[mask].abs().sum()) / n}
+        computed = torch.ones(batch.n_seqs, dtype=torch.bool)  # [N] rows this call computes
+        self._deferred_batch = batch if self.can_defer_prox else None
+        if self.can_defer_prox:
+            computed[first_minibatch_rows(batch.n_seqs, self.ppo.ppo_n_minibatches)] = False
+        rows = torch.nonzero(computed).flatten()
+        temperature = self.ppo.gen.temperature
+        part = self.engine.forward(batch.select(rows), lambda out, mb: token_logprobs(out, mb, temperature))
+        logp = torch.zeros_like(batch.behav_logprobs)  # [N, T-1]
+        logp[rows, : part.shape[1]] = part
+        batch.prox_logprobs = logp
+        return _inference_stats("actor", logp, batch, computed, t0)
 
     def train_step(self, batch: TrainBatch) -> Dict[str, float]:
         """`ppo_n_minibatches` optimizer steps on `batch`; global (all-rank) stats."""
-        stats = ppo_train_step(self.actor, self.optimizer, self.lr_scheduler, batch, self.ppo, self.gradient_clipping,
-                               prox_from_first_forward=self._deferred_batch is batch)
+        deferred = self._deferred_batch is batch
         self._deferred_batch = None
-        return stats
+        if deferred and batch.prox_logprobs is None:
+            raise ValueError("the deferred proximal log-probs need the other minibatches' from compute_logprobs")
+        ensure_advantages(batch, self.ppo)
+        loss = ActorLoss(batch, self.ppo)
+        norms, lr, n_tokens = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
+        out = loss.stats.global_means(n_tokens)
+        out.update(grad_norm=sum(norms) / len(norms), lr=lr, n_tokens=n_tokens)
+        adv = batch.advantages[batch.loss_mask]
+        sums = all_reduce_sum(torch.tensor([float(adv.sum()), float((adv**2).sum())], dtype=torch.float64))
+        mean, sq = float(sums[0]) / max(n_tokens, 1.0), float(sums[1]) / max(n_tokens, 1.0)
+        out.update(adv_mean=mean, adv_std=max(sq - mean**2, 0.0) ** 0.5)
+        return out
 
-    def save_recover_state(self, path: Path, version: int, tokenizer_source: Optional[str],
-                           extra: Optional[Dict[str, Any]] = None) -> Path:
-        """Weights, optimizer, LR schedule, RNG state and `version` (+ `extra`) in one atomic write."""
-        return checkpoint.save_recover_state(path, self.actor, self.optimizer, self.lr_scheduler, version,
-                                             tokenizer_source, extra=extra)
+
+class PPOCritic:
+    def __init__(self, engine: FSDPEngine, ppo: PPOHyperparameters):
+        self.engine, self.ppo = engine, ppo
+
+    def compute_values(self, batch: TrainBatch) -> Dict[str, Any]:
+        """`batch.values`: the critic's value of every predicted position."""
+        t0 = time.monotonic()
+        batch.values = self.engine.forward(batch, token_values)  # [N, T-1]
+        return _inference_stats("critic", batch.values, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
+
+    def train_step(self, batch: TrainBatch) -> Dict[str, float]:
+        """`ppo_n_minibatches` steps of the clipped value loss toward the step's returns."""
+        ensure_advantages(batch, self.ppo)
+        loss = CriticLoss(batch, self.ppo)
+        norms, lr, n_tokens = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss)
+        out = loss.stats.global_means(n_tokens)
+        out.update(critic_grad_norm=sum(norms) / len(norms), critic_lr=lr)
+        return out

@@ -68,6 +68,41 @@ def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
     assert final >= first + 0.08, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
 
 
+CRITIC_RUN = ["ppo.adv_estimator=gae", "ppo.adv_norm=true", "critic.optimizer.lr=5e-4", "evaluation.n_prompts=0"]
+
+
+@pytest.mark.e2e
+def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path, no_leftover_processes):
+    steps, warmup = 12, 3
+    proc, metrics, _ = run_training(tmp_path, "critic", f"exp_ctrl.benchmark_steps={steps}", *CRITIC_RUN,
+                                    f"ppo.critic_warmup_steps={warmup}", "allocation_mode=native.d1m1p1+d2m1p1",
+                                    f"max_head_offpolicyness={ETA}")
+    _check_run(proc, metrics, steps, ETA, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "actor_inf -> ref_inf -> critic_inf -> critic_train -> actor_train" in out
+    assert all(m.get("actor_frozen") == 1.0 and "loss" not in m for m in metrics[:warmup])
+    assert all("loss" in m and "actor_frozen" not in m for m in metrics[warmup:])
+    assert all(m["value_loss"] > 0 and "critic_inf_value_mean" in m for m in metrics)
+    # The value head starts random (values near 0, returns near ±1): within a few steps it
+    # predicts the returns better than it did at the start.
+    first, last = metrics[0]["value_abs_error"], sum(m["value_abs_error"] for m in metrics[-4:]) / 4
+    print(f"critic |V - R|: step 1 {first:.3f}, last 4 steps {last:.3f}")
+    assert last < 0.9 * first, (first, last)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_ppo_with_a_critic_raises_the_success_rate(tmp_path, no_leftover_processes):
+    steps = 150
+    proc, metrics, _ = run_training(tmp_path, "critic-learn", f"exp_ctrl.benchmark_steps={steps}", *CRITIC_RUN,
+                                    "ppo.critic_warmup_steps=10", timeout=1800)
+    _check_run(proc, metrics, steps, 4, tmp_path)
+    first = sum(m["success_rate"] for m in metrics[:20]) / 20
+    final = sum(m["success_rate"] for m in metrics[-20:]) / 20
+    print(f"success rate with a critic (gae): first 20 steps {first:.3f}, last 20 {final:.3f}")
+    assert final >= first + 0.05, (first, final)
+
+
 @pytest.mark.e2e
 def test_a_failing_worker_stops_the_whole_run_and_names_itself(tmp_path, no_leftover_processes):
     # A user environment that raises when it starts: the rollout workers fail after the config

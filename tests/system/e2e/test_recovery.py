@@ -1,5 +1,6 @@
-"""Recovery on the real system: a trainer killed mid-run stops everything; rerunning the trial
-with recover_mode=auto resumes after the last recovery checkpoint and finishes the run."""
+"""Recovery on the real system: a trainer rank killed mid-run (DP=2, FSDP2 over gloo) stops
+everything; rerunning the trial with recover_mode=auto resumes after the last (sharded) recovery
+checkpoint and finishes the run."""
 
 import json
 import os
@@ -17,7 +18,8 @@ from helpers.training_runs import run_training, training_command, trial_log_dir,
 
 STEPS, CKPT, ETA, B = 12, 4, 1, 8
 COMMON = [f"exp_ctrl.benchmark_steps={STEPS}", f"exp_ctrl.ckpt_freq_steps={CKPT}", f"max_head_offpolicyness={ETA}",
-          f"groups_per_step={B}", "max_concurrent_rollouts=16", "evaluation.n_prompts=0"]
+          f"groups_per_step={B}", "max_concurrent_rollouts=16", "evaluation.n_prompts=0",
+          "allocation_mode=native.d1m1p1+d2m1p1"]
 
 
 def _worker_pid(tmp_path, config_name):
@@ -39,7 +41,7 @@ def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkp
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "the first run did not reach the step to kill at"
             time.sleep(0.2)
-        pid = _worker_pid(tmp_path, "model_worker-0.yaml")
+        pid = _worker_pid(tmp_path, "model_worker-1.yaml")
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
@@ -49,10 +51,14 @@ def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkp
             proc.wait()
     # The trainer's death ends the run: named, non-zero, nothing left behind.
     assert proc.returncode == 1, out[-3000:]
-    assert "model_worker/0" in out
+    assert "model_worker/1" in out
     assert trial_processes(str(tmp_path)) == []
     killed_at = max(m["step"] for m in read_metrics(log_dir))
-    info = json.loads((tmp_path / "runs" / "async-ppo-math" / trial / "recover" / "actor" / "recover_info.json").read_text())
+    recover = tmp_path / "runs" / "async-ppo-math" / trial / "recover"
+    info = json.loads((recover / "recover_info.json").read_text())
+    assert info["dp_size"] == 2 and info["roles"] == ["actor"]
+    assert sorted(p.name for p in (recover / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
+    assert len(list((recover / "actor").glob("*.distcp"))) == 2  # one shard file per rank
     assert info["version"] == info["step"] and info["version"] % CKPT == 0 and CKPT <= info["version"] <= killed_at
     assert info["training_samples"] == info["step"] * B
     assert set(info["rollout_samplers"]) == {"0", "1"}

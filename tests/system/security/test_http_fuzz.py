@@ -27,6 +27,8 @@ NASTY_BODIES = [
     b'{"input_ids": [1, 2], "sampling_params": {"temperature": NaN, "top_p": Infinity, "max_new_tokens": 1e308}}',
     b'{"input_ids": [-1], "sampling_params": {"max_new_tokens": -5, "top_k": 0}}',
     b'{"qid": "", "accepted": "yes", "n_tokens": -1}',
+    b'{"qid": "q", "rank": 1e400}', b'{"qid": "q", "rank": 100000000000000000000000000000000000000000}',
+    b'{"qid": "q", "rank": true}', b'{"qid": "q", "rank": [0]}', b'{"qid": "q", "rank": 1}',
     b'{"qid": null, "prompt_len": "12", "group_size": 0}',
     b'{"model_path": 123, "weight_version": "new"}',
     b'{"model_path": "\\u0000/etc/passwd", "weight_version": 1e400}',
@@ -130,7 +132,7 @@ def test_manager_never_answers_5xx_to_non_json_or_nasty_bodies(manager_server):
     url, _ = manager_server
     failures = _fuzz_raw(url)
     assert not failures, "\n".join(failures[:10])
-    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-fuzz"}, timeout=10).status_code == 200
+    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-fuzz", "rank": 0}, timeout=10).status_code == 200
 
 
 def test_native_server_never_answers_5xx_to_generated_bodies(native_server):

@@ -161,7 +161,7 @@ def test_every_manager_endpoint_refuses_pickle_bodies(marker, manager_server):
     answers = _send_everywhere(url, _payloads(marker))
     assert not [a for a in answers if a[2] >= 500], answers
     assert all(400 <= s < 500 for m, _, s in answers if m == "POST"), answers
-    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-pickle"}, timeout=10).json()["success"]
+    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-pickle", "rank": 0}, timeout=10).json()["success"]
 
 
 def test_every_native_server_endpoint_refuses_pickle_bodies(marker, native_server):

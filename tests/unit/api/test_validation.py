@@ -4,20 +4,23 @@ covers eta < 0, lb > ub, missing paths, group_size=0, ...) and
 tests/unit/impl/dataset/test_prompt_dataset.py (the loader's own file:line messages): here, what
 realhf.api.validation adds on top."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from realhf.api.cli_args import AgentConfig, OptimizerConfig
-from realhf.api.validation import ConfigError, check_agent, check_optimizer
+from realhf.api.cli_args import AgentConfig, ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
+from realhf.api.validation import ConfigError, check_agent, check_optimizer, validate_worker_config
+from realhf.api.worker_configs import GenerationServerConfig, ModelWorkerConfig
 from realhf.api.validation import validate_experiment as check_config
 from realhf.experiments.config_loading import compose_config
 
 from helpers.paths import REPO, TINY_MATH
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
+SFT = os.path.join(TINY_MATH, "sft")
 
 
 def load(*overrides):
@@ -62,6 +65,15 @@ REFUSED = [
     ("ppo.kl_ctl=-0.1", "ppo.kl_ctl"),
     ("ppo.kl_estimator=k9", "ppo.kl_estimator"),
     ("ppo.discount=2", "ppo.discount"),
+    # the trainer engine, the critic and the device (issue 13)
+    ("cluster.device=gpu", "cluster.device"),
+    ("ppo.adv_estimator=ppo", "ppo.adv_estimator"),
+    ("ppo.value_eps_clip=0", "ppo.value_eps_clip"),
+    ("ppo.critic_warmup_steps=-1", "ppo.critic_warmup_steps"),
+    ("critic.dtype=float8", "critic.dtype"),
+    ("critic.optimizer.lr=-1", "critic.optimizer.lr"),
+    ("actor.param_dtype=fp8", "actor.param_dtype"),
+    ("actor.reduce_dtype=half", "actor.reduce_dtype"),
     # names become key prefixes and directories
     ("trial_name=a/b", "trial_name"),
     ("experiment_name=..", "experiment_name"),
@@ -134,3 +146,120 @@ def test_sft_config_is_refused_naming_the_field():
         check_sft(SFTConfig(**ok, steps=0))
     with pytest.raises(ConfigError, match=r"test_path is required"):
         check_sft(SFTConfig(**{**ok, "eval_n": 0}))
+
+
+# ---- issue 13: the device, the critic, the trainer's parallelism ---------------------------------
+
+
+def test_the_default_config_validates():
+    alloc = check_config(load())
+    assert str(alloc) == "native.d1m1p1+d1m1p1"
+
+
+def _gpus(monkeypatch, n: int) -> None:
+    """What torch reports about GPUs, whatever this machine has."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+
+def test_cuda_device_without_a_gpu_is_refused_naming_cluster_device(monkeypatch):
+    _gpus(monkeypatch, 0)
+    with pytest.raises(ConfigError, match=r"^cluster\.device=cuda but torch sees no GPU"):
+        check_config(load("cluster.device=cuda"))
+    check_config(load("cluster.device=auto"))  # auto falls back to the CPU
+    check_config(load("cluster.device=cpu"))
+
+
+def test_worker_configs_refuse_a_cuda_device_without_a_gpu_naming_their_field(monkeypatch):
+    _gpus(monkeypatch, 0)
+    with pytest.raises(ConfigError, match=r"^generation_server\.device: cluster\.device=cuda"):
+        validate_worker_config(GenerationServerConfig(model_path=SFT, device="cuda"))
+    with pytest.raises(ConfigError, match=r"^device: cluster\.device=cuda"):
+        validate_worker_config(ModelWorkerConfig(actor=ModelTrainEvalConfig(path=SFT), device="cuda"))
+    with pytest.raises(ConfigError, match=r"^generation_server\.device='gpu': choose one of"):
+        validate_worker_config(GenerationServerConfig(model_path=SFT, device="gpu"))
+
+
+@pytest.mark.parametrize("device", ["cuda", "auto"])
+def test_a_gpu_device_with_gpus_per_node_set_is_fine(monkeypatch, device):
+    _gpus(monkeypatch, 8)
+    check_config(load(f"cluster.device={device}", "cluster.n_gpus_per_node=8"))
+    validate_worker_config(GenerationServerConfig(model_path=SFT, device=device))
+
+
+def test_the_cpu_decode_attention_kernel_is_refused_on_a_gpu_naming_the_field(monkeypatch):
+    _gpus(monkeypatch, 8)
+    with pytest.raises(ConfigError, match=r"^gen_server\.native\.decode_attention=kernel is a CPU kernel"):
+        check_config(load("cluster.device=cuda", "gen_server.native.decode_attention=kernel"))
+    check_config(load("cluster.device=cpu", "gen_server.native.decode_attention=kernel"))
+
+
+def _model_dir(tmp_path, name: str, **changes) -> str:
+    """A copy of the tiny SFT model's config.json with `changes` (no weights: only the config is read)."""
+    with open(os.path.join(SFT, "config.json")) as f:
+        config = json.load(f)
+    config.update(changes)
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.mark.parametrize("key, value, actor_value", [
+    ("hidden_size", 64, 128),
+    ("model_type", "llama", "qwen2"),
+    ("vocab_size", 512, 258),
+])
+def test_gae_refuses_a_critic_of_another_architecture_naming_critic_path(tmp_path, key, value, actor_value):
+    critic = _model_dir(tmp_path, "critic", **{key: value})
+    with pytest.raises(ConfigError) as e:
+        check_config(load("ppo.adv_estimator=gae", f"critic.path={critic}"))
+    message = str(e.value)
+    assert message.startswith(f"critic.path={critic!r} has {key}={value!r} (actor: {actor_value!r})"), message
+    # the model worker holds a hand-written config to the same rule
+    ppo = PPOHyperparameters(adv_estimator="gae")
+    with pytest.raises(ConfigError, match=r"^critic\.path=.* has " + key):
+        validate_worker_config(ModelWorkerConfig(actor=ModelTrainEvalConfig(path=SFT),
+                                                 critic=ModelTrainEvalConfig(path=critic), ppo=ppo))
+
+
+def test_gae_critic_must_be_an_hf_model_directory(tmp_path):
+    with pytest.raises(ConfigError, match=r"^critic\.path=.* is not an HF model directory \(no config\.json\)"):
+        check_config(load("ppo.adv_estimator=gae", f"critic.path={tmp_path}"))
+
+
+def test_gae_accepts_the_actors_architecture(tmp_path):
+    check_config(load("ppo.adv_estimator=gae"))  # empty critic.path: the actor's own directory
+    check_config(load("ppo.adv_estimator=gae", f"critic.path={_model_dir(tmp_path, 'same')}"))
+    check_config(load("ppo.adv_estimator=gae", f"critic.path={os.path.join(TINY_MATH, 'base')}"))
+    # without gae the critic is never loaded, so its path is not read
+    check_config(load("ppo.adv_estimator=reinforce", f"critic.path={_model_dir(tmp_path, 'other', hidden_size=64)}"))
+
+
+def test_dp_larger_than_the_batch_is_refused_naming_allocation_mode_and_groups_per_step():
+    cfg = load("allocation_mode=native.d1+d4", "groups_per_step=2", "rollout.n_workers=4")
+    with pytest.raises(ConfigError, match=r"^allocation_mode='native\.d1\+d4' trains on 4 DP ranks, more than "
+                                          r"groups_per_step=2 groups per step"):
+        check_config(cfg)
+
+
+def test_trainer_tp_or_pp_is_refused_naming_allocation_mode_and_megatron_core():
+    with pytest.raises(ConfigError, match=r"^allocation_mode: .*trainer part needs m1 p1 \(got m2 p1\).*Megatron-core"):
+        check_config(load("allocation_mode=native.d1+d1m2"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["cluster.device=cuda"], "cluster.device=cuda but torch sees no GPU"),
+    (["allocation_mode=native.d1+d4", "groups_per_step=2", "rollout.n_workers=4"],
+     "trains on 4 DP ranks, more than groups_per_step=2"),
+])
+def test_command_line_refuses_issue_13_bad_inputs_before_starting_anything(tmp_path, overrides, message):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # torch sees no GPU, even on a GPU machine
+    proc = subprocess.run(
+        [sys.executable, "training/main_async_ppo.py", *overrides, f"cluster.fileroot={tmp_path}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert message in proc.stderr
+    assert not (tmp_path / "logs").exists()  # nothing was launched

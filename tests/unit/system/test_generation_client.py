@@ -36,7 +36,7 @@ def test_chunked_generation_makes_exactly_budget_over_chunk_calls_per_sample():
         async def main():
             async with GenerationClient(m.url, new_tokens_per_chunk=16) as client:
                 async def group(i):
-                    assert (await client.manager.allocate_rollout(f"q{i}"))[0]
+                    assert (await client.manager.allocate_rollout(f"q{i}", 0))[0]
                     results = await client.generate_group(f"q{i}", [5, 6, 7 + i], gconfig, n=10)
                     await client.manager.finish_rollout(f"q{i}", True, sum(len(r.output_ids) for r in results))
                     return results
@@ -59,7 +59,7 @@ def test_an_answer_stopping_at_eos_inside_a_chunk_ends_without_another_call():
     with fake_servers(1, stop_at_len=3 + 40) as (server,), running_manager([server.url]) as m:
         async def main():
             async with GenerationClient(m.url, new_tokens_per_chunk=16, eos_token_id=EOS) as client:
-                await client.manager.allocate_rollout("q")
+                await client.manager.allocate_rollout("q", 0)
                 return await client.generate("q", [5, 6, 7], gconfig)
 
         r = asyncio.run(main())
@@ -77,7 +77,7 @@ def test_an_abort_mid_answer_resumes_at_the_new_version_so_the_tokens_carry_two_
             running_manager([server.url], run_dir=str(tmp_path), max_head_offpolicyness=10) as m:
         async def main():
             async with GenerationClient(m.url) as client:
-                await client.manager.allocate_rollout("q")
+                await client.manager.allocate_rollout("q", 0)
                 task = asyncio.create_task(client.generate("q", [5, 6, 7], gconfig))
                 await asyncio.sleep(0.2)
                 set_version(1)
@@ -102,7 +102,7 @@ def test_samples_of_a_group_share_one_server_under_round_robin():
         async def main():
             async with GenerationClient(m.url, new_tokens_per_chunk=8) as client:
                 for i in range(3):
-                    await client.manager.allocate_rollout(f"q{i}")
+                    await client.manager.allocate_rollout(f"q{i}", 0)
                     await client.generate_group(f"q{i}", [1, 2, 3], gconfig, n=6)
                     await client.manager.finish_rollout(f"q{i}", True)
 
@@ -129,7 +129,7 @@ def test_a_server_that_preempts_every_request_still_yields_the_whole_answer():
     with fake_servers(1, abort_after=5) as (server,), running_manager([server.url]) as m:
         async def main():
             async with GenerationClient(m.url) as client:
-                await client.manager.allocate_rollout("q")
+                await client.manager.allocate_rollout("q", 0)
                 return await client.generate("q", [9, 8], gconfig), client.n_aborts
 
         r, n_aborts = asyncio.run(main())

@@ -36,7 +36,7 @@ def test_a_server_killed_between_chunks_is_dropped_and_the_answer_completes_else
 
             async def main():
                 async with GenerationClient(m.url, new_tokens_per_chunk=4, server_wait_timeout=30) as client:
-                    await client.manager.allocate_rollout("g")
+                    await client.manager.allocate_rollout("g", 0)
                     killer = threading.Thread(target=kill_a_after_its_first_chunk)
                     killer.start()
                     # Round robin: the group's first request goes to the first server, a.
@@ -78,7 +78,7 @@ def test_with_no_live_server_requests_wait_and_resume_when_one_comes_back(nr):
 
             async def main():
                 async with GenerationClient(m.url, server_wait_timeout=60) as client:
-                    await client.manager.allocate_rollout("g")
+                    await client.manager.allocate_rollout("g", 0)
                     t = threading.Thread(target=bring_b_up_later)
                     t.start()
                     r = await client.generate("g", [1, 2], gconfig)
@@ -101,7 +101,7 @@ def test_waiting_for_a_server_is_bounded_and_the_error_says_so(nr):
 
             async def main():
                 async with GenerationClient(m.url, server_wait_timeout=1.0) as client:
-                    await client.manager.allocate_rollout("g")
+                    await client.manager.allocate_rollout("g", 0)
                     await client.generate("g", [1, 2], gconfig)
 
             with pytest.raises(GenerationError, match="server_wait_timeout=1s"):

@@ -94,3 +94,37 @@ def test_config_errors_name_the_field(change, field):
     cfg.native.decode_attention = "fast"
     with pytest.raises(ValueError, match="native.decode_attention"):
         validate_worker_config(cfg)
+
+
+def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_index(monkeypatch, qwen_path):
+    # The worker's own wiring, without a launcher: the device object pick_device returns for
+    # (cfg.device, cfg.base_gpu_id) is the one the engine and its runner hold.
+    import torch
+
+    from realhf.base import device as device_module
+    from realhf.system.generation_server import GenerationServer
+
+    from helpers.native_server import held_tensors
+
+    cpu, asked = torch.device("cpu"), []
+
+    def pick(name, local_rank=0):
+        asked.append((name, local_rank))
+        return cpu
+
+    monkeypatch.setattr(device_module, "pick_device", pick)
+    cfg = GenerationServerConfig(model_path=qwen_path, device="cpu", base_gpu_id=3,
+                                 native=NativeEngineConfig(max_running_requests=4, context_length=64))
+    server = GenerationServer.__new__(GenerationServer)  # no worker context needed for _start_native
+    server.name = "generation_server/0"
+    try:
+        port = server._start_native(cfg, seed=1)
+        assert asked == [("cpu", 3)]
+        assert server._engine.device is cpu and server._engine.runner.device is cpu
+        assert all(t.device == cpu for _, t in held_tensors(server._engine))
+        out = generate(f"http://127.0.0.1:{port}", [5, 6, 7], max_new_tokens=4, temperature=0.0, ignore_eos=True)
+        assert len(out["output_ids"]) == 4
+    finally:
+        for part in (getattr(server, "_server", None), getattr(server, "_engine", None)):
+            if part is not None:
+                part.stop()

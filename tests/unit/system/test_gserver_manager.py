@@ -21,13 +21,14 @@ from helpers.wait import wait_for
 pytestmark = pytest.mark.usefixtures("nr")
 
 
-async def _allocate_until_refused(url: str, n_clients: int, per_client: int, tag: str) -> int:
-    """Each client allocates up to `per_client` rollouts, stopping at its first refusal."""
+async def _allocate_until_refused(url: str, n_clients: int, per_client: int, tag: str, rank: int = 0) -> int:
+    """Each client allocates up to `per_client` rollouts for trainer rank `rank`, stopping at its
+    first refusal."""
 
     async def client(session, c):
         n = 0
         for i in range(per_client):
-            async with session.post(f"{url}/allocate_rollout", json={"qid": f"{tag}-c{c}-{i}"}) as r:
+            async with session.post(f"{url}/allocate_rollout", json={"qid": f"{tag}-c{c}-{i}", "rank": rank}) as r:
                 assert r.status == 200
                 if not (await r.json())["success"]:
                     break
@@ -56,29 +57,77 @@ def test_finished_and_filtered_rollouts_free_slots_and_only_accepted_ones_count(
     with fake_servers(1) as servers, running_manager([s.url for s in servers], groups_per_step=2,
                                                      max_head_offpolicyness=0) as m:
         for q in ("a", "b"):
-            assert http("POST", f"{m.url}/allocate_rollout", {"qid": q})[1] == {"success": True, "reason": "ok"}
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c"})[1] == {"success": False, "reason": "staleness"}
+            assert http("POST", f"{m.url}/allocate_rollout", {"qid": q, "rank": 0})[1] == {"success": True, "reason": "ok"}
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c", "rank": 0})[1] == {"success": False, "reason": "staleness"}
         # A filtered group frees its slot and is not counted …
         assert http("POST", f"{m.url}/finish_rollout", {"qid": "a", "accepted": False, "n_tokens": 5}) == (200, {"success": True})
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c"})[1]["success"]
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c", "rank": 0})[1]["success"]
         # … an accepted one counts against the (η + v + 1)·B = 2 budget.
         http("POST", f"{m.url}/finish_rollout", {"qid": "b", "accepted": True, "n_tokens": 7})
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d"})[1] == {"success": False, "reason": "staleness"}
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d", "rank": 0})[1] == {"success": False, "reason": "staleness"}
         # The trainer reporting a stale drop gives the slot back.
-        name_resolve.add(names.stale_dropped("rollout-test", "t0"), 1, replace=True)
+        name_resolve.add(names.stale_dropped("rollout-test", "t0"), "[1]", replace=True)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["stale_dropped"] == 1, 5, "stale_dropped to be read")
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d"})[1]["success"]
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d", "rank": 0})[1]["success"]
         _, status = http("GET", f"{m.url}/status")
         assert status["accepted"] == 1 and status["throughput"]["total_tokens"] == 12
         assert status["throughput"]["filtered"] == 1
+
+
+def status_capacity(m):
+    return http("GET", f"{m.url}/status")[1]["per_rank"]["capacity"]
+
+
+def test_allocate_requires_a_rank_within_the_trainers_dp_size_and_says_so():
+    with fake_servers(1) as servers, running_manager([s.url for s in servers], n_trainer_ranks=2) as m:
+        for body, expected in [({"qid": "q"}, "rank: Field required"),
+                               ({"qid": "q", "rank": -1}, "rank: Input should be greater than or equal to 0"),
+                               ({"qid": "q", "rank": 2}, "rank must be a trainer DP rank in [0, 2), got 2"),
+                               ({"qid": "q", "rank": "one"}, "rank: Input should be a valid integer")]:
+            code, answer = http("POST", f"{m.url}/allocate_rollout", body)
+            assert code == 422 and expected in answer["detail"], (body, code, answer)
+        assert http("GET", f"{m.url}/status")[1]["running"] == 0
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "q", "rank": 1})[1]["success"]
+
+
+def test_with_two_trainer_ranks_a_full_rank_does_not_starve_the_other_and_stale_drops_free_their_rank():
+    # η = 1, B = 8, DP = 2 (the deadlock seen in a real run): each rank gets (1 + 0 + 1)·4 = 8.
+    with fake_servers(1) as servers, running_manager([s.url for s in servers], n_trainer_ranks=2, groups_per_step=8,
+                                                     max_head_offpolicyness=1, max_concurrent_rollouts=100) as m:
+        assert asyncio.run(_allocate_until_refused(m.url, 1, 10, "fast", rank=1)) == 8
+        for i in range(4):  # half of the fast rank's groups finish and are pushed
+            assert http("POST", f"{m.url}/finish_rollout", {"qid": f"fast-c0-{i}", "accepted": True})[0] == 200
+        assert status_capacity(m) == [8, 0]
+        assert asyncio.run(_allocate_until_refused(m.url, 3, 10, "slow", rank=0)) == 8
+        # Rank 1 dropped 3 of its groups as stale: that room is rank 1's again, not rank 0's.
+        name_resolve.add(names.stale_dropped("rollout-test", "t0"), "[0, 3]", replace=True)
+        wait_for(lambda: status_capacity(m) == [0, 3], 5, "rank 1's stale drops to be read")
+        _, status = http("GET", f"{m.url}/status")
+        assert status["stale_dropped"] == 3 and status["per_rank"]["running"] == [8, 4]
+
+
+def test_the_manager_fails_loudly_on_a_stale_dropped_value_that_is_not_a_list_per_rank():
+    from realhf.system.gserver_manager import read_stale_dropped
+
+    key = names.stale_dropped("rollout-test", "t0")
+    assert read_stale_dropped(key, 2) == [0, 0]  # nothing published yet
+    name_resolve.add(key, "[1, 2]", replace=True)
+    assert read_stale_dropped(key, 2) == [1, 2]
+    for bad in ("3", "[1, -1]", "not json", '{"0": 1}'):
+        name_resolve.add(key, bad, replace=True)
+        with pytest.raises(ValueError, match="expected a JSON list of stale-dropped totals per trainer DP rank"):
+            read_stale_dropped(key, 2)
 
 
 def test_bad_request_bodies_get_4xx_with_a_message_never_5xx():
     with fake_servers(1) as servers, running_manager([s.url for s in servers]) as m:
         cases = [
             ("/allocate_rollout", {}),
-            ("/allocate_rollout", {"qid": 3}),
-            ("/allocate_rollout", {"qid": ""}),
+            ("/allocate_rollout", {"qid": "q"}),
+            ("/allocate_rollout", {"qid": "q", "rank": -1}),
+            ("/allocate_rollout", {"qid": "q", "rank": 1}),
+            ("/allocate_rollout", {"qid": 3, "rank": 0}),
+            ("/allocate_rollout", {"qid": "", "rank": 0}),
             ("/schedule_request", {"qid": "q", "prompt_len": -1, "group_size": 1, "new_token_budget": 4}),
             ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": 0, "new_token_budget": 4}),
             ("/finish_rollout", {"qid": "q"}),
@@ -94,7 +143,7 @@ def test_bad_request_bodies_get_4xx_with_a_message_never_5xx():
 def test_schedule_keeps_a_group_on_its_server_while_the_version_is_unchanged():
     with fake_servers(3) as servers, running_manager([s.url for s in servers], schedule_policy="round_robin") as m:
         body = {"qid": "g", "prompt_len": 10, "group_size": 4, "new_token_budget": 16}
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "g"})[1]["success"]
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "g", "rank": 0})[1]["success"]
         _, first = http("POST", f"{m.url}/schedule_request", body)
         assert first["version"] == 0
         for _ in range(5):  # the other samples of the group, and later chunks
@@ -113,7 +162,7 @@ def test_scheduling_a_rollout_that_was_never_allocated_or_already_finished_is_re
         body = {"qid": "ghost", "prompt_len": 10, "group_size": 1, "new_token_budget": 16}
         code, answer = http("POST", f"{m.url}/schedule_request", body)
         assert code == 409 and "call /allocate_rollout first" in answer["detail"]
-        http("POST", f"{m.url}/allocate_rollout", {"qid": "ghost"})
+        http("POST", f"{m.url}/allocate_rollout", {"qid": "ghost", "rank": 0})
         assert http("POST", f"{m.url}/schedule_request", body)[0] == 200
         http("POST", f"{m.url}/finish_rollout", {"qid": "ghost", "accepted": True})
         assert http("POST", f"{m.url}/schedule_request", body)[0] == 409
@@ -134,7 +183,7 @@ def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
             return {x["url"]: x["requests"] for x in http("GET", f"{m.url}/status")[1]["servers"]}
 
         for q in ("q1", "q2"):
-            http("POST", f"{m.url}/allocate_rollout", {"qid": q})
+            http("POST", f"{m.url}/allocate_rollout", {"qid": q, "rank": 0})
         assert schedule("q1", 1) == a and schedule("q2", 1) == b
         http("POST", f"{m.url}/finish_rollout", {"qid": "q1", "accepted": True})
         assert loads() == {a: 0, b: 1}
@@ -149,7 +198,7 @@ def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
         for i in range(30):
             q = f"m{i % 6}"
             if q not in live:
-                http("POST", f"{m.url}/allocate_rollout", {"qid": q})
+                http("POST", f"{m.url}/allocate_rollout", {"qid": q, "rank": 0})
             live[q] = (i % 3) + 1
             schedule(q, live[q], prev=a if i % 2 else b, prev_v=i % 2)
         assert sum(loads().values()) == sum(live.values()) + 1  # + q2
@@ -172,7 +221,7 @@ def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_a
         while time.monotonic() < deadline:
             before = [x["updating"] for x in http("GET", f"{m.url}/status")[1]["servers"]]
             t0 = time.monotonic()
-            assert http("POST", f"{m.url}/allocate_rollout", {"qid": f"q{len(latencies)}"})[1]["success"]
+            assert http("POST", f"{m.url}/allocate_rollout", {"qid": f"q{len(latencies)}", "rank": 0})[1]["success"]
             latencies.append(time.monotonic() - t0)
             _, status = http("GET", f"{m.url}/status")
             after = [x["updating"] for x in status["servers"]]
@@ -206,7 +255,7 @@ def test_metrics_are_prometheus_text_with_the_numbers_of_status():
     from prometheus_client.parser import text_string_to_metric_families
 
     with fake_servers(1) as servers, running_manager([s.url for s in servers]) as m:
-        http("POST", f"{m.url}/allocate_rollout", {"qid": "a"})
+        http("POST", f"{m.url}/allocate_rollout", {"qid": "a", "rank": 0})
         status, text = http("GET", f"{m.url}/metrics")
         assert status == 200
         samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
@@ -215,6 +264,7 @@ def test_metrics_are_prometheus_text_with_the_numbers_of_status():
         assert samples[("realhf_manager_server_version", (("url", servers[0].url),))] == 0
         assert samples[("realhf_manager_rejections_total", (("reason", "staleness"),))] == 0
         assert samples[("realhf_manager_accepted_rollouts_total", ())] == 0
+        assert samples[("realhf_manager_rank_capacity", (("rank", "0"),))] == status_capacity(m)[0]
 
 
 def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come():

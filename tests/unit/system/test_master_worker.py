@@ -19,7 +19,7 @@ from realhf.api.cli_args import (ExperimentSaveEvalControl, ModelTrainEvalConfig
 from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
-from realhf.system.master_worker import MasterWorker, dp_shares
+from realhf.system.master_worker import MasterWorker
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import WorkerContext
 
@@ -29,11 +29,6 @@ EXP, TRIAL = "train-e2e", "t0"
 B, GROUP, ETA, STEPS, N_DP = 4, 4, 1, 3, 2
 METRIC_KEYS = {"step", "version", "reward_mean", "success_rate", "head_offpolicyness_max", "stale_dropped",
                "samples_per_s", "gen_tokens_per_s", "step_time_s"}
-
-
-def test_each_dp_rank_gets_its_share_of_b_with_the_remainder_to_the_first_ranks():
-    assert dp_shares(16, 2) == [8, 8]
-    assert dp_shares(10, 4) == [3, 3, 2, 2]
 
 
 class _FakeStream:
@@ -56,7 +51,8 @@ def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out
     cfg = MasterWorkerConfig(n_model_workers=2, groups_per_step=4, data_poll_interval=0.02, data_log_interval=0.05,
                              stall_timeout=0.1, data_timeout=0.4)
     w = MasterWorker(ctx, cfg)
-    w._stream, w.shares, w.step, w.version, w.stale_dropped = _FakeStream(), [2, 2], 0, 0, -1
+    w._stream, w.shares, w.step, w.version = _FakeStream(), [2, 2], 0, 0
+    w.stale_dropped, w._stale_dropped_per_rank = 0, None
     w._t_last_step = time.monotonic()
     name_resolve.add(names.experiment_status("mlogic", "t"), "RUNNING", replace=True)
     with caplog.at_level(logging.INFO), pytest.raises(TimeoutError) as e:
@@ -67,8 +63,10 @@ def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out
     assert warnings and warnings[0].startswith("stall: no train step completed")
     assert "dp rank 1: holds 0/2 groups" in warnings[0] and "manager: not registered" in warnings[0]
     assert all(c == ("fetch", {"take": 0}) for c in w._stream.calls)  # nothing taken while short
-    # Stale drops reported by the ranks are published for the manager while the master waits.
-    assert name_resolve.get(names.stale_dropped("mlogic", "t")) == "1"
+    # Stale drops reported by the ranks are published for the manager while the master waits,
+    # per rank (each rank's admission budget gets its own drops back); the total is kept for metrics.
+    assert json.loads(name_resolve.get(names.stale_dropped("mlogic", "t"))) == [1, 0]
+    assert w.stale_dropped == 1
 
 
 def _restamp(msg: dict, version: int) -> dict:
@@ -149,7 +147,7 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(red
     assert all(m["n_samples"] == B * GROUP and m["samples_per_s"] > 0 for m in metrics)
 
     assert name_resolve.get(names.model_version(EXP, TRIAL, "actor")) == "3"
-    assert name_resolve.get(names.stale_dropped(EXP, TRIAL)) == "1"
+    assert json.loads(name_resolve.get(names.stale_dropped(EXP, TRIAL))) == [1, 0]  # pushed to rank 0
     assert name_resolve.get(names.training_samples(EXP, TRIAL)) == str(B * STEPS)
     published = tmp_path / "published_weights" / "actor"
     assert sorted(p.name for p in published.iterdir()) == ["2", "3"]  # the last two versions

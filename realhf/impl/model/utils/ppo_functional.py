@@ -1,4 +1,5 @@
-"""PPO / GRPO math on tensors: the decoupled actor loss, advantages, normalisation, KL terms.
+"""PPO / GRPO math on tensors: the decoupled actor loss, the clipped value loss, advantages,
+normalisation, KL terms.
 
 Pure torch, no state, no processes (docs/architecture.md §7). Every function reads in the order the formula is
 written. Token tensors are *padded*: `[batch, time]` with a boolean mask marking the tokens that
@@ -13,9 +14,9 @@ from __future__ import annotations
 from typing import Dict, Literal, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from realhf.api.choices import KL_ESTIMATORS
+from realhf.base.device import all_reduce_sum
 
 Stats = Dict[str, torch.Tensor]
 
@@ -147,6 +148,42 @@ def actor_loss_fn(
 
 
 # ---------------------------------------------------------------------------------------------
+# Clipped value loss (the critic)
+# ---------------------------------------------------------------------------------------------
+
+
+def value_loss_fn(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    eps_clip: float,
+    mask: torch.Tensor,
+) -> Tuple[torch.Tensor, Stats]:
+    """PPO's clipped value loss, summed over `mask` (`[B, L]` each; divide by the global token
+    count yourself, as with `actor_loss_fn(reduce="sum")`).
+
+        V_clip = V_old + clip(V − V_old, −ε, ε)
+        L      = ½ · max((V − R)², (V_clip − R)²)
+
+    The clip keeps one step from moving a value far from the one the advantages were computed
+    with. Stats (sums over the mask): `clip_count` (tokens where the clipped term is the larger),
+    `error_sum` (Σ |V − R|), `n_tokens`.
+    """
+    old_values, returns = old_values.detach(), returns.detach()  # [B, L]
+    values = values.float()  # [B, L]
+    clipped = old_values + (values - old_values).clamp(-eps_clip, eps_clip)  # [B, L]
+    plain_sq = (values - returns) ** 2  # [B, L]
+    clipped_sq = (clipped - returns) ** 2  # [B, L]
+    loss = 0.5 * torch.maximum(plain_sq, clipped_sq)  # [B, L]
+    stats = {
+        "clip_count": _masked_sum((clipped_sq > plain_sq).float(), mask).detach(),
+        "error_sum": _masked_sum((values - returns).abs(), mask).detach(),
+        "n_tokens": mask.sum().detach(),
+    }
+    return _masked_sum(loss, mask), stats
+
+
+# ---------------------------------------------------------------------------------------------
 # Generalised advantage estimation on the padded batch
 # ---------------------------------------------------------------------------------------------
 
@@ -220,19 +257,17 @@ def masked_normalization(
     """
     mask = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.bool()
     x64 = torch.where(mask, x.detach().to(torch.float64), torch.zeros((), dtype=torch.float64))
-    global_ = all_reduce and dist.is_available() and dist.is_initialized()
-
     sum_count = torch.stack([x64.sum(), mask.sum().to(torch.float64)])
-    if global_:
-        dist.all_reduce(sum_count)
+    if all_reduce:
+        sum_count = all_reduce_sum(sum_count)
     total, count = sum_count[0], sum_count[1]
     if count == 0:
         return torch.zeros_like(x)
     mean = total / count
 
     sq_dev = torch.where(mask, (x64 - mean) ** 2, torch.zeros((), dtype=torch.float64)).sum()
-    if global_:
-        dist.all_reduce(sq_dev)
+    if all_reduce:
+        sq_dev = all_reduce_sum(sq_dev)
     var = sq_dev / count
 
     normed = (x64 - mean) / torch.sqrt(var + eps)

@@ -1,9 +1,10 @@
 """FSDPEngine on the tiny-math model with real processes and real gloo.
 
 One DP=2 run (two processes, helpers.fsdp_ranks) trains two PPO steps, publishes an HF
-directory, writes a recovery checkpoint, trains a third step, and repeats that step in a fresh
-engine restored from the checkpoint. The DP=1 reference runs in this process on the union of
-the two ranks' samples.
+directory, writes a recovery checkpoint (realhf.impl.model.recover_checkpoint), trains a third
+step, and repeats that step in a fresh engine restored from the checkpoint; then a critic (value
+head) takes two value-loss steps. The DP=1 references run in this process on the union of the
+two ranks' samples.
 """
 
 import json
@@ -17,7 +18,15 @@ from safetensors.torch import load_file
 
 from realhf.base.network import find_free_port
 
-from helpers.fsdp_ranks import TINY_SFT, engine_config, full_params, run_steps
+from helpers.fsdp_ranks import (
+    TINY_SFT,
+    critic_config,
+    engine_config,
+    full_params,
+    open_engines,
+    run_critic_steps,
+    run_steps,
+)
 from helpers.paths import TESTS_DIR
 
 RANK_TIMEOUT_S = 120
@@ -74,6 +83,20 @@ def dp1_run():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def dp1_critic_run():
+    """(initial parameters, parameters, stats) of the critic's two steps at DP=1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with open_engines(critic_config()) as (critic,):
+            initial = full_params(critic)
+            stats = run_critic_steps(critic, [0, 1], rank=0, world_size=1)
+            return initial, full_params(critic), stats
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _max_abs_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
@@ -115,6 +138,30 @@ def test_load_recover_into_fresh_engines_continues_exactly_as_without_the_save(d
     assert stats[2] == stats[3]  # same loss, grad norm and (cosine-scheduled) LR
     assert stats[2]["lr"] < stats[1]["lr"]  # the schedule moved on; it was not restarted
     assert not list(dp2_run.glob(".tmp-*"))  # the temporary directory was renamed into place
+    info = json.loads((dp2_run / "recover" / "recover_info.json").read_text())
+    assert info == {"version": 2, "dp_size": 2, "roles": ["actor"]}
+    assert sorted(p.name for p in (dp2_run / "recover" / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
+
+
+def test_dp2_value_head_starts_as_the_dp1_one_on_every_rank(dp2_run, dp1_critic_run):
+    # The head is random (a causal-LM checkpoint has none); a rank that drew its own would show
+    # here as a gathered head that is part one draw, part the other.
+    initial, _, _ = dp1_critic_run
+    dp2_initial = load_file(str(dp2_run / "critic_init.safetensors"))
+    assert "score.weight" in dp2_initial and float(dp2_initial["score.weight"].abs().max()) > 0
+    assert _max_abs_diff(dp2_initial, initial) == 0.0
+
+
+def test_dp2_critic_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_critic_run):
+    initial, dp1_params, dp1_stats = dp1_critic_run
+    dp2 = load_file(str(dp2_run / "critic_step2.safetensors"))
+    assert _max_abs_diff(dp2, initial) > 1e-3  # the value loss moved the weights
+    assert _max_abs_diff(dp2, dp1_params) <= 1e-5
+    dp2_stats = json.loads((dp2_run / "critic_stats.json").read_text())
+    for dp1_step, dp2_step in zip(dp1_stats, dp2_stats):
+        assert dp2_step["loss_weight"] == dp1_step["loss_weight"]
+        for key in ("loss", "grad_norm", "lr"):
+            assert dp2_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
 def test_load_hf_puts_the_saved_weights_into_a_sharded_engine(dp2_run):

@@ -138,3 +138,24 @@ def test_a_cache_dir_others_can_write_to_is_not_used(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "private"))
     private = tmp_path / "private" / "realhf" / "kernels"
     assert da._cache_dir() == str(private) and (private.stat().st_mode & 0o077) == 0
+
+
+def test_off_the_cpu_auto_means_torch_and_the_kernel_is_refused_naming_the_config_field():
+    # A GPU device object allocates nothing by itself: the decision is made without touching it.
+    gpu = torch.device("cuda", 0)
+    assert resolve_attention("auto", torch.float32, gpu) is None
+    assert resolve_attention("torch", torch.float32, gpu) is None
+    with pytest.raises(ValueError, match="gen_server.native.decode_attention"):
+        resolve_attention("kernel", torch.float32, gpu)
+
+
+def test_an_engine_asked_for_the_kernel_on_a_gpu_is_refused_before_loading_anything(qwen_path, monkeypatch):
+    from realhf.impl.inference import runners
+    from realhf.impl.inference.factory import create_engine
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("weights were loaded before the decode attention choice was checked")
+
+    monkeypatch.setattr(runners, "load_model", no_loading)
+    with pytest.raises(ValueError, match="gen_server.native.decode_attention.*cuda:0"):
+        create_engine(qwen_path, kind="static_kv", attention="kernel", device=torch.device("cuda", 0))

@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from realhf.impl.inference.factory import create_engine
+from realhf.impl.inference.hf_runner import HFRunner
 from realhf.impl.inference.request import EngineClosedError, GenerateRequest, SamplingParams, check_request
+from realhf.impl.inference.runners import StaticKVRunner
 from realhf.impl.inference.sampling import sample
+from realhf.impl.inference.slots import SlotState
+
+from helpers.native_server import held_tensors
 
 
 def wait_active(engine, n, timeout=30.0):
@@ -214,3 +219,58 @@ def test_a_failing_model_resolves_every_request_and_marks_the_engine_dead(engine
         engine.submit(req([3], max_new_tokens=2))
     with pytest.raises(EngineClosedError):
         engine.pause()
+
+
+# ---- the device ---------------------------------------------------------------------------------
+def _off_device(obj, device):
+    return {path: t.device for path, t in held_tensors(obj) if t.device != device}
+
+
+@pytest.mark.parametrize("kind", ["static_kv", "hf"])
+def test_every_tensor_the_engine_holds_is_on_the_device_it_was_given(engine_factory, kind):
+    cpu = torch.device("cpu")
+    engine = engine_factory(kind=kind, device=cpu)
+    # Serve first: state widened on demand (the stop-token table) must land there too.
+    engine.submit(req([3, 4], max_new_tokens=5, stop_token_ids=[7, 8, 9])).result(30)
+    assert engine.device == cpu and engine.runner.device == cpu and engine.generator.device == cpu
+    held = dict(held_tensors(engine))
+    names = " ".join(held)
+    assert all(part in names for part in ("slots.out_tok", "slots.stop_ids", "runner.")), names
+    if kind == "static_kv":
+        assert "runner.model.k_cache" in names and "runner.model.weights.embed" in names
+    assert _off_device(engine, cpu) == {}
+
+
+def test_runner_and_slot_state_allocate_everything_on_the_device_they_are_given(qwen_path):
+    # The meta device allocates nothing and cannot run a step, but a tensor created without
+    # `device=` would land on the CPU and show up here.
+    meta = torch.device("meta")
+    runners = [StaticKVRunner(qwen_path, 4, 64, device=meta), HFRunner(qwen_path, 4, 64, device=meta)]
+    for runner in runners:
+        assert runner.device == meta
+        assert len(dict(held_tensors(runner, "runner"))) > 10
+        assert _off_device(runner, meta) == {}
+    assert runners[0].attention == "torch matmuls"  # 'auto' off the CPU: never the C kernel
+    slots = SlotState(4, 64, 100, device=meta)
+    assert _off_device(slots, meta) == {}
+
+
+def test_the_step_loop_creates_every_tensor_on_the_engine_device(qwen_path, hf_ref):
+    # Steps driven from this thread with the default device set to meta: any tensor the loop
+    # created without naming the engine's device would be a meta tensor mixed into CPU math and
+    # fail, so equal answers mean every per-step tensor was put on the engine's device.
+    engine = create_engine(qwen_path, max_running_requests=2, context_length=128, device=torch.device("cpu"))
+    prompts, lengths = [[9, 8, 7], [5], [3, 4, 5, 6]], [6, 3, 5]
+    futures = [engine.submit(req(p, max_new_tokens=n, temperature=0.0, stop_token_ids=[1]))
+               for p, n in zip(prompts, lengths)]
+    futures.append(engine.submit(req([3, 4], max_new_tokens=4, temperature=1.0, top_k=5, top_p=0.9)))
+    with torch.device("meta"):
+        while engine._waiting or engine.n_active:
+            engine._admit()
+            engine._decode_step()
+    for p, n, f in zip(prompts, lengths, futures):
+        want = hf_ref.greedy(p, n)
+        want = want[: want.index(1) + 1] if 1 in want else want
+        assert f.result(0).output_ids == want
+    assert len(futures[-1].result(0).output_ids) == 4
+    engine.stop()

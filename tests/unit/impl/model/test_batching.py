@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from realhf.api.trajectory import Trajectory
-from realhf.impl.model.batching import minibatch_rows, pack_trajectories
+from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
 
 from helpers.trajectories import load_rows, make_groups
 
@@ -29,3 +29,19 @@ def test_minibatches_are_contiguous_and_cover_every_sequence_once():
     assert [p.tolist() for p in minibatch_rows(1, 2)] == [[0], []]
     with pytest.raises(ValueError, match="ppo_n_minibatches"):
         minibatch_rows(4, 0)
+
+
+def test_micro_batches_keep_every_row_once_in_order_of_length_within_the_token_budget(tiny):
+    model, tok = tiny
+    batch = pack_trajectories([Trajectory.from_msg(m) for m in make_groups(model, tok, load_rows(4), 4)], 0)
+    rows = torch.arange(1, batch.n_seqs)  # any subset
+    lengths = batch.attention_mask.sum(dim=1)
+    chunks = micro_batches(batch, rows, max_tokens=120)
+    assert len(chunks) > 1
+    assert sorted(torch.cat(chunks).tolist()) == rows.tolist()
+    flat = torch.cat(chunks)
+    assert (lengths[flat][1:] >= lengths[flat][:-1]).all()
+    for c in chunks:
+        assert len(c) == 1 or len(c) * int(lengths[c].max()) <= 120
+    assert [c.tolist() for c in micro_batches(batch, rows, 0)] == [rows.tolist()]
+    assert micro_batches(batch, rows[:0], 120) == []

@@ -1,8 +1,10 @@
-"""PPOActor on the real tiny model: the proximal log-prob deferral it carries from `inference` to
-`train_step`, the reference it loads only for a KL term, and resuming from a recovery checkpoint.
-No processes, no sockets."""
+"""realhf/impl/model/ppo_actor.py on the real tiny model at DP=1: which engines a trainer holds
+and how they are configured, the proximal log-prob deferral PPOActor carries from
+`compute_logprobs` to `train_step`, and PPOCritic's values and value-loss steps. No processes,
+no sockets. (critic_warmup_steps is the model worker's rule, tested there.)"""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,8 +14,16 @@ from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.impl.model.actor import first_minibatch_rows
 from realhf.impl.model.batching import pack_trajectories
-from realhf.impl.model.ppo_actor import PPOActor
+from realhf.impl.model.ppo_actor import (
+    PPOActor,
+    PPOCritic,
+    build_engines,
+    engine_config,
+    reference_logprobs,
+    roles_of,
+)
 
+from helpers.fsdp_ranks import open_engines
 from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 
 
@@ -28,91 +38,160 @@ def _batch(msgs):
     return pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
 
 
-def _trainer(**ppo) -> PPOActor:
-    torch.manual_seed(0)
-    model, _ = load_tiny()
-    return PPOActor(model, None, PPOHyperparameters(ppo_n_minibatches=2, **ppo), OptimizerConfig(lr=1e-3), 0)
+def _config(**ppo) -> ModelWorkerConfig:
+    # The critic has its own optimizer (and no path: it loads the actor's).
+    return ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
+                             critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
+                             ppo=PPOHyperparameters(**ppo), device="cpu", seed=5)
 
 
-def _weights(trainer: PPOActor) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in trainer.actor.parameters()])
+def _params(engine) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in engine.model.parameters()])
 
 
-def test_actor_inference_leaves_the_first_minibatch_to_the_train_forward_with_the_same_update(msgs):
+# ---- which engines, configured how ---------------------------------------------------------------
+
+
+def test_a_trainer_holds_a_reference_only_for_a_kl_term_and_a_critic_only_for_gae():
+    assert roles_of(PPOHyperparameters()) == ["actor"]
+    assert roles_of(PPOHyperparameters(kl_ctl=0.1)) == ["actor", "ref"]
+    assert roles_of(PPOHyperparameters(adv_estimator="gae")) == ["actor", "critic"]
+    assert roles_of(PPOHyperparameters(adv_estimator="gae", kl_ctl=0.1)) == ["actor", "ref", "critic"]
+    assert roles_of(PPOHyperparameters(adv_estimator="reinforce")) == ["actor"]
+
+
+def test_reference_is_frozen_and_critic_has_a_value_head_both_on_the_actors_path_by_default():
+    cfg = dataclasses.replace(_config(ppo_n_minibatches=3), total_train_steps=10)
+    actor, ref, critic = (engine_config(cfg, role, local_rank=0) for role in ("actor", "ref", "critic"))
+    assert ref.model.path == critic.model.path == TINY_SFT
+    assert (actor.trainable, ref.trainable, critic.trainable) == (True, False, True)
+    assert (actor.value_head, ref.value_head, critic.value_head) == (False, False, True)
+    assert critic.seed == 5 and actor.device == "cpu"
+    assert actor.total_steps == 30  # the LR schedule counts optimizer steps: one per minibatch
+    assert (actor.param_dtype, actor.reduce_dtype) == (None, "float32")  # None: chosen by device
+    mixed = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, param_dtype="bfloat16"))
+    assert engine_config(mixed, "actor", 0).param_dtype == "bfloat16"
+    # A role's own path wins; the actor's config is not touched by the defaulting.
+    own = dataclasses.replace(cfg, critic=ModelTrainEvalConfig(path="/models/critic"))
+    assert engine_config(own, "critic", 0).model.path == "/models/critic"
+    assert cfg.ref.path == ""
+    with pytest.raises(ValueError, match="unknown model role 'reward'"):
+        engine_config(cfg, "reward", 0)
+
+
+def test_built_engines_freeze_the_reference_and_give_the_critic_one_output_per_position(msgs):
+    batch = _batch(msgs[:1])
+    engines = build_engines(_config(kl_ctl=0.1, adv_estimator="gae"), local_rank=0)
+    try:
+        assert sorted(engines) == ["actor", "critic", "ref"]
+        ref = engines["ref"]
+        assert ref.optimizer is None and not ref.model.training
+        assert not any(p.requires_grad for p in ref.model.parameters())
+        assert all(p.requires_grad for p in engines["actor"].model.parameters())
+        with pytest.raises(RuntimeError, match="frozen engine"):
+            ref.train_batch(batch, lambda out, mb, rows: out.sum(), lambda mb: 1.0)
+        # Before any step the reference is the policy: its log-probs are the sampler's (T=1).
+        stats = reference_logprobs(ref, batch, temperature=1.0)
+        m = batch.loss_mask
+        assert (batch.ref_logprobs[m] - batch.behav_logprobs[m]).abs().max() < 1e-5
+        assert stats["model"] == "ref" and stats["n_tokens"] == batch.n_tokens
+        out = engines["critic"].forward(batch, lambda output, mb: output[:, :-1, 0])
+        assert out.shape == (batch.n_seqs, batch.input_ids.shape[1] - 1)
+    finally:
+        for role in ("critic", "ref", "actor"):  # the actor's engine owns the one-rank group
+            engines[role].destroy()
+
+
+def test_the_actor_engine_keeps_its_weights_in_the_configured_dtype():
+    cfg = _config()
+    cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, dtype="bfloat16"))
+    with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
+        assert next(engine.model.parameters()).dtype == torch.bfloat16
+
+
+# ---- PPOActor: the deferral ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_minibatches", [2, 3])
+def test_deferred_proximal_logprobs_give_the_same_parameters_and_stats(msgs, n_minibatches):
+    """compute_logprobs leaves the first minibatch's rows to their train forward, which runs
+    before any optimizer step: the step is the one without the deferral."""
     results = []
     for defer in (False, True):
-        trainer = _trainer()
-        assert trainer.can_defer_prox  # the tiny model has no dropout, GRPO needs no proximal before training
-        trainer.can_defer_prox = defer
-        batch = _batch(msgs)
-        inf = trainer.inference(batch, "actor")
-        first = first_minibatch_rows(batch.n_seqs, 2)
-        skipped = int(batch.loss_mask[first].sum())
-        assert inf["n_tokens"] == batch.n_tokens - (skipped if defer else 0)
-        assert (batch.prox_logprobs[first].abs().sum() == 0) == defer
-        stats = trainer.train_step(batch)
-        results.append((_weights(trainer), stats, batch.prox_logprobs))
+        cfg = _config(ppo_n_minibatches=n_minibatches)
+        with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
+            trainer = PPOActor(engine, cfg.ppo)
+            assert trainer.can_defer_prox  # no dropout; GRPO's advantages do not read the proximal
+            trainer.can_defer_prox = defer
+            batch = _batch(msgs)
+            inf = trainer.compute_logprobs(batch)
+            first = first_minibatch_rows(batch.n_seqs, n_minibatches)
+            assert inf["n_tokens"] == batch.n_tokens - (int(batch.loss_mask[first].sum()) if defer else 0)
+            assert (batch.prox_logprobs[first].abs().sum() == 0) == defer  # really left out
+            stats = trainer.train_step(batch)
+            results.append((_params(engine), stats, batch.prox_logprobs.clone()))
     (w_full, s_full, p_full), (w_def, s_def, p_def) = results
-    assert torch.allclose(p_full, p_def, atol=1e-5)  # the train forward filled the skipped rows in
-    assert torch.allclose(w_full, w_def, atol=1e-6)
+    assert float((p_full - p_def).abs().max()) <= 1e-5  # the train forward filled the rows in
+    assert float((w_full - w_def).abs().max()) <= 1e-6
     assert s_full.keys() == s_def.keys()
-    assert s_full["importance_ratio"] == pytest.approx(s_def["importance_ratio"], abs=1e-5)
+    for key, value in s_full.items():
+        assert s_def[key] == pytest.approx(value, abs=1e-6), key
 
 
 def test_a_deferral_belongs_to_the_batch_it_was_made_for(msgs):
     # Plain PPO on the behaviour log-probs: a batch trained without actor_inf has no proximal
     # log-probs, and must not inherit the deferral of a batch that had one.
-    trainer = _trainer(use_decoupled_loss=False, recompute_logprob=False)
-    trainer.inference(_batch(msgs[:2]), "actor")
-    other = _batch(msgs[1:])
-    stats = trainer.train_step(other)
+    cfg = _config(use_decoupled_loss=False, recompute_logprob=False)
+    with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
+        trainer = PPOActor(engine, cfg.ppo)
+        trainer.compute_logprobs(_batch(msgs[:2]))
+        other = _batch(msgs[1:])
+        stats = trainer.train_step(other)
     assert other.prox_logprobs is None and stats["n_tokens"] == other.n_tokens
 
 
-def test_kl_reward_through_gae_needs_the_proximal_logprobs_up_front():
-    assert not _trainer(group_adv_norm=False, kl_ctl=0.1).can_defer_prox
-    assert _trainer(group_adv_norm=True, kl_ctl=0.1).can_defer_prox
+def test_a_kl_reward_reads_the_proximal_logprobs_so_they_cannot_be_deferred(tiny):
+    engine = SimpleNamespace(model=tiny[0])  # can_defer_prox reads only the model
+    assert PPOActor(engine, PPOHyperparameters(kl_ctl=0.1)).can_defer_prox  # grpo: KL in the loss
+    assert PPOActor(engine, PPOHyperparameters(adv_estimator="gae")).can_defer_prox
+    assert not PPOActor(engine, PPOHyperparameters(adv_estimator="reinforce", kl_ctl=0.1)).can_defer_prox
+    assert not PPOActor(engine, PPOHyperparameters(adv_estimator="gae", kl_ctl=0.1)).can_defer_prox
 
 
-def test_reference_inference_needs_a_reference_and_a_known_role(msgs):
-    trainer = _trainer()
-    with pytest.raises(ValueError, match="no reference model is loaded"):
-        trainer.inference(_batch(msgs), "ref")
-    with pytest.raises(ValueError, match="model must be 'actor' or 'ref', got 'critic'"):
-        trainer.inference(_batch(msgs), "critic")
+# ---- PPOCritic ---------------------------------------------------------------------------------------
 
 
-def _config(run_dir, **ppo) -> ModelWorkerConfig:
-    return ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
-                             ppo=PPOHyperparameters(**ppo), run_dir=str(run_dir))
-
-
-def test_the_reference_is_loaded_frozen_and_only_for_a_kl_term(tmp_path):
-    assert PPOActor.from_config(_config(tmp_path)).ref is None
-    trainer = PPOActor.from_config(_config(tmp_path, kl_ctl=0.1))
-    assert not trainer.ref.training and not any(p.requires_grad for p in trainer.ref.parameters())
-    assert all(p.requires_grad for p in trainer.actor.parameters())
-    assert trainer.recovered is None
-
-
-def test_resuming_takes_weights_optimizer_and_version_from_the_recovery_checkpoint(msgs, tmp_path):
-    cfg = _config(tmp_path)
-    trainer = PPOActor.from_config(cfg, recover_path=tmp_path / "none-yet")  # nothing to resume: a fresh start
-    assert trainer.recovered is None
+def test_critic_values_cover_every_prediction_and_its_steps_pull_them_toward_the_returns(msgs):
+    cfg = _config(adv_estimator="gae", ppo_n_minibatches=2)
     batch = _batch(msgs)
-    trainer.inference(batch, "actor")
-    trainer.train_step(batch)
-    trainer.save_recover_state(tmp_path / "rec", version=3, tokenizer_source=TINY_SFT, extra={"step": 3})
+    m = batch.loss_mask
+    with open_engines(engine_config(cfg, "critic", 0)) as (engine,):
+        critic = PPOCritic(engine, cfg.ppo)
+        stats = critic.compute_values(batch)
+        assert batch.values.shape == (batch.n_seqs, batch.input_ids.shape[1] - 1)  # [N, T-1]
+        assert (batch.values[~batch.attention_mask[:, 1:].bool()] == 0).all()
+        assert stats["model"] == "critic" and "value_mean" in stats
+        losses = []
+        for _ in range(6):
+            # A constant target: what the value loss does, not what GAE would make of it.
+            batch.values, batch.advantages, batch.returns = None, torch.zeros_like(m, dtype=torch.float32), m.float()
+            critic.compute_values(batch)
+            step = critic.train_step(batch)
+            losses.append(step["value_loss"])
+        assert step["critic_lr"] == pytest.approx(2e-3) and step["critic_grad_norm"] > 0
+    # Starting from a random head (values near 0, loss near ½), each step moves the values at
+    # most value_eps_clip toward 1.
+    assert 0.2 < losses[0] < 1.0, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.5 * losses[0], losses
 
-    resumed = PPOActor.from_config(cfg, recover_path=tmp_path / "rec")
-    assert resumed.recovered["version"] == 3 and resumed.recovered["step"] == 3
-    assert torch.equal(_weights(resumed), _weights(trainer))
-    assert resumed.lr_scheduler.last_epoch == trainer.lr_scheduler.last_epoch == 2  # two minibatches
-    s1, s2 = trainer.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
-    assert s1.keys() == s2.keys() and all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
 
-
-def test_the_actor_loads_in_the_configured_dtype(tmp_path):
-    cfg = _config(tmp_path)
-    cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, dtype="bfloat16"))
-    assert next(PPOActor.from_config(cfg).actor.parameters()).dtype == torch.bfloat16
+def test_critic_train_computes_the_returns_itself_when_the_actor_did_not(msgs):
+    cfg = _config(adv_estimator="gae", ppo_n_minibatches=1)
+    batch = _batch(msgs[:1])
+    with open_engines(engine_config(cfg, "critic", 0)) as (engine,):
+        critic = PPOCritic(engine, cfg.ppo)
+        critic.compute_values(batch)
+        critic.train_step(batch)
+    assert batch.returns is not None and batch.advantages is not None
+    assert (batch.returns[~batch.loss_mask] == 0).all()
