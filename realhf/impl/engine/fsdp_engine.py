@@ -70,10 +70,8 @@ class FSDPEngineConfig:
     param_dtype: Optional[str] = None
     reduce_dtype: str = "float32"
     micro_batch_tokens: int = 1024  # padded tokens (rows x longest row) per forward; 0: whole batch
-    # DP=1 only: fully_shard the model anyway. Off because it is slower, measured on this 2-core
-    # CPU with tiny-math/sft (Qwen2, 2 layers, hidden 128), 1 thread, median train_batch:
-    # 16 rows x 18 tokens 22-27 ms unwrapped vs 34 ms sharded; 128 rows (3 micro-batches)
-    # 120-123 ms vs 142-153 ms. With one rank FSDP's hooks and DTensors cost and save nothing.
+    # DP=1 only: fully_shard the model anyway. Off: with one rank FSDP's hooks and DTensors cost
+    # time and save nothing (measured 13% slower per step, docs/benchmarks.md "Trainer engine").
     shard_single_rank: bool = False
     value_head: bool = False  # a critic: one output per position instead of the LM head
     trainable: bool = True  # False: frozen (the reference policy), no optimizer
@@ -246,10 +244,16 @@ class FSDPEngine(TrainEngine):
 
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:
         """Collective: every rank sends its shards to rank 0, which writes `path` atomically."""
+        if not self.sharded and self.device.type == "cpu":
+            # One unwrapped rank holding the weights in host memory: save them as they are (the
+            # gather and the rebuilt model below cost ~10 ms per publish of the tiny model).
+            checkpoint.save_hf_dir(self.model, Path(path), tokenizer_source)
+            return
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
             checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
-        dist.barrier()
+        if self.world_size > 1:
+            dist.barrier()
 
     def _plain_hf_model(self, state: Dict[str, torch.Tensor]) -> torch.nn.Module:
         """An unwrapped HF model around `state`'s tensors (no copy): save_pretrained of the

@@ -178,3 +178,27 @@ def test_load_hf_puts_the_saved_weights_into_a_sharded_engine(dp2_run):
     finally:
         engine.destroy()
     assert _max_abs_diff(loaded, load_file(str(dp2_run / "params_step2.safetensors"))) == 0.0
+
+
+@pytest.mark.parametrize("shard_single_rank", [False, True], ids=["unwrapped", "fsdp"])
+def test_activation_checkpointing_makes_the_same_update(shard_single_rank):
+    """`gradient_checkpointing` recomputes activations in the backward (under FSDP2 too): the
+    steps must be those of the plain model."""
+    import dataclasses
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = []
+        for checkpointing in (False, True):
+            config = engine_config(shard_single_rank=shard_single_rank)
+            config.model = dataclasses.replace(config.model, gradient_checkpointing=checkpointing)
+            with open_engines(config) as (engine,):
+                assert engine.model.is_gradient_checkpointing == checkpointing
+                stats = run_steps(engine, [0, 1], rank=0, world_size=1)
+                results.append((full_params(engine), stats))
+    finally:
+        torch.set_num_threads(threads)
+    (plain, plain_stats), (ckpt, ckpt_stats) = results
+    assert _max_abs_diff(plain, ckpt) <= 1e-6
+    assert [s["loss"] for s in ckpt_stats] == pytest.approx([s["loss"] for s in plain_stats], rel=1e-5)
