@@ -81,12 +81,12 @@ def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
     assert_positive(result, ["baseline_s", "current_s", "speedup", "n_tokens"])
 
 
-def test_engine_bench_times_old_path_engine_and_dp2(no_leftover_processes):
+def test_engine_bench_times_unwrapped_fsdp_and_dp2(no_leftover_processes):
     result, _ = run_bench("scripts.bench.engine", "--short")
     assert result["bench"] == "engine"
-    assert_positive(result, ["old_s", "engine_s", "engine_sharded_s", "engine_over_old", "sharded_over_old",
-                             "dp1_s", "dp2_s", "dp_speedup", "n_tokens"])
-    assert [w["way"] for w in result["dp1"]["ways"]] == ["old", "engine", "engine sharded"]
+    assert_positive(result, ["unwrapped_s", "fsdp_s", "fsdp_over_unwrapped", "dp1_s", "dp2_s", "dp_speedup",
+                             "n_tokens"])
+    assert [w["way"] for w in result["dp1"]["ways"]] == ["unwrapped", "fsdp"]
     assert [(r["dp"], r["sharded"]) for r in result["dp"]["runs"]] == [(1, False), (2, True)]
 
 
