@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from realhf.api.prompt import PromptRow
@@ -81,6 +82,7 @@ def evaluate_math_accuracy(
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     if generate_fn is None:
+        transformers.utils.logging.disable_progress_bar()  # a tqdm bar per load in the run's report
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, use_safetensors=True)
         generate_fn = hf_generate_fn(model, pad_id=pad_id, eos_id=eos_id, batch_size=batch_size)
 
