@@ -183,6 +183,7 @@ class OptimizerConfig:
     lr_scheduler_type: str = _f("constant", "LR schedule after warm-up: 'constant' or 'cosine'.")
     warmup_steps_proportion: float = _f(0.0, "Fraction of all optimizer steps spent in linear warm-up.")
     gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this value; 0 disables it.")
+    max_nonfinite_steps: int = _f(3, "Optimizer steps in a row that may be skipped for a non-finite loss or gradient norm (the weights stay as they were); one more fails the run.")
 
 
 @dataclass

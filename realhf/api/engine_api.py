@@ -39,7 +39,9 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def train_batch(self, batch: TrainBatch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> Dict[str, float]:
-        """One optimizer step on Σ_ranks Σ loss_fn / Σ_ranks Σ loss_weight_fn; stats: loss, grad_norm, lr."""
+        """One optimizer step on Σ_ranks Σ loss_fn / Σ_ranks Σ loss_weight_fn, skipped (weights
+        unchanged) when the loss or the gradient norm is not finite; stats: loss, grad_norm, lr,
+        loss_weight, skipped."""
 
     @abc.abstractmethod
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:

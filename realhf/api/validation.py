@@ -158,6 +158,7 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
     f.at_least("weight_decay", 0)
     f.at_least("eps", 0, strict=True)
     f.at_least("gradient_clipping", 0)
+    f.at_least("max_nonfinite_steps", 0)
     for name in ("beta1", "beta2"):
         f.need(0 <= f.value(name) < 1, f"{f.name(name)} must lie in [0, 1), got {f.value(name)}")
     f.within("min_lr_ratio", 0.0, 1.0)

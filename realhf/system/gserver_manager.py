@@ -53,24 +53,31 @@ from realhf.system.worker_base import Worker
 
 
 # ---- request bodies --------------------------------------------------------------------------
+# Bounds of every number and string a client sends: far beyond any real value, far below what
+# float arithmetic (throughput, token-usage routing) and the status page can carry without
+# overflowing (a token count of 10**400 used to reach float()).
+_MAX_COUNT = 2**31 - 1
+_MAX_QID = 1024
+
+
 class AllocateRequest(BaseModel):
-    qid: str = Field(min_length=1)
-    rank: int = Field(ge=0)  # required: a default would silently put every rollout in rank 0's budget
+    qid: str = Field(min_length=1, max_length=_MAX_QID)
+    rank: int = Field(ge=0, le=_MAX_COUNT)  # required: a default would silently put every rollout in rank 0's budget
 
 
 class ScheduleRequest(BaseModel):
-    qid: str = Field(min_length=1)
-    prompt_len: int = Field(ge=0)
-    group_size: int = Field(1, ge=1)
-    new_token_budget: int = Field(ge=0)
-    previous_server_url: Optional[str] = None
-    previous_version: Optional[int] = None
+    qid: str = Field(min_length=1, max_length=_MAX_QID)
+    prompt_len: int = Field(ge=0, le=_MAX_COUNT)
+    group_size: int = Field(1, ge=1, le=_MAX_COUNT)
+    new_token_budget: int = Field(ge=0, le=_MAX_COUNT)
+    previous_server_url: Optional[str] = Field(None, max_length=4096)
+    previous_version: Optional[int] = Field(None, ge=0, le=_MAX_COUNT)
 
 
 class FinishRequest(BaseModel):
-    qid: str = Field(min_length=1)
+    qid: str = Field(min_length=1, max_length=_MAX_QID)
     accepted: bool
-    n_tokens: int = Field(0, ge=0)
+    n_tokens: int = Field(0, ge=0, le=_MAX_COUNT)
 
 
 class AbandonRequest(BaseModel):

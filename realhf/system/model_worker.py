@@ -238,6 +238,10 @@ class ModelWorker(Worker):
         self._batch = None
         published = self._publish(weights=True)
         publish_s = time.monotonic() - t0 - train_s
+        if stats.get("skipped_steps"):
+            self.logger.warning(f"version {self.version}: {stats['skipped_steps']} of {cfg.ppo.ppo_n_minibatches} "
+                                f"optimizer steps skipped: non-finite loss ({stats['loss']}) or gradient norm "
+                                f"({stats['grad_norm']}); the weights stay as they were")
         if "loss" in stats:
             self.logger.info(f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
                              f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "

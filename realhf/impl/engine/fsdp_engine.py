@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -87,6 +88,8 @@ class FSDPEngine(TrainEngine):
         self.lr_scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
         self.sharded = False
         self._owns_group = False
+        self.nonfinite_steps = 0  # optimizer steps skipped for a non-finite loss or gradient
+        self.nonfinite_in_a_row = 0
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -203,10 +206,27 @@ class FSDPEngine(TrainEngine):
         if isinstance(grad_norm, DTensor):  # the norm over all shards, on every rank
             grad_norm = grad_norm.full_tensor()
         lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        return {"loss": self._sum_over_ranks(local_loss) / denominator, "grad_norm": float(grad_norm),
-                "lr": lr, "loss_weight": global_weight}
+        loss = self._sum_over_ranks(local_loss) / denominator
+        grad_norm = float(grad_norm)
+        # The norm and the loss are global, so every rank takes the same decision.
+        finite = math.isfinite(grad_norm) and math.isfinite(loss)
+        if finite:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            self.nonfinite_in_a_row = 0
+        else:
+            # A NaN or infinite gradient would poison every weight it touches (and every
+            # published version after it): skip this step, weights, Adam state and LR unchanged.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_steps += 1
+            self.nonfinite_in_a_row += 1
+            limit = self.config.model.optimizer.max_nonfinite_steps
+            if self.nonfinite_in_a_row > limit:
+                raise FloatingPointError(
+                    f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss ({loss}) or gradient "
+                    f"norm ({grad_norm}) for {self.config.model.path}; optimizer.max_nonfinite_steps={limit}")
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_weight": global_weight,
+                "skipped": 0.0 if finite else 1.0}
 
     def _plan(self, batch: TrainBatch) -> List[Optional[torch.Tensor]]:
         """The rows of each micro-batch (length-ordered, within `micro_batch_tokens`), padded with

@@ -63,6 +63,15 @@ class EngineClosedError(RuntimeError):
     """The engine was stopped or its thread died: nothing more will be served (HTTP 503)."""
 
 
+# The documented ranges of the sampling parameters (docs/architecture.md §5.1). Values outside
+# them are refused before the engine thread sees them: a temperature below 1e-4 makes logits / T
+# overflow float32, a top_k beyond int64 cannot be stored in the slot tensors (either used to kill
+# the engine thread), and the stop table of every running request is as wide as the widest list.
+TEMPERATURE_RANGE = (1e-4, 100.0)
+MAX_TOP_K = 2**31 - 1  # larger than any vocabulary: the same as -1
+MAX_STOP_TOKEN_IDS = 256
+
+
 def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Optional[str]:
     """Why a request cannot be served (a message naming the field), or None."""
     s = req.sampling
@@ -78,12 +87,16 @@ def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Op
                 f"exceeds the context length {context_len}")
     if s.min_new_tokens < 0 or s.min_new_tokens > max(s.max_new_tokens, 0):
         return f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {s.min_new_tokens}"
-    if not s.temperature >= 0:
-        return f"sampling_params.temperature must be >= 0, got {s.temperature}"
+    lo, hi = TEMPERATURE_RANGE  # also refuses NaN and infinities: every comparison with NaN is False
+    if not (s.temperature == 0 or lo <= s.temperature <= hi):
+        return f"sampling_params.temperature must be 0 (greedy) or in [{lo}, {hi}], got {s.temperature}"
     if not 0 < s.top_p <= 1:
         return f"sampling_params.top_p must be in (0, 1], got {s.top_p}"
-    if s.top_k == 0 or s.top_k < -1:
-        return f"sampling_params.top_k must be -1 (off) or >= 1, got {s.top_k}"
+    if not (s.top_k == -1 or 1 <= s.top_k <= MAX_TOP_K):
+        return f"sampling_params.top_k must be -1 (off) or in [1, {MAX_TOP_K}], got {s.top_k}"
+    if len(s.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        return (f"sampling_params.stop_token_ids has {len(s.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS} "
+                "(every running request's stop table is as wide as the widest one)")
     bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
     if bad:
         return f"sampling_params.stop_token_ids contains ids outside [0, {vocab_size}): {bad[:5]}"

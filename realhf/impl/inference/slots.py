@@ -61,7 +61,8 @@ class SlotState:
         hi, dev = lo + len(sampling), self.device
         self.temp[lo:hi] = torch.tensor([s.temperature for s in sampling], dtype=torch.float32, device=dev)
         self.top_p[lo:hi] = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=dev)
-        self.top_k[lo:hi] = torch.tensor([s.top_k if s.top_k > 0 else self.vocab_size for s in sampling], device=dev)
+        self.top_k[lo:hi] = torch.tensor([min(s.top_k, self.vocab_size) if s.top_k > 0 else self.vocab_size
+                                          for s in sampling], device=dev)
         # Capped by the room left in the context, so one comparison per step covers both limits.
         self.max_new[lo:hi] = torch.tensor([min(s.max_new_tokens, self.context_len - n)
                                             for s, n in zip(sampling, prompt_lens)], device=dev)

@@ -100,14 +100,15 @@ def reference_logprobs(engine: TrainEngine, batch: TrainBatch, temperature: floa
 
 
 def _minibatch_steps(engine: TrainEngine, batch: TrainBatch, n_minibatches: int, loss, fill_first: bool = False):
-    """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, global tokens)."""
-    norms, lr, n_tokens = [], 0.0, 0.0
+    """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, global
+    tokens, steps skipped for a non-finite loss or gradient)."""
+    norms, lr, n_tokens, skipped = [], 0.0, 0.0, 0
     for i, rows in enumerate(minibatch_rows(batch.n_seqs, n_minibatches)):
         fn = loss.for_rows(rows, fill_prox=True) if fill_first and i == 0 else loss.for_rows(rows)
         out = engine.train_batch(batch.select(rows), fn, loss_weight)
         norms.append(out["grad_norm"])
-        lr, n_tokens = out["lr"], n_tokens + out["loss_weight"]
-    return norms, lr, n_tokens
+        lr, n_tokens, skipped = out["lr"], n_tokens + out["loss_weight"], skipped + int(out["skipped"])
+    return norms, lr, n_tokens, skipped
 
 
 class PPOActor:
@@ -143,9 +144,9 @@ class PPOActor:
             raise ValueError("the deferred proximal log-probs need the other minibatches' from compute_logprobs")
         ensure_advantages(batch, self.ppo)
         loss = ActorLoss(batch, self.ppo)
-        norms, lr, n_tokens = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
+        norms, lr, n_tokens, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
         out = loss.stats.global_means(n_tokens)
-        out.update(grad_norm=sum(norms) / len(norms), lr=lr, n_tokens=n_tokens)
+        out.update(grad_norm=sum(norms) / len(norms), lr=lr, n_tokens=n_tokens, skipped_steps=skipped)
         adv = batch.advantages[batch.loss_mask]
         sums = all_reduce_sum(torch.tensor([float(adv.sum()), float((adv**2).sum())], dtype=torch.float64))
         mean, sq = float(sums[0]) / max(n_tokens, 1.0), float(sums[1]) / max(n_tokens, 1.0)
@@ -167,7 +168,7 @@ class PPOCritic:
         """`ppo_n_minibatches` steps of the clipped value loss toward the step's returns."""
         ensure_advantages(batch, self.ppo)
         loss = CriticLoss(batch, self.ppo)
-        norms, lr, n_tokens = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss)
+        norms, lr, n_tokens, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss)
         out = loss.stats.global_means(n_tokens)
-        out.update(critic_grad_norm=sum(norms) / len(norms), critic_lr=lr)
+        out.update(critic_grad_norm=sum(norms) / len(norms), critic_lr=lr, critic_skipped_steps=skipped)
         return out

@@ -73,6 +73,7 @@ REFUSED = [
     ("critic.dtype=float8", "critic.dtype"),
     ("critic.optimizer.lr=-1", "critic.optimizer.lr"),
     ("actor.param_dtype=fp8", "actor.param_dtype"),
+    ("actor.optimizer.max_nonfinite_steps=-1", "actor.optimizer.max_nonfinite_steps"),
     ("actor.reduce_dtype=half", "actor.reduce_dtype"),
     # names become key prefixes and directories
     ("trial_name=a/b", "trial_name"),

@@ -140,6 +140,29 @@ def test_bad_request_bodies_get_4xx_with_a_message_never_5xx():
         assert http("POST", m.url + "/allocate_rollout", "not a map")[0] == 422
 
 
+def test_numbers_beyond_float_arithmetic_are_refused_and_the_status_page_keeps_answering():
+    huge = 10**400  # a valid JSON integer that float() cannot hold
+    with fake_servers(1) as servers, running_manager([s.url for s in servers]) as m:
+        assert http("POST", m.url + "/allocate_rollout", {"qid": "q", "rank": 0})[1]["success"]
+        cases = [
+            ("/finish_rollout", {"qid": "q", "accepted": True, "n_tokens": huge}),
+            ("/schedule_request", {"qid": "q", "prompt_len": huge, "group_size": 1, "new_token_budget": 4}),
+            ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": huge, "new_token_budget": 4}),
+            ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": 1, "new_token_budget": 2**64}),
+            ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": 1, "new_token_budget": 4,
+                                   "previous_version": huge}),
+            ("/allocate_rollout", {"qid": "x" * 5000, "rank": 0}),
+        ]
+        for path, body in cases:
+            status, answer = http("POST", m.url + path, body)
+            assert status == 422, (path, status, answer)
+            assert http("GET", m.url + "/status")[0] == 200
+        # The refused finish left the rollout running; a sane one ends it.
+        assert http("POST", m.url + "/finish_rollout", {"qid": "q", "accepted": True, "n_tokens": 12})[0] == 200
+        status, page = http("GET", m.url + "/status")
+        assert status == 200 and page["accepted"] == 1, page
+
+
 def test_schedule_keeps_a_group_on_its_server_while_the_version_is_unchanged():
     with fake_servers(3) as servers, running_manager([s.url for s in servers], schedule_policy="round_robin") as m:
         body = {"qid": "g", "prompt_len": 10, "group_size": 4, "new_token_budget": 16}

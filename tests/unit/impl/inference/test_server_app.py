@@ -280,3 +280,24 @@ def test_a_client_that_disconnects_has_its_request_aborted(server_url):
         assert time.monotonic() < deadline, "the abandoned request kept running"
     # It stopped early instead of decoding its whole budget for nobody.
     assert _generation_tokens_total(server_url) - before < budget
+
+
+EXTREME_SAMPLING = [
+    ({"temperature": 1e-30}, "temperature"),  # logits / T overflows float32: inf, then NaN probabilities
+    ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": 1e300}, "temperature"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_k": 2**70}, "top_k"),  # beyond int64: the slot tensor cannot hold it
+    ({"min_new_tokens": 2**70, "max_new_tokens": 4}, "min_new_tokens"),
+    ({"stop_token_ids": [5] * 5000}, "stop_token_ids"),  # a [slots x 5000] stop table per request
+]
+
+
+@pytest.mark.parametrize("sampling,field", EXTREME_SAMPLING, ids=[f"{f}-{i}" for i, (_, f) in enumerate(EXTREME_SAMPLING)])
+def test_extreme_sampling_values_get_4xx_and_the_engine_keeps_serving(server_url, sampling, field):
+    status, out = http("POST", f"{server_url}/generate",
+                       {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, **sampling}})
+    assert 400 <= status < 500, (status, out)
+    assert field in str(out), out
+    out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)  # the engine still serves
+    assert len(out["output_ids"]) == 3

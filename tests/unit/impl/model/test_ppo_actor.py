@@ -195,3 +195,37 @@ def test_critic_train_computes_the_returns_itself_when_the_actor_did_not(msgs):
         critic.train_step(batch)
     assert batch.returns is not None and batch.advantages is not None
     assert (batch.returns[~batch.loss_mask] == 0).all()
+
+
+# ---- no poisoned weights -------------------------------------------------------------------------
+
+
+def test_a_non_finite_loss_skips_the_optimizer_step_and_too_many_in_a_row_fail(msgs):
+    """A behaviour log-prob of -1e30 is finite (it passes the trajectory checks) but makes the
+    decoupled loss's importance weight infinite: the step must leave weights, Adam state and LR
+    as they were, say so in the stats, and fail once more steps in a row than allowed did so."""
+    cfg = _config(ppo_n_minibatches=2)
+    cfg.actor.optimizer.max_nonfinite_steps = 2
+    with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
+        trainer = PPOActor(engine, cfg.ppo)
+        poisoned = _batch(msgs)
+        poisoned.behav_logprobs[poisoned.loss_mask] = -1e30  # every row: both minibatches poisoned
+        before, epoch = _params(engine), engine.lr_scheduler.last_epoch
+        trainer.compute_logprobs(poisoned)
+        stats = trainer.train_step(poisoned)
+        assert stats["skipped_steps"] == 2
+        assert torch.equal(_params(engine), before) and engine.lr_scheduler.last_epoch == epoch
+        assert not engine.optimizer.state  # Adam never stepped
+
+        healthy = _batch(msgs)  # a good step resets the count and moves the weights
+        trainer.compute_logprobs(healthy)
+        assert trainer.train_step(healthy)["skipped_steps"] == 0
+        assert torch.isfinite(_params(engine)).all() and not torch.equal(_params(engine), before)
+
+        trainer.compute_logprobs(poisoned)
+        trainer.train_step(poisoned)  # 2 in a row: still allowed
+        poisoned_again = _batch(msgs)
+        poisoned_again.behav_logprobs[poisoned_again.loss_mask] = -1e30
+        trainer.compute_logprobs(poisoned_again)
+        with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row .*max_nonfinite_steps=2"):
+            trainer.train_step(poisoned_again)
