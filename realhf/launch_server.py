@@ -25,6 +25,7 @@ from realhf.api.choices import DECODE_ATTENTION, NATIVE_ENGINE_KINDS
 from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.validation import ConfigError, check_native_engine
 from realhf.base import logging
+from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from realhf.base.device import DEVICE_NAMES, pick_device
 from realhf.base.dtypes import DTYPE_NAMES
 
@@ -70,6 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=DEVICE_NAMES,
                    help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU")
     p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="largest request body accepted; a larger one is answered 413 (cluster.max_request_bytes)")
     p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
     try:
         port = sock.getsockname()[1]
         engine.start()
-        app = create_app(engine, args.served_model_name)
+        app = create_app(engine, args.served_model_name, max_request_bytes=args.max_request_bytes)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         logger.info(f"realhf.launch_server ready at http://{args.host}:{port}")

@@ -13,6 +13,8 @@ Defaults run on a small CPU machine; docs/benchmarks.md records the measurements
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
+
 
 def _f(default, help: str, **kw):
     """A field with a default and its one-line help."""
@@ -60,6 +62,7 @@ class ClusterSpecConfig:
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve service.")
     restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
+    max_request_bytes: int = _f(DEFAULT_MAX_REQUEST_BYTES, "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.")
     n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one).")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
     device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")

@@ -246,6 +246,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
         f.need(bool(value) and set(value) <= _NAME_CHARS and not value.startswith("."),
                f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty")
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
+    f.at_least("cluster.max_request_bytes", 1024)
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)
@@ -406,6 +407,7 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
     f.choice("backend", choices.GENERATION_BACKENDS)
     f.need(bool(c.model_path), "generation_server.model_path is empty; set it to an HF model directory")
     check_device(c.device, f.name("device"))
+    f.at_least("max_request_bytes", 1024)
     check_native_engine(c.native, "generation_server.native")
     f.need(c.backend != "native" or c.tp_size == 1,
            f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}")
@@ -417,6 +419,7 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
 def _check_manager(c: GserverManagerConfig) -> None:
     f = _Fields(c, "gserver_manager")
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    f.at_least("max_request_bytes", 1024)
     for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
         f.at_least(name, 0, strict=True)
     f.need(c.groups_per_step >= c.n_trainer_ranks,

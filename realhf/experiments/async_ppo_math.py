@@ -82,6 +82,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     gen_servers = [
         GenerationServerConfig(
             backend=alloc.gen_engine, model_path=cfg.actor.path, host=host, device=cfg.cluster.device,
+            max_request_bytes=cfg.cluster.max_request_bytes,
             native=dataclasses.replace(cfg.gen_server.native), sglang=dataclasses.replace(cfg.gen_server.sglang),
             tp_size=alloc.gen.tp, base_gpu_id=i * alloc.gen.tp * alloc.gen.pp, seed=cfg.seed,
             # a restarted server loads the current weights from here
@@ -92,7 +93,8 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     manager = GserverManagerConfig(
         host=host, schedule_policy=cfg.schedule_policy, max_concurrent_rollouts=cfg.max_concurrent_rollouts,
         groups_per_step=cfg.groups_per_step, max_head_offpolicyness=cfg.max_head_offpolicyness,
-        n_servers=alloc.gen.dp, n_trainer_ranks=alloc.train.dp, model_role="actor", run_dir=files.run_dir,
+        n_servers=alloc.gen.dp, n_trainer_ranks=alloc.train.dp, max_request_bytes=cfg.cluster.max_request_bytes,
+        model_role="actor", run_dir=files.run_dir,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
     rollout = RolloutWorkerConfig(

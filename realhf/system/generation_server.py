@@ -97,7 +97,7 @@ class GenerationServer(Worker):
         bind_device(device)
         self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
                                                  seed=seed, name=self.name, device=device).start()
-        self._server = HttpServerThread(create_app(self._engine), cfg.host, cfg.port,
+        self._server = HttpServerThread(create_app(self._engine, max_request_bytes=cfg.max_request_bytes), cfg.host, cfg.port,
                                         name="generation server").start(timeout=cfg.startup_timeout)
         return self._server.port
 

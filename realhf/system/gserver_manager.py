@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import name_resolve, names
+from realhf.base.body_limit import BodySizeLimit
 from realhf.system.http_thread import HttpServerThread
 from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
 from realhf.system.manager_service import ManagerService
@@ -95,6 +96,7 @@ def _describe_validation_errors(errors) -> str:
 
 def create_app(service: ManagerService) -> FastAPI:
     app = FastAPI(title="realhf GserverManager")
+    app.add_middleware(BodySizeLimit, max_bytes=service.config.max_request_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid_body(request: Request, exc: RequestValidationError):

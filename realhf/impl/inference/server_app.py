@@ -31,6 +31,7 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from realhf.base import logging
+from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
 from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, EngineClosedError, GenerateRequest, SamplingParams
@@ -198,9 +199,10 @@ def _abort_quietly(engine: Engine, rid: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def create_app(engine: Engine, served_model_name: str = "") -> FastAPI:
+def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     # /openapi.json documents the request bodies (SGLang's server publishes one too); no docs UI.
     app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
     model_name = served_model_name or engine.model_path or "model"
     started = time.time()
     metrics_registry = engine_registry(engine, model_name)

@@ -327,3 +327,11 @@ def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up
         delays.append(round(up.retry_at - t0))
     assert delays == [1, 2, 4, 8, 16, 30, 30] and MAX_RETRY_DELAY_S == 30
     assert up.n_failures == 7 and "refused" in up.last_error
+
+
+def test_a_body_over_max_request_bytes_gets_413_and_admission_keeps_answering():
+    with fake_servers(1) as servers, running_manager([s.url for s in servers], max_request_bytes=4096) as m:
+        status, answer = http("POST", m.url + "/abandon_rollouts", {"qids": ["q" * 100] * 100})  # ~10 KB
+        assert status == 413 and "max_request_bytes=4096" in str(answer), (status, answer)
+        status, answer = http("POST", m.url + "/allocate_rollout", {"qid": "q", "rank": 0})
+        assert status == 200 and answer["success"]

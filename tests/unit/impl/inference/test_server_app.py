@@ -301,3 +301,44 @@ def test_extreme_sampling_values_get_4xx_and_the_engine_keeps_serving(server_url
     assert field in str(out), out
     out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)  # the engine still serves
     assert len(out["output_ids"]) == 3
+
+
+def _post_raw(server_url: str, headers: dict, chunks=()) -> int:
+    """Status of a POST /generate sent by hand: `headers` as given, then `chunks` as a chunked body
+    (a server that answers early may close the connection while we are still sending)."""
+    from http.client import HTTPConnection
+    from urllib.parse import urlparse
+
+    url = urlparse(server_url)
+    conn = HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/generate")
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders()
+        try:
+            for chunk in chunks:
+                conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            if chunks:
+                conn.send(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_keeps_serving(server_url):
+    from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
+
+    # Declared: refused from the headers alone, the body is never read.
+    assert _post_raw(server_url, {"Content-Type": "application/json",
+                                  "Content-Length": str(DEFAULT_MAX_REQUEST_BYTES + 1)}) == 413
+    # Chunked: no length to refuse up front, so the bound is counted as the body arrives.
+    chunks = [b"x" * (1024 * 1024)] * (DEFAULT_MAX_REQUEST_BYTES // (1024 * 1024) + 1)
+    assert _post_raw(server_url, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, chunks) == 413
+    status, _ = http("POST", f"{server_url}/generate", {"input_ids": PROMPTS[0], "pad": "x" * 1000,
+                                                       "sampling_params": {"max_new_tokens": 2}})
+    assert status == 200  # a body under the bound is served
+    out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)
+    assert len(out["output_ids"]) == 3
