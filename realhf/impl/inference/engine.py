@@ -44,7 +44,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 
 from realhf.base import logging
-from realhf.impl.inference.request import EngineClosedError, GenerateRequest, GenerateResult, check_request
+from realhf.impl.inference.request import EngineClosedError, EngineStepError, GenerateRequest, GenerateResult, check_request
 from realhf.impl.inference.runners import ModelRunner
 from realhf.impl.inference.slots import SlotState
 
@@ -54,6 +54,9 @@ logger = logging.getLogger("engine")
 # tokens still make matmuls big enough to run at full speed (256 bench prompts: 0.85 s in
 # chunks of 64, 0.70 s in chunks of 16).
 _PREFILL_CHUNK = 16
+# Steps in a row that may fail (each failing only its own requests) before the engine counts as
+# broken and closes (every later request 503, the manager routes around it, the launcher restarts it).
+_MAX_FAILED_STEPS_IN_A_ROW = 3
 
 
 @dataclass
@@ -119,6 +122,8 @@ class Engine:
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.aborted_total = 0
+        self.failed_steps_total = 0
+        self._admitting: List[_Req] = []  # taken from the queue, not yet in a slot
         self._tput = 0.0
         self._tput_mark = (time.monotonic(), 0)
         self._last_log = time.monotonic()
@@ -258,16 +263,31 @@ class Engine:
     # ---- the loop -----------------------------------------------------------------------------
     def _run(self) -> None:
         torch.set_num_threads(self.n_threads)  # the OpenMP setting is per thread
+        failed_in_a_row = 0
         try:
             while not self._stopping:
                 self._wake.clear()
                 self._apply_commands()
-                if not self._paused and self._waiting and self.n_active < self.n_slots:
-                    self._admit()
-                if self.n_active:
-                    self._decode_step()
-                    self._maybe_log()
-                elif not self._commands and (self._paused or not self._waiting):
+                busy = False
+                try:
+                    if not self._paused and self._waiting and self.n_active < self.n_slots:
+                        busy = True
+                        self._admit()
+                    if self.n_active:
+                        busy = True
+                        self._decode_step()
+                        self._maybe_log()
+                    if busy:  # an idle pass proves nothing about the next step
+                        failed_in_a_row = 0
+                except Exception as e:
+                    # One bad step (a request the checks let through, a transient fault) fails the
+                    # requests in it, not the server; a step that keeps failing is a broken engine.
+                    failed_in_a_row += 1
+                    if failed_in_a_row >= _MAX_FAILED_STEPS_IN_A_ROW:
+                        raise
+                    self._fail_step(e)
+                    continue
+                if not busy and not self._commands and (self._paused or not self._waiting):
                     self._wake.wait(0.5)
         except BaseException as e:  # a bug: fail every pending request instead of hanging them
             logger.exception(f"{self.name}: engine loop failed: {e}")
@@ -275,6 +295,23 @@ class Engine:
             with self._live_lock:
                 self._closed = True
             self._drain(f"engine failed: {e!r}")
+
+    def _fail_step(self, e: Exception) -> None:
+        """Fail every request of the failed step (running, or being admitted) with
+        EngineStepError and start from empty slots: their state may be half-written."""
+        failed = self.slot_req + [r for r in self._admitting if r not in self.slot_req]
+        logger.exception(f"{self.name}: a step failed; failing its {len(failed)} requests and serving on: {e!r}")
+        self.failed_steps_total += 1
+        error = EngineStepError(f"{self.name}: the engine step serving this request failed: {e!r}")
+        for r in failed:
+            with self._live_lock:
+                self._live.pop(r.req.rid, None)
+            self.requests_total += 1
+            if not r.future.done():
+                r.future.set_exception(error)
+        self.slot_req = []
+        self._admitting = []
+        self.slots = SlotState(self.n_slots, self.context_len, self.vocab_size, self.device)
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -352,8 +389,10 @@ class Engine:
         lo, b = self.n_active, len(batch)
         hi = lo + b
         prompt_lens = [len(r.req.input_ids) for r in batch]
+        self._admitting = batch  # a failure before they hold slots must still fail them
         self.slots.fill(lo, [r.req.sampling for r in batch], prompt_lens, [r.stop_ids for r in batch])
         self.slot_req.extend(batch)
+        self._admitting = []
         self.prompt_tokens_total += sum(prompt_lens)
 
         parts = []

@@ -63,6 +63,10 @@ class EngineClosedError(RuntimeError):
     """The engine was stopped or its thread died: nothing more will be served (HTTP 503)."""
 
 
+class EngineStepError(RuntimeError):
+    """A step of the engine raised: the requests in it failed, the engine serves on (HTTP 500)."""
+
+
 # The documented ranges of the sampling parameters (docs/architecture.md §5.1). Values outside
 # them are refused before the engine thread sees them: a temperature below 1e-4 makes logits / T
 # overflow float32, a top_k beyond int64 cannot be stored in the slot tensors (either used to kill

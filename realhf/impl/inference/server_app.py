@@ -34,7 +34,13 @@ from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
-from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, EngineClosedError, GenerateRequest, SamplingParams
+from realhf.impl.inference.request import (
+    DEFAULT_MAX_NEW_TOKENS,
+    EngineClosedError,
+    EngineStepError,
+    GenerateRequest,
+    SamplingParams,
+)
 
 logger = logging.getLogger("gen_server")
 
@@ -214,6 +220,10 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
     @app.exception_handler(EngineClosedError)
     async def _on_engine_closed(request: Request, exc: EngineClosedError):
         return _error(503, str(exc))
+
+    @app.exception_handler(EngineStepError)
+    async def _on_failed_step(request: Request, exc: EngineStepError):
+        return _error(500, str(exc))  # this request failed; the engine serves on
 
     async def _wait(fut, what: str):
         try:

@@ -204,23 +204,6 @@ def test_stop_resolves_every_pending_request_with_abort_and_refuses_new_ones(qwe
     assert not any(t.name.startswith("engine-loop") and t.is_alive() for t in threading.enumerate())
 
 
-def test_a_failing_model_resolves_every_request_and_marks_the_engine_dead(engine_factory):
-    engine = engine_factory()
-
-    def broken(tokens, positions):
-        raise RuntimeError("simulated kernel failure")
-
-    engine.runner.decode = broken
-    res = engine.submit(req([3, 4], max_new_tokens=5)).result(10)  # prefill works, the first decode fails
-    assert res.finish_reason["type"] == "abort" and "simulated kernel failure" in res.finish_reason["message"]
-    assert len(res.output_ids) == 1  # the token sampled after prefill
-    assert not engine.is_alive()
-    with pytest.raises(EngineClosedError, match="died"):
-        engine.submit(req([3], max_new_tokens=2))
-    with pytest.raises(EngineClosedError):
-        engine.pause()
-
-
 # ---- the device ---------------------------------------------------------------------------------
 def _off_device(obj, device):
     return {path: t.device for path, t in held_tensors(obj) if t.device != device}
@@ -274,3 +257,52 @@ def test_the_step_loop_creates_every_tensor_on_the_engine_device(qwen_path, hf_r
         assert f.result(0).output_ids == want
     assert len(futures[-1].result(0).output_ids) == 4
     engine.stop()
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on_serving(engine_factory, hf_ref):
+    from realhf.impl.inference.request import EngineStepError
+
+    engine = engine_factory(max_running_requests=4)
+    decode = engine.runner.decode
+    calls = {"n": 0}
+
+    def decode_failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault in the decode step")
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = decode_failing_once
+    engine.pause().result(5)  # queue both, so that they are admitted and fail in the same step
+    doomed = [engine.submit(req([3, 4], max_new_tokens=20, ignore_eos=True)) for _ in range(2)]
+    engine.resume().result(5)
+    for fut in doomed:
+        with pytest.raises(EngineStepError, match="injected fault"):
+            fut.result(30)
+    assert engine.n_active == 0 and engine.failed_steps_total == 1
+    out = engine.submit(req([3, 4], max_new_tokens=10, temperature=0.0)).result(30)
+    assert out.output_ids == hf_ref.greedy([3, 4], 10)  # the same answer as before the fault
+
+
+def test_an_engine_whose_steps_keep_failing_closes_instead_of_spinning(engine_factory):
+    from realhf.impl.inference.request import EngineClosedError, EngineStepError
+
+    engine = engine_factory(max_running_requests=4)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the runner is broken")
+
+    engine.runner.decode = broken
+    errors = []
+    for _ in range(5):
+        try:
+            engine.submit(req([3, 4], max_new_tokens=5, ignore_eos=True)).result(30)
+        except (EngineStepError, EngineClosedError) as e:
+            errors.append(type(e))
+    # Each failed step failed its request; after 3 in a row the engine gave up: dead, named.
+    assert errors[:2] == [EngineStepError, EngineStepError] and EngineClosedError in errors, errors
+    assert not engine.is_alive()
+    with pytest.raises(EngineClosedError, match="died"):
+        engine.submit(req([3, 4], max_new_tokens=5))
+    with pytest.raises(EngineClosedError):
+        engine.pause()

@@ -342,3 +342,26 @@ def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_
     assert status == 200  # a body under the bound is served
     out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)
     assert len(out["output_ids"]) == 3
+
+
+def test_a_request_whose_engine_step_fails_gets_500_and_the_next_one_is_served(native_server):
+    url, engine = native_server
+    decode = engine.runner.decode
+    calls = {"n": 0}
+
+    def decode_failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault in the decode step")
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = decode_failing_once
+    try:
+        status, out = http("POST", f"{url}/generate",
+                           {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+        assert status == 500 and "injected fault" in str(out), (status, out)
+        assert http("GET", f"{url}/health")[0] == 200
+        out = generate(url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)
+        assert len(out["output_ids"]) == 3
+    finally:
+        engine.runner.decode = decode
