@@ -51,3 +51,22 @@ def held_tensors(obj, path: str = "engine", _seen=None):
         return
     for key, value in items:
         yield from held_tensors(value, f"{path}.{key}", seen)
+
+
+@contextlib.contextmanager
+def decode_fails_once(engine, message: str = "injected fault in the decode step"):
+    """The engine's next decode step raises RuntimeError(message); later ones run normally."""
+    decode = engine.runner.decode
+    calls = {"n": 0}
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError(message)
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = failing_once
+    try:
+        yield
+    finally:
+        engine.runner.decode = decode

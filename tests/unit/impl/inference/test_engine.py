@@ -16,7 +16,7 @@ from realhf.impl.inference.runners import StaticKVRunner
 from realhf.impl.inference.sampling import sample
 from realhf.impl.inference.slots import SlotState
 
-from helpers.native_server import held_tensors
+from helpers.native_server import decode_fails_once, held_tensors
 
 
 def wait_active(engine, n, timeout=30.0):
@@ -263,22 +263,13 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on_serving(engine
     from realhf.impl.inference.request import EngineStepError
 
     engine = engine_factory(max_running_requests=4)
-    decode = engine.runner.decode
-    calls = {"n": 0}
-
-    def decode_failing_once(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected fault in the decode step")
-        return decode(*args, **kwargs)
-
-    engine.runner.decode = decode_failing_once
-    engine.pause().result(5)  # queue both, so that they are admitted and fail in the same step
-    doomed = [engine.submit(req([3, 4], max_new_tokens=20, ignore_eos=True)) for _ in range(2)]
-    engine.resume().result(5)
-    for fut in doomed:
-        with pytest.raises(EngineStepError, match="injected fault"):
-            fut.result(30)
+    with decode_fails_once(engine):
+        engine.pause().result(5)  # queue both, so that they are admitted and fail in the same step
+        doomed = [engine.submit(req([3, 4], max_new_tokens=20, ignore_eos=True)) for _ in range(2)]
+        engine.resume().result(5)
+        for fut in doomed:
+            with pytest.raises(EngineStepError, match="injected fault"):
+                fut.result(30)
     assert engine.n_active == 0 and engine.failed_steps_total == 1
     out = engine.submit(req([3, 4], max_new_tokens=10, temperature=0.0)).result(30)
     assert out.output_ids == hf_ref.greedy([3, 4], 10)  # the same answer as before the fault

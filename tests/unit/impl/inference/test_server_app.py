@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers.http import http
-from helpers.native_server import CONTEXT, SLOTS
+from helpers.native_server import CONTEXT, SLOTS, decode_fails_once
 from helpers.sglang_client import generate, wait_running
 
 
@@ -346,22 +346,10 @@ def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_
 
 def test_a_request_whose_engine_step_fails_gets_500_and_the_next_one_is_served(native_server):
     url, engine = native_server
-    decode = engine.runner.decode
-    calls = {"n": 0}
-
-    def decode_failing_once(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected fault in the decode step")
-        return decode(*args, **kwargs)
-
-    engine.runner.decode = decode_failing_once
-    try:
+    with decode_fails_once(engine):
         status, out = http("POST", f"{url}/generate",
                            {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
         assert status == 500 and "injected fault" in str(out), (status, out)
         assert http("GET", f"{url}/health")[0] == 200
         out = generate(url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)
         assert len(out["output_ids"]) == 3
-    finally:
-        engine.runner.decode = decode
