@@ -3,6 +3,8 @@
 # Sets up .venv and redis-server if needed, then runs training/main_async_ppo.py; any arguments
 # are Hydra overrides, e.g.
 #   bash examples/run_async_ppo.sh exp_ctrl.benchmark_steps=20 trial_name=t1
+# Without trial_name each run gets a fresh one, so rerunning this script keeps earlier runs; a
+# trial_name that already has files needs overwrite=true (start afresh) or recover_mode=auto (resume).
 #   bash examples/run_async_ppo.sh max_head_offpolicyness=0 ppo.use_decoupled_loss=false   # synchronous baseline
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

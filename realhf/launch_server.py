@@ -8,7 +8,9 @@ The engine options are the fields of `NativeEngineConfig` (same names, defaults 
 lists them). `--device` and `--base-gpu-id` (SGLang's flag: the GPU index on this node) are the
 two arguments of `realhf.base.device.pick_device`, as `cluster.device` and
 `GenerationServerConfig.base_gpu_id` are in a run. `--port 0` picks a free port; the line
-`realhf.launch_server ready at http://HOST:PORT` on stderr says which. A few SGLang flags are
+`realhf.launch_server ready at http://HOST:PORT` on stderr says which. `--secret-file PATH`: every
+endpoint then requires `Authorization: Bearer <the file's content>` (realhf.base.secret); the
+secret itself is never an argument, so it stays out of `ps`. A few SGLang flags are
 accepted for drop-in use (`--skip-tokenizer-init` is implied; `--random-seed` = `--seed`;
 `--tp-size` must be 1).
 SIGINT/SIGTERM stop it cleanly.
@@ -73,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="largest request body accepted; a larger one is answered 413 (cluster.max_request_bytes)")
+    p.add_argument("--secret-file", default="",
+                   help="file holding the secret every request must send as 'Authorization: Bearer <secret>'; "
+                        "empty: no authentication")
     p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
@@ -80,6 +85,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tp_size != 1:
         p.error(f"--tp-size must be 1 for the native engine, got {args.tp_size}")
+    args.secret = ""
+    if args.secret_file:
+        try:
+            with open(args.secret_file) as f:
+                args.secret = f.read().strip()
+        except OSError as e:
+            p.error(f"--secret-file {args.secret_file}: {e.strerror}")
+        if not args.secret:
+            p.error(f"--secret-file {args.secret_file} is empty")
     try:  # a GPU asked for on a machine without one is refused here, named by the flag
         args.engine_device = pick_device(args.device, args.base_gpu_id)
     except ValueError as e:
@@ -112,7 +126,7 @@ def main(argv=None) -> int:
     try:
         port = sock.getsockname()[1]
         engine.start()
-        app = create_app(engine, args.served_model_name, max_request_bytes=args.max_request_bytes)
+        app = create_app(engine, args.served_model_name, max_request_bytes=args.max_request_bytes, secret=args.secret)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         logger.info(f"realhf.launch_server ready at http://{args.host}:{port}")

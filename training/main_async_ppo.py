@@ -16,15 +16,23 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import hydra
 from omegaconf import OmegaConf
 
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOMATHConfig
 from realhf.api.config_help import help_text
 from realhf.base import logging
-from realhf.base.trial_files import TrialFiles, latest_published, published_weights_dir, read_metrics
+from realhf.base.trial_files import (
+    TrialFiles,
+    checkpoints_dir,
+    latest_published,
+    published_weights_dir,
+    read_metrics,
+)
+from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.experiments.async_ppo_math import (
     ConfigError,
     initial_setup,
@@ -60,6 +68,20 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
     return out
 
 
+def prune_run_dir(run_dir: str, keep_last_saves: int) -> None:
+    """Before the workers start (no writer yet) and at the end: delete the `.tmp-*`/`.old-*`
+    halves of saves a killed writer left, and the saves beyond exp_ctrl.keep_last_saves."""
+    prune_leftovers(Path(run_dir))
+    for parent in (Path(run_dir) / "published_weights", Path(run_dir) / "checkpoints"):
+        for role in (parent.iterdir() if parent.is_dir() else []):
+            if role.is_dir():
+                prune_leftovers(role)
+    saves = Path(run_dir) / "checkpoints"
+    for role in (saves.iterdir() if saves.is_dir() else []):
+        if role.is_dir():
+            prune_saves(checkpoints_dir(run_dir, role.name), keep_last_saves)
+
+
 def latest_weights(files: TrialFiles) -> Optional[str]:
     return latest_published(str(published_weights_dir(files.run_dir, "actor")))[0]
 
@@ -80,22 +102,48 @@ def reward_curve(metrics: List[dict], n_rows: int = 10) -> str:
     return "\n".join(lines)
 
 
+def _has_files(path: str) -> bool:
+    return os.path.isdir(path) and bool(os.listdir(path))
+
+
+def claim_trial(cfg: AsyncPPOMATHConfig) -> Optional[str]:
+    """Make sure starting this trial deletes nothing that was not asked for; returns why it may
+    not start, or None. Without a trial_name the run has a fresh one (FRESH_TRIAL_NAME)."""
+    if cfg.trial_name == FRESH_TRIAL_NAME:
+        print(f"trial_name not given: this run is trial_name={cfg.trial_name} (pass it with recover_mode=auto "
+              "to resume it later)", flush=True)
+    paths = trial_files_of(cfg)
+    existing = [d for d in (paths.log_dir, paths.run_dir) if _has_files(d)]
+    if not existing or cfg.recover_mode != "disabled":
+        return None
+    if not cfg.overwrite:
+        return (f"trial_name={cfg.trial_name} already has files ({', '.join(existing)}). Pass overwrite=true to "
+                "delete them and start afresh, recover_mode=auto to resume it, or another trial_name (or none: "
+                "a fresh one per run)")
+    print(f"overwrite=true: deleting the files of the earlier run of trial {cfg.trial_name}", flush=True)
+    for d in existing:
+        shutil.rmtree(d)
+    return None
+
+
 def run(cfg: AsyncPPOMATHConfig) -> int:
     try:
         specs = initial_setup(cfg)
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    # After the config checks: a run refused for a bad value must not have deleted anything.
+    refused = claim_trial(cfg)
+    if refused is not None:
+        print(f"config error: {refused}", file=sys.stderr)
+        return 2
     paths = trial_files_of(cfg)
     resumed = recover_info(cfg)
     if resumed is not None:
         print(f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
               f"(version {resumed['version']}) from {recover_checkpoint(cfg)}", flush=True)
-    if cfg.recover_mode == "disabled":
-        # A fresh run of a trial name replaces what an earlier run of it left behind.
-        shutil.rmtree(paths.run_dir, ignore_errors=True)
-        shutil.rmtree(paths.log_dir, ignore_errors=True)
     os.makedirs(paths.run_dir, exist_ok=True)
+    prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
 
     before = {}
     if cfg.evaluation.n_prompts > 0:
@@ -123,6 +171,7 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     finally:
         launcher.stop_all()
 
+    prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
     print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
     final = latest_weights(paths)

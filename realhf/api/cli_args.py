@@ -10,10 +10,17 @@ Per-worker configs (`realhf.api.worker_configs`) are derived from this tree by
 Defaults run on a small CPU machine; docs/benchmarks.md records the measurements behind them.
 """
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_REQUEST_BYTES
+
+
+# The default trial_name, fresh per process (one run of the entry point): a rerun without a
+# trial_name never reuses, and so never deletes, an earlier run's files.
+FRESH_TRIAL_NAME = time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
 
 
 def _f(default, help: str, **kw):
@@ -52,7 +59,8 @@ class RestartPolicyConfig:
     gserver_manager: bool = _f(False, "Restart the manager (off: its admission counters live in memory).")
     model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
     master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
-    max_restarts: int = _f(3, "Restarts allowed per worker; the next death fails the run.")
+    max_restarts: int = _f(3, "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run.")
+    restart_window: float = _f(600.0, "Seconds over which max_restarts is counted (restarts older than this no longer count); 0: over the whole run.")
     backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).")
 
 
@@ -63,6 +71,7 @@ class ClusterSpecConfig:
     restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
     max_request_bytes: int = _f(DEFAULT_MAX_REQUEST_BYTES, "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.")
+    max_message_bytes: int = _f(DEFAULT_MAX_MESSAGE_BYTES, "Largest ZMQ message (trajectory group, master/worker request or reply) a socket accepts; libzmq drops a larger one and disconnects its sender.")
     n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one).")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
     device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")
@@ -167,6 +176,7 @@ class RolloutSetupConfig:
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")
     request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
+    episode_timeout: float = _f(600.0, "Seconds one episode (agent + environment) may run before it is cancelled, its slot freed and it is logged by qid; 0: no limit.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -231,6 +241,7 @@ class ExperimentSaveEvalControl:
     total_train_epochs: int = _f(1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps).")
     benchmark_steps: int = _f(0, "> 0: stop after this many train steps instead (wins over total_train_epochs).")
     save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.")
+    keep_last_saves: int = _f(3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.")
     ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.")
     ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")
     eval_freq_steps: int = _f(0, "Evaluate every N steps; 0: off (evaluation is not wired into the master yet).")
@@ -272,7 +283,8 @@ class AsyncPPOMATHConfig:
     """Asynchronous PPO/GRPO on math prompts: the root of training/configs/async-ppo.yaml."""
 
     experiment_name: str = _f("async-ppo-math", "Name of the experiment; keys, logs and weights live under it.")
-    trial_name: str = _f("trial0", "Name of this run of the experiment; rerunning a name replaces its logs.")
+    trial_name: str = _f(FRESH_TRIAL_NAME, "Name of this run of the experiment. Default: a fresh name per run (run-<date>-<time>-<pid>). A name whose files exist is refused unless overwrite=true or recover_mode=auto/resume.")
+    overwrite: bool = _f(False, "Delete the files of an earlier run of the same trial_name and start afresh (recover_mode=disabled only).")
     seed: int = _f(1, "Seed of every worker (each adds its own index where it needs distinct streams).")
     allocation_mode: str = _f(
         "native.d1m1p1+d1m1p1",
@@ -291,7 +303,7 @@ class AsyncPPOMATHConfig:
     new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")
     schedule_policy: str = _f("round_robin", "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.")
     exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
-    recover_mode: str = _f("disabled", "'disabled': start afresh (a rerun replaces the trial's files); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.")
+    recover_mode: str = _f("disabled", "'disabled': start afresh (a trial_name with files is refused unless overwrite=true); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.")
     stall_timeout: float = _f(120.0, "After N seconds without a completed train step the master logs who waits for what.")
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")

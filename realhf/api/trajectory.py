@@ -146,6 +146,20 @@ class Trajectory:
     def n_generated_tokens(self) -> int:
         return sum(int(np.count_nonzero(s.loss_mask)) for s in self.samples)
 
+    def problem(self) -> Optional[str]:
+        """Why the trainer would refuse this group (what `from_msg` rejects), or None: the
+        sender's check, so a malformed group fails its episode instead of leaking a slot."""
+        if not self.samples:
+            return "no samples"
+        for i, s in enumerate(self.samples):
+            if not isinstance(s.reward, (int, float)) or not math.isfinite(s.reward):
+                return f"samples[{i}].reward is {s.reward!r}, not a finite number"
+            if not np.isfinite(s.logprobs).all():
+                return f"samples[{i}].logprobs has non-finite entries"
+            if not len(s.output_ids):
+                return f"samples[{i}] has no generated tokens"
+        return None
+
     # ---- wire format --------------------------------------------------------------------------
     def to_msg(self) -> Dict[str, Any]:
         """Token-level fields travel as numpy arrays (one msgpack binary each, docs/architecture.md §6): a
@@ -198,6 +212,8 @@ class Trajectory:
             reward = need(s, "reward", (int, float), sw)
             if not math.isfinite(reward):
                 raise TrajectoryFormatError(f"trajectory {sw}.reward: must be a finite number, got {reward!r}")
+            if not n:
+                raise TrajectoryFormatError(f"trajectory {sw}.output_ids: empty (a sample without generated tokens)")
             no_eos = bool(s.get("no_eos", False))
             samples.append(Sample._checked(output_ids, logprobs, versions, float(reward), no_eos, loss_mask))
         birth_time = msg.get("birth_time", 0.0)

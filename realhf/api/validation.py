@@ -86,6 +86,7 @@ def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_
     f = _Fields(c, prefix)
     f.at_least("max_restarts", 0)
     f.at_least("backoff", 0)
+    f.at_least("restart_window", 0)
 
 
 def check_device(name: str, field: str = "cluster.device") -> None:
@@ -200,7 +201,8 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
 
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
     f = _Fields(c, prefix)
-    for name in ("benchmark_steps", "save_freq_steps", "ckpt_freq_steps", "ckpt_freq_secs", "eval_freq_steps"):
+    for name in ("benchmark_steps", "save_freq_steps", "keep_last_saves", "ckpt_freq_steps", "ckpt_freq_secs",
+                 "eval_freq_steps"):
         f.at_least(name, 0)
     if c.benchmark_steps == 0:
         f.at_least("total_train_epochs", 0, strict=True)
@@ -247,6 +249,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
                f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty")
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
     f.at_least("cluster.max_request_bytes", 1024)
+    f.at_least("cluster.max_message_bytes", 1024)
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)
@@ -259,6 +262,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.choice("recover_mode", choices.RECOVER_MODES)
     for name in ("rollout.request_timeout", "stall_timeout"):
         f.at_least(name, 0, strict=True)
+    f.at_least("rollout.episode_timeout", 0)
     check_agent(cfg.rollout.agent)
     check_env(cfg.rollout.env)
 
@@ -414,6 +418,7 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
     f.within("port", 0, 65535)
     for name in ("startup_timeout", "health_check_interval", "health_timeout", "keepalive_ttl"):
         f.at_least(name, 0, strict=True)
+    f.at_least("max_health_failures", 1)
 
 
 def _check_manager(c: GserverManagerConfig) -> None:

@@ -41,9 +41,10 @@ def same_as(path: str, help: str = "") -> Any:
     """A worker field carrying the root config's fact `path`: the root's default and help."""
     f = _root_field(path)
     text = help or f"{f.metadata.get('help', '')} (root: {path})"
+    meta = {"help": text, "root": path}  # "root": tests check that the experiment passes it on
     if f.default_factory is not dataclasses.MISSING:
-        return field(default_factory=f.default_factory, metadata={"help": text})
-    return field(default=f.default, metadata={"help": text})
+        return field(default_factory=f.default_factory, metadata=meta)
+    return field(default=f.default, metadata=meta)
 
 
 @dataclass
@@ -64,7 +65,8 @@ class GenerationServerConfig:
     weight_version: int = _f(0, "Weight version reported until the first update_weights_from_disk.")
     startup_timeout: float = _f(120.0, "Seconds the native backend may take to serve /health (sglang: sglang.startup_timeout).")
     health_check_interval: float = _f(2.0, "Seconds between liveness checks of the backend; a dead backend fails the worker.")
-    health_timeout: float = _f(10.0, "Seconds one /health request of the sglang backend may take.")
+    health_timeout: float = _f(10.0, "Seconds one liveness check may take: /health of the sglang backend, a no-op command through the native engine thread.")
+    max_health_failures: int = _f(3, "Consecutive liveness checks that timed out (a hung engine or server) before the worker exits non-zero, so the launcher restarts it.")
     keepalive_ttl: float = _f(10.0, "Seconds before this server's gen_servers/ entry expires if the process dies.")
     weights_root: str = _f("", "The role's published-weights directory: on start, serve the version named by model_version/<role> from here (a restarted server rejoins current); empty: model_path.")
     model_role: str = _f("actor", "Role whose model_version a (re)starting server loads from weights_root.")
@@ -109,7 +111,10 @@ class RolloutWorkerConfig:
     new_tokens_per_chunk: int = same_as("new_tokens_per_chunk")
     n_pullers: int = _f(1, "Trainer DP heads receiving trajectories (pushers are grouped over them).")
     request_timeout: float = same_as("rollout.request_timeout")
+    episode_timeout: float = same_as("rollout.episode_timeout")
     sampler_state: str = _f("", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start.")
+    pending: str = _f("", "JSON [[query_id, qid], ...] of prompts pending at the recovery checkpoint (set on recovery; "
+                          "every worker's: each runs those of its shard first); empty: none.")
     manager_timeout: float = _f(30.0, "Seconds allowed for one call to the GserverManager.")
     discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
     push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
@@ -130,11 +135,13 @@ class ModelWorkerConfig:
     first_gpu: int = _f(0, "GPU index of DP rank 0 on its node (rank r takes first_gpu + r); on one node the generation servers hold the GPUs before it. Unused on the CPU.")
     run_dir: str = _f("./runs", "The trial's run directory: published_weights/, checkpoints/ and recover/ go under it.")
     bind_host: str = same_as("cluster.bind_host")
+    max_message_bytes: int = same_as("cluster.max_message_bytes")
     max_head_offpolicyness: int = same_as("max_head_offpolicyness")
     total_train_steps: int = _f(0, "Planned train steps (the LR schedule's horizon is this x ppo_n_minibatches); 0: constant LR.")
     seed: int = same_as("seed")
     stream_queue_size: int = _f(4096, "Prompt groups buffered by this DP head before pushers block.")
     keep_last_versions: int = _f(2, "Published weight versions kept per role (older ones are deleted).")
+    keep_last_saves: int = same_as("exp_ctrl.keep_last_saves")
     recover: bool = _f(False, "On initialize, resume from the trial's recovery checkpoint if one exists.")
     distributed_timeout: float = _f(300.0, "Seconds to wait for the torch.distributed rendezvous and collectives.")
     master_discovery_timeout: float = _f(300.0, "Seconds to wait for the master's request socket in name resolve.")
@@ -151,6 +158,7 @@ class MasterWorkerConfig:
     stats: StatsLoggingConfig = same_as("stats")
     log_dir: str = _f("./runs/logs", "The trial's log directory: metrics.jsonl goes there.")
     bind_host: str = same_as("cluster.bind_host")
+    max_message_bytes: int = same_as("cluster.max_message_bytes")
     stall_timeout: float = same_as("stall_timeout")
     worker_connect_timeout: float = _f(300.0, "Seconds to wait for every model worker to connect.")
     request_timeout: float = _f(1800.0, "Seconds to wait for one reply of a model worker (e.g. a train step).")

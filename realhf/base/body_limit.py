@@ -15,6 +15,9 @@ import json
 # The default of cluster.max_request_bytes, and what a server built outside a run uses
 # (python -m realhf.launch_server, tests).
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# The default of cluster.max_message_bytes (ZMQ: a trajectory group, a master/worker message),
+# kept here beside its HTTP sibling so both bounds are declared once.
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 
 
 class _TooLarge(Exception):

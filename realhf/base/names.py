@@ -73,12 +73,15 @@ def distributed_master(experiment: str, trial: str) -> str:
     return f"{trial_root(experiment, trial)}/distributed/master"
 
 
-def rollout_sampler_state(experiment: str, trial: str, index: int) -> str:
-    """JSON of rollout worker `index`'s `PromptSampler.state_dict()`, read by the master when it checkpoints."""
-    return f"{trial_root(experiment, trial)}/rollout_sampler/{int(index)}"
+def rollout_record(experiment: str, trial: str, index: int) -> str:
+    """JSON of rollout worker `index`'s prompt accounting, written whole in one add (so a reader
+    never sees a prompt drawn in neither or both of two parts): `{seq, sampler, refused, todo,
+    inflight, pushed, consumed}` (docs/architecture.md §12.3). Read by the master when it
+    checkpoints and by a restarted incarnation of the same worker; kept on exit."""
+    return f"{trial_root(experiment, trial)}/rollout_record/{int(index)}"
 
 
-def rollout_inflight(experiment: str, trial: str, index: int) -> str:
-    """JSON `{qid: {query_id, pushed}}` of rollout worker `index`'s groups in flight, so that a
-    restarted incarnation re-runs them and frees their admission slots."""
-    return f"{trial_root(experiment, trial)}/rollout_inflight/{int(index)}"
+def rollout_record_ack(experiment: str, trial: str, index: int) -> str:
+    """The `seq` of rollout worker `index`'s record the master last read (after every step; it
+    keeps the pending prompts from then on): the worker forgets older pushed/consumed entries."""
+    return f"{trial_root(experiment, trial)}/rollout_record_ack/{int(index)}"

@@ -41,3 +41,24 @@ def redact_url(url: str) -> str:
         return url
     netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@")
     return parsed._replace(netloc=netloc).geturl()
+
+
+def bind_gloo_to(bind_host: str) -> str:
+    """Make this process's gloo pair sockets listen on `bind_host`; returns the interface used.
+
+    gloo listens on the address the hostname resolves to unless GLOO_SOCKET_IFNAME names an
+    interface, so this names the interface that owns `bind_host` (call before
+    init_process_group). A wildcard host leaves gloo's choice alone ("")."""
+    import os
+
+    import psutil
+
+    if bind_host in ("0.0.0.0", ""):
+        return ""
+    ip = socket.gethostbyname(bind_host)
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+            return name
+    raise ValueError(f"cluster.bind_host={bind_host!r} ({ip}) is the address of no network interface of this "
+                     "host; gloo could not listen on it")

@@ -103,22 +103,27 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         gconfig=dataclasses.replace(cfg.ppo.gen), group_size=cfg.group_size,
         max_concurrent_rollouts=rollouts_per_worker(cfg), new_tokens_per_chunk=cfg.new_tokens_per_chunk,
         n_pullers=alloc.train.dp, request_timeout=cfg.rollout.request_timeout,
+        episode_timeout=cfg.rollout.episode_timeout,
     )
     model = ModelWorkerConfig(
         actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,
         first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp, run_dir=files.run_dir, bind_host=host,
         max_head_offpolicyness=cfg.max_head_offpolicyness, total_train_steps=total_steps, seed=cfg.seed,
-        recover=bool(resume),
+        recover=bool(resume), keep_last_saves=cfg.exp_ctrl.keep_last_saves,
+        max_message_bytes=cfg.cluster.max_message_bytes,
     )
     master = MasterWorkerConfig(
         n_model_workers=alloc.train.dp, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size,
         total_train_steps=total_steps, ppo=cfg.ppo, exp_ctrl=cfg.exp_ctrl, stats=cfg.stats, log_dir=files.log_dir,
-        bind_host=host, stall_timeout=cfg.stall_timeout,
+        bind_host=host, stall_timeout=cfg.stall_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
         expected_workers={"generation_server": alloc.gen.dp, "gserver_manager": 1, "model_worker": alloc.train.dp,
                           "rollout_worker": cfg.rollout.n_workers},
     )
     samplers = resume.get("rollout_samplers", {})
-    rollouts = [dataclasses.replace(rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "")
+    # Every worker gets the whole pending list and runs those of its own shard first.
+    pending = json.dumps(resume["rollout_pending"]) if resume.get("rollout_pending") else ""
+    rollouts = [dataclasses.replace(rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "",
+                                    pending=pending)
                 for i in range(cfg.rollout.n_workers)]
     specs = [
         WorkerSpec("generation_server", alloc.gen.dp, gen_servers),
@@ -131,6 +136,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     for spec in specs:  # cluster.restart_policy.<worker type>
         spec.restart = bool(getattr(policy, spec.worker_type))
         spec.max_restarts, spec.restart_backoff = policy.max_restarts, policy.backoff
+        spec.restart_window = policy.restart_window
         for c in spec.configs:
             validate_worker_config(c)  # what the workers will check at their entry, checked now
     return specs

@@ -6,19 +6,29 @@ log directory) and watches exit codes and heartbeats. Success is every worker ex
 failure — a non-zero exit, a worker that never registers, one whose heartbeat stops — marks the
 trial ABORTED, stops every process within 10 s, prints which worker failed and the tail of its
 log, and raises `WorkerFailedError`. SIGINT/SIGTERM to the launcher stop everything too, and the
-kernel kills the children if the launcher itself is SIGKILLed (PR_SET_PDEATHSIG).
+kernel kills the children if the launcher itself is SIGKILLed (PR_SET_PDEATHSIG); their own
+children (grader pools, sandboxes) are swept by the launcher's watchdog (`watchdog.py`).
 
 Restart policy (`WorkerSpec.restart`): a worker of such a spec that dies (non-zero exit) or hangs
 (heartbeat gone while alive: it is SIGKILLed first) while the trial is RUNNING is started again
-with the same index and config after `restart_backoff · 2^k` s (capped at 30 s); its log file gets
-a "restart k" marker line and is appended to. After `max_restarts` restarts the next death is a
-failure like any other. Its old heartbeat key is deleted before the restart, so the new process
-is judged by its own registration (with the full `startup_timeout`).
+with the same index and config after `restart_backoff · 2^k` s (capped at 30 s; k = its restarts
+within the window); its log file gets a "restart k" marker line and is appended to. The budget is
+per time window: after `max_restarts` restarts within the last `restart_window` s the next death
+is a failure like any other ("N restarts within W s"); restarts older than the window no longer
+count, so a long run survives rare, spaced deaths. Its old heartbeat key is deleted before the
+restart, so the new process is judged by its own registration (with the full `startup_timeout`).
+
+Redis is the run's coordination: if the private redis-server dies, Redis cannot be reached, or
+the experiment status key is gone, the trial fails with `RedisLostError` naming Redis and its URL
+(password redacted) — workers fail the same way (worker_base.experiment_status) instead of
+reading a missing status as "stop" and exiting 0 with fewer steps than asked.
 """
 
 import dataclasses
 import os
+import secrets
 import signal
+import uuid
 import subprocess
 import sys
 import threading
@@ -31,16 +41,20 @@ from omegaconf import OmegaConf
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
-from realhf.base.process import die_with_parent, process_tree
+from realhf.base.network import redact_url
+from realhf.base.process import die_with_parent, pid_alive, process_tree
 from realhf.base.redis_server import RedisServer
 from realhf.base.trial_files import TrialFiles
+from realhf.scheduler.log_echo import LogEcho, log_tail
 from realhf.scheduler.worker_spec import (
     DEFAULT_WORKER_ENV,
     LauncherError,
     LauncherInterrupted,
+    RedisLostError,
     WorkerFailedError,
     WorkerSpec,
 )
+from realhf.scheduler.watchdog import MARKER_ENV, Watchdog
 from realhf.system.worker_base import STATUS_ABORTED, STATUS_COMPLETE, STATUS_RUNNING, WorkerContext
 
 logger = logging.getLogger("launcher")
@@ -60,59 +74,19 @@ class _Proc:
     spec: Optional[WorkerSpec] = None
     config_path: str = ""
     env: Optional[Dict[str, str]] = None
-    restarts: int = 0
+    restarts: int = 0  # over the whole run (reported)
+    restart_times: List[float] = dataclasses.field(default_factory=list)  # monotonic, within the window
     restart_at: Optional[float] = None  # a restart is due at this monotonic time
     last_death: str = ""
 
 
-def log_tail(path: str, n_lines: int = 30) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError as e:
-        return f"(cannot read {path}: {e})"
-    return "\n".join(lines[-n_lines:])
-
-
-class _LogEcho(threading.Thread):
-    """Copies new lines of some worker logs to stdout, so a user sees the master's progress."""
-
-    def __init__(self):
-        super().__init__(name="log-echo", daemon=True)
-        self._paths: List[str] = []
-        self._stop_event = threading.Event()
-
-    def add(self, path: str):
-        self._paths.append(path)
-
-    def run(self):
-        offsets: Dict[str, int] = {}
-        while not self._stop_event.is_set():
-            self._drain(offsets)
-            self._stop_event.wait(0.2)
-        self._drain(offsets)
-
-    def _drain(self, offsets):
-        for path in list(self._paths):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offsets.get(path, 0))
-                    data = f.read()
-                    # Only whole lines; a partial last line waits for the next round.
-                    cut = data.rfind(b"\n") + 1
-                    offsets[path] = offsets.get(path, 0) + cut
-                if cut:
-                    sys.stdout.write(data[:cut].decode(errors="replace"))
-                    sys.stdout.flush()
-            except FileNotFoundError:
-                continue
-
-    def stop(self):
-        self._stop_event.set()
-        if self.is_alive():
-            self.join(timeout=2)
+def _write_private(path: str, text: str) -> None:
+    """Write `path` readable by its owner only: worker configs carry the trial's secret and the
+    Redis password. The mode is set at creation, so the text is never readable by others."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def _kill_group(pgid: int) -> None:
@@ -139,17 +113,22 @@ class LocalLauncher:
         self.bind_host = bind_host
         self._redis: Optional[RedisServer] = None
         self._procs: List[_Proc] = []
-        self._echo = _LogEcho()
+        self._echo = LogEcho()
         self._started = False
         self._stopped = False
         self._old_handlers = {}
+        self.secret = secrets.token_hex(32)  # this trial's shared secret (WorkerContext.secret)
+        self.marker = uuid.uuid4().hex  # REALHF_TRIAL in every worker's environment (watchdog.py)
+        self._watchdog: Optional[Watchdog] = None
 
     # ---- set-up -----------------------------------------------------------------------------
     def start(self) -> "LocalLauncher":
-        os.makedirs(os.path.join(self.log_dir, "configs"), exist_ok=True)
+        os.makedirs(os.path.join(self.log_dir, "configs"), mode=0o700, exist_ok=True)
+        self._watchdog = Watchdog(self.marker)
         cfg = self.name_resolve_config
         if cfg.type == "redis" and not cfg.redis_url:
             self._redis = RedisServer.with_random_password(host=self.bind_host, work_dir=self.log_dir).start()
+            self._watchdog.track(self._redis.pid)  # it leads its own session
             cfg.redis_url = self._redis.url
         if cfg.type == "memory":
             raise LauncherError("cluster.name_resolve.type=memory works within one process only; "
@@ -188,6 +167,7 @@ class LocalLauncher:
         env = dict(os.environ)
         env.update(DEFAULT_WORKER_ENV)
         env.update(spec.env)
+        env[MARKER_ENV] = self.marker
         for index, config in enumerate(configs):
             self._spawn(spec, index, config, env)
 
@@ -195,18 +175,19 @@ class LocalLauncher:
         ctx = WorkerContext(
             experiment_name=self.experiment_name, trial_name=self.trial_name, worker_type=spec.worker_type,
             worker_index=index, worker_count=spec.count, name_resolve=self.name_resolve_config,
-            log_dir=self.log_dir,
+            log_dir=self.log_dir, secret=self.secret,
         )
         doc = {"worker_class": spec.worker_class or spec.worker_type, "context": OmegaConf.structured(ctx)}
         if config is not None:
             doc["config"] = OmegaConf.structured(config)
         config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
-        OmegaConf.save(OmegaConf.create(doc), config_path)
+        _write_private(config_path, OmegaConf.to_yaml(OmegaConf.create(doc)))
         log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")
         key = names.worker(self.experiment_name, self.trial_name, spec.worker_type, index)
         p = _Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, None, log_path, key, time.monotonic(),
                   spec=spec, config_path=config_path, env=env)
         p.popen = self._popen(p)
+        self._watchdog.track(p.popen.pid)
         self._procs.append(p)
         if spec.echo_log:
             self._echo.add(log_path)
@@ -223,6 +204,7 @@ class LocalLauncher:
     def _restart(self, p: _Proc) -> None:
         """Start worker `p` again: same index, same config file, same (appended) log."""
         p.restarts += 1
+        p.restart_times.append(time.monotonic())
         try:  # the dead incarnation's heartbeat must not count for the new one
             name_resolve.delete(p.heartbeat_key)
         except Exception:  # noqa: BLE001 - already expired
@@ -231,9 +213,11 @@ class LocalLauncher:
             log.write((f"\n{'=' * 20} realhf launcher: restart {p.restarts} of {p.name} "
                        f"(max_restarts={p.spec.max_restarts}) after: {p.last_death} {'=' * 20}\n").encode())
         p.popen = self._popen(p)
+        self._watchdog.track(p.popen.pid)
         p.started = time.monotonic()
         p.heartbeat_seen, p.heartbeat_missing_since, p.exited, p.restart_at = False, None, None, None
-        logger.warning(f"restarted {p.name} (restart {p.restarts}/{p.spec.max_restarts}, pid {p.popen.pid}) "
+        logger.warning(f"restarted {p.name} (restart {p.restarts}; {len(p.restart_times)}/{p.spec.max_restarts} "
+                       f"within {self._window(p)}; pid {p.popen.pid}) "
                        f"after: {p.last_death}")
 
     def restarts(self) -> Dict[str, int]:
@@ -272,17 +256,35 @@ class LocalLauncher:
         finally:
             self.stop_all()
 
-    def _status(self) -> str:
+    def _redis_where(self) -> str:
+        return f"Redis at {redact_url(self.name_resolve_config.redis_url)}"
+
+    def _redis_call(self, what: str, fn, *args):
+        """`fn(*args)` against name resolve; RedisLostError naming Redis if it cannot be reached."""
+        if self._redis is not None and not pid_alive(self._redis.pid):
+            raise RedisLostError(f"the trial's redis-server (pid {self._redis.pid}, {self._redis_where()}) "
+                                 "died; every worker depends on it")
         try:
-            return name_resolve.get(names.experiment_status(self.experiment_name, self.trial_name))
+            return fn(*args)
         except name_resolve.NameEntryNotFoundError:
-            return "missing"
+            raise
+        except Exception as e:  # redis.ConnectionError, TimeoutError…
+            raise RedisLostError(f"{self._redis_where()} is unreachable ({what}): {type(e).__name__}: {e}") from None
+
+    def _status(self) -> str:
+        key = names.experiment_status(self.experiment_name, self.trial_name)
+        try:
+            return self._redis_call("reading the experiment status", name_resolve.get, key)
+        except name_resolve.NameEntryNotFoundError:
+            raise RedisLostError(f"the experiment status key {key!r} is missing from {self._redis_where()} "
+                                 "(Redis restarted without its data, flushed or evicted?)") from None
 
     def _check_workers(self):
         """(proc, reason) of the first failed worker, or None. Restartable workers that died are
         scheduled for a restart (or restarted when it is due) instead."""
         now = time.monotonic()
-        heartbeats = set(name_resolve.find_subtree(names.worker_root(self.experiment_name, self.trial_name)))
+        heartbeats = set(self._redis_call("reading heartbeats", name_resolve.find_subtree,
+                                          names.worker_root(self.experiment_name, self.trial_name)))
         running = self._status() == STATUS_RUNNING
         for p in self._procs:
             if p.restart_at is not None:
@@ -316,7 +318,8 @@ class LocalLauncher:
                     p.heartbeat_missing_since = now
                 elif now - p.heartbeat_missing_since > self.heartbeat_grace:
                     reason = (f"stopped heart-beating (key {p.heartbeat_key} gone for "
-                              f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive")
+                              f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive"
+                              f"{self._why_silent(p)}")
                     if self._restartable(p):
                         self._kill_tree(p)
                         p.exited = p.popen.returncode
@@ -327,25 +330,52 @@ class LocalLauncher:
                 return p, self._with_restarts(p, f"did not register its heartbeat within {self.startup_timeout:.0f}s")
         return None
 
+    @staticmethod
+    def _why_silent(p: _Proc) -> str:
+        """A hint for a heartbeat gone while the process lives: paused (SIGSTOP), or hung."""
+        try:
+            stopped = psutil.Process(p.popen.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
+            return ""
+        return (" and is stopped (SIGSTOP? paused longer than its heartbeat TTL + heartbeat_grace)" if stopped
+                else " (hung, or paused by SIGSTOP for longer than its heartbeat TTL + heartbeat_grace?)")
+
+    @staticmethod
+    def _recent_restarts(p: _Proc) -> int:
+        """Restarts of `p` that count against its budget: those within the last restart_window s."""
+        window = p.spec.restart_window if p.spec is not None else 0
+        if window > 0:
+            now = time.monotonic()
+            p.restart_times = [t for t in p.restart_times if now - t < window]
+        return len(p.restart_times)
+
     def _restartable(self, p: _Proc) -> bool:
-        return (p.spec is not None and p.spec.restart and p.restarts < p.spec.max_restarts
+        return (p.spec is not None and p.spec.restart and self._recent_restarts(p) < p.spec.max_restarts
                 and self._status() == STATUS_RUNNING)
 
     def _schedule_restart(self, p: _Proc, reason: str, now: float) -> bool:
         if not self._restartable(p):
             return False
-        delay = min(30.0, p.spec.restart_backoff * 2 ** p.restarts)
+        delay = min(30.0, p.spec.restart_backoff * 2 ** self._recent_restarts(p))
         _kill_group(p.popen.pid)  # children the dead worker left behind (same process group)
+        self._watchdog.forget(p.popen.pid)
         p.last_death, p.restart_at = reason, now + delay
-        logger.warning(f"{p.name} {reason}; restarting it in {delay:.1f}s "
-                       f"(restart {p.restarts + 1} of at most {p.spec.max_restarts})")
+        logger.warning(f"{p.name} {reason}; restarting it in {delay:.1f}s (restart {p.restarts + 1}; "
+                       f"{self._recent_restarts(p) + 1} of at most {p.spec.max_restarts} within {self._window(p)})")
         return True
 
     @staticmethod
-    def _with_restarts(p: _Proc, reason: str) -> str:
-        if p.restarts:
-            return f"{reason} after {p.restarts} restart(s) (restart_policy.max_restarts={p.spec.max_restarts})"
-        return reason
+    def _window(p: _Proc) -> str:
+        return f"{p.spec.restart_window:g} s" if p.spec.restart_window > 0 else "the run"
+
+    def _with_restarts(self, p: _Proc, reason: str) -> str:
+        if not p.restarts:
+            return reason
+        if not (p.spec.restart and self._status() == STATUS_RUNNING):
+            return f"{reason} after {p.restarts} restart(s)"
+        return (f"{reason} after {self._recent_restarts(p)} restarts within {self._window(p)} "
+                f"(cluster.restart_policy.max_restarts={p.spec.max_restarts}, restart_window={p.spec.restart_window:g}; "
+                f"{p.restarts} restart(s) in all)")
 
     @staticmethod
     def _kill_tree(p: _Proc) -> None:
@@ -398,6 +428,7 @@ class LocalLauncher:
             if p.popen.poll() is None:
                 try:
                     os.killpg(p.popen.pid, signal.SIGTERM)
+                    os.killpg(p.popen.pid, signal.SIGCONT)  # a paused (SIGSTOPped) worker must see it now
                 except ProcessLookupError:
                     pass
         _, alive = psutil.wait_procs(tree, timeout=grace)
@@ -422,6 +453,8 @@ class LocalLauncher:
             pass
         if self._redis is not None:
             self._redis.stop()
+        if self._watchdog is not None:  # last: it sweeps what escaped the above (re-parented, setsid)
+            self._watchdog.close()
         self._restore_signal_handlers()
 
     def __enter__(self):

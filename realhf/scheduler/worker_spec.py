@@ -31,7 +31,8 @@ class WorkerSpec:
     env: Dict[str, str] = field(default_factory=dict)
     echo_log: bool = False  # copy this worker's log lines to the launcher's console
     restart: bool = False  # restart a worker of this spec that dies while the trial runs
-    max_restarts: int = 3  # per worker; the next death after this many restarts fails the trial
+    max_restarts: int = 3  # per worker within restart_window s; one more death in the window fails the trial
+    restart_window: float = 600.0  # seconds over which max_restarts is counted; 0: the whole run
     restart_backoff: float = 1.0  # seconds before restart k+1 is backoff·2^k (capped at 30 s)
 
 
@@ -43,6 +44,11 @@ class WorkerFailedError(LauncherError):
     def __init__(self, worker: str, reason: str, log_path: str, log_tail: str):
         super().__init__(f"worker {worker} failed: {reason} (log: {log_path})")
         self.worker, self.reason, self.log_path, self.log_tail = worker, reason, log_path, log_tail
+
+
+class RedisLostError(LauncherError):
+    """The trial's Redis died, cannot be reached, or lost the experiment status key: the run's
+    coordination is gone, so it fails (never ends as if it had completed)."""
 
 
 class LauncherInterrupted(LauncherError):

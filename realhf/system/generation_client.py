@@ -12,7 +12,9 @@ Every output token keeps the `weight_version` of the response that produced it, 
 behaviour log-prob.
 
 A generation server that cannot be reached (killed, restarting: connection refused or dropped,
-HTTP 502/503) or a manager that has no live server to offer (503) is not the episode's failure:
+HTTP 502/503), that gives no answer within `request_timeout` s (alive but hung: its engine
+stuck, its process stopped; with `new_tokens_per_chunk` the timeout is per chunk), or a manager
+that has no live server to offer (503) is not the episode's failure:
 the request is scheduled again — to another server once the manager dropped the dead one — with
 the tokens already generated kept, backing off up to 5 s, for at most `server_wait_timeout` s
 without progress. With one server only, that is how rollouts wait for its restart.
@@ -37,6 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import aiohttp
 
 from realhf.base import logging
+from realhf.base.secret import auth_headers
 from realhf.system.http_json import GenerationError, ServerUnavailableError, post_json
 from realhf.system.manager_client import ManagerClient
 
@@ -69,13 +72,14 @@ class GenerationClient:
 
     def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
                  manager_timeout: float = 30.0, eos_token_id: Optional[int] = None,
-                 server_wait_timeout: float = 300.0):
+                 server_wait_timeout: float = 300.0, secret: str = ""):
         if new_tokens_per_chunk < 0:
             raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
         self.new_tokens_per_chunk = new_tokens_per_chunk
         self.request_timeout = request_timeout
         self.eos_token_id = eos_token_id
         self.server_wait_timeout = server_wait_timeout
+        self._headers = auth_headers(secret)  # the run's secret, on every call to the manager and servers
         self._session: Optional[aiohttp.ClientSession] = None
         self.manager = ManagerClient(manager_url, self.session, manager_timeout)
         self._routes: Dict[str, _Route] = {}
@@ -84,6 +88,7 @@ class GenerationClient:
         self.n_generate_calls = 0
         self.n_aborts = 0
         self.n_unavailable = 0  # requests resubmitted because their server or the manager was unavailable
+        self.n_timeouts = 0  # /generate calls that got no answer within request_timeout (hung server)
         self._warned: Dict[str, int] = {}  # qid -> highest unavailable attempt logged
 
     # ---- session ------------------------------------------------------------------------------
@@ -97,7 +102,7 @@ class GenerationClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # No connection cap: a worker may have hundreds of samples in flight on loopback.
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -223,7 +228,13 @@ class GenerationClient:
         body = {"input_ids": input_ids, "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
                 "return_logprob": True, "rid": rid}
         self.n_generate_calls += 1
-        r = await post_json(self.session(), f"{url}/generate", body, self.request_timeout)
+        try:
+            r = await post_json(self.session(), f"{url}/generate", body, self.request_timeout)
+        except TimeoutError as e:
+            # Alive but hung (engine stuck, process stopped): like a dead server, resubmit
+            # elsewhere; the manager drops it once its health checks time out.
+            self.n_timeouts += 1
+            raise ServerUnavailableError(f"{e} (request_timeout; treating the server as hung)") from None
         return parse_generate_response(url, r)
 
 

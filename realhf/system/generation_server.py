@@ -8,8 +8,13 @@
                        on `pick_device(device, base_gpu_id)`: weights, cache and steps all there
                sglang: `python -m sglang.launch_server` as a child process, wait for /health
                then register `http://host:port` under gen_servers/ (keep-alive key)
-    loop:      check every `health_check_interval` s that the backend is alive (a dead backend
-               fails the worker, so the launcher sees it); log load and throughput
+    loop:      check every `health_check_interval` s that the backend is alive and answers: a
+               dead backend fails the worker at once; a hung one (the engine thread stuck in a
+               step, the HTTP server not answering /health) fails it after `max_health_failures`
+               checks in a row that got no answer within `health_timeout` s. Either way the
+               worker exits non-zero and the launcher restarts it (a whole process that is
+               SIGSTOPped cannot check itself: its keep-alive expires instead). Log load and
+               throughput.
     exit:      deregister first (no new traffic), then stop the server and the engine / process tree
 
 All the work is in the backend modules; this file only wires them to the worker lifecycle.
@@ -20,11 +25,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Tuple
 
 from realhf.api.worker_configs import GenerationServerConfig
 from realhf.base import name_resolve, names
 from realhf.base.network import find_free_port, host_for_peers
+from realhf.base.secret import auth_headers
 from realhf.base.trial_files import latest_published
 from realhf.system.worker_base import Worker
 
@@ -37,6 +46,7 @@ class GenerationServer(Worker):
     def _configure(self) -> None:
         self._engine = self._server = self._sglang = None
         self._key = None
+        self._unanswered = 0  # liveness checks in a row without an answer (a hung backend)
         cfg: GenerationServerConfig = self.config
         seed = cfg.seed + self.ctx.worker_index
         if cfg.backend == "native":
@@ -97,7 +107,9 @@ class GenerationServer(Worker):
         bind_device(device)
         self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
                                                  seed=seed, name=self.name, device=device).start()
-        self._server = HttpServerThread(create_app(self._engine, max_request_bytes=cfg.max_request_bytes), cfg.host, cfg.port,
+        app = create_app(self._engine, max_request_bytes=cfg.max_request_bytes, secret=self.ctx.secret,
+                         weights_root=cfg.weights_root)
+        self._server = HttpServerThread(app, cfg.host, cfg.port,
                                         name="generation server").start(timeout=cfg.startup_timeout)
         return self._server.port
 
@@ -141,6 +153,44 @@ class GenerationServer(Worker):
             if code is not None:
                 raise RuntimeError(f"sglang server {self.url} exited with code {code}; last lines of "
                                    f"{self._sglang.log_path}:\n{self._sglang.log_tail()}")
+        self._check_answers()
+
+    def _check_answers(self) -> None:
+        """Alive but hung is dead too: the manager would keep routing to a server whose /health
+        answers while its engine is stuck. Exit after `max_health_failures` checks in a row
+        without an answer, so the launcher restarts this worker."""
+        cfg = self.config
+        problem = self._unanswered_part(cfg.health_timeout)
+        if not problem:
+            if self._unanswered:
+                self.logger.info(f"{self.url} answers again after {self._unanswered} unanswered liveness checks")
+            self._unanswered = 0
+            return
+        self._unanswered += 1
+        self.logger.warning(f"{self.url}: {problem} (liveness check {self._unanswered} of "
+                            f"max_health_failures={cfg.max_health_failures} in a row)")
+        if self._unanswered >= cfg.max_health_failures:
+            raise RuntimeError(f"generation server {self.url} is hung: {problem}, {self._unanswered} liveness "
+                               f"checks in a row (health_timeout={cfg.health_timeout:g}s); exiting so that it is restarted")
+
+    def _unanswered_part(self, timeout: float) -> str:
+        """What did not answer within `timeout` s ("" when everything did): the engine thread
+        (a no-op command through its queue, which it applies between two steps), then the HTTP
+        server's /health."""
+        if self._engine is not None:
+            try:
+                self._engine.flush_cache().result(timeout=timeout)  # no cache to flush: a no-op
+            except FutureTimeout:
+                return f"the engine thread did not apply a no-op command within {timeout:g}s (stuck in a step?)"
+        try:
+            request = urllib.request.Request(f"{self.url}/health", headers=auth_headers(self.ctx.secret))
+            with urllib.request.urlopen(request, timeout=timeout) as resp:
+                resp.read()
+        except urllib.error.HTTPError as e:
+            return f"GET /health answered HTTP {e.code}"
+        except (urllib.error.URLError, OSError) as e:  # a timeout is an OSError
+            return f"GET /health got no answer within {timeout:g}s ({type(e).__name__}: {e})"
+        return ""
 
     def _exit_hook(self) -> None:
         if getattr(self, "_key", None):
@@ -149,7 +199,10 @@ class GenerationServer(Worker):
             except Exception as e:  # expired or Redis gone: nothing left to withdraw
                 self.logger.warning(f"could not delete {self._key}: {e}")
         if getattr(self, "_engine", None) is not None:
-            self._engine.stop()  # queued and running requests return with abort
+            # Queued and running requests return with abort. A hung engine thread will not
+            # stop: do not wait the usual 10 s for it before answering them.
+            hung = getattr(self, "_unanswered", 0) >= self.config.max_health_failures
+            self._engine.stop(timeout=1.0 if hung else 10.0)
         if getattr(self, "_server", None) is not None:
             self._server.stop()
         if getattr(self, "_sglang", None) is not None:

@@ -45,12 +45,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from realhf.api.worker_configs import GserverManagerConfig
-from realhf.base import name_resolve, names
+from realhf.base import logging, name_resolve, names
 from realhf.base.body_limit import BodySizeLimit
+from realhf.base.secret import auth_headers, require_secret
 from realhf.system.http_thread import HttpServerThread
 from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
 from realhf.system.manager_service import ManagerService
 from realhf.system.worker_base import Worker
+
+logger = logging.getLogger("gserver_manager")
 
 
 # ---- request bodies --------------------------------------------------------------------------
@@ -94,9 +97,11 @@ def _describe_validation_errors(errors) -> str:
     return "invalid request body: " + "; ".join(parts)
 
 
-def create_app(service: ManagerService) -> FastAPI:
+def create_app(service: ManagerService, secret: str = "") -> FastAPI:
     app = FastAPI(title="realhf GserverManager")
     app.add_middleware(BodySizeLimit, max_bytes=service.config.max_request_bytes)
+    # Every endpoint needs the run's secret (realhf.base.secret); refusals show in /status.
+    auth_refused = require_secret(app, secret, logger, "gserver manager")
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid_body(request: Request, exc: RequestValidationError):
@@ -134,7 +139,7 @@ def create_app(service: ManagerService) -> FastAPI:
 
     @app.get("/status")
     async def status():
-        return service.status()
+        return {**service.status(), "auth_refused": auth_refused.as_dict()}
 
     @app.get("/metrics")
     async def metrics():
@@ -145,7 +150,8 @@ def create_app(service: ManagerService) -> FastAPI:
 
 # ---- the watcher ----------------------------------------------------------------------------
 async def run_watcher(service: ManagerService, read_version: Callable[[], int],
-                      read_stale_dropped: Callable[[], List[int]], list_servers: Callable[[], List[str]]) -> None:
+                      read_stale_dropped: Callable[[], List[int]], list_servers: Callable[[], List[str]],
+                      secret: str = "") -> None:
     """Poll versions and servers; run weight-update rounds and health checks in tasks of their
     own. Routed servers = registered under gen_servers/ (a dead server's keep-alive entry
     expires) ∩ answering /health (a SIGKILLed one stops at once)."""
@@ -153,7 +159,7 @@ async def run_watcher(service: ManagerService, read_version: Callable[[], int],
     update_task: Optional[asyncio.Task] = None
     health_task: Optional[asyncio.Task] = None
     next_health = 0.0
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=auth_headers(secret)) as session:  # probes and weight updates
         try:
             while True:
                 service.observe_trainer(read_version(), read_stale_dropped())
@@ -166,7 +172,7 @@ async def run_watcher(service: ManagerService, read_version: Callable[[], int],
                     health_task = asyncio.create_task(check_health(service, session, urls))
                 if update_task is not None and update_task.done():
                     update_task = None
-                if update_task is None and service.updater.due(service.version.value):
+                if update_task is None and service.update_due():
                     update_task = asyncio.create_task(service.updater.run_round(session, service.version.get_version))
                 await asyncio.sleep(config.poll_interval)
         finally:
@@ -187,7 +193,7 @@ async def check_health(service: ManagerService, session: aiohttp.ClientSession, 
             async with session.get(f"{url}/health", timeout=timeout) as r:
                 if r.status != 200:
                     return False, None
-            if not service.health.is_joining(url):
+            if not service.is_joining(url):
                 return True, None
             async with session.get(f"{url}/get_model_info", timeout=timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
@@ -198,7 +204,7 @@ async def check_health(service: ManagerService, session: aiohttp.ClientSession, 
     results = await asyncio.gather(*(probe(u) for u in urls))
     for url, (ok, version) in zip(urls, results):
         service.observe_health(url, ok, version)
-    service.health.forget_unregistered(urls)
+    service.forget_unregistered(urls)
 
 
 # ---- name resolve ------------------------------------------------------------------------------
@@ -239,7 +245,7 @@ def wait_for_servers(experiment: str, trial: str, n: int, timeout: float) -> Lis
 
 
 def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
-                  server_urls: Optional[List[str]] = None) -> HttpServerThread:
+                  server_urls: Optional[List[str]] = None, secret: str = "") -> HttpServerThread:
     """Start the manager's HTTP server and watcher in a thread; `.service` is the ManagerService.
     The caller registers `.url` and calls `.stop()`. Servers passed in `server_urls` stay known
     (routed while they answer /health) besides those registered under gen_servers/."""
@@ -254,9 +260,9 @@ def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
     async def watch():
         n_ranks = service.admission.n_ranks
         await run_watcher(service, lambda: _read_int(version_key), lambda: read_stale_dropped(stale_key, n_ranks),
-                          lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))))
+                          lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))), secret)
 
-    thread = HttpServerThread(create_app(service), host=config.host, name="gserver-manager", tasks=[watch])
+    thread = HttpServerThread(create_app(service, secret), host=config.host, name="gserver-manager", tasks=[watch])
     thread.service = service
     return thread.start()
 
@@ -268,7 +274,7 @@ class GserverManager(Worker):
         self._server: Optional[HttpServerThread] = None
         self._key = names.gserver_manager(self.ctx.experiment_name, self.ctx.trial_name)
         cfg = self.config
-        self._server = serve_manager(cfg, self.ctx.experiment_name, self.ctx.trial_name)
+        self._server = serve_manager(cfg, self.ctx.experiment_name, self.ctx.trial_name, secret=self.ctx.secret)
         name_resolve.add(self._key, self._server.url, replace=True)
         self._last_log = time.monotonic()
         self.logger.info(

@@ -5,10 +5,21 @@ It wires together admission (`realhf.impl.admission.StalenessManager`, docs/arch
 per-server weight versions (`realhf.system.weight_update.WeightUpdater`) and the counters of
 `/status`. The HTTP app and the watcher (`realhf.system.gserver_manager`) call into it from one
 event loop; nothing here does I/O, so admission keeps answering while a server is being updated.
+
+One lock (`self.lock`, a threading.RLock) is held by every public method, so a reader in another
+thread — the GserverManager worker's main thread logs `status()` while the HTTP thread's event
+loop serves requests and health checks — sees one consistent snapshot and never iterates a dict
+or deque that the loop is changing. A lock rather than routing reads through the event loop:
+every caller, in any thread, is safe without knowing which loop owns the state. The methods never
+await or do I/O, so the lock is held for microseconds and never across a weight update; the
+update round (`WeightUpdater.run_round`, on the loop) writes only single entries of
+`updater.versions` and scalars, which `status()` reads one at a time.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import List, Optional
 
 from realhf.api.worker_configs import GserverManagerConfig
@@ -37,8 +48,20 @@ def trainer_shares(config: GserverManagerConfig) -> List[int]:
     return dp_shares(config.groups_per_step, config.n_trainer_ranks)
 
 
+def _locked(method):
+    """Run `method` holding the service's lock (see the module docstring)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class ManagerService:
-    """Admission + routing + server health + weight versions + counters; no sockets."""
+    """Admission + routing + server health + weight versions + counters; no sockets.
+    Every public method holds `self.lock`: callable from any thread."""
 
     def __init__(self, config: GserverManagerConfig, server_urls: List[str]):
         self.config = config
@@ -53,13 +76,16 @@ class ManagerService:
         self.health = ServerHealth(server_urls, config.max_health_failures)
         self.throughput = ThroughputWindow()
         self.n_abandoned = 0
+        self.lock = threading.RLock()
 
     # ---- the endpoints ------------------------------------------------------------------------
+    @_locked
     def allocate(self, qid: str, rank: int) -> dict:
         """`rank`: the trainer DP rank the rollout's worker pushes to (ValueError if out of range)."""
         d = self.admission.allocate(qid, rank)
         return {"success": d.success, "reason": d.reason}
 
+    @_locked
     def schedule(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,
                  previous_url: Optional[str] = None, previous_version: Optional[int] = None) -> dict:
         if not self.admission.is_running(qid):
@@ -71,12 +97,14 @@ class ManagerService:
                                    previous_version=previous_version, current_version=version)
         return {"url": url, "version": version}
 
+    @_locked
     def finish(self, qid: str, accepted: bool, n_tokens: int) -> dict:
         self.admission.finish(qid, accepted)  # KeyError: never allocated or already finished
         self.router.release(qid)
         self.throughput.add(accepted, n_tokens)
         return {"success": True}
 
+    @_locked
     def abandon(self, qids: List[str]) -> dict:
         """Free the slots of rollouts that died with their worker (a restarted rollout worker
         reports its previous incarnation's in-flight qids); unknown qids are ignored."""
@@ -90,6 +118,7 @@ class ManagerService:
             logger.info(f"abandoned {len(done)} rollouts of a dead worker: {done[:5]}{' ...' if len(done) > 5 else ''}")
         return {"abandoned": len(done), "unknown": len(set(qids)) - len(done)}
 
+    @_locked
     def status(self) -> dict:
         s = self.admission.status()
         loads = self.router.loads()
@@ -108,6 +137,7 @@ class ManagerService:
         return s
 
     # ---- what the watcher reads ---------------------------------------------------------------
+    @_locked
     def observe_trainer(self, version: int, stale_dropped: List[int]) -> None:
         """The trainer's published version and stale-dropped totals per DP rank (all only ever
         grow: an older read, e.g. from another replica of name resolve, changes nothing). A list
@@ -123,6 +153,7 @@ class ManagerService:
         if merged != current:
             self.admission.set_stale_dropped(merged)
 
+    @_locked
     def observe_servers(self, registered: List[str]) -> None:
         """Route to the registered servers that pass their health checks. A server new to
         routing starts at the weight version it reported (a restarted server loads the current
@@ -139,6 +170,7 @@ class ManagerService:
         logger.info(f"routed generation servers: {old} → {urls}"
                     + ("" if urls else " (none alive: rollouts wait for a server to come back)"))
 
+    @_locked
     def observe_health(self, url: str, ok: bool, weight_version: Optional[int] = None) -> None:
         """One /health check's result (`weight_version`: what a joining server reported)."""
         change = self.health.record(url, ok, weight_version)
@@ -148,3 +180,18 @@ class ManagerService:
         elif change == DROPPED:
             logger.warning(f"generation server {url} failed {self.health.failures[url]} health checks in a row; "
                            "dropped from routing")
+
+    @_locked
+    def is_joining(self, url: str) -> bool:
+        """Not routed yet: a successful health check should also ask for its weight version."""
+        return self.health.is_joining(url)
+
+    @_locked
+    def forget_unregistered(self, registered: List[str]) -> None:
+        """Forget the health records of servers no longer registered."""
+        self.health.forget_unregistered(registered)
+
+    @_locked
+    def update_due(self) -> bool:
+        """Some routed server holds older weights than the trainer's version."""
+        return self.updater.due(self.version.value)

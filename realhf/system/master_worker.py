@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,7 +21,7 @@ from realhf.base.trial_files import metrics_path
 from realhf.impl.admission import dp_shares
 from realhf.system import stall_report
 from realhf.system.request_reply_stream import MasterStream
-from realhf.system.stats_logger import StatsLogger, step_metrics, truncate_metrics
+from realhf.system.stats_logger import TRAINED_QIDS_FILE, StatsLogger, TrainedQidsLog, step_metrics, truncate_metrics
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
@@ -39,6 +40,10 @@ def train_call_names(ppo) -> List[str]:
 class MasterWorker(Worker):
     config_cls = MasterWorkerConfig
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._dropped: set = set()  # qids the DP heads dropped (stale) in this incarnation: never trained
+
     # ---- set-up -----------------------------------------------------------------------------
     def _configure(self) -> None:
         cfg: MasterWorkerConfig = self.config
@@ -48,7 +53,8 @@ class MasterWorker(Worker):
         self.total_steps = cfg.total_train_steps
         self.shares = dp_shares(cfg.groups_per_step, cfg.n_model_workers)
 
-        self._stream = MasterStream(exp, trial, cfg.n_model_workers, host=cfg.bind_host)
+        self._stream = MasterStream(exp, trial, cfg.n_model_workers, host=cfg.bind_host, secret=self.ctx.secret,
+                                    max_message_bytes=cfg.max_message_bytes)
         self.logger.info(f"waiting for {cfg.n_model_workers} model workers at {self._stream.address}")
         self._stream.wait_for_workers(cfg.worker_connect_timeout)
         replies = self._stream.call_all("initialize", timeout=cfg.request_timeout)
@@ -56,10 +62,18 @@ class MasterWorker(Worker):
         if len(versions) != 1:
             raise RuntimeError(f"model workers disagree on the starting version: {versions}")
         self.version = versions[0]
+        # The prompt accounting a resumed run continues (docs/architecture.md §12.3).
+        resumed = replies[0].get("resume") or {}
+        self._pending: Dict[str, str] = {qid: str(query_id) for query_id, qid in resumed.get("rollout_pending", [])}
+        self._samplers: Dict[str, Any] = dict(resumed.get("rollout_samplers") or {})
 
         self.metrics_path = metrics_path(cfg.log_dir)
         # Steps after the checkpoint we resume from will be run again: their old lines go.
         kept = truncate_metrics(self.metrics_path, last_step=self.version)
+        # Which prompt groups each step trained ({step, qids} per line): the record that shows a
+        # killed-and-resumed run neither repeats nor skips a prompt; resumed steps lose theirs too.
+        self._qids_log = TrainedQidsLog(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE), last_step=self.version)
+        self._trained = self._read_trained(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE))
         if self.version > 0:
             self.logger.info(f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps")
         self._stats = StatsLogger(self.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
@@ -69,6 +83,7 @@ class MasterWorker(Worker):
         self.step = self.version
         self.training_samples = self.version * cfg.groups_per_step
         self.stale_dropped = 0  # the total over DP ranks, for metrics and the checkpoint
+        self.rejected = 0  # malformed groups the DP heads refused, total over ranks
         self._stale_dropped_per_rank: Optional[List[int]] = None  # what was last published
         self._publish("training_samples", self.training_samples)
         self._update_stale_dropped([])
@@ -80,19 +95,37 @@ class MasterWorker(Worker):
             f"from version {self.version}; calls {' -> '.join(train_call_names(cfg.ppo))}; metrics in {self.metrics_path}"
         )
 
+    @staticmethod
+    def _read_trained(path: str) -> set:
+        """Every qid trained in this trial so far (the file is already cut to the resumed step)."""
+        trained: set = set()
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    trained.update(json.loads(line)["qids"])
+        return trained
+
     def _publish(self, what: str, value: int) -> None:
         key = getattr(names, what)(self.ctx.experiment_name, self.ctx.trial_name)
         name_resolve.add(key, str(int(value)), replace=True, delete_on_exit=False)
 
     def _update_stale_dropped(self, replies: List[dict]) -> None:
-        """Publish each DP rank's stale-dropped total (from `fetch` replies) as a JSON list, as
-        soon as one changes: the manager frees admission capacity of that rank's budget."""
+        """Publish each DP rank's total of accepted groups it will never train — stale drops
+        plus malformed groups it refused (`rejected`) — from `fetch` replies as a JSON list, as
+        soon as one changes: the manager frees admission capacity of that rank's budget
+        (docs/architecture.md §4)."""
         per_rank = [0] * len(self.shares)
+        stale = rejected = 0
         for r in replies:
-            per_rank[r["dp_rank"]] = int(r["stale_dropped"])
+            self._dropped.update(r.get("dropped_qids", ()))  # never trained: not pending at a checkpoint
+            per_rank[r["dp_rank"]] = int(r["stale_dropped"]) + int(r.get("rejected", 0))
+            stale, rejected = stale + int(r["stale_dropped"]), rejected + int(r.get("rejected", 0))
         if per_rank != self._stale_dropped_per_rank:
+            if replies and rejected != self.rejected:
+                self.logger.warning(f"DP heads refused {rejected - self.rejected} malformed groups ({rejected} in "
+                                    f"total); their admission slots are handed back as dropped")
             self._stale_dropped_per_rank = per_rank
-            self.stale_dropped = sum(per_rank)
+            self.stale_dropped, self.rejected = stale, rejected
             key = names.stale_dropped(self.ctx.experiment_name, self.ctx.trial_name)
             name_resolve.add(key, json.dumps(per_rank), replace=True, delete_on_exit=False)
 
@@ -125,7 +158,7 @@ class MasterWorker(Worker):
             if stalled > cfg.stall_timeout and now - reported_at > cfg.data_log_interval:
                 reported_at = last_log = now
                 report = stall_report.stall_report(self.ctx.experiment_name, self.ctx.trial_name, replies,
-                                                   self.shares, cfg.expected_workers)
+                                                   self.shares, cfg.expected_workers, secret=self.ctx.secret)
                 self.logger.warning(f"stall: no train step completed for {stalled:.0f}s (step {self.step + 1}, "
                                     f"version {self.version}); who waits for what:\n  " + "\n  ".join(report))
             elif now - last_log > cfg.data_log_interval:
@@ -153,7 +186,12 @@ class MasterWorker(Worker):
             self.step, self.version, fetched, train, inference, self.stale_dropped, now - self._t_last_step, wait_s, self.training_samples,
         )  # fmt: skip
         self._t_last_step = now
+        metrics["rejected"] = self.rejected
         self._stats.log(metrics)
+        qids = [q for r in fetched for q in r["batch"].get("qids", [])]
+        self._qids_log.write(self.step, qids)
+        self._trained.update(qids)
+        self._sync_rollout_records()
         self._save_and_checkpoint()
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
@@ -193,23 +231,45 @@ class MasterWorker(Worker):
 
     def _checkpoint(self) -> None:
         """Trainer state plus what the rest of the system needs to resume consistently: the step
-        and sample counters (the manager's admission resumes from them) and each rollout worker's
-        prompt-sampler position — all in the model workers' one atomic write."""
+        and sample counters (the manager's admission resumes from them), each rollout worker's
+        prompt-sampler position and the prompts drawn but not yet trained or consumed (`pending`,
+        run first on resume; kept up to date after every step by `_sync_rollout_records`) — all in
+        the model workers' one atomic write (docs/architecture.md §12.3)."""
         cfg = self.config
-        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
-        samplers = {}
-        for i in range(cfg.expected_workers.get("rollout_worker", 0)):
-            try:
-                samplers[str(i)] = json.loads(name_resolve.get(names.rollout_sampler_state(exp, trial, i)))
-            except name_resolve.NameEntryNotFoundError:
-                pass  # that worker has not drawn a prompt yet: it resumes from the start
+        pending = [[query_id, qid] for qid, query_id in sorted(self._pending.items())]
         extra = {"step": self.step, "training_samples": self.training_samples, "stale_dropped": self.stale_dropped,
-                 "rollout_samplers": samplers, "saved_at": time.time()}
+                 "rollout_samplers": self._samplers, "rollout_pending": pending, "saved_at": time.time()}
         path = self._stream.call_all("checkpoint", {"extra": extra}, timeout=cfg.request_timeout)[0]["path"]
         self._t_last_ckpt = time.monotonic()
         self._ckpt_version = self.version
         self.logger.info(f"step {self.step}: recovery checkpoint at version {self.version} in {path} "
-                         f"({len(samplers)} rollout sampler positions)")
+                         f"({len(self._samplers)} rollout sampler positions, {len(pending)} prompts pending)")
+
+    def _sync_rollout_records(self) -> None:
+        """After each step: read every rollout worker's record (one get each: its sampler position
+        and drawn prompts agree) and update the sampler positions and the pending set,
+            pending = (pending before ∪ refused, to-do, in flight, pushed) − consumed − trained − dropped,
+        then acknowledge the seq read, so the worker forgets the pushed and consumed entries now
+        held here (its record stays one step long). A checkpoint snapshots both: what this
+        process holds in memory only matters until the next one, since its death ends the run."""
+        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
+        seqs, consumed = {}, set()
+        for i in range(self.config.expected_workers.get("rollout_worker", 0)):
+            try:
+                rec = json.loads(name_resolve.get(names.rollout_record(exp, trial, i)))
+            except name_resolve.NameEntryNotFoundError:
+                continue  # not started yet: its previous position and pending prompts carry over
+            seqs[i] = int(rec["seq"])
+            self._samplers[str(i)] = rec["sampler"]
+            drawn = ([rec["refused"]] if rec.get("refused") else []) + list(rec.get("todo") or [])
+            for part in ("inflight", "pushed"):
+                drawn += [[e["query_id"], q] for q, e in (rec.get(part) or {}).items()]
+            self._pending.update({qid: str(query_id) for query_id, qid in drawn})
+            consumed.update(rec.get("consumed") or {})
+        self._pending = {q: query_id for q, query_id in self._pending.items()
+                         if q not in consumed and q not in self._trained and q not in self._dropped}
+        for i, seq in seqs.items():
+            name_resolve.add(names.rollout_record_ack(exp, trial, i), str(seq), replace=True, delete_on_exit=False)
 
     def _finish(self) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:
@@ -225,5 +285,7 @@ class MasterWorker(Worker):
     def _exit_hook(self) -> None:
         if getattr(self, "_stats", None) is not None:
             self._stats.close()
+        if getattr(self, "_qids_log", None) is not None:
+            self._qids_log.close()
         if getattr(self, "_stream", None) is not None:
             self._stream.close()

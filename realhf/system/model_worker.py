@@ -21,7 +21,7 @@ import datetime
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import name_resolve, names, trial_files
 from realhf.base.device import bind_device, dist_backend, pick_device
-from realhf.base.network import host_for_peers, split_host_port
+from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
 from realhf.impl.model import checkpoint, recover_checkpoint
 from realhf.impl.model.batching import TrainBatch, batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
@@ -58,7 +58,8 @@ class ModelWorker(Worker):
         self._batch: Optional[TrainBatch] = None
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
-        puller = NameResolvingZmqPuller(exp, trial, self.dp_rank, host=cfg.bind_host)
+        puller = NameResolvingZmqPuller(exp, trial, self.dp_rank, host=cfg.bind_host, secret=self.ctx.secret,
+                                        max_message_bytes=cfg.max_message_bytes)
         self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg,
                                       name=f"dp{self.dp_rank}-stream")
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
@@ -73,9 +74,12 @@ class ModelWorker(Worker):
         self.critic = PPOCritic(self.engines["critic"], cfg.ppo) if "critic" in self.engines else None
         self._trained = {role: e for role, e in self.engines.items() if role != "ref"}
         self._recover_path = trial_files.recover_dir(cfg.run_dir)
+        self._resume: Dict[str, Any] = {}  # the checkpoint's prompt accounting, for the master
+        self._dropped_qids: List[str] = []  # stale-dropped since the last fetch reply
         if cfg.recover and recover_checkpoint.read_info(self._recover_path) is not None:
             info = recover_checkpoint.load(self._recover_path, self._trained, self.dp_rank, self.device)
             self.version = int(info["version"])
+            self._resume = {k: info[k] for k in ("rollout_pending", "rollout_samplers") if k in info}
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
         sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
         self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} params "
@@ -87,7 +91,8 @@ class ModelWorker(Worker):
             "critic_train": self._critic_train, "train_step": self._train_step, "save": self._save,
             "checkpoint": self._checkpoint, "ping": self._ping,
         }  # fmt: skip
-        self._stream = WorkerStream(exp, trial, self.dp_rank, discovery_timeout=cfg.master_discovery_timeout)
+        self._stream = WorkerStream(exp, trial, self.dp_rank, discovery_timeout=cfg.master_discovery_timeout,
+                                    secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
 
     def _init_distributed(self) -> None:
         """The process group every engine shards over. Rank 0 binds the rendezvous store on a free
@@ -95,6 +100,7 @@ class ModelWorker(Worker):
         cfg = self.config
         backend = dist_backend(self.device)
         timeout = datetime.timedelta(seconds=cfg.distributed_timeout)
+        bind_gloo_to(cfg.bind_host)  # gloo's own listeners too, not only the TCPStore
         if self.dp_size == 1:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
             self._dist_initialized = True
@@ -168,29 +174,38 @@ class ModelWorker(Worker):
     def _initialize(self, data: Any) -> Dict[str, Any]:
         self._publish(weights=self.version > 0)  # recovered: servers must load these weights
         return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "version": self.version,
-                "n_params": self.engines["actor"].n_params}
+                "n_params": self.engines["actor"].n_params, "resume": self._resume}
 
     def _pull_into_buffer(self) -> None:
         for traj in self._dataset.get_available():  # parsed by the dataset's pull thread
-            self._buffer.add([traj])
+            for dup in self._buffer.add([traj]):
+                self.logger.warning(f"refused group {dup.qid}: this DP head already received it "
+                                    f"({self._buffer.n_duplicates} duplicates in total)")
         dropped = self._buffer.drop_stale(self.version)
         if dropped:
+            self._dropped_qids += [g.qid for g in dropped]
             oldest = min(g.version_start for g in dropped)
             self.logger.warning(
                 f"dropped {len(dropped)} stale groups (version_start >= {oldest}, need >= "
-                f"{self.version - self._buffer.eta} at version {self.version}); {self._buffer.n_stale_dropped} in total")
+                f"{self.version - self._buffer.eta} at version {self.version}); {self._buffer.n_stale_dropped} in total; "
+                f"qids {' '.join(g.qid for g in dropped)}")
 
     def _fetch(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """`{take: n}`: move the n oldest trainable groups into this step's batch (n = 0: only report)."""
         self._pull_into_buffer()
         reply = {"dp_rank": self.dp_rank, "version": self.version, "buffered": len(self._buffer),
                  "stale_dropped": self._buffer.n_stale_dropped, "received": self._dataset.n_pulled,
-                 "invalid": self._dataset.n_invalid}
+                 # Malformed groups (refused by Trajectory.from_msg) were admitted and reported
+                 # accepted: the master hands them back to admission like stale drops.
+                 "rejected": self._dataset.n_invalid, "invalid": self._dataset.n_invalid,
+                 "duplicates": self._buffer.n_duplicates, "dropped_qids": self._dropped_qids}
+        self._dropped_qids = []  # the master keeps them (they are not pending at a checkpoint)
         take = int(data.get("take", 0))
         if take > 0:
             groups = self._buffer.take(take, self.version)
             self._batch = pack_trajectories(groups, self._pad_id())
             summary = batch_summary(groups, self.version)
+            summary["qids"] = [g.qid for g in groups]  # the master's trained_qids.jsonl
             reply["batch"] = summary
             reply["buffered"] = len(self._buffer)
             self.logger.info(f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
@@ -256,6 +271,8 @@ class ModelWorker(Worker):
         default = trial_files.checkpoints_dir(self.config.run_dir, "actor") / f"version{self.version}"
         path = data.get("path") or str(default)
         self.engines["actor"].save_hf(Path(path), self.config.actor.path)
+        if self.dp_rank == 0 and not data.get("path"):
+            checkpoint.prune_saves(default.parent, self.config.keep_last_saves)
         return {"path": str(path), "version": self.version}
 
     def _checkpoint(self, data: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,7 +1,8 @@
 """The trajectory stream: ZMQ PUSH (rollout workers) → PULL (model-worker DP heads), msgpack only.
 
 Pushers are assigned to pullers by `grouping` (docs/architecture.md §6) and find their puller's address in
-name resolve; a puller that receives garbage logs it, counts it and keeps delivering.
+name resolve; a puller that receives garbage or an unauthenticated message logs it (rate-limited),
+counts it and keeps delivering.
 """
 
 import time
@@ -10,7 +11,10 @@ from typing import Any, Dict, List, Optional
 import zmq
 
 from realhf.base import logging, name_resolve, names, serialization
+from realhf.base import secret as auth
+from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES
 from realhf.base.network import host_for_peers
+from realhf.base.secret import RateLimitedLog
 
 logger = logging.getLogger("push_pull_stream")
 
@@ -43,10 +47,12 @@ def receiver_of(sender: int, n_senders: int, n_receivers: int) -> int:
 
 
 class ZMQPusher:
-    """PUSH socket connected to one puller; `push` blocks at most `send_timeout` s."""
+    """PUSH socket connected to one puller; `push` blocks at most `send_timeout` s. Every message
+    carries the HMAC tag of the trial's `secret` (realhf.base.secret)."""
 
-    def __init__(self, address: str, send_timeout: float = 60.0, hwm: int = 1000):
+    def __init__(self, address: str, send_timeout: float = 60.0, hwm: int = 1000, secret: str = ""):
         self.address = address
+        self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
@@ -60,7 +66,8 @@ class ZMQPusher:
 
     def push_bytes(self, data: bytes) -> None:
         try:
-            self._sock.send(data, copy=len(data) < 65536)
+            self._sock.send_multipart(auth.tag_frames(self._secret, auth.TRAJECTORY_LABEL, data),
+                                      copy=len(data) < 65536)
         except zmq.Again:
             raise TimeoutError(
                 f"could not push to puller at {self.address} within {self._send_timeout:.0f}s "
@@ -72,13 +79,20 @@ class ZMQPusher:
 
 
 class ZMQPuller:
-    """PULL socket bound on `host` (port 0: any free port)."""
+    """PULL socket bound on `host` (port 0: any free port).
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000):
+    A message without a valid tag of `secret` is refused (`n_forged`) before it is parsed; one
+    larger than `max_message_bytes` never arrives: libzmq drops it and disconnects the sender,
+    whose socket reconnects by itself (docs/architecture.md, Authentication)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000, secret: str = "",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
         else:
@@ -87,12 +101,24 @@ class ZMQPuller:
         self.address = f"{host_for_peers(host)}:{port}"
         self.n_received = 0
         self.n_malformed = 0
+        self.n_forged = 0
+        self._forged_log = RateLimitedLog(logger, f"puller {self.address} refused an unauthenticated message", level="error")
+        self._malformed_log = RateLimitedLog(logger, f"puller {self.address} dropped a malformed message", level="error")
 
     def pull_bytes(self, timeout: Optional[float] = None) -> bytes:
-        """Next raw message; TimeoutError after `timeout` s (None: wait forever)."""
-        if timeout is not None and not self._sock.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no message on puller {self.address} within {timeout:.3f}s")
-        return self._sock.recv(copy=True)
+        """Next authenticated raw message; TimeoutError after `timeout` s (None: wait forever)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if deadline is not None:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not self._sock.poll(int(remaining * 1000)):
+                    raise TimeoutError(f"no message on puller {self.address} within {timeout:.3f}s")
+            frames = self._sock.recv_multipart(copy=True)
+            payload = auth.check_frames(self._secret, auth.TRAJECTORY_LABEL, frames)
+            if payload is not None:
+                return payload
+            self.n_forged += 1
+            self._forged_log.event(f"{len(frames)} frames, {sum(len(f) for f in frames)} bytes, no valid tag")
 
     def pull(self, timeout: Optional[float] = None) -> Any:
         """Next well-formed message; malformed ones are logged, counted and skipped."""
@@ -104,7 +130,7 @@ class ZMQPuller:
                 obj = serialization.loads(data)
             except serialization.DeserializationError as e:
                 self.n_malformed += 1
-                logger.error(f"puller {self.address} dropped a malformed message #{self.n_malformed} ({len(data)} bytes): {e}")
+                self._malformed_log.event(f"{len(data)} bytes: {e}")
                 continue
             self.n_received += 1
             return obj

@@ -3,6 +3,11 @@
 A worker's DEALER identity is its index, so the master routes by index. Requests carry ids;
 replies echo them, so several requests can be in flight at once and gathered in any order.
 An exception in a worker's handler comes back as `RemoteError(type, message, worker)`.
+
+Every message, the hello included, carries the HMAC tag of the trial's secret
+(realhf.base.secret); one without a valid tag is counted (`n_forged`), logged (rate-limited) and
+dropped before it is parsed, so a forged hello never marks a worker connected. Messages larger
+than `max_message_bytes` are dropped by libzmq, which disconnects the sender (it reconnects).
 """
 
 import time
@@ -14,13 +19,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import zmq
 
 from realhf.base import logging, name_resolve, names, serialization
+from realhf.base import secret as auth
+from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES
 from realhf.base.network import host_for_peers
+from realhf.base.secret import RateLimitedLog
 
 logger = logging.getLogger("request_reply")
 
 _HELLO = "__hello__"
-
-
 class RemoteError(RuntimeError):
     """An exception raised by a handler in a worker, re-raised on the master."""
 
@@ -44,10 +50,13 @@ def _identity(index: int) -> bytes:
 class MasterStream:
     """The master's end: `call(worker, name, data)` or `post(...)` then `wait([...])`."""
 
-    def __init__(self, experiment: str, trial: str, n_workers: int, host: str = "127.0.0.1"):
+    def __init__(self, experiment: str, trial: str, n_workers: int, host: str = "127.0.0.1", secret: str = "",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.n_workers = n_workers
+        self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an unknown worker raises
         self._sock.setsockopt(zmq.LINGER, 0)
         port = self._sock.bind_to_random_port(f"tcp://{host}")
@@ -59,6 +68,9 @@ class MasterStream:
         self._pending: Dict[str, Request] = {}
         self.n_malformed = 0  # undecodable or not a map: logged and dropped
         self.n_unmatched = 0  # replies to no pending request (late, duplicate or foreign): dropped
+        self.n_forged = 0  # no valid tag of the secret: dropped unparsed
+        self._forged_log = RateLimitedLog(logger, "master refused an unauthenticated message", level="error")
+        self._malformed_log = RateLimitedLog(logger, "master dropped a malformed message", level="error")
 
     # ---- connection -------------------------------------------------------------------------
     def wait_for_workers(self, timeout: float) -> None:
@@ -77,7 +89,8 @@ class MasterStream:
         request_id = uuid.uuid4().hex
         msg = {"request_id": request_id, "handler": int(worker), "handle_name": handle_name, "data": data}
         try:
-            self._sock.send_multipart([_identity(worker), serialization.dumps(msg)])
+            self._sock.send_multipart([_identity(worker), *auth.tag_frames(self._secret, auth.REQUEST_REPLY_LABEL,
+                                                                           serialization.dumps(msg))])
         except zmq.error.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 raise ConnectionError(f"model worker {worker} is not connected to the master (request {handle_name!r})") from None
@@ -122,11 +135,14 @@ class MasterStream:
             return
         while True:
             try:
-                identity, payload = self._sock.recv_multipart(flags=zmq.NOBLOCK)[-2:]
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:
-                self.n_malformed += 1
+            identity = frames[0]
+            payload = auth.check_frames(self._secret, auth.REQUEST_REPLY_LABEL, frames[1:])
+            if payload is None:
+                self.n_forged += 1
+                self._forged_log.event(f"{len(frames) - 1} frames from {identity[:64]!r}, no valid tag")
                 continue
             try:
                 msg = serialization.loads(payload)
@@ -134,7 +150,7 @@ class MasterStream:
                     raise serialization.DeserializationError("reply is not a map")
             except serialization.DeserializationError as e:
                 self.n_malformed += 1
-                logger.error(f"master dropped a malformed reply from {identity!r}: {e}")
+                self._malformed_log.event(f"from {identity[:64]!r}: {e}")
                 continue
             if msg.get("handle_name") == _HELLO:
                 try:
@@ -145,8 +161,8 @@ class MasterStream:
                     self._connected.add(index)
                 else:
                     self.n_malformed += 1
-                    logger.error(f"master dropped a hello from {identity[:64]!r}: not a model worker index "
-                                 f"in [0, {self.n_workers})")
+                    self._malformed_log.event(f"hello from {identity[:64]!r}: not a model worker index "
+                                              f"in [0, {self.n_workers})")
                 continue
             rid = msg.get("request_id")
             # Accepted only from the worker the request went to (identity = its index).
@@ -167,41 +183,55 @@ class MasterStream:
 class WorkerStream:
     """A model worker's end: `poll()` a request, then `reply()` or `reply_error()`."""
 
-    def __init__(self, experiment: str, trial: str, worker_index: int, discovery_timeout: float = 300.0):
+    def __init__(self, experiment: str, trial: str, worker_index: int, discovery_timeout: float = 300.0,
+                 secret: str = "", max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.index = worker_index
+        self._secret = secret
         address = name_resolve.wait(names.request_reply_master(experiment, trial), timeout=discovery_timeout)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, _identity(worker_index))
         self._sock.setsockopt(zmq.LINGER, 2000)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         self._sock.connect(f"tcp://{address}")
-        self._sock.send(serialization.dumps({"request_id": "", "handler": worker_index, "handle_name": _HELLO}))
         self.n_malformed = 0
+        self.n_forged = 0
+        self._forged_log = RateLimitedLog(logger, f"model worker {worker_index} refused an unauthenticated message",
+                                          level="error")
+        self._malformed_log = RateLimitedLog(logger, f"model worker {worker_index} dropped a malformed request",
+                                             level="error")
+        self._send({"request_id": "", "handler": worker_index, "handle_name": _HELLO})
+
+    def _send(self, msg: dict) -> None:
+        self._sock.send_multipart(auth.tag_frames(self._secret, auth.REQUEST_REPLY_LABEL, serialization.dumps(msg)))
 
     def poll(self, timeout: float) -> Optional[Request]:
         """The next request, or None if none arrived within `timeout` s."""
         if not self._sock.poll(int(timeout * 1000)):
             return None
-        payload = self._sock.recv()
+        frames = self._sock.recv_multipart()
+        payload = auth.check_frames(self._secret, auth.REQUEST_REPLY_LABEL, frames)
+        if payload is None:
+            self.n_forged += 1
+            self._forged_log.event(f"{len(frames)} frames, no valid tag")
+            return None
         try:
             msg = serialization.loads(payload)
             if not isinstance(msg, dict) or not isinstance(msg.get("handle_name"), str):
                 raise serialization.DeserializationError("request is not a map with a handle_name")
         except serialization.DeserializationError as e:
             self.n_malformed += 1
-            logger.error(f"model worker {self.index} dropped a malformed request: {e}")
+            self._malformed_log.event(str(e))
             return None
         return Request(str(msg.get("request_id", "")), self.index, msg["handle_name"], msg.get("data"))
 
     def reply(self, request: Request, data: Any = None) -> None:
-        self._sock.send(serialization.dumps(
-            {"request_id": request.request_id, "handler": self.index, "ok": True, "data": data}))
+        self._send({"request_id": request.request_id, "handler": self.index, "ok": True, "data": data})
 
     def reply_error(self, request: Request, exc: BaseException) -> None:
         err = {"type": type(exc).__name__, "message": str(exc),
                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
-        self._sock.send(serialization.dumps(
-            {"request_id": request.request_id, "handler": self.index, "ok": False, "error": err}))
+        self._send({"request_id": request.request_id, "handler": self.index, "ok": False, "error": err})
 
     def close(self) -> None:
         self._sock.close()

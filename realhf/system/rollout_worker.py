@@ -12,13 +12,27 @@ Its loop, in one asyncio event loop:
 An episode runs the agent (generation through the manager and servers, rewards from the
 environment), pushes the finished group to this worker's DP head over ZMQ (a blocking send, so in
 a thread), then reports POST /finish_rollout {qid, accepted, n_tokens}. A refused prompt is
-retried first, so no row of the shard is skipped.
+retried first, so no row of the shard is skipped. An episode that runs past
+`episode_timeout` is cancelled, or whose group the trainer would refuse (a non-finite reward,
+no samples: `Trajectory.problem`), fails: its slot is freed unaccepted and it is logged by qid,
+agent and environment.
 
-Surviving its own death: the worker keeps its in-flight groups under the name-resolve key
-`rollout_inflight/<index>` (`{qid: {query_id, pushed}}`, rewritten on admission, push and
-finish; not deleted on exit). A restarted worker (same index) finds it before admitting anything:
-groups that were pushed are reported finished (accepted), the others are abandoned at the manager
-(their slots freed, nothing counted) and run again first, under the same qid.
+Surviving its own death, and a resumed run: the worker keeps one record of every prompt it has
+drawn and not seen to its end under the name-resolve key `rollout_record/<index>` (kept on exit),
+rewritten whole at each draw, admission, push and end (docs/architecture.md §12.3):
+`{seq, sampler, refused, todo, inflight: {qid: {query_id, state}}, pushed, consumed}`. The master
+reads it after every step to keep the prompts still pending (stored in each recovery checkpoint),
+then acknowledges the `seq` it read (`rollout_record_ack/<index>`): `pushed`/`consumed` entries
+up to it are forgotten. A
+restarted worker (same index) finds the record before admitting anything: groups that were
+pushed are reported finished (accepted), the other in-flight ones are abandoned at the manager
+(their slots freed, nothing counted) and, unless they had ended (filtered or failed, only the
+report was lost), run again first, under the same qid, after the refused and to-do prompts. A
+worker of a resumed run with no record starts from the checkpoint: its sampler position and its
+share of the checkpoint's pending prompts (`pending`), run first. An exit by an exception is no different
+from a SIGKILL: episodes cancelled at exit release their slots but stay in the record, except
+one whose push was already under way and completes (waited for up to 3 s): it is finished
+accepted, so that it is not pushed twice.
 """
 
 from __future__ import annotations
@@ -39,19 +53,29 @@ from realhf.base import name_resolve, names
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
 from realhf.system.generation_client import GenerationClient
-from realhf.system.http_json import GenerationError
+from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
-from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker
+from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, experiment_status
 
 # Backoff after a refusal when no own episode ends first: short, and reset on every admission,
 # so it bounds the reaction time to capacity freed elsewhere without capping the admission rate.
 _MIN_BACKOFF_S, _MAX_BACKOFF_S = 0.005, 0.2
+# Tries of /finish_rollout (or /abandon_rollouts) before the worker gives up (backoff 0.5, 1, 2, 4 s).
+_SETTLE_ATTEMPTS = 5
 
 
 def _resolve(fut: asyncio.Future, error: Optional[BaseException]) -> None:
     if not fut.done():  # the episode may have been cancelled meanwhile
         fut.set_exception(error) if error is not None else fut.set_result(None)
+
+
+class EpisodeTimeout(Exception):
+    """An episode ran longer than rollout.episode_timeout."""
+
+
+class MalformedGroup(Exception):
+    """An agent's group the trainer would refuse (Trajectory.problem)."""
 
 
 class _PushThread:
@@ -77,11 +101,13 @@ class _PushThread:
             except RuntimeError:  # the event loop is gone: the worker is exiting
                 pass
 
-    async def push(self, msg) -> None:
+    def start(self, msg) -> asyncio.Future:
+        """Queue `msg`; the future resolves when the send is done (or failed). Await it shielded:
+        a cancelled episode must still learn whether its group went out."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._queue.put((msg, fut, loop))
-        await fut
+        return fut
 
     def close(self, timeout: float) -> bool:
         """Stop after the queued pushes; False if still busy after `timeout` s."""
@@ -102,42 +128,40 @@ class RolloutWorker(AsyncWorker):
             raise ValueError(f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "
                              f"{cfg.dataset_path} is empty (fewer rows than rollout workers)")
         self.sampler = PromptSampler(rows, seed=cfg.seed + self.ctx.worker_index)
-        self._sampler_key = names.rollout_sampler_state(self.ctx.experiment_name, self.ctx.trial_name,
-                                                        self.ctx.worker_index)
-        # Where to continue the prompt order: a dead incarnation of this worker in this run left
-        # its position in name resolve (the launcher clears the trial's keys at start); else a
-        # resumed run's checkpoint has it in the config; else the start.
-        try:
-            state, source = name_resolve.get(self._sampler_key), "this worker's previous incarnation"
-        except name_resolve.NameEntryNotFoundError:
-            state, source = cfg.sampler_state, "the recovery checkpoint"
-        if state:
-            self.sampler.load_state_dict(json.loads(state))
-            self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
-                             f"{self.sampler.state_dict()['position']} (from {source})")
+        self.rows_by_id = {row.query_id: row for row in rows}
+        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
+        self.record_key = names.rollout_record(exp, trial, self.ctx.worker_index)
+        self.ack_key = names.rollout_record_ack(exp, trial, self.ctx.worker_index)
+        self.seq = 0  # of the last record written; the master acknowledges the seq it read
+        self.inflight: Dict[str, dict] = {}  # qid -> {query_id, state: running|pushed|ended}
+        self.pushed: Dict[str, dict] = {}  # qid -> {query_id, seq}: pushed, not yet read by the master
+        self.consumed: Dict[str, dict] = {}  # the same for filtered and failed groups (never trained)
+        self.rerun: deque = deque()  # (row, qid) to run first: a dead incarnation's or the checkpoint's
+        self.pending: Optional[tuple] = None  # a drawn (row, qid) not yet admitted (refused: tried again first)
+        self.refused_at_death: Optional[str] = None  # a dead incarnation's unadmitted qid (its slot is freed)
+        # Where to continue: a dead incarnation of this worker in this run left its record (the
+        # launcher clears the trial's keys at start); else a resumed run's checkpoint is in the
+        # config; else the start.
+        self.previous_inflight = self._load_record()
+        if self.previous_inflight is None:
+            self._load_checkpoint_state(cfg)
         from transformers import AutoTokenizer  # heavy; only this process type needs it
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
         self.agent = make_agent(cfg.agent, gconfig=cfg.gconfig, group_size=cfg.group_size, tokenizer=self.tokenizer)
         self.env = make_env(cfg.env)
-        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
         self.manager_url = name_resolve.wait(names.gserver_manager(exp, trial), timeout=cfg.discovery_timeout)
         self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
-                                             discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout)
+                                             discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout,
+                                             secret=self.ctx.secret)
         self.push_thread = _PushThread(self.pusher)
-        self.rows_by_id = {row.query_id: row for row in rows}
-        self.inflight_key = names.rollout_inflight(exp, trial, self.ctx.worker_index)
-        self.inflight: Dict[str, dict] = {}  # qid -> {query_id, pushed}; mirrored to inflight_key
-        self.previous_inflight = self._read_inflight()
-        self.rerun: deque = deque()  # (row, qid) of a dead incarnation's groups, run first
         self.client: Optional[GenerationClient] = None
         self.manager: Optional[ManagerClient] = None  # self.client.manager
         self.tasks: Dict[str, asyncio.Task] = {}
-        self.pending: Optional[tuple] = None  # a refused (row, qid), tried again first
         self.backoff = _MIN_BACKOFF_S
         self.consecutive_failures = 0
-        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "tokens": 0, "reward_sum": 0.0, "samples": 0,
-                      "refused": 0}
+        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "tokens": 0, "reward_sum": 0.0,
+                      "samples": 0, "refused": 0}
         self.t_log, self.groups_at_log, self.tokens_at_log = time.monotonic(), 0, 0
         self.logger.info(f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
                          f"manager {self.manager_url}; pushing to puller {self.pusher.puller_index}")
@@ -148,7 +172,8 @@ class RolloutWorker(AsyncWorker):
             self.client = GenerationClient(
                 self.manager_url, new_tokens_per_chunk=self.config.new_tokens_per_chunk,
                 request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
-                eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout)
+                eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout,
+                secret=self.ctx.secret)
             self.manager = self.client.manager
             if self.previous_inflight is not None:  # a restart: settle what the dead incarnation left
                 await self._recover_inflight(self.previous_inflight)
@@ -185,31 +210,28 @@ class RolloutWorker(AsyncWorker):
         """Admit and start episodes until this worker is full or the manager refuses;
         returns (how many were admitted, whether the manager refused)."""
         n = 0
+        self._apply_ack()
         while len(self.tasks) < self.config.max_concurrent_rollouts:
             if self.pending is None and self.rerun:
-                self.pending = self.rerun.popleft()
+                self.pending = self.rerun.popleft()  # still in the record (todo -> refused): no write
             if self.pending is None:
                 row = self.sampler.next()
                 self.pending = (row, f"{row.query_id}@{self.sampler.epoch}")
-                # Read by the master when it checkpoints (rollout workers take no requests).
-                name_resolve.add(self._sampler_key, json.dumps(self.sampler.state_dict()), replace=True)
+                self._write_record()  # the new position and the drawn prompt, together
             row, qid = self.pending
             ok, reason = await self.manager.allocate_rollout(qid, self.pusher.puller_index)
             if not ok:
                 self.stats["refused"] += 1
                 return n, True
             self.pending = None
-            self._set_inflight(qid, {"query_id": row.query_id, "pushed": False})
+            self._set_inflight(qid, row.query_id, "running")
             self.tasks[qid] = asyncio.create_task(self._episode(row, qid), name=f"episode-{qid}")
             n += 1
         return n, False
 
     def _experiment_ended(self) -> bool:
-        key = names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name)
-        try:
-            return name_resolve.get(key) != STATUS_RUNNING
-        except name_resolve.NameEntryNotFoundError:
-            return True
+        # A missing status key or a dead Redis raises NameResolveLost: a failure, not an end.
+        return experiment_status(self.ctx) != STATUS_RUNNING
 
     def _reap(self) -> None:
         for qid, task in list(self.tasks.items()):
@@ -218,21 +240,39 @@ class RolloutWorker(AsyncWorker):
                 task.result()  # an episode re-raises only when the worker must stop
 
     # ---- one episode ------------------------------------------------------------------------------
+    def _names(self, qid: str) -> str:
+        return f"episode {qid} (agent {self.config.agent.type}, env {self.config.env.type})"
+
+    async def _collect(self, prompt: Prompt, qid: str) -> Optional[Trajectory]:
+        """The agent's episode, cancelled after `episode_timeout` s (0: no limit). Cancelling
+        runs the agent's own clean-up (finally/async with) of what it holds for the episode."""
+        coro = self.agent.collect_trajectory(prompt, self.env, self.client)
+        limit = self.config.episode_timeout
+        if limit <= 0:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, limit)
+        except asyncio.TimeoutError:
+            self.stats["timed_out"] += 1
+            raise EpisodeTimeout(f"{self._names(qid)} ran longer than rollout.episode_timeout={limit:g}s "
+                                 f"and was cancelled ({self.stats['timed_out']} timed out so far)") from None
+
     async def _episode(self, row: PromptRow, qid: str) -> None:
-        accepted, n_tokens = False, 0
+        accepted, n_tokens, cancelled, push, traj = False, 0, False, None, None
         try:
             ids = self.tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
             prompt = Prompt.of(row, qid, ids)
-            traj = await self.agent.collect_trajectory(prompt, self.env, self.client)
+            traj = await self._collect(prompt, qid)
             if traj is not None:
                 if not isinstance(traj, Trajectory):
                     raise TypeError(f"agent {self.config.agent.type!r} returned {type(traj).__name__}, "
                                     "expected a Trajectory or None")
-                msg = traj.to_msg()
-                await self.push_thread.push(msg)
-                self._set_inflight(qid, {"query_id": row.query_id, "pushed": True})
-                accepted, n_tokens = True, traj.n_generated_tokens
-                self._count(traj)
+                problem = traj.problem()
+                if problem is not None:  # the trainer would refuse it: fail here, slot freed
+                    raise MalformedGroup(f"{self._names(qid)}: malformed group, not pushed: {problem}")
+                push = self.push_thread.start(traj.to_msg())
+                await asyncio.shield(push)
+                accepted, n_tokens = self._pushed(row, qid, traj)
             else:
                 self.stats["filtered"] += 1
             self.consecutive_failures = 0
@@ -243,56 +283,157 @@ class RolloutWorker(AsyncWorker):
                 raise
             self.stats["failed"] += 1
             self.consecutive_failures += 1
-            self.logger.error(f"episode {qid} failed ({self.consecutive_failures} in a row): {type(e).__name__}: {e}")
+            named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
+            what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
+            self.logger.error(f"failed ({self.consecutive_failures} in a row): {what}")
             if self.consecutive_failures >= self.config.max_consecutive_failures:
                 raise RuntimeError(f"{self.consecutive_failures} episodes failed in a row; last: {e}") from e
+        except BaseException:  # cancelled at exit, or an error that ends the worker: run it again
+            if not accepted and push is not None and await self._went_out(push):
+                accepted, n_tokens = self._pushed(row, qid, traj)  # not to be run twice
+            cancelled = True
+            raise
         finally:
             self.client.forget(qid)
-            await self.manager.finish_rollout(qid, accepted, n_tokens)
-            self._set_inflight(qid, None)
+            await self._settle(row, qid, accepted, n_tokens, cancelled and not accepted)
         self._maybe_log()
 
-    # ---- in-flight record (survives a SIGKILL of this process) ------------------------------------
-    def _read_inflight(self) -> Optional[Dict[str, dict]]:
-        """What a previous incarnation of this worker in this trial left in flight; None if this
-        is the first incarnation (the launcher clears the trial's keys at start)."""
+    def _pushed(self, row: PromptRow, qid: str, traj: Trajectory) -> tuple:
+        self.pushed[qid] = {"query_id": row.query_id, "seq": self.seq + 1}
+        self._set_inflight(qid, row.query_id, "pushed")
+        self._count(traj)
+        return True, traj.n_generated_tokens
+
+    @staticmethod
+    async def _went_out(push: asyncio.Future, timeout: float = 3.0) -> bool:
+        """Whether a push in progress when its episode was cancelled completed after all."""
+        await asyncio.wait({push}, timeout=timeout)
+        return push.done() and not push.cancelled() and push.exception() is None
+
+    async def _settle(self, row: PromptRow, qid: str, accepted: bool, n_tokens: int, rerun: bool) -> None:
+        """Report the episode's end to the manager and drop it from the in-flight record. A
+        cancelled, unpushed episode (`rerun`) is abandoned instead and stays in the record, so the
+        next incarnation runs it again. If the report fails, the record keeps the group (marked
+        ended) for the next incarnation to settle, and the error ends this worker."""
+        if not rerun and not accepted:
+            self.consumed[qid] = {"query_id": row.query_id, "seq": self.seq + 1}
+            self._set_inflight(qid, row.query_id, "ended")
+        for attempt in range(_SETTLE_ATTEMPTS):
+            try:
+                if rerun:
+                    await self.manager.abandon_rollouts([qid])
+                else:
+                    await self.manager.finish_rollout(qid, accepted, n_tokens)
+                break
+            except (ServerUnavailableError, TimeoutError) as e:  # unreachable or overloaded: retry
+                if self._experiment_ended():
+                    return  # the manager left first at the end of the trial
+                if attempt + 1 == _SETTLE_ATTEMPTS:
+                    self.logger.error(f"could not report {self._names(qid)} to the manager ({e}); it stays "
+                                      "in the in-flight record for the next incarnation")
+                    raise
+                await asyncio.sleep(0.5 * 2 ** attempt)
+            except GenerationError as e:  # 404: the manager no longer holds it (e.g. it restarted)
+                self.logger.warning(f"reporting the end of {qid} refused, its slot is already gone: {e}")
+                break
+        if not rerun:
+            self._set_inflight(qid, row.query_id, None)
+
+    # ---- the record (survives a SIGKILL of this process; read by the master) -----------------------
+    def _write_record(self) -> None:
+        self.seq += 1
+        todo = [[row.query_id, qid] for row, qid in self.rerun]
+        refused = [self.pending[0].query_id, self.pending[1]] if self.pending is not None else None
+        value = {"seq": self.seq, "sampler": self.sampler.state_dict(), "refused": refused, "todo": todo,
+                 "inflight": self.inflight, "pushed": self.pushed, "consumed": self.consumed}
+        # One add: a reader never sees a drawn prompt in neither or both of two keys. Not deleted on
+        # exit: it is what a restarted incarnation needs after this one died.
+        name_resolve.add(self.record_key, json.dumps(value), replace=True, delete_on_exit=False)
+
+    def _set_inflight(self, qid: str, query_id: str, state: Optional[str]) -> None:
+        if state is None:
+            self.inflight.pop(qid, None)
+        else:
+            self.inflight[qid] = {"query_id": query_id, "state": state}
+        self._write_record()
+
+    def _apply_ack(self) -> None:
+        """Forget pushed/consumed entries the master has read (it holds them as pending until
+        trained or dropped); one name-resolve get per fill."""
+        if not self.pushed and not self.consumed:
+            return
         try:
-            value = json.loads(name_resolve.get(self.inflight_key))
+            acked = int(name_resolve.get(self.ack_key))
+        except name_resolve.NameEntryNotFoundError:
+            return
+        for entries in (self.pushed, self.consumed):
+            for qid in [q for q, e in entries.items() if e["seq"] <= acked]:
+                del entries[qid]
+
+    def _queue_rerun(self, pairs) -> int:
+        n = 0
+        for query_id, qid in pairs:
+            row = self.rows_by_id.get(str(query_id))
+            if row is None:
+                continue  # another worker's shard (a checkpoint's list holds every worker's)
+            self.rerun.append((row, qid))
+            n += 1
+        return n
+
+    def _load_record(self) -> Optional[Dict[str, dict]]:
+        """A previous incarnation's record in this trial: its sampler position, pushed/consumed
+        entries and prompts to run first are taken over; returns its in-flight groups to settle
+        (None if there is no record: the first incarnation)."""
+        try:
+            rec = json.loads(name_resolve.get(self.record_key))
         except name_resolve.NameEntryNotFoundError:
             return None
         except ValueError:
-            self.logger.warning(f"ignoring an unreadable in-flight record under {self.inflight_key}")
-            return {}
-        return value if isinstance(value, dict) else {}
+            self.logger.warning(f"ignoring an unreadable record under {self.record_key}")
+            return None
+        self.seq = int(rec.get("seq", 0))
+        self.sampler.load_state_dict(rec["sampler"])
+        self.pushed, self.consumed = dict(rec.get("pushed") or {}), dict(rec.get("consumed") or {})
+        firsts = ([rec["refused"]] if rec.get("refused") else []) + list(rec.get("todo") or [])
+        self._queue_rerun(firsts)
+        self.refused_at_death = rec["refused"][1] if rec.get("refused") else None
+        self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
+                         f"{self.sampler.state_dict()['position']} (from this worker's previous incarnation); "
+                         f"{len(self.rerun)} drawn prompts not yet admitted run first")
+        return dict(rec.get("inflight") or {})
 
-    def _set_inflight(self, qid: str, entry: Optional[dict]) -> None:
-        if entry is None:
-            self.inflight.pop(qid, None)
-        else:
-            self.inflight[qid] = entry
-        # Not deleted on exit: it is what a restarted incarnation needs after this one died.
-        name_resolve.add(self.inflight_key, json.dumps(self.inflight), replace=True, delete_on_exit=False)
+    def _load_checkpoint_state(self, cfg: RolloutWorkerConfig) -> None:
+        if cfg.sampler_state:
+            self.sampler.load_state_dict(json.loads(cfg.sampler_state))
+            self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
+                             f"{self.sampler.state_dict()['position']} (from the recovery checkpoint)")
+        if cfg.pending:
+            n = self._queue_rerun(json.loads(cfg.pending))
+            self.logger.info(f"{n} prompts pending at the recovery checkpoint (in flight or not yet trained) "
+                             "run first, under their qids")
+        self._write_record()
 
     async def _recover_inflight(self, previous: Dict[str, dict]) -> None:
         """A previous incarnation died with these groups in flight: finish the pushed ones,
-        free the others' slots and run them again first."""
-        pushed = [q for q, e in previous.items() if isinstance(e, dict) and e.get("pushed")]
+        free the others' slots and run them again first (after the drawn, unadmitted ones)."""
+        state = {q: (e.get("state") if isinstance(e, dict) else None) for q, e in previous.items()}
+        pushed = [q for q, st in state.items() if st == "pushed"]
         lost = [q for q in previous if q not in pushed]
         for qid in pushed:  # the trainer has them: count them as accepted
             try:
                 await self.manager.finish_rollout(qid, True, 0)
             except GenerationError:  # 404: the manager already knows it ended
                 pass
-        r = await self.manager.abandon_rollouts(lost) if lost else {"abandoned": 0}
-        for qid in lost:
-            entry = previous[qid] if isinstance(previous[qid], dict) else {}
-            row = self.rows_by_id.get(str(entry.get("query_id")))
-            if row is not None:
-                self.rerun.append((row, qid))
-        name_resolve.add(self.inflight_key, json.dumps({}), replace=True, delete_on_exit=False)
+        # The refused prompt too: it may have been admitted just before the death, unrecorded.
+        extra = [self.refused_at_death] if self.refused_at_death else []
+        r = await self.manager.abandon_rollouts(lost + extra) if lost or extra else {"abandoned": 0}
+        readmitted = self._queue_rerun([[previous[q].get("query_id"), q] for q in lost
+                                        if state[q] != "ended" and isinstance(previous[q], dict)])
+        self.inflight = {}
+        self._write_record()
         self.logger.warning(f"restarted: previous incarnation left {len(previous)} groups in flight: "
                             f"{len(pushed)} already pushed (reported finished), {r.get('abandoned')} slots "
-                            f"released at the manager, {len(self.rerun)} prompts re-admitted first")
+                            f"released at the manager, {readmitted} prompts re-admitted first")
 
     def _count(self, traj: Trajectory) -> None:
         s = self.stats
@@ -309,7 +450,8 @@ class RolloutWorker(AsyncWorker):
         now = time.monotonic()
         dt = max(now - self.t_log, 1e-6)
         self.logger.info(
-            f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} running={len(self.tasks)} "
+            f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
+            f"{s['timed_out']}) running={len(self.tasks)} "
             f"| {(done - self.groups_at_log) / dt:.2f} groups/s {(s['tokens'] - self.tokens_at_log) / dt:.0f} tok/s "
             f"| mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} | refusals {s['refused']} "
             f"| epoch {self.sampler.epoch}")
@@ -321,8 +463,9 @@ class RolloutWorker(AsyncWorker):
         for t in tasks:
             t.cancel()
         if tasks:
-            # Cancelled episodes still report /finish_rollout (freeing their slots) if the
-            # manager answers quickly; a manager that hangs must not hold the exit.
+            # Cancelled episodes still free their slots (/abandon_rollouts; they stay in the
+            # in-flight record to run again) if the manager answers quickly; a manager that
+            # hangs must not hold the exit.
             await asyncio.wait(tasks, timeout=5.0)
         await self._close_env()
         if getattr(self, "client", None) is not None:

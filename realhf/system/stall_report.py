@@ -21,12 +21,14 @@ import urllib.request
 from typing import Dict, List, Optional, Sequence
 
 from realhf.base import name_resolve, names
+from realhf.base.secret import auth_headers
 
 HTTP_TIMEOUT_S = 2.0
 
 
-def _http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback/cluster URLs only
+def _http_get(url: str, secret: str = "", timeout: float = HTTP_TIMEOUT_S) -> str:
+    request = urllib.request.Request(url, headers=auth_headers(secret))  # the run's endpoints want its secret
+    with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310 - loopback/cluster URLs only
         return r.read().decode("utf-8", "replace")
 
 
@@ -46,13 +48,13 @@ def data_lines(replies: Sequence[dict], shares: Sequence[int]) -> List[str]:
     ]
 
 
-def manager_line(experiment: str, trial: str) -> str:
+def manager_line(experiment: str, trial: str, secret: str = "") -> str:
     try:
         url = name_resolve.get(names.gserver_manager(experiment, trial))
     except name_resolve.NameEntryNotFoundError:
         return "manager: not registered"
     try:
-        s = json.loads(_http_get(f"{url}/status"))
+        s = json.loads(_http_get(f"{url}/status", secret))
     except Exception as e:  # noqa: BLE001 - any failure is what we report
         return f"manager {url}: /status failed: {_describe_error(e)}"
     rejections = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejections", {}).items())) or "none"
@@ -63,14 +65,14 @@ def manager_line(experiment: str, trial: str) -> str:
             f"servers: {servers or 'none'}")
 
 
-def server_lines(experiment: str, trial: str) -> List[str]:
+def server_lines(experiment: str, trial: str, secret: str = "") -> List[str]:
     urls = sorted(set(name_resolve.get_subtree(names.gen_servers(experiment, trial))))
     if not urls:
         return ["generation servers: none registered"]
     out = []
     for url in urls:
         try:
-            _http_get(f"{url}/health")
+            _http_get(f"{url}/health", secret)
             out.append(f"generation server {url}: healthy")
         except Exception as e:  # noqa: BLE001
             out.append(f"generation server {url}: /health failed: {_describe_error(e)}")
@@ -94,10 +96,10 @@ def worker_line(experiment: str, trial: str, expected: Dict[str, int]) -> str:
 
 
 def stall_report(experiment: str, trial: str, replies: Sequence[dict], shares: Sequence[int],
-                 expected_workers: Optional[Dict[str, int]] = None) -> List[str]:
+                 expected_workers: Optional[Dict[str, int]] = None, secret: str = "") -> List[str]:
     """One line per fact; never raises (a broken probe becomes a line saying so)."""
     lines = data_lines(replies, shares)
-    for probe in (lambda: [manager_line(experiment, trial)], lambda: server_lines(experiment, trial),
+    for probe in (lambda: [manager_line(experiment, trial, secret)], lambda: server_lines(experiment, trial, secret),
                   lambda: [worker_line(experiment, trial, expected_workers or {})]):
         try:
             lines.extend(probe())

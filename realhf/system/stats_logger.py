@@ -155,3 +155,24 @@ class StatsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+TRAINED_QIDS_FILE = "trained_qids.jsonl"
+
+
+class TrainedQidsLog:
+    """`<log_dir>/trained_qids.jsonl`: one `{"step": k, "qids": [...]}` line per train step, the
+    prompt groups that step trained. Lines of steps after `last_step` (a resumed run repeats
+    them) are dropped on open, like metrics.jsonl's."""
+
+    def __init__(self, path: str, last_step: int):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        truncate_metrics(path, last_step)
+        self.path = path
+        self._file = open(path, "a", buffering=1)
+
+    def write(self, step: int, qids: List[str]) -> None:
+        self._file.write(json.dumps({"step": int(step), "qids": list(qids)}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()

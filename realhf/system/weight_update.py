@@ -1,6 +1,7 @@
 """Bringing generation servers to the trainer's latest weights, one server at a time (docs/architecture.md §5).
 
-For each server behind the target version:
+For each server behind the target version (as the server itself reports it in /get_model_info:
+an update never asks a server to go back to a lower version, which it would refuse with a 409):
 
     POST /pause_generation                      running requests return `abort` with partial output
     POST /update_weights_from_disk {model_path: <published_weights>/<v>, weight_version: v}
@@ -34,6 +35,20 @@ MAX_RETRY_DELAY_S = 30.0  # ... doubling per consecutive failure up to this
 
 class WeightUpdateError(RuntimeError):
     pass
+
+
+async def served_version(session: aiohttp.ClientSession, url: str, timeout: float) -> Optional[int]:
+    """The weight version `url` says it serves (None if it does not say: a backend without
+    /get_model_info; one that is down fails at the pause that follows)."""
+    async with session.get(f"{url}/get_model_info", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        if r.status != 200:
+            return None
+        try:
+            info = await r.json(content_type=None)
+        except ValueError:
+            return None
+    version = info.get("weight_version") if isinstance(info, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
 async def update_server(session: aiohttp.ClientSession, url: str, model_path: str, version: int,
@@ -88,6 +103,11 @@ class WeightUpdater:
             path = str(published_version_dir(self.run_dir, self.role, version))
             self.updating = url
             try:
+                current = await served_version(session, url, self.timeout)
+                if current is not None and current >= version:  # already there (or beyond): never go back
+                    if url in self.versions:
+                        self.versions[url] = current
+                    continue
                 seconds = await update_server(session, url, path, version, self.timeout)
             except Exception as e:  # noqa: BLE001 - reported, retried next round
                 self._failed(url, version, e)

@@ -3,7 +3,9 @@
     register a heartbeat (keep-alive key) → configure → loop { poll } → exit hook → deregister
 
 The loop ends when `experiment_status` is no longer RUNNING, on SIGTERM/SIGINT, or when the
-worker itself asks to stop. A worker subclass implements `_configure`, `_poll` (sync) or
+worker itself asks to stop. A missing status key or an unreachable Redis is not "stop": the run's
+coordination is gone, so the worker fails (`NameResolveLost`, exit 1) naming Redis — never an
+exit 0 that would end the run early and look like success. A worker subclass implements `_configure`, `_poll` (sync) or
 `_poll_async` (asyncio, see AsyncWorker), and `_exit_hook` to release what it started.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
+from realhf.base.network import redact_url
 
 logger = logging.getLogger("worker")
 
@@ -37,10 +40,40 @@ class WorkerContext:
     name_resolve: NameResolveConfig = field(default_factory=NameResolveConfig)
     log_dir: str = ""
     status_check_interval: float = 0.5
+    # The trial's shared secret (realhf.base.secret): every socket and HTTP endpoint of the run
+    # requires it. Generated per trial by the launcher and handed over only in the worker's
+    # owner-only config file; never on a command line or in a log. Empty: no authentication
+    # (single-process tests that build workers by hand).
+    secret: str = ""
 
 
 class WorkerExit(Exception):
     """Raised inside a worker to end its loop normally."""
+
+
+class NameResolveLost(RuntimeError):
+    """Redis (the trial's name resolve) is unreachable or lost a key the run cannot do without."""
+
+
+def experiment_status(ctx: WorkerContext) -> str:
+    """The trial's status (RUNNING, COMPLETE, ABORTED); NameResolveLost naming Redis when the key
+    is missing (Redis restarted without its data, flushed, evicted) or Redis cannot be reached."""
+    key = names.experiment_status(ctx.experiment_name, ctx.trial_name)
+    where = f"Redis at {_redacted(ctx.name_resolve.redis_url)}" if ctx.name_resolve.type == "redis" else "name resolve"
+    try:
+        return name_resolve.get(key)
+    except name_resolve.NameEntryNotFoundError:
+        raise NameResolveLost(f"the experiment status key {key!r} is missing from {where} (Redis restarted "
+                              "without its data, flushed or evicted?); the run cannot go on") from None
+    except Exception as e:  # redis.ConnectionError, TimeoutError…: the server is gone
+        raise NameResolveLost(f"{where} is unreachable reading {key!r}: {type(e).__name__}: {e}") from None
+
+
+def _redacted(url: str) -> str:
+    try:
+        return redact_url(url)
+    except ValueError:
+        return url.split("@")[-1]
 
 
 class Worker:
@@ -87,11 +120,7 @@ class Worker:
         if now - self._last_status_check < self.ctx.status_check_interval:
             return False
         self._last_status_check = now
-        key = names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name)
-        try:
-            status = name_resolve.get(key)
-        except name_resolve.NameEntryNotFoundError:
-            status = "missing"
+        status = experiment_status(self.ctx)
         if status != STATUS_RUNNING:
             self.request_stop(f"experiment status is {status}")
             return True

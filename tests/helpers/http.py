@@ -5,12 +5,14 @@ import urllib.error
 import urllib.request
 
 
-def http(method, url, body=None, timeout=60.0):
+def http(method, url, body=None, timeout=60.0, headers=None):
     """(status, parsed JSON or text; None for an empty body) — never raises on 4xx/5xx.
 
-    `body` is sent as JSON, or as is when it is bytes (fuzz and refusal tests send raw bytes)."""
+    `body` is sent as JSON, or as is when it is bytes (fuzz and refusal tests send raw bytes);
+    `headers` are added (e.g. `realhf.base.secret.auth_headers(secret)` for a launched run)."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, raw = resp.status, resp.read()

@@ -2,9 +2,10 @@
 
     python -m helpers.launch_dummies FILEROOT TRIAL N_WORKERS [key=value for worker 0 ...]
                                      [launcher.startup_timeout=S] [launcher.heartbeat_grace=S]
-                                     [restart.max_restarts=N]
+                                     [restart.max_restarts=N] [restart.window=S]
 
-`restart.max_restarts` makes the workers' spec restartable (backoff 0.1 s). Prints `READY <json>`
+`restart.max_restarts` makes the workers' spec restartable (backoff 0.1 s; `restart.window`: the
+restart budget's window, default 600 s). Prints `READY <json>`
 (`{"pids": {worker: pid}, "redis": pid}`) once every worker registered, then supervises; at the
 end `DONE`, `FAILED <worker>: <reason>` or `INTERRUPTED`, and `RESTARTS <json of restarts per
 worker>`. The exit code is the launcher's: 0 on success, 1 when a worker failed, 130 when interrupted.
@@ -36,7 +37,8 @@ def main():
     configs = [first] + [DummyWorkerConfig() for _ in range(n - 1)]
     restart = {}
     if "max_restarts" in restart_args:
-        restart = dict(restart=True, max_restarts=int(restart_args["max_restarts"]), restart_backoff=0.1)
+        restart = dict(restart=True, max_restarts=int(restart_args["max_restarts"]), restart_backoff=0.1,
+                       restart_window=restart_args.get("window", 600.0))
     launcher = LocalLauncher("dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0),
                              **{"startup_timeout": 60, **launcher_args})
     try:

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import List
 
+import psutil
+
 from helpers.paths import TESTS_DIR
 
 
@@ -35,3 +37,15 @@ class LauncherProcess:
         out, _ = self.proc.communicate(timeout=timeout)
         self.lines.append(out)
         return self.proc.returncode, "".join(self.lines)
+
+
+def alive(pids) -> List[int]:
+    """The pids among `pids` whose process still runs (not a zombie)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -26,7 +26,7 @@ class ModelWorkerHarness:
         self.pushers: Dict[int, ZMQPusher] = {}
         try:
             self.launcher.start()
-            self.stream = MasterStream(EXP, trial, n_workers)
+            self.stream = MasterStream(EXP, trial, n_workers, secret=self.launcher.secret)
             self.launcher.submit(WorkerSpec("model_worker", n_workers, configs=[config] * n_workers))
             self.stream.wait_for_workers(timeout=120)
             self.init_replies = self.stream.call_all("initialize", timeout=120)
@@ -37,7 +37,7 @@ class ModelWorkerHarness:
     def push(self, rank: int, msgs: Sequence[dict]) -> None:
         if rank not in self.pushers:
             address = name_resolve.wait(names.stream_puller(EXP, self.trial, rank), timeout=60)
-            self.pushers[rank] = ZMQPusher(address, send_timeout=30)
+            self.pushers[rank] = ZMQPusher(address, send_timeout=30, secret=self.launcher.secret)
         for m in msgs:
             self.pushers[rank].push(m)
 

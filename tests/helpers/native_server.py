@@ -70,3 +70,20 @@ def decode_fails_once(engine, message: str = "injected fault in the decode step"
         yield
     finally:
         engine.runner.decode = decode
+
+
+def make_decode_hang(engine, on_hang=lambda: None):
+    """From now on the engine's decode steps block forever (a hung engine: the thread is alive,
+    /health answers, nothing is decoded); returns an Event that releases them."""
+    import threading
+
+    release = threading.Event()
+    decode = engine.runner.decode
+
+    def hanging(*args, **kwargs):
+        on_hang()
+        release.wait()
+        return decode(*args, **kwargs)
+
+    engine.runner.decode = hanging
+    return release

@@ -6,11 +6,12 @@ from helpers.http import http
 from helpers.wait import wait_for
 
 
-def generate(url, input_ids, timeout=60.0, rid=None, **sampling):
+def generate(url, input_ids, timeout=60.0, rid=None, headers=None, **sampling):
+    """`headers`: e.g. `realhf.base.secret.auth_headers(secret)` for a server of a launched run."""
     body = {"input_ids": list(input_ids), "sampling_params": sampling, "return_logprob": True}
     if rid:
         body["rid"] = rid
-    status, out = http("POST", f"{url}/generate", body, timeout)
+    status, out = http("POST", f"{url}/generate", body, timeout, headers=headers)
     assert status == 200, f"/generate failed with {status}: {out}"
     return out
 

@@ -134,9 +134,21 @@ class Run:
         assert m, "the manager never logged its URL"
         return m.group(1)
 
+    def secret(self) -> str:
+        """The trial's shared secret, as the launcher handed it to its workers (their config files)."""
+        from omegaconf import OmegaConf
+
+        return str(OmegaConf.load(self.log_dir / "configs" / "gserver_manager-0.yaml").context.secret)
+
+    def auth(self) -> dict:
+        """Headers that authenticate a request to the run's manager or servers."""
+        from realhf.base.secret import auth_headers
+
+        return auth_headers(self.secret())
+
     def manager_status(self) -> Optional[dict]:
         try:
-            status, body = http("GET", f"{self.manager_url()}/status", timeout=10)
+            status, body = http("GET", f"{self.manager_url()}/status", timeout=10, headers=self.auth())
         except OSError:
             return None
         return body if status == 200 else None

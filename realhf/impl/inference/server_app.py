@@ -13,6 +13,12 @@ ignored, as SGLang ignores options it does not use. A body that does not validat
 JSON, wrong types, an empty prompt, token ids out of the vocabulary, a prompt that does not fit
 the context — gets a 400 with `{"error": {"message": ...}}` naming the field, never a 5xx.
 
+With a `secret`, every endpoint requires `Authorization: Bearer <secret>` (401 without, 403 with
+a wrong one; realhf.base.secret). With a `weights_root` (a run's publish directory),
+/update_weights_from_disk loads only from inside it (400 naming model_path); it never goes back to
+a lower weight_version (409 naming weight_version; equal is allowed). Refusals of both kinds are
+counted in /metrics (`realhf_http_auth_refused_total`, `realhf_weight_update_refused_total`).
+
 The handlers stay thin: they validate, hand the request to the engine thread and await a future
 that the engine resolves (`asyncio.wrap_future` → `call_soon_threadsafe`), so the event loop
 never waits on the model. A client that disconnects has its request aborted (slot freed).
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from typing import Any, List, Optional, Union
 
@@ -32,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
+from realhf.base.secret import RateLimitedLog, require_secret
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
 from realhf.impl.inference.request import (
@@ -205,10 +213,21 @@ def _abort_quietly(engine: Engine, rid: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+def _inside(path: str, root: str) -> bool:
+    """`path` is `root` or below it once symlinks and `..` are resolved."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return os.path.commonpath([path, root]) == root
+
+
+def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               secret: str = "", weights_root: str = "") -> FastAPI:
     # /openapi.json documents the request bodies (SGLang's server publishes one too); no docs UI.
     app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    # Added last = outermost: an unauthenticated request is refused before its body is read.
+    auth_refused = require_secret(app, secret, logger, "generation server")
+    update_refused = {"model_path": 0, "weight_version": 0}
+    update_log = RateLimitedLog(logger, "refused a weight update")
     model_name = served_model_name or engine.model_path or "model"
     started = time.time()
     metrics_registry = engine_registry(engine, model_name)
@@ -262,6 +281,18 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
     @app.post("/update_weights_from_disk", openapi_extra=_body_spec(UpdateWeightsBody))
     async def update_weights_from_disk(request: Request):
         body = await _parse(request, UpdateWeightsBody)
+        if weights_root and not _inside(body.model_path, weights_root):
+            update_refused["model_path"] += 1
+            update_log.event(f"model_path {body.model_path[:300]!r} is outside the publish directory {weights_root}")
+            return _error(400, f"model_path {body.model_path[:300]!r} is outside this run's publish directory "
+                               f"(GenerationServerConfig.weights_root)")
+        if body.weight_version is not None and body.weight_version < engine.weight_version:
+            update_refused["weight_version"] += 1
+            update_log.event(f"weight_version {body.weight_version} < served {engine.weight_version}")
+            return _json({"success": False, "weight_version": engine.weight_version,
+                          "error": {"message": f"weight_version {body.weight_version} is lower than the served "
+                                               f"version {engine.weight_version}; versions never go back",
+                                    "code": 409}}, status=409)
         try:
             version = await asyncio.to_thread(engine.update_weights, body.model_path, body.weight_version)
         except EngineClosedError:
@@ -313,7 +344,10 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
 
     @app.get("/metrics")
     async def metrics():
-        return Response(generate_latest(metrics_registry), media_type=PROMETHEUS_CONTENT_TYPE)
+        extra = "".join(
+            [f'realhf_http_auth_refused_total{{reason="{k}"}} {v}\n' for k, v in auth_refused.as_dict().items()]
+            + [f'realhf_weight_update_refused_total{{field="{k}"}} {v}\n' for k, v in update_refused.items()])
+        return Response(generate_latest(metrics_registry) + extra.encode(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     return app
 

@@ -5,6 +5,11 @@ counted, the master publishes each rank's count as `stale_dropped` (a per-rank l
 GserverManager subtracts it from that rank's `accepted` so that a drop frees admission capacity
 instead of starving the trainer. The version only grows, so the guard is re-applied to the whole
 buffer at every look.
+
+A group whose qid this buffer has already held is refused and counted (`n_duplicates`), not
+trained twice: a rollout worker killed between its push and its record of the push runs the
+group again under the same qid. A duplicate does not free admission capacity (the manager
+counted only one of the two copies as accepted).
 """
 
 from __future__ import annotations
@@ -24,14 +29,24 @@ class TrajectoryBuffer:
         self.n_added = 0
         self.n_stale_dropped = 0
         self.n_taken = 0
+        self.n_duplicates = 0
+        self._seen: set = set()  # every qid added in this trainer incarnation
 
     def __len__(self) -> int:
         return len(self._groups)
 
-    def add(self, groups: Iterable[Trajectory]) -> None:
+    def add(self, groups: Iterable[Trajectory]) -> List[Trajectory]:
+        """Append the groups; returns the duplicates refused."""
+        refused = []
         for g in groups:
+            if g.qid in self._seen:
+                self.n_duplicates += 1
+                refused.append(g)
+                continue
+            self._seen.add(g.qid)
             self._groups.append(g)
             self.n_added += 1
+        return refused
 
     def is_stale(self, group: Trajectory, version: int) -> bool:
         return group.version_start < version - self.eta

@@ -8,8 +8,10 @@ exactly where it stopped, written by all DP ranks together and published in one 
         rng/rank<r>.pt      each rank's torch and Python RNG state
 
 Everything goes into `.tmp-recover` next to it first; rank 0 fsyncs every file and directory
-and renames it into place, so a kill at any moment leaves either the previous checkpoint or the
-new one, never a mix. The shards re-shard on load (torch.distributed.checkpoint), so a run may
+and moves it into place in one atomic step (`checkpoint.move_into_place`: a rename, or one
+RENAME_EXCHANGE with the previous checkpoint), so a kill at any moment leaves either the previous
+checkpoint or the new one, never a mix and never none. What a killed save left (`.tmp-*`,
+`.old-*`) is deleted by the next one. The shards re-shard on load (torch.distributed.checkpoint), so a run may
 resume at another DP size; a rank without an RNG file of its own then keeps its fresh RNG.
 RNG files are read with `weights_only=True` from the run's own directory.
 """
@@ -28,7 +30,7 @@ import torch.distributed as dist
 
 from realhf.api.engine_api import TrainEngine
 from realhf.base.device import rng_state, set_rng_state
-from realhf.impl.model.checkpoint import move_into_place
+from realhf.impl.model.checkpoint import move_into_place, prune_leftovers
 
 INFO_FILE = "recover_info.json"
 
@@ -49,7 +51,9 @@ def save(path: Path, engines: Mapping[str, TrainEngine], rank: int, world_size: 
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}")
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prune_leftovers(path.parent)  # `.tmp-recover`, `.old-*`: left by a save that was killed
+        shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "rng").mkdir(parents=True)
     _barrier()
     for role, engine in engines.items():

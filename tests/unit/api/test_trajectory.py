@@ -1,5 +1,7 @@
 """The trajectory message (docs/architecture.md §6): round trip, and every malformed field refused by name."""
 
+import re
+
 import pytest
 
 from realhf.api.trajectory import Sample, Trajectory, TrajectoryFormatError
@@ -91,3 +93,18 @@ def test_an_all_trained_sample_travels_without_a_mask_and_comes_back_all_ones():
     assert "loss_mask" not in msg["samples"][0] and msg["samples"][1]["loss_mask"].tolist() == [0]
     back = Trajectory.from_msg(msg)
     assert back.samples[0].loss_mask.tolist() == [1, 1] and back.samples[1].loss_mask.tolist() == [0]
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda t: setattr(t.samples[0], "reward", float("nan")), r"samples\[0\].reward is nan"),
+    (lambda t: setattr(t.samples[0], "reward", float("-inf")), r"samples\[0\].reward is -inf"),
+    (lambda t: setattr(t, "samples", []), "no samples"),
+    (lambda t: t.samples.append(Sample([], [], [], 0.0)), r"samples\[1\] has no generated tokens"),
+])
+def test_a_group_the_trainer_would_refuse_is_named_by_problem_and_refused_by_from_msg(change, says):
+    t = Trajectory.from_msg(_msg())
+    assert t.problem() is None
+    change(t)
+    assert re.search(says, t.problem())
+    with pytest.raises(TrajectoryFormatError):  # the receiver's check agrees with the sender's
+        Trajectory.from_msg(serialization.loads(serialization.dumps(t.to_msg())))

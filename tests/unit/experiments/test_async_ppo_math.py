@@ -183,3 +183,44 @@ def test_benchmark_steps_win_over_epochs_and_an_epoch_is_dataset_size_over_b():
     assert total_train_steps(cfg, n_rows=100) == 12  # 100 // 16 = 6 steps per epoch
     cfg.exp_ctrl.benchmark_steps = 5
     assert total_train_steps(cfg, n_rows=100) == 5
+
+
+def test_every_root_number_a_worker_carries_reaches_it():
+    """Each worker field declared `same_as(<root field>)` gets the run's value of that field, not
+    its default: change every such int/float root value and look at every worker's config."""
+    import dataclasses
+
+    from realhf.api import worker_configs
+
+    def root_field(path):
+        cls = AsyncPPOMATHConfig
+        for part in path.split("."):
+            f = {x.name: x for x in dataclasses.fields(cls)}[part]
+            cls = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
+        return f
+
+    carried = {}  # root path -> [(worker config class, field)]
+    for cls in (worker_configs.GenerationServerConfig, worker_configs.GserverManagerConfig,
+                worker_configs.RolloutWorkerConfig, worker_configs.ModelWorkerConfig,
+                worker_configs.MasterWorkerConfig):
+        for f in dataclasses.fields(cls):
+            if "root" in f.metadata:
+                carried.setdefault(f.metadata["root"], []).append((cls, f.name))
+    defaults = load()
+    changed = {}
+    for path in carried:
+        value = defaults
+        for part in path.split("."):
+            value = getattr(value, part)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        changed[path] = value * 2 if value else 3  # doubling keeps every range and divisibility rule
+        if path == "groups_per_step":
+            changed[path] = value  # the allocation's DP shares depend on it; checked elsewhere
+    assert "cluster.max_message_bytes" in changed and "max_head_offpolicyness" in changed
+    cfg = load(*(f"{p}={v}" for p, v in changed.items()))
+    by_class = {type(c): c for spec in initial_setup(cfg) for c in spec.configs}
+    wrong = [f"{cls.__name__}.{name} = {getattr(by_class[cls], name)!r}, root {path} = {want!r}"
+             for path, want in changed.items() for cls, name in carried[path]
+             if cls in by_class and getattr(by_class[cls], name) != want]
+    assert not wrong, "\n".join(wrong)

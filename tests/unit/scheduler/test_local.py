@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from helpers.launcher_process import LauncherProcess
+from helpers.launcher_process import LauncherProcess, alive as _alive
 
 
 class Launcher(LauncherProcess):
@@ -19,17 +19,6 @@ class Launcher(LauncherProcess):
 
     def all_pids(self, info):
         return list(info["pids"].values()) + [info["redis"]]
-
-
-def _alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def test_workers_that_finish_normally_end_the_trial_with_success(tmp_path, no_leftover_processes):

@@ -52,7 +52,7 @@ def test_a_worker_that_keeps_crashing_fails_the_trial_after_max_restarts(tmp_pat
     la.wait_ready()
     code, out, restarts = la.finish()
     assert code == 1, out
-    assert "FAILED dummy/0: exited with code 3 after 2 restart(s) (restart_policy.max_restarts=2)" in out
+    assert "FAILED dummy/0: exited with code 3 after 2 restarts within 600 s (cluster.restart_policy.max_restarts=2" in out
     assert restarts["dummy/0"] == 2
     log = _log(tmp_path, "crashloop", "dummy-0")
     assert "restart 1 of dummy/0" in log and "restart 2 of dummy/0" in log and "restart 3" not in log
@@ -67,5 +67,5 @@ def test_a_hung_restartable_worker_is_killed_and_restarted(tmp_path, no_leftover
     la.wait_ready()
     code, out, restarts = la.finish(timeout=120)
     assert code == 1, out
-    assert "FAILED dummy/0: stopped heart-beating" in out and "after 1 restart(s)" in out
+    assert "FAILED dummy/0: stopped heart-beating" in out and "after 1 restarts within 600 s" in out
     assert "restart 1 of dummy/0" in _log(tmp_path, "hang", "dummy-0")

@@ -6,8 +6,9 @@ from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.worker_configs import GenerationServerConfig
 from realhf.api.validation import validate_worker_config
 from realhf.base import name_resolve, names
+from realhf.base.secret import auth_headers
 from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail
-from realhf.system.worker_base import STATUS_COMPLETE
+from realhf.system.worker_base import STATUS_COMPLETE, WorkerContext
 
 from helpers import sglang_standin
 from helpers.http import http
@@ -51,7 +52,8 @@ def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exi
         urls = _wait_for_servers(launcher, EXP, trial, 2)
         assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
         for url in urls:
-            out = generate(url, [5, 6, 7], max_new_tokens=8, temperature=0.0, ignore_eos=True)
+            out = generate(url, [5, 6, 7], max_new_tokens=8, temperature=0.0, ignore_eos=True,
+                           headers=auth_headers(launcher.secret))
             assert out["output_ids"] == hf_ref.greedy([5, 6, 7], 8)
             assert out["meta_info"]["weight_version"] == 2
         _complete(EXP, trial, launcher)
@@ -70,7 +72,7 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
     with launcher:
         launcher.submit(WorkerSpec("generation_server", 1, [cfg], env=env))
         (url,) = _wait_for_servers(launcher, EXP, trial, 1)
-        assert http("GET", f"{url}/health")[0] == 200
+        assert http("GET", f"{url}/health", headers=auth_headers(launcher.secret))[0] == 200
         log = (tmp_path / "logs" / EXP / trial / "sglang-0.log").read_text()
         assert "--tp-size', '2'" in log and "--base-gpu-id', '2'" in log and "--skip-tokenizer-init" in log
         _complete(EXP, trial, launcher)
@@ -117,6 +119,7 @@ def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_
                                  native=NativeEngineConfig(max_running_requests=4, context_length=64))
     server = GenerationServer.__new__(GenerationServer)  # no worker context needed for _start_native
     server.name = "generation_server/0"
+    server.ctx = WorkerContext(experiment_name=EXP, trial_name="device", worker_type="generation_server")
     try:
         port = server._start_native(cfg, seed=1)
         assert asked == [("cpu", 3)]

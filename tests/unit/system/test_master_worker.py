@@ -52,7 +52,7 @@ def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out
                              stall_timeout=0.1, data_timeout=0.4)
     w = MasterWorker(ctx, cfg)
     w._stream, w.shares, w.step, w.version = _FakeStream(), [2, 2], 0, 0
-    w.stale_dropped, w._stale_dropped_per_rank = 0, None
+    w.stale_dropped, w.rejected, w._stale_dropped_per_rank = 0, 0, None
     w._t_last_step = time.monotonic()
     name_resolve.add(names.experiment_status("mlogic", "t"), "RUNNING", replace=True)
     with caplog.at_level(logging.INFO), pytest.raises(TimeoutError) as e:
@@ -77,11 +77,12 @@ def _restamp(msg: dict, version: int) -> dict:
     return msg
 
 
-def _feed(stop: threading.Event, groups, errors: list):
+def _feed(stop: threading.Event, groups, errors: list, secret: str = ""):
     """Like rollout workers: for every new model version push B fresh groups (B / N_DP per DP
     head); at version 2 also push one group generated at version 0, which eta = 1 makes stale."""
     try:
-        pushers = [NameResolvingZmqPusher(EXP, TRIAL, i, N_DP, N_DP, discovery_timeout=120) for i in range(N_DP)]
+        pushers = [NameResolvingZmqPusher(EXP, TRIAL, i, N_DP, N_DP, discovery_timeout=120, secret=secret)
+                   for i in range(N_DP)]
         try:
             fed = set()
             key = names.model_version(EXP, TRIAL, "actor")
@@ -122,7 +123,7 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(red
     launcher = LocalLauncher(EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url),
                              startup_timeout=120)
     stop, errors = threading.Event(), []
-    feeder = threading.Thread(target=_feed, args=(stop, groups, errors), daemon=True)
+    feeder = threading.Thread(target=_feed, args=(stop, groups, errors, launcher.secret), daemon=True)
     try:
         launcher.start()
         launcher.submit(WorkerSpec("master_worker", 1, configs=[master_cfg]))

@@ -123,6 +123,10 @@ def _kill_worker(tmp_path, config_name: str) -> None:
     raise AssertionError(f"no process runs {config_name}")
 
 
+def _as(msg: dict, step: int) -> dict:
+    return dict(msg, qid=f"{msg['qid']}#{step}")
+
+
 def test_dp2_resumed_from_the_sharded_checkpoint_makes_the_update_an_uninterrupted_run_makes(
         groups, redis_url, tmp_path, no_leftover_processes):
     cfg = dataclasses.replace(_config(tmp_path / "run"), recover=True)  # nothing to resume yet: a fresh start
@@ -130,9 +134,9 @@ def test_dp2_resumed_from_the_sharded_checkpoint_makes_the_update_an_uninterrupt
     h = ModelWorkerHarness(str(tmp_path), "rec", 2, cfg, redis_url)
     try:
         assert [r["version"] for r in h.init_replies] == [0, 0]
-        for _ in range(2):  # step 1, the checkpoint, step 2
-            h.push(0, [groups[0], groups[1]])
-            h.push(1, [groups[2], groups[3]])
+        for step in range(2):  # step 1, the checkpoint, step 2 (the same data under new qids:
+            h.push(0, [_as(groups[0], step), _as(groups[1], step)])  # a head refuses a qid twice)
+            h.push(1, [_as(groups[2], step), _as(groups[3], step)])
             h.step([2, 2])
             if h.model_version() == "1":
                 h.stream.call_all("checkpoint", {"extra": {"step": 1}}, timeout=120)

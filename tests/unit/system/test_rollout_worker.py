@@ -21,6 +21,7 @@ import torch
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
 from realhf.api.trajectory import Trajectory
+from realhf.base.secret import auth_headers
 from realhf.base import name_resolve, names
 from realhf.base.process import die_with_parent
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
@@ -60,8 +61,8 @@ def start_native_server(log_path: str):
     raise RuntimeError(f"native generation server did not become ready: {open(log_path).read()[-2000:]}")
 
 
-def get_json(url: str):
-    status, body = http("GET", url, timeout=10)
+def get_json(url: str, headers=None):
+    status, body = http("GET", url, timeout=10, headers=headers)
     assert status == 200, f"GET {url}: {status} {body}"
     return body
 
@@ -93,7 +94,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
     try:
         launcher.start()
         name_resolve.add_subentry(names.gen_servers(exp, trial), url)
-        dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0), parse=Trajectory.from_msg)
+        dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0, secret=launcher.secret), parse=Trajectory.from_msg)
         launcher.submit(WorkerSpec("gserver_manager", 1, [GserverManagerConfig(
             groups_per_step=B, max_head_offpolicyness=ETA, n_servers=1, run_dir=fileroot, poll_interval=0.1,
             max_concurrent_rollouts=8, schedule_policy="least_requests")]))
@@ -103,7 +104,8 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
         ) for _ in range(2)]))
         # The launcher supervises from this (main) thread; the trainer's part runs beside it and
         # ends the trial by marking it COMPLETE.
-        trainer = threading.Thread(target=_play_trainer, args=(dataset, fileroot, exp, trial, out), daemon=True)
+        trainer = threading.Thread(target=_play_trainer, args=(dataset, fileroot, exp, trial, out, auth_headers(launcher.secret)),
+                                   daemon=True)
         trainer.start()
         launcher.wait(timeout=400)
     finally:
@@ -143,7 +145,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
             assert torch.allclose(torch.tensor(s.logprobs.tolist()), ref, atol=2e-4), (t.qid, s.logprobs, ref.tolist())
 
 
-def _play_trainer(dataset, fileroot, exp, trial, out):
+def _play_trainer(dataset, fileroot, exp, trial, out, auth):
     def take(n, timeout):
         return dataset.get(n, timeout=timeout)
 
@@ -159,14 +161,14 @@ def _play_trainer(dataset, fileroot, exp, trial, out):
         publish_version(fileroot, exp, trial, 1)
         out["v1"] = take(B, timeout=60)
         manager = name_resolve.get(names.gserver_manager(exp, trial))
-        wait_for(lambda: get_json(f"{manager}/status")["servers"][0]["version"] == 1, 30, "the server at version 1")
+        wait_for(lambda: get_json(f"{manager}/status", auth)["servers"][0]["version"] == 1, 30, "the server at version 1")
         # Version 2: these groups start after the server holds version >= 1.
         publish_version(fileroot, exp, trial, 2)
         out["v2"] = take(B, timeout=60)
         # A worker reports /finish_rollout just after its push: wait for the last reports.
         n = (ETA + 1) * B + 2 * B
-        wait_for(lambda: get_json(f"{manager}/status")["accepted"] == n, 30, f"{n} accepted groups")
-        out["status"] = get_json(f"{manager}/status")
+        wait_for(lambda: get_json(f"{manager}/status", auth)["accepted"] == n, 30, f"{n} accepted groups")
+        out["status"] = get_json(f"{manager}/status", auth)
     except BaseException as e:  # noqa: BLE001 - re-raised by the test
         out["error"] = e
     finally:

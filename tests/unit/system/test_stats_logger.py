@@ -18,3 +18,20 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
     assert m["samples_per_s"] == 2.0 and m["gen_tokens_per_s"] == 20.0 and m["loss"] == 0.5
     line = format_line(m)
     assert line.startswith("[bold]step 3[/bold] v5") and "head_stale 1.00 | /max 2" in line and "dropped 4" in line
+
+
+def test_trained_qids_log_keeps_the_steps_up_to_the_resumed_checkpoint(tmp_path):
+    import json
+
+    from realhf.system.stats_logger import TrainedQidsLog
+
+    path = str(tmp_path / "logs" / "trained_qids.jsonl")
+    log = TrainedQidsLog(path, last_step=0)
+    for step in (1, 2, 3):
+        log.write(step, [f"a{step}", f"b{step}"])
+    log.close()
+    log = TrainedQidsLog(path, last_step=2)  # resumed from the checkpoint of step 2: step 3 runs again
+    log.write(3, ["c3"])
+    log.close()
+    lines = [json.loads(line) for line in open(path)]
+    assert lines == [{"step": 1, "qids": ["a1", "b1"]}, {"step": 2, "qids": ["a2", "b2"]}, {"step": 3, "qids": ["c3"]}]

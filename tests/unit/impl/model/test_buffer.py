@@ -64,3 +64,13 @@ def test_taking_more_than_buffered_takes_nothing():
     with pytest.raises(ValueError, match="asked for 2 groups but only 1 are buffered"):
         buf.take(2, version=0)
     assert len(buf) == 1
+
+
+def test_a_group_received_twice_is_refused_and_counted_not_trained_twice():
+    buf = TrajectoryBuffer(max_head_offpolicyness=4)
+    first = _group("q@0", [[1]])
+    assert buf.add([first]) == []
+    assert buf.take(1, version=1) == [first]
+    again = _group("q@0", [[1]])  # a rerun of the same qid, after the first copy was trained
+    assert buf.add([again, _group("q@1", [[1]])]) == [again]
+    assert (buf.n_duplicates, len(buf), buf.n_added) == (1, 1, 2)

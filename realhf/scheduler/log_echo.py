@@ -1,0 +1,57 @@
+"""Worker logs seen from the launcher: the tail printed with a failure, and the echo of some
+workers' new lines (the master's progress) to the launcher's console."""
+
+import os
+import sys
+import threading
+from typing import Dict, List
+
+
+def log_tail(path: str, n_lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError as e:
+        return f"(cannot read {path}: {e})"
+    return "\n".join(lines[-n_lines:])
+
+
+class LogEcho(threading.Thread):
+    """Copies new lines of some worker logs to stdout, so a user sees the master's progress."""
+
+    def __init__(self):
+        super().__init__(name="log-echo", daemon=True)
+        self._paths: List[str] = []
+        self._stop_event = threading.Event()
+
+    def add(self, path: str):
+        self._paths.append(path)
+
+    def run(self):
+        offsets: Dict[str, int] = {}
+        while not self._stop_event.is_set():
+            self._drain(offsets)
+            self._stop_event.wait(0.2)
+        self._drain(offsets)
+
+    def _drain(self, offsets):
+        for path in list(self._paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    # Only whole lines; a partial last line waits for the next round.
+                    cut = data.rfind(b"\n") + 1
+                    offsets[path] = offsets.get(path, 0) + cut
+                if cut:
+                    sys.stdout.write(data[:cut].decode(errors="replace"))
+                    sys.stdout.flush()
+            except FileNotFoundError:
+                continue
+
+    def stop(self):
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=2)

@@ -1,0 +1,60 @@
+"""User plug-ins that misbehave on purpose (issue 14, items 3-5), named in a run's config as
+`rollout.env.type=helpers.faulty_plugins:NanRewardEnv` etc.
+
+Which prompts misbehave is a function of the prompt's query_id (crc32), so every process and
+every incarnation of a worker agrees, and a test can recompute it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import zlib
+
+from realhf.impl.agent.math_single_step import MathSingleStepAgent
+from realhf.impl.environment.math_env import MathEnv
+
+
+def bucket(query_id: str, n: int) -> int:
+    return zlib.crc32(str(query_id).encode()) % n
+
+
+class NanRewardEnv(MathEnv):
+    """Grades like `math`, but a third of the prompts (bucket 0 of 3) get NaN successes, hence a
+    NaN reward for every answer of their group."""
+
+    async def step(self, action):
+        obs, successes, done, info = await super().step(action)
+        if bucket(action[0].query_id, 3) == 0:
+            successes = [math.nan] * len(successes)
+        return obs, successes, done, info
+
+
+class HangingEnv(MathEnv):
+    """Grades like `math`, but its step never returns for a quarter of the prompts (bucket 0 of 4)."""
+
+    async def step(self, action):
+        if bucket(action[0].query_id, 4) == 0:
+            await asyncio.Event().wait()  # forever, until the episode is cancelled
+        return await super().step(action)
+
+
+class FatalAgentError(BaseException):
+    """Not an Exception: an episode does not catch it, so it ends the rollout worker."""
+
+
+class FatalOnceAgent(MathSingleStepAgent):
+    """`math-single-step`, except that its `fail_at`-th episode (counted per process) raises
+    FatalAgentError once per trial: `marker` (agent.args) is created first, so a restarted
+    worker runs normally."""
+
+    def __init__(self, config=None, *, marker: str = "", fail_at: int = 6, **kwargs):
+        super().__init__(config, **kwargs)
+        self.marker, self.fail_at, self.n = marker, int(fail_at), 0
+
+    async def collect_trajectory(self, prompt, env, client):
+        self.n += 1
+        if self.n == self.fail_at and self.marker and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise FatalAgentError(f"FatalOnceAgent: fatal error in episode {prompt.qid} (on purpose)")
+        return await super().collect_trajectory(prompt, env, client)
