@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import time
 from typing import List, Optional, Sequence
 
@@ -58,6 +59,15 @@ def check_frames(secret: str, label: bytes, frames: Sequence[bytes]) -> Optional
     if not hmac.compare_digest(frames[0], tag(secret, label, payload)):
         return None
     return payload
+
+
+def write_private(path: str, text: str) -> None:
+    """Write `path` readable by its owner only (worker configs carry the secret and the Redis
+    password). The mode is set at creation, so the text is never readable by others."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 # ---- HTTP --------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from realhf.base import logging, name_resolve, names
 from realhf.base.network import redact_url
 from realhf.base.process import die_with_parent, pid_alive, process_tree
 from realhf.base.redis_server import RedisServer
+from realhf.base.secret import write_private
 from realhf.base.trial_files import TrialFiles
 from realhf.scheduler.log_echo import LogEcho, log_tail
 from realhf.scheduler.worker_spec import (
@@ -78,15 +79,6 @@ class _Proc:
     restart_times: List[float] = dataclasses.field(default_factory=list)  # monotonic, within the window
     restart_at: Optional[float] = None  # a restart is due at this monotonic time
     last_death: str = ""
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write `path` readable by its owner only: worker configs carry the trial's secret and the
-    Redis password. The mode is set at creation, so the text is never readable by others."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an existing file keeps its old mode through O_CREAT
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def _kill_group(pgid: int) -> None:
@@ -181,7 +173,7 @@ class LocalLauncher:
         if config is not None:
             doc["config"] = OmegaConf.structured(config)
         config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
-        _write_private(config_path, OmegaConf.to_yaml(OmegaConf.create(doc)))
+        write_private(config_path, OmegaConf.to_yaml(OmegaConf.create(doc)))
         log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")
         key = names.worker(self.experiment_name, self.trial_name, spec.worker_type, index)
         p = _Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, None, log_path, key, time.monotonic(),

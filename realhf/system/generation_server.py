@@ -33,7 +33,7 @@ from typing import Tuple
 from realhf.api.worker_configs import GenerationServerConfig
 from realhf.base import name_resolve, names
 from realhf.base.network import find_free_port, host_for_peers
-from realhf.base.secret import auth_headers
+from realhf.base.secret import auth_headers, write_private
 from realhf.base.trial_files import latest_published
 from realhf.system.worker_base import Worker
 
@@ -120,13 +120,18 @@ class GenerationServer(Worker):
             raise RuntimeError("backend=sglang needs the sglang package in this environment "
                                "(pip install 'sglang[all]'); use backend=native on CPU machines")
         port = cfg.port or find_free_port(cfg.host)
-        cmd = build_sglang_command(cfg.model_path, cfg.host, port, cfg.sglang, tp_size=cfg.tp_size,
-                                   base_gpu_id=cfg.base_gpu_id, seed=seed)
         log_dir = self.ctx.log_dir or "."
+        key_file = ""
+        if self.ctx.secret:  # the key goes to SGLang through an owner-only file, not its command line
+            key_file = os.path.join(log_dir, "configs", f"sglang-key-{self.ctx.worker_index}")
+            os.makedirs(os.path.dirname(key_file), mode=0o700, exist_ok=True)
+            write_private(key_file, self.ctx.secret)
+        cmd = build_sglang_command(cfg.model_path, cfg.host, port, cfg.sglang, tp_size=cfg.tp_size,
+                                   base_gpu_id=cfg.base_gpu_id, seed=seed, api_key_file=key_file)
         log_path = os.path.join(log_dir, f"sglang-{self.ctx.worker_index}.log")
         self._sglang = SGLangProcess(cmd, f"http://{host_for_peers(cfg.host)}:{port}", log_path,
-                                     startup_timeout=cfg.sglang.startup_timeout,
-                                     health_timeout=cfg.health_timeout).start()
+                                     startup_timeout=cfg.sglang.startup_timeout, health_timeout=cfg.health_timeout,
+                                     headers=auth_headers(self.ctx.secret)).start()
         return port
 
     def _poll(self) -> bool:

@@ -35,17 +35,21 @@ def sglang_available() -> bool:
 
 
 def build_sglang_command(model_path: str, host: str, port: int, config: SGLangConfig, *, tp_size: int = 1,
-                         base_gpu_id: int = 0, seed: int = 1, python: str = sys.executable) -> List[str]:
+                         base_gpu_id: int = 0, seed: int = 1, python: str = sys.executable,
+                         api_key_file: str = "") -> List[str]:
     """The `python -m sglang.launch_server ...` argv. Optional SGLang fields are passed only when
-    set away from their "SGLang's default" value, so SGLang keeps choosing them itself."""
+    set away from their "SGLang's default" value, so SGLang keeps choosing them itself. With
+    `api_key_file` (the run's secret, in an owner-only file) the server requires the key, handed
+    over by `realhf.impl.inference.sglang_entry` so that it is on no command line."""
     if not model_path:
         raise ValueError("sglang backend: model_path is empty")
     if tp_size < 1:
         raise ValueError(f"sglang backend: tp_size must be >= 1, got {tp_size}")
     if base_gpu_id < 0:
         raise ValueError(f"sglang backend: base_gpu_id must be >= 0, got {base_gpu_id}")
+    entry = ["realhf.impl.inference.sglang_entry", "--api-key-file", api_key_file] if api_key_file else ["sglang.launch_server"]
     cmd = [
-        python, "-m", "sglang.launch_server",
+        python, "-m", *entry,
         "--model-path", model_path,
         "--skip-tokenizer-init",
         "--tp-size", str(tp_size),
@@ -84,9 +88,10 @@ def _log_tail(path: str, n_lines: int = 30) -> str:
         return f"(cannot read {path}: {e})"
 
 
-def http_healthy(url: str, timeout: float) -> bool:
+def http_healthy(url: str, timeout: float, headers: Optional[Dict[str, str]] = None) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+        request = urllib.request.Request(f"{url}/health", headers=headers or {})
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -96,8 +101,10 @@ class SGLangProcess:
     """A generation server in a child process, healthy once `start()` returns."""
 
     def __init__(self, command: List[str], url: str, log_path: str, startup_timeout: float = 600.0,
-                 health_timeout: float = 5.0, env: Optional[Dict[str, str]] = None, poll_interval: float = 0.5):
+                 health_timeout: float = 5.0, env: Optional[Dict[str, str]] = None, poll_interval: float = 0.5,
+                 headers: Optional[Dict[str, str]] = None):
         self.command, self.url, self.log_path = command, url, log_path
+        self.headers = headers or {}  # the run's Authorization header
         self.startup_timeout, self.health_timeout, self.poll_interval = startup_timeout, health_timeout, poll_interval
         self.env = env
         self.popen: Optional[subprocess.Popen] = None
@@ -128,7 +135,7 @@ class SGLangProcess:
                 raise SGLangLaunchError(
                     f"generation server {self.url} exited with code {code} before /health answered; "
                     f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}")
-            if http_healthy(self.url, self.health_timeout):
+            if http_healthy(self.url, self.health_timeout, self.headers):
                 logger.info(f"{self.url} healthy after {time.monotonic() - t0:.1f}s (pid {self.popen.pid})")
                 return
             if time.monotonic() > deadline:

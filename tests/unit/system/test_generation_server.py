@@ -1,5 +1,6 @@
 """The GenerationServer worker as a real process under LocalLauncher, on a real Redis."""
 
+import psutil
 import pytest
 
 from realhf.api.cli_args import NativeEngineConfig
@@ -73,8 +74,16 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
         launcher.submit(WorkerSpec("generation_server", 1, [cfg], env=env))
         (url,) = _wait_for_servers(launcher, EXP, trial, 1)
         assert http("GET", f"{url}/health", headers=auth_headers(launcher.secret))[0] == 200
+        # SGLang requires the run's secret too, and got it through an owner-only file, not argv.
+        assert http("GET", f"{url}/health")[0] == 401
+        tree = [p for proc in launcher._procs for p in psutil.Process(proc.popen.pid).children(recursive=True)]
+        sglang = [p for p in tree if "sglang_entry" in " ".join(p.cmdline())]
+        assert sglang and all(launcher.secret not in " ".join(p.cmdline()) for p in tree)
+        key_file = tmp_path / "logs" / EXP / trial / "configs" / "sglang-key-0"
+        assert key_file.read_text() == launcher.secret and key_file.stat().st_mode & 0o777 == 0o600
         log = (tmp_path / "logs" / EXP / trial / "sglang-0.log").read_text()
         assert "--tp-size', '2'" in log and "--base-gpu-id', '2'" in log and "--skip-tokenizer-init" in log
+        assert launcher.secret not in log
         _complete(EXP, trial, launcher)
 
 

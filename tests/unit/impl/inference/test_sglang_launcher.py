@@ -94,3 +94,23 @@ def test_an_unknown_flag_reaches_sglang_and_fails_there(tmp_path, no_leftover_pr
     server = _process(tmp_path, {}, cfg=SGLangConfig(extra_args=["--no-such-flag"]))
     with pytest.raises(SGLangLaunchError, match="no-such-flag"):
         server.start()
+
+
+def test_with_a_key_file_the_server_requires_the_key_and_no_command_line_shows_it(tmp_path, no_leftover_processes):
+    key = "k" * 64
+    key_file = tmp_path / "key"
+    key_file.write_text(key)
+    port = find_free_port()
+    cmd = build_sglang_command("/models/m", "127.0.0.1", port, SGLangConfig(), api_key_file=str(key_file))
+    assert cmd[1:5] == ["-m", "realhf.impl.inference.sglang_entry", "--api-key-file", str(key_file)] and key not in cmd
+    env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake")}
+    url = f"http://127.0.0.1:{port}"
+    server = SGLangProcess(cmd, url, str(tmp_path / "sglang.log"), startup_timeout=30, health_timeout=2.0, env=env,
+                           poll_interval=0.1, headers={"Authorization": f"Bearer {key}"}).start()
+    try:
+        assert http_healthy(url, 2.0, {"Authorization": f"Bearer {key}"})
+        assert not http_healthy(url, 2.0) and not http_healthy(url, 2.0, {"Authorization": "Bearer nope"})
+        assert key not in " ".join(psutil.Process(server.popen.pid).cmdline())
+    finally:
+        server.stop()
+
