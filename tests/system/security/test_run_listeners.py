@@ -5,6 +5,7 @@ command line (issue 14, item 2)."""
 import socket
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -14,16 +15,23 @@ from realhf.base.network import bind_gloo_to
 from helpers.http import http
 from helpers.training_runs import SMALL_RUN, Run
 
-STEPS = 3
+STEPS = 20  # long enough that every worker still listens when the sockets are listed after step 1
 
 
 def _listening(pids):
     out = []
     for pid in pids:
-        try:
-            conns = psutil.Process(pid).net_connections(kind="inet")
-        except psutil.Error:
-            continue
+        for _ in range(20):  # a process opening and closing files meanwhile can fail one scan
+            try:
+                conns = psutil.Process(pid).net_connections(kind="inet")
+                break
+            except psutil.NoSuchProcess:
+                conns = []
+                break
+            except (psutil.Error, OSError):
+                time.sleep(0.05)
+        else:
+            raise AssertionError(f"could not list the sockets of pid {pid}")
         out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
     return out
 
