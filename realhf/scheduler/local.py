@@ -28,11 +28,11 @@ import dataclasses
 import os
 import secrets
 import signal
-import uuid
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
