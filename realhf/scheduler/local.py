@@ -109,6 +109,7 @@ class LocalLauncher:
         self._started = False
         self._stopped = False
         self._old_handlers = {}
+        self._interrupted: Optional[int] = None  # the signal number, once SIGINT/SIGTERM arrived
         self.secret = secrets.token_hex(32)  # this trial's shared secret (WorkerContext.secret)
         self.marker = uuid.uuid4().hex  # REALHF_TRIAL in every worker's environment (watchdog.py)
         self._watchdog: Optional[Watchdog] = None
@@ -140,6 +141,9 @@ class LocalLauncher:
             return
 
         def on_signal(signum, frame):
+            # Recorded as well as raised: the exception may land inside a call that catches
+            # broadly (a Redis client retry, a best-effort clean-up); wait() checks the record.
+            self._interrupted = signum
             raise LauncherInterrupted(signum)
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -226,6 +230,8 @@ class LocalLauncher:
         complete_since: Optional[float] = None
         try:
             while True:
+                if self._interrupted is not None:
+                    raise LauncherInterrupted(self._interrupted)
                 failure = self._check_workers()
                 if failure is not None:
                     self._fail(*failure)
@@ -241,10 +247,13 @@ class LocalLauncher:
                 if deadline is not None and time.monotonic() > deadline:
                     raise LauncherError(f"trial did not finish within {timeout:.0f}s")
                 time.sleep(self.poll_interval)
-        except LauncherInterrupted as e:
-            logger.warning(f"{e}; stopping every worker")
+        except LauncherError as e:
+            if self._interrupted is None:
+                raise
+            interrupted = e if isinstance(e, LauncherInterrupted) else LauncherInterrupted(self._interrupted)
+            logger.warning(f"{interrupted}; stopping every worker")
             self._set_status(STATUS_ABORTED)
-            raise
+            raise interrupted from None
         finally:
             self.stop_all()
 
@@ -258,7 +267,7 @@ class LocalLauncher:
                                  "died; every worker depends on it")
         try:
             return fn(*args)
-        except name_resolve.NameEntryNotFoundError:
+        except (name_resolve.NameEntryNotFoundError, LauncherError):
             raise
         except Exception as e:  # redis.ConnectionError, TimeoutError…
             raise RedisLostError(f"{self._redis_where()} is unreachable ({what}): {type(e).__name__}: {e}") from None

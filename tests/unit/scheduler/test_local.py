@@ -7,7 +7,13 @@ import tempfile
 import time
 
 import psutil
+import pytest
 
+from realhf.api.cli_args import NameResolveConfig
+from realhf.base import name_resolve
+from realhf.scheduler.local import LauncherInterrupted, LocalLauncher, WorkerSpec
+
+from helpers.dummy_worker import DummyWorkerConfig
 from helpers.launcher_process import LauncherProcess, alive as _alive
 
 
@@ -99,3 +105,32 @@ def test_worker_that_stops_heart_beating_without_exiting_is_detected(tmp_path, n
     assert code == 1, out
     assert "FAILED dummy/0: stopped heart-beating" in out
     assert _alive(la.all_pids(info)) == []
+
+
+@pytest.mark.parametrize("caught_by", ["the redis call", "a broad except inside it"])
+def test_a_signal_that_lands_inside_a_redis_call_still_interrupts(tmp_path, monkeypatch, caught_by,
+                                                                 no_leftover_processes):
+    # SIGINT's exception is raised wherever the main thread happens to be; inside a Redis call it
+    # was once reported as "Redis unreachable" (exit 1, not 130), and a library that catches
+    # broadly could swallow it altogether.
+    launcher = LocalLauncher("dummies", "signal-in-call", str(tmp_path), NameResolveConfig(keepalive_ttl=2.0),
+                             startup_timeout=60)
+    launcher.start()
+    try:
+        launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class="helpers.dummy_worker:DummyWorker"))
+        real_find = name_resolve.find_subtree
+
+        def find_while_a_signal_arrives(root):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler runs here
+            except Exception:
+                if caught_by == "the redis call":
+                    raise
+            return real_find(root)
+
+        monkeypatch.setattr(name_resolve, "find_subtree", find_while_a_signal_arrives)
+        with pytest.raises(LauncherInterrupted):
+            launcher.wait(timeout=60)
+    finally:
+        launcher.stop_all()
