@@ -17,6 +17,8 @@ setup(
         # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the master's test
         # writes tensorboard events.
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15"],
+        # cluster.launcher=ray (realhf/scheduler/ray.py), imported only when chosen.
+        "ray": ["ray>=2.50"],
         # Generation servers on GPUs (allocation_mode sglang.*): imported only by that backend.
         "sglang": ["sglang"],
         # Per-step logging, imported only when stats.tensorboard_path / stats.wandb_project is set.

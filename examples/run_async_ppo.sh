@@ -6,8 +6,13 @@
 # Without trial_name each run gets a fresh one, so rerunning this script keeps earlier runs; a
 # trial_name that already has files needs overwrite=true (start afresh) or recover_mode=auto (resume).
 #   bash examples/run_async_ppo.sh max_head_offpolicyness=0 ppo.use_decoupled_loss=false   # synchronous baseline
+#   bash examples/run_async_ppo.sh cluster.launcher=ray    # under Ray (installed on first use)
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "${REPO_ROOT}/scripts/setup_env.sh"
+extras=()
+for arg in "$@"; do
+  if [ "${arg}" = "cluster.launcher=ray" ]; then extras+=(ray); fi
+done
+bash "${REPO_ROOT}/scripts/setup_env.sh" "${extras[@]}"
 cd "${REPO_ROOT}"
 exec "${REPO_ROOT}/.venv/bin/python" training/main_async_ppo.py "$@"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates or reuses .venv with realhf and its test dependencies, and makes sure a redis-server
-# binary exists. Sourced by examples/run_async_ppo.sh and scripts/test.sh; safe to re-run.
+# Creates or reuses .venv with realhf (and the extras named as arguments, e.g. `test ray`), and
+# makes sure a redis-server binary exists. Run by examples/*.sh and scripts/test.sh; safe to re-run.
+#   bash scripts/setup_env.sh            # what the training command needs
+#   bash scripts/setup_env.sh test ray   # + the test suite's tools and Ray
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${REPO_ROOT}/.venv"
@@ -11,15 +13,19 @@ if [ ! -x "${VENV}/bin/python" ]; then
   "${PY}" -m venv "${VENV}"
 fi
 
-# Reinstall only when the dependency list changed.
-stamp="${VENV}/.realhf-deps"
+extras="$(IFS=,; echo "$*")"
+target="${REPO_ROOT}"
+if [ -n "${extras}" ]; then target="${REPO_ROOT}[${extras}]"; fi
+
+# Reinstall only when the dependency list (or the extras asked for) changed.
+stamp="${VENV}/.realhf-deps${extras:+-${extras//,/-}}"
 want="$(cat "${REPO_ROOT}/setup.py" "${REPO_ROOT}/requirements.txt" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
-  echo "[setup] installing torch (CPU) and realhf into ${VENV}"
+  echo "[setup] installing torch (CPU) and realhf${extras:+[${extras}]} into ${VENV}"
   # torch first, pinned: every later requirement's torch range is then already satisfied and
   # pip never pulls a multi-GB CUDA build.
   "${VENV}/bin/pip" install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
-  "${VENV}/bin/pip" install -q -e "${REPO_ROOT}[test]" 2>&1 | grep -v "is ignored" || true
+  "${VENV}/bin/pip" install -q -e "${target}" 2>&1 | grep -v "is ignored" || true
   "${VENV}/bin/python" -c "import torch, realhf, zmq, redis, msgpack, fastapi" \
     || { echo "[setup] installation failed" >&2; exit 1; }
   echo "${want}" > "${stamp}"

@@ -5,7 +5,7 @@
 #   bash scripts/test.sh tests/unit/base -k name_resolve   # any pytest arguments
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "${REPO_ROOT}/scripts/setup_env.sh"
+bash "${REPO_ROOT}/scripts/setup_env.sh" test ray
 cd "${REPO_ROOT}"
 start=$(date +%s)
 set +e

@@ -41,7 +41,7 @@ from realhf.experiments.async_ppo_math import (
     trial_files_of,
 )
 from realhf.experiments.config_loading import compose_config, register_schema
-from realhf.scheduler.local import LocalLauncher
+from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError
 
 logger = logging.getLogger("main_async_ppo")
@@ -151,8 +151,7 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
         print(f"before training: greedy accuracy {before['greedy']:.3f}, sampled accuracy {before['sampled']:.3f} "
               f"({cfg.evaluation.n_prompts} held-out prompts)", flush=True)
 
-    launcher = LocalLauncher(cfg.experiment_name, cfg.trial_name, cfg.cluster.fileroot,
-                             cfg.cluster.name_resolve, bind_host=cfg.cluster.bind_host)
+    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name)
     try:
         launcher.start()
         for spec in specs:
@@ -194,6 +193,7 @@ register_schema()
 
 @hydra.main(version_base=None, config_path="configs", config_name="async-ppo")
 def main(cfg) -> None:
+    logging.setup()  # Hydra's start-up reconfigured logging; the launcher's INFO lines matter here
     exp: AsyncPPOMATHConfig = OmegaConf.to_object(cfg)
     code = run(exp)
     if code:

@@ -65,14 +65,40 @@ class RestartPolicyConfig:
 
 
 @dataclass
+class RayResourcesConfig:
+    """Custom Ray resources each worker of a type holds: `+cluster.ray.resources.generation_server.node_a=1`
+    (Hydra's `+` adds a key) pins the servers to nodes started with resource node_a."""
+
+    generation_server: Dict[str, float] = _f({}, "Custom resources of each generation server.")
+    gserver_manager: Dict[str, float] = _f({}, "Custom resources of the manager.")
+    model_worker: Dict[str, float] = _f({}, "Custom resources of each trainer rank.")
+    rollout_worker: Dict[str, float] = _f({}, "Custom resources of each rollout worker.")
+    master_worker: Dict[str, float] = _f({}, "Custom resources of the master.")
+
+
+@dataclass
+class RayClusterConfig:
+    """The Ray cluster of `cluster.launcher=ray` (realhf/scheduler/ray.py)."""
+
+    address: str = _f("", "Address of an existing Ray cluster (host:port of its head, or 'auto'); the run joins it and leaves it running. Empty: the launcher starts a Ray cluster on this machine for the run and stops exactly that at the end.")
+    num_cpus: int = _f(0, "CPUs of the cluster the launcher starts (no address); 0: this machine's.")
+    num_gpus: int = _f(0, "GPUs of the cluster the launcher starts (no address).")
+    resources: RayResourcesConfig = _sub(RayResourcesConfig, "Custom Ray resources per worker type (CPUs and GPUs come from threads and allocation_mode).")
+    placement_strategy: str = _f("PACK", "Placement-group strategy for trainer ranks and generation servers: PACK (fill a node, spill to the next: a DP group may span nodes), SPREAD, STRICT_PACK or STRICT_SPREAD.")
+    placement_timeout: float = _f(120.0, "Seconds to wait for the workers' placement (and the shared-fileroot check) before the run fails naming what could not be placed.")
+
+
+@dataclass
 class ClusterSpecConfig:
-    fileroot: str = _f("./runs", "Root directory for logs, checkpoints and published weights.")
+    launcher: str = _f("local", "How workers are started: 'local' (subprocesses of this machine) or 'ray' (Ray actors on the nodes of a Ray cluster; pip install 'realhf[ray]').")
+    ray: RayClusterConfig = _sub(RayClusterConfig, "The Ray cluster (cluster.launcher=ray).")
+    fileroot: str = _f("./runs", "Root directory for logs, checkpoints and published weights; on several nodes, one directory every node shares.")
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve service.")
     restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
     max_request_bytes: int = _f(DEFAULT_MAX_REQUEST_BYTES, "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.")
     max_message_bytes: int = _f(DEFAULT_MAX_MESSAGE_BYTES, "Largest ZMQ message (trajectory group, master/worker request or reply) a socket accepts; libzmq drops a larger one and disconnects its sender.")
-    n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one).")
+    n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode is checked against n_nodes * n_gpus_per_node.")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
     device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")
 

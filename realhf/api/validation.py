@@ -9,6 +9,7 @@ config written by hand or by another tool is held to the same rules. Each refusa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,7 +19,8 @@ from typing import Any, Iterable
 from realhf.api import choices
 from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl,
                                  GenerationHyperparameters, ModelTrainEvalConfig, NameResolveConfig, NativeEngineConfig,
-                                 OptimizerConfig, PPOHyperparameters, RestartPolicyConfig, SFTConfig, StatsLoggingConfig)
+                                 OptimizerConfig, PPOHyperparameters, RayClusterConfig, RestartPolicyConfig, SFTConfig,
+                                 StatsLoggingConfig)
 from realhf.api.worker_configs import (
     GenerationServerConfig,
     GserverManagerConfig,
@@ -87,6 +89,26 @@ def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_
     f.at_least("max_restarts", 0)
     f.at_least("backoff", 0)
     f.at_least("restart_window", 0)
+
+
+LAUNCHERS = ("local", "ray")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+WORKER_TYPES = ("generation_server", "gserver_manager", "model_worker", "rollout_worker", "master_worker")
+
+
+def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
+    f = _Fields(c, prefix)
+    f.choice("placement_strategy", PLACEMENT_STRATEGIES)
+    f.at_least("placement_timeout", 0, strict=True)
+    f.at_least("num_cpus", 0)
+    f.at_least("num_gpus", 0)
+    for worker_type in WORKER_TYPES:
+        for name, amount in getattr(c.resources, worker_type).items():
+            if name in ("CPU", "GPU", "memory"):
+                raise ConfigError(f"{prefix}.resources.{worker_type}.{name}: CPUs and GPUs come from the workers' "
+                                  "threads and allocation_mode; list custom resources only")
+            if not amount >= 0:
+                raise ConfigError(f"{prefix}.resources.{worker_type}.{name}={amount}: must be >= 0")
 
 
 def check_device(name: str, field: str = "cluster.device") -> None:
@@ -233,16 +255,34 @@ def check_sft(c: SFTConfig) -> None:
 # ---- the experiment ----------------------------------------------------------------------------
 
 
+def check_known_keys(obj: Any, prefix: str = "") -> None:
+    """Refuse keys that are no field of their config: Hydra's `+key=value` adds a key without
+    checking it against the schema, so a misspelt `+` override would otherwise be ignored."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key in vars(obj):
+        if key not in names:
+            where = f"{prefix}.{key}" if prefix else key
+            raise ConfigError(f"{where}: no such field (a '+' override adds keys the schema does not know; "
+                              f"the fields here are {', '.join(sorted(names))})")
+    for name in names:
+        check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name)
+
+
 def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     """Raise ConfigError naming the first field that cannot work; return the parsed allocation."""
+    check_known_keys(cfg)
     f = _Fields(cfg)
     try:
         alloc = AllocationMode.parse(cfg.allocation_mode)
         alloc.validate(cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node)
     except ValueError as e:
         raise ConfigError(f"allocation_mode: {e}") from None
-    f.need(cfg.cluster.n_nodes == 1,
-           f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node (a Ray launcher is future work)")
+    f.choice("cluster.launcher", LAUNCHERS)
+    f.need(cfg.cluster.n_nodes == 1 or cfg.cluster.launcher != "local",
+           f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node; use cluster.launcher=ray")
+    check_ray_cluster(cfg.cluster.ray)
     for name in ("experiment_name", "trial_name"):
         value = f.value(name)  # both become name-resolve key prefixes and directory names
         f.need(bool(value) and set(value) <= _NAME_CHARS and not value.startswith("."),

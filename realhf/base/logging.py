@@ -23,6 +23,10 @@ def setup(level: str = "INFO", prefix: str = "") -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level)
+    # A dictConfig since the first setup (Hydra's, at start-up) disabled every logger that existed.
+    for existing in logging.root.manager.loggerDict.values():
+        if isinstance(existing, logging.Logger):
+            existing.disabled = False
     # Third-party libraries are chatty at INFO; their warnings still come through.
     for noisy in ("httpx", "urllib3", "asyncio", "uvicorn.access", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -125,10 +125,16 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     rollouts = [dataclasses.replace(rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "",
                                     pending=pending)
                 for i in range(cfg.rollout.n_workers)]
+    # What each worker holds on a Ray cluster: its torch threads as CPUs, its GPUs; the others
+    # (master, manager, rollout workers) mostly wait on sockets and hold none.
+    gpus = cfg.cluster.n_gpus_per_node > 0 and cfg.cluster.device != "cpu"
+    server_cpus = cfg.gen_server.native.n_threads if alloc.gen_engine == "native" else 1
     specs = [
-        WorkerSpec("generation_server", alloc.gen.dp, gen_servers),
+        WorkerSpec("generation_server", alloc.gen.dp, gen_servers, cpus=server_cpus,
+                   gpus=alloc.gen.tp * alloc.gen.pp if gpus else 0, placement_group=True),
         WorkerSpec("gserver_manager", 1, [manager]),
-        WorkerSpec("model_worker", alloc.train.dp, [model] * alloc.train.dp),
+        WorkerSpec("model_worker", alloc.train.dp, [model] * alloc.train.dp, cpus=cfg.actor.n_threads,
+                   gpus=1 if gpus else 0, placement_group=True),
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]

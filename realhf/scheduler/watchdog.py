@@ -22,7 +22,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, List, Optional, Set
+from typing import IO, Dict, List, Optional, Set
 
 import psutil
 
@@ -30,23 +30,42 @@ MARKER_ENV = "REALHF_TRIAL"
 
 
 def _marked(marker: str) -> List[psutil.Process]:
-    """Live processes of this user whose environment has REALHF_TRIAL=<marker>."""
+    """Live processes of this user whose environment has REALHF_TRIAL=<marker> or
+    <marker>/<anything> (the Ray launcher marks each worker <trial marker>/<worker>)."""
     found, me, uid = [], os.getpid(), os.getuid()
     for p in psutil.process_iter(["pid", "uids"]):
         try:
             if p.pid == me or (p.info["uids"] and p.info["uids"].real != uid):
                 continue
-            if p.environ().get(MARKER_ENV) == marker and p.status() != psutil.STATUS_ZOMBIE:
+            value = p.environ().get(MARKER_ENV, "")
+            if (value == marker or value.startswith(marker + "/")) and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):  # gone, or not ours to read
             continue
     return found
 
 
-def sweep(marker: str, pgids: Set[int], passes: int = 5) -> int:
-    """SIGKILL the groups and the marked processes; repeat while something was found (a process
-    may fork between the scan and the kill). Returns how many processes were killed."""
-    killed = 0
+def _kill_exact(processes: Dict[int, float]) -> int:
+    """SIGKILL each recorded process that is still the same one (pid and start time)."""
+    killed, me = 0, os.getpid()
+    for pid, created in processes.items():
+        if pid == me:
+            continue
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 0.01:
+                p.kill()
+                killed += 1
+        except psutil.Error:
+            pass
+    return killed
+
+
+def sweep(marker: str, pgids: Set[int], passes: int = 5, processes: Optional[Dict[int, float]] = None) -> int:
+    """SIGKILL the groups, the recorded processes and the marked processes; repeat while
+    something was found (a process may fork between the scan and the kill). Returns how many
+    processes were killed."""
+    killed = _kill_exact(processes or {})
     own = os.getpgid(0)
     for pgid in pgids:
         if pgid not in (own, 0, 1):
@@ -71,6 +90,7 @@ def sweep(marker: str, pgids: Set[int], passes: int = 5) -> int:
 def serve(marker: str, pipe: IO[str]) -> None:
     """Record groups from `pipe` until EOF, then sweep."""
     pgids: Set[int] = set()
+    processes: Dict[int, float] = {}
     for line in pipe:
         line = line.strip()
         try:
@@ -78,9 +98,12 @@ def serve(marker: str, pipe: IO[str]) -> None:
                 pgids.add(int(line[1:]))
             elif line.startswith("-"):
                 pgids.discard(int(line[1:]))
+            elif line.startswith("="):
+                pid, created = line[1:].split(":")
+                processes[int(pid)] = float(created)
         except ValueError:
             continue
-    sweep(marker, pgids)
+    sweep(marker, pgids, processes=processes)
 
 
 class Watchdog:
@@ -112,6 +135,11 @@ class Watchdog:
 
     def forget(self, pgid: int) -> None:
         self._send(f"-{pgid}")
+
+    def track_process(self, pid: int, create_time: float) -> None:
+        """Kill this one process at the sweep, if it is still the same (pid and start time): for
+        processes that rewrite their environment block (setproctitle), so carry no readable marker."""
+        self._send(f"={pid}:{create_time!r}")
 
     def close(self, timeout: float = 10.0) -> None:
         """EOF: the watchdog sweeps and exits; wait for it."""

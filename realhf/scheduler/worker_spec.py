@@ -1,7 +1,7 @@
 """What any launcher is asked to run, and how it reports failure: launcher-neutral.
 
-`realhf.experiments` turns a config into `WorkerSpec`s; a launcher (today `scheduler/local.py`)
-starts them, supervises them and raises the errors below. Nothing here knows how processes are
+`realhf.experiments` turns a config into `WorkerSpec`s; a launcher (`scheduler/local.py`,
+`scheduler/ray.py`) starts them, supervises them and raises the errors below. Nothing here knows how processes are
 started.
 """
 
@@ -34,6 +34,11 @@ class WorkerSpec:
     max_restarts: int = 3  # per worker within restart_window s; one more death in the window fails the trial
     restart_window: float = 600.0  # seconds over which max_restarts is counted; 0: the whole run
     restart_backoff: float = 1.0  # seconds before restart k+1 is backoff·2^k (capped at 30 s)
+    # What one worker holds on a cluster (ray.py): CPUs (its torch threads), GPUs, and whether the
+    # workers of this spec are placed together as one placement group (trainer ranks, servers).
+    cpus: float = 0.0
+    gpus: float = 0.0
+    placement_group: bool = False
 
 
 class LauncherError(RuntimeError):

@@ -103,7 +103,7 @@ class GenerationServer(Worker):
         from realhf.impl.inference.server_app import create_app
         from realhf.system.http_thread import HttpServerThread
 
-        device = pick_device(cfg.device, cfg.base_gpu_id)
+        device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
         bind_device(device)
         self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
                                                  seed=seed, name=self.name, device=device).start()
@@ -127,7 +127,8 @@ class GenerationServer(Worker):
             os.makedirs(os.path.dirname(key_file), mode=0o700, exist_ok=True)
             write_private(key_file, self.ctx.secret)
         cmd = build_sglang_command(cfg.model_path, cfg.host, port, cfg.sglang, tp_size=cfg.tp_size,
-                                   base_gpu_id=cfg.base_gpu_id, seed=seed, api_key_file=key_file)
+                                   base_gpu_id=0 if self.ctx.gpus_assigned else cfg.base_gpu_id, seed=seed,
+                                   api_key_file=key_file)
         log_path = os.path.join(log_dir, f"sglang-{self.ctx.worker_index}.log")
         self._sglang = SGLangProcess(cmd, f"http://{host_for_peers(cfg.host)}:{port}", log_path,
                                      startup_timeout=cfg.sglang.startup_timeout, health_timeout=cfg.health_timeout,

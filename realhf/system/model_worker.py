@@ -63,13 +63,15 @@ class ModelWorker(Worker):
         self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg,
                                       name=f"dp{self.dp_rank}-stream")
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
-        # On one node the generation servers hold the first GPUs; DP rank r takes first_gpu + r.
-        self.device = pick_device(cfg.device, cfg.first_gpu + self.dp_rank)
+        # On one node the generation servers hold the first GPUs; DP rank r takes first_gpu + r,
+        # unless the launcher gave the process its own GPUs (Ray): then it is device 0.
+        local_rank = 0 if self.ctx.gpus_assigned else cfg.first_gpu + self.dp_rank
+        self.device = pick_device(cfg.device, local_rank)
         bind_device(self.device)
         self._init_distributed()
 
         t0 = time.monotonic()
-        self.engines = build_engines(cfg, cfg.first_gpu + self.dp_rank)
+        self.engines = build_engines(cfg, local_rank)
         self.actor = PPOActor(self.engines["actor"], cfg.ppo)
         self.critic = PPOCritic(self.engines["critic"], cfg.ppo) if "critic" in self.engines else None
         self._trained = {role: e for role, e in self.engines.items() if role != "ref"}

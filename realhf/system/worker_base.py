@@ -45,6 +45,9 @@ class WorkerContext:
     # owner-only config file; never on a command line or in a log. Empty: no authentication
     # (single-process tests that build workers by hand).
     secret: str = ""
+    # The launcher narrowed CUDA_VISIBLE_DEVICES to this worker's own GPUs (Ray does, per actor):
+    # its first GPU is device 0 whatever first_gpu/base_gpu_id say. Unused on the CPU.
+    gpus_assigned: bool = False
 
 
 class WorkerExit(Exception):

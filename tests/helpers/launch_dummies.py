@@ -50,7 +50,7 @@ def main():
             if time.monotonic() > deadline:
                 raise TimeoutError("dummy workers did not register within 60s")
             time.sleep(0.1)
-        pids = {p.name: p.popen.pid for p in launcher._procs}
+        pids = launcher.worker_pids()
         print("READY " + json.dumps({"pids": pids, "redis": launcher._redis.pid}), flush=True)
         launcher.wait(timeout=120)
     except WorkerFailedError as e:

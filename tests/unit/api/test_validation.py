@@ -75,6 +75,14 @@ REFUSED = [
     ("actor.param_dtype=fp8", "actor.param_dtype"),
     ("actor.optimizer.max_nonfinite_steps=-1", "actor.optimizer.max_nonfinite_steps"),
     ("actor.reduce_dtype=half", "actor.reduce_dtype"),
+    # the launcher and its Ray cluster (issue 15)
+    ("cluster.launcher=slurm", "cluster.launcher"),
+    ("cluster.n_nodes=2", "cluster.launcher=ray"),
+    ("cluster.launcher=ray cluster.ray.placement_strategy=RANDOM", "cluster.ray.placement_strategy"),
+    ("cluster.launcher=ray cluster.ray.placement_timeout=0", "cluster.ray.placement_timeout"),
+    ("cluster.launcher=ray +cluster.ray.resources.model_worker.CPU=2", "cluster.ray.resources.model_worker.CPU"),
+    ("cluster.launcher=ray +cluster.ray.resources.generation_server.node_a=-1",
+     "cluster.ray.resources.generation_server.node_a"),
     # names become key prefixes and directories
     ("trial_name=a/b", "trial_name"),
     ("experiment_name=..", "experiment_name"),
@@ -264,3 +272,17 @@ def test_command_line_refuses_issue_13_bad_inputs_before_starting_anything(tmp_p
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched
+
+
+def test_a_multi_node_ray_config_with_pinned_workers_is_accepted():
+    cfg = load("cluster.launcher=ray", "cluster.n_nodes=2", "+cluster.ray.resources.generation_server.node_a=1")
+    check_config(cfg)
+    assert cfg.cluster.ray.resources.generation_server == {"node_a": 1.0}
+
+
+@pytest.mark.parametrize("override, field", [("+cluster.ray.resources.model_wroker.node_a=1",
+                                               "cluster.ray.resources.model_wroker"),
+                                              ("+actor.lrr=1", "actor.lrr")])
+def test_a_key_added_with_plus_that_is_no_field_is_refused(override, field):
+    with pytest.raises(ConfigError, match=f"{field}: no such field"):
+        check_config(load(override))

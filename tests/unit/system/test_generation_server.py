@@ -76,7 +76,7 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
         assert http("GET", f"{url}/health", headers=auth_headers(launcher.secret))[0] == 200
         # SGLang requires the run's secret too, and got it through an owner-only file, not argv.
         assert http("GET", f"{url}/health")[0] == 401
-        tree = [p for proc in launcher._procs for p in psutil.Process(proc.popen.pid).children(recursive=True)]
+        tree = [p for proc in launcher._procs for p in psutil.Process(proc.process.pid).children(recursive=True)]
         sglang = [p for p in tree if "sglang_entry" in " ".join(p.cmdline())]
         assert sglang and all(launcher.secret not in " ".join(p.cmdline()) for p in tree)
         key_file = tmp_path / "logs" / EXP / trial / "configs" / "sglang-key-0"

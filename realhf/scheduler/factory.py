@@ -1,0 +1,15 @@
+"""`cluster.launcher` → the launcher that runs a trial (Ray imported only when chosen)."""
+
+from realhf.api.cli_args import ClusterSpecConfig
+from realhf.scheduler.supervisor import Supervisor
+
+
+def make_launcher(cluster: ClusterSpecConfig, experiment_name: str, trial_name: str) -> Supervisor:
+    common = dict(name_resolve_config=cluster.name_resolve, bind_host=cluster.bind_host)
+    if cluster.launcher == "ray":
+        from realhf.scheduler.ray import RayLauncher
+
+        return RayLauncher(experiment_name, trial_name, cluster.fileroot, ray_config=cluster.ray, **common)
+    from realhf.scheduler.local import LocalLauncher
+
+    return LocalLauncher(experiment_name, trial_name, cluster.fileroot, **common)
