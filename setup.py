@@ -24,5 +24,6 @@ setup(
         # Per-step logging, imported only when stats.tensorboard_path / stats.wandb_project is set.
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb"],
+        "mcp": ["mcp>=1.0"],
     },
 )

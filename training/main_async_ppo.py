@@ -63,6 +63,7 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
             res = evaluate_math_accuracy(
                 model_path, rows, temperature=temperature, max_new_tokens=cfg.evaluation.max_new_tokens,
                 batch_size=cfg.evaluation.batch_size, grader=grader, seed=cfg.seed,
+                chat_template=cfg.dataset.chat_template,
             )  # fmt: skip
             out[name] = res["accuracy"]
     return out
@@ -201,6 +202,9 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    # Like `python -m`, and like the workers (started in this directory): a user's
+    # `module.path:Class` agent or environment is importable from the working directory.
+    sys.path.insert(1, os.getcwd())
     args = sys.argv[1:]
     if "--help" in args or "-h" in args:  # the values this run would use: YAML and overrides merged
         overrides = [a for a in args if a not in ("--help", "-h")]

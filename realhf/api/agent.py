@@ -1,56 +1,112 @@
-"""The Agent interface: one prompt in, one trajectory (prompt group) out (docs/architecture.md §6, §8).
+"""Agents: one episode for one dataset row (docs/architecture.md §8.3).
 
-    traj = await agent.collect_trajectory(prompt, env, client)   # None: filtered out
+    from realhf.api.agent import Agent, register_agent
 
-`prompt` is a `Prompt` (the dataset row plus its token ids and the rollout's qid), `env` the
-worker's `Environment` (shared by concurrent episodes), `client` the worker's
-`GenerationClient` (`await client.generate(qid, input_ids, gconfig, group_size)` and
-`generate_group`). The trajectory returned is exactly the message pushed to the trainer.
+    @register_agent("my-agent")
+    class MyAgent(Agent):
+        async def run_episode(self, row, gen, env):
+            answer = await gen()                       # the row's prompt; answer.text, .output_ids, …
+            return 1.0 if answer.text.strip() == row["answer"] else -1.0
 
-Agents are chosen in config by a registered name (`agent.type=math-single-step`) or by import
-path (`agent.type=my_pkg.agents:MyAgent`). A class is constructed as
-`cls(config, gconfig=..., group_size=..., tokenizer=..., **config.args)`.
+`row` is the dataset row, every field of it. `gen` is the episode's generation handle
+(`realhf/system/episode.py`): `await gen(**sampling)` continues the episode's tokens — the row's
+prompt (chat template applied when the model has one) and whatever the episode added since —
+and returns a `Completion`; `gen.append(text | token ids | messages)` adds tokens the model did
+not generate (feedback, a tool's result), which carry no loss. The episode's tokens are never
+decoded and re-encoded, and each generated token keeps the weight version that produced it.
+`env` is this episode's `Environment` (or None when no environment is configured).
+
+The return value is the sample's reward (a number; `Outcome` to also say whether it succeeded),
+or None to drop this sample. The framework runs the agent `group_size` times per prompt, drops a
+group whose success rate is outside [success_rate_lb, success_rate_ub], shapes the rewards
+((reward − reward_bias) · reward_scaling), and builds and pushes the trajectory; qids, admission
+and partial-rollout resubmission never reach the agent. An exception fails this episode's group
+(logged with its qid, its admission slot freed); the worker goes on.
+
+Agents are chosen in config by a registered name (`rollout.agent.type=math-single-step`) or by
+import path (`rollout.agent.type=my_pkg.agents:MyAgent`); a class is constructed as
+`cls(config, tokenizer=..., **config.args)`, once per rollout worker.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, List, Optional, Type
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Type, Union
 
-from realhf.api.prompt import Prompt  # noqa: F401  (agents import it from here)
-from realhf.api.trajectory import Trajectory
 from realhf.base.importing import ClassRegistry
 
 _BUILTIN_PATHS = {
     "math-single-step": "realhf.impl.agent.math_single_step:MathSingleStepAgent",
     "math-multi-turn": "realhf.impl.agent.math_multi_turn:MathMultiTurnAgent",
+    "tool-agent": "realhf.impl.agent.tool_agent:ToolAgent",
 }
 _REGISTRY = ClassRegistry("agent", "agent.type", _BUILTIN_PATHS)
 
 
+@dataclass
+class Completion:
+    """What one `await gen(...)` produced."""
+
+    output_ids: List[int]
+    logprobs: List[float]  # the behaviour policy's log-prob of each output token
+    versions: List[int]  # the weight version that produced each output token
+    text: str  # output_ids decoded, special tokens skipped
+    no_eos: bool  # stopped by the token limit rather than by EOS / a stop token
+    input_ids: List[int] = field(default_factory=list)  # what the model was given
+
+
+@dataclass
+class Outcome:
+    """A sample's reward, and whether it counts as a success for the group filter and the
+    success-rate metric (default: reward > 0)."""
+
+    reward: float
+    success: Optional[bool] = None
+    info: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.reward > 0 if self.success is None else bool(self.success)
+
+
+EpisodeResult = Union[float, int, bool, Outcome, None]
+
+
 class Agent(abc.ABC):
-    def __init__(self, config: Any = None, *, gconfig: Any = None, group_size: int = 1, tokenizer: Any = None,
-                 **kwargs: Any):
+    def __init__(self, config: Any = None, *, tokenizer: Any = None, **kwargs: Any):
         self.config = config
-        self.gconfig = gconfig
-        self.group_size = group_size
         self.tokenizer = tokenizer
+        # Tools the model may call (realhf.api.tools): their schemas go into the prompt through
+        # the chat template, with those of the environment (Environment.shared_tools).
+        self.tools: Dict[str, Any] = {}
 
     @abc.abstractmethod
-    async def collect_trajectory(self, prompt: Prompt, env: Any, client: Any) -> Optional[Trajectory]:
-        """Run one episode (a group of `group_size` samples); None when the group is filtered out."""
+    async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:
+        """Run one episode for `row`; return its reward (or an Outcome), or None to drop it."""
 
 
-def success_reward(success: float, reward_bias: float, reward_scaling: float) -> float:
-    """AReaL's reward: ±1 for success/failure, shifted by `reward_bias`, times `reward_scaling`."""
-    return ((float(success) - 0.5) * 2.0 - reward_bias) * reward_scaling
+def as_outcome(result: EpisodeResult, agent: str) -> Optional[Outcome]:
+    """The agent's return value as an Outcome; a clear TypeError for anything else."""
+    if result is None or isinstance(result, Outcome):
+        return result
+    if isinstance(result, bool):  # before int: True is an int
+        return Outcome(1.0 if result else -1.0, success=result)
+    if isinstance(result, (int, float)):
+        return Outcome(float(result))
+    raise TypeError(f"agent {agent!r} returned {type(result).__name__}; run_episode must return a reward (a "
+                    "number or bool), an Outcome, or None to drop the sample")
 
 
-def keep_group(successes: List[float], success_rate_lb: float, success_rate_ub: float) -> bool:
+def keep_group(successes: List[bool], success_rate_lb: float, success_rate_ub: float) -> bool:
     """Dynamic sampling: a group is dropped when its success rate is strictly below the lower or
     strictly above the upper bound (so lb=0, ub=1 keeps everything)."""
-    rate = sum(successes) / len(successes) if successes else 0.0
+    rate = sum(map(float, successes)) / len(successes) if successes else 0.0
     return not (rate < success_rate_lb or rate > success_rate_ub)
+
+
+def shape_reward(reward: float, reward_bias: float, reward_scaling: float) -> float:
+    return (float(reward) - reward_bias) * reward_scaling
 
 
 def register_agent(name: str) -> Callable[[Type[Agent]], Type[Agent]]:
@@ -62,11 +118,10 @@ def agent_class(name: str) -> Type[Agent]:
     return _REGISTRY.get(name)
 
 
-def make_agent(config: Any, *, gconfig: Any = None, group_size: int = 1, tokenizer: Any = None) -> Agent:
+def make_agent(config: Any, *, tokenizer: Any = None) -> Agent:
     """The agent named by `config.type`."""
     cls = agent_class(config.type)
-    return cls(config, gconfig=gconfig, group_size=group_size, tokenizer=tokenizer,
-               **dict(getattr(config, "args", None) or {}))
+    return cls(config, tokenizer=tokenizer, **dict(getattr(config, "args", None) or {}))
 
 
 _REGISTRY.base = Agent

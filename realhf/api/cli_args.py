@@ -169,27 +169,29 @@ class GenServerSetupConfig:
 
 @dataclass
 class AgentConfig:
-    """The agent that turns one prompt into one trajectory (realhf.api.agent)."""
+    """The agent that runs one episode per dataset row (realhf.api.agent), and what the framework does
+    with a group of them: reward shaping, dynamic sampling."""
 
     type: str = _f(
         "math-single-step",
         "Agent: 'math-single-step', 'math-multi-turn' or a user class 'module.path:ClassName'.",
     )
-    reward_scaling: float = _f(1.0, "Reward = ((success - 0.5)*2 - reward_bias) * reward_scaling.")
-    reward_bias: float = _f(0.0, "Subtracted from the ±1 success reward before scaling.")
+    reward_scaling: float = _f(1.0, "Trained reward = (agent's reward - reward_bias) * reward_scaling (the math agents' rewards are +1/-1).")
+    reward_bias: float = _f(0.0, "Subtracted from the agent's reward before scaling.")
     success_rate_lb: float = _f(0.0, "Drop a group whose success rate is strictly below this (dynamic sampling).")
     success_rate_ub: float = _f(1.0, "Drop a group whose success rate is strictly above this (dynamic sampling).")
     num_turns: int = _f(4, "math-multi-turn: attempts per answer (a feedback turn after each wrong one).")
     turn_level_discount: float = _f(1.0, "math-multi-turn: reward multiplied by this per extra turn taken.")
     feedback: str = _f("\nWrong. Try again.\nA:", "math-multi-turn: text appended after a wrong answer.")
+    reward_fn: str = _f("", "math-single-step: 'module:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.")
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user agent class.")
 
 
 @dataclass
 class EnvConfig:
-    """The environment that grades an agent's actions (realhf.api.env)."""
+    """The environment of each episode (realhf.api.env): one per episode, resources shared per worker."""
 
-    type: str = _f("math", "Environment: 'math' or a user class 'module.path:ClassName'.")
+    type: str = _f("math", "Environment: 'math', a user class 'module.path:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).")
     grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).")
     grader_timeout: float = _f(5.0, "math: seconds before a math-verify check is killed and graded wrong.")
     check_work: bool = _f(False, "math: an answer counts only if every worked line 'a+b=c' / 'a-b=c' in it is also right (a right answer reached by wrong steps teaches wrong facts).")
@@ -280,8 +282,9 @@ class ExperimentSaveEvalControl:
 
 @dataclass
 class DatasetConfig:
-    path: str = _f("assets/tiny-math/data/train.jsonl", "JSONL training prompts (query_id, prompt, solutions, task).")
+    path: str = _f("assets/tiny-math/data/train.jsonl", "JSONL training prompts: query_id, prompt text or chat messages, and any fields the agent and environment use (math: solutions).")
     test_path: str = _f("assets/tiny-math/data/test.jsonl", "JSONL held-out prompts for the before/after accuracy report.")
+    chat_template: str = _f("auto", "How a row's prompt is encoded: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.")
 
 
 @dataclass

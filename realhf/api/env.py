@@ -1,44 +1,117 @@
-"""The Environment interface: an async, gym-like grader of an agent's actions (docs/architecture.md §8).
+"""Environments: one per episode, gym-like and async (docs/architecture.md §8.3).
 
-    obs, info = await env.reset(prompt)
-    obs, reward, done, info = await env.step(action)
+    from realhf.api.env import Environment, register_env
 
-One environment object serves every episode of a rollout worker, concurrently (the worker makes
-it once with `make_env(config)` and closes it at exit): keep per-episode state in the action and
-the returned observation, not in `self`. This lets an environment own expensive resources (a
-grader process pool, a sandbox) once per worker.
+    @register_env("my-env")
+    class MyEnv(Environment):
+        required_fields = ("answer",)              # row fields it needs (checked when data loads)
 
-Environments are chosen in config by a registered name (`env.type=math`) or by import path
-(`env.type=my_pkg.envs:MyEnv`), so users plug in their own without touching the package. A class
-is constructed as `cls(config, **config.args)`.
+        async def step(self, action):              # the episode's state lives on self
+            right = action.strip() == self.row["answer"]
+            return None, 1.0 if right else 0.0, True, {}
+
+The framework makes a fresh environment for every episode, `cls(row, shared=..., config=...,
+**config.args)`, calls `await env.reset()` before the agent runs and `await env.aclose()` after
+it, whatever happened. What is expensive to make (a grader process pool, a sandbox, a client)
+is made once per rollout worker by the class's `open_shared(config, **args)` and handed to
+every episode as `shared`; `close_shared(shared)` releases it when the worker exits. The
+factory that does this is `EnvFactory`.
+
+Environments are chosen in config by a registered name (`rollout.env.type=math`) or by import
+path (`rollout.env.type=my_pkg.envs:MyEnv`); `rollout.env.type=none` runs agents without one.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Dict, Tuple, Type
+import asyncio
+import inspect
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from realhf.base.importing import ClassRegistry
 
 # Built-ins are imported on first use, so importing the API costs nothing.
-_BUILTIN_PATHS = {"math": "realhf.impl.environment.math_env:MathEnv"}
+_BUILTIN_PATHS = {"math": "realhf.impl.environment.math_env:MathEnv", "mcp": "realhf.impl.environment.mcp_env:MCPEnv"}
 _REGISTRY = ClassRegistry("environment", "env.type", _BUILTIN_PATHS)
+NO_ENV = "none"
 
 
 class Environment(abc.ABC):
-    def __init__(self, config: Any = None, **kwargs: Any):
-        self.config = config
+    required_fields: Tuple[str, ...] = ()  # dataset row fields every episode needs
 
-    async def reset(self, prompt: Any = None) -> Tuple[Any, Dict[str, Any]]:
-        """Start an episode on `prompt`; returns (first observation, info). Default: the prompt."""
-        return prompt, {}
+    def __init__(self, row: Dict[str, Any], *, shared: Any = None, config: Any = None, **kwargs: Any):
+        self.row, self.shared, self.config = row, shared, config
+
+    async def reset(self) -> Any:
+        """Start the episode; returns the first observation (default: None)."""
+        return None
 
     @abc.abstractmethod
-    async def step(self, action: Any) -> Tuple[Any, Any, bool, Dict[str, Any]]:
+    async def step(self, action: Any) -> Tuple[Any, float, bool, Dict[str, Any]]:
         """Apply `action`; returns (observation, reward, done, info)."""
 
     async def aclose(self) -> None:
-        """Release what the environment holds; called once when the worker exits."""
+        """End of the episode (also after an error or a timeout)."""
+
+    @classmethod
+    def open_shared(cls, config: Any, **kwargs: Any) -> Any:
+        """Once per rollout worker, before its first episode: what every episode shares
+        (`self.shared`). May be async."""
+        return None
+
+    @classmethod
+    async def close_shared(cls, shared: Any) -> None:
+        """When the worker exits: release what open_shared made."""
+
+    @classmethod
+    def shared_tools(cls, shared: Any) -> Dict[str, Any]:
+        """Tools (realhf.api.tools.Tool by name) this environment offers every episode, e.g. an
+        MCP server's; their schemas go into the prompt. Default: none."""
+        return {}
+
+
+class EnvFactory:
+    """Makes the environment of each episode; owns what they share (opened at the first episode,
+    in the worker's event loop, so `open_shared` may be async)."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self.args = dict(getattr(config, "args", None) or {})
+        self.cls: Optional[Type[Environment]] = None if config.type == NO_ENV else env_class(config.type)
+        self.shared: Any = None
+        self._opened = False
+        self._lock: Optional[asyncio.Lock] = None
+
+    @property
+    def required_fields(self) -> Tuple[str, ...]:
+        return self.cls.required_fields if self.cls is not None else ()
+
+    async def tools(self) -> Dict[str, Any]:
+        """The tools the environment class offers (opening what episodes share, if not yet)."""
+        if self.cls is None:
+            return {}
+        await self._open()
+        return self.cls.shared_tools(self.shared)
+
+    async def make(self, row: Dict[str, Any]) -> Optional[Environment]:
+        if self.cls is None:
+            return None
+        await self._open()
+        return self.cls(row, shared=self.shared, config=self.config, **self.args)
+
+    async def _open(self) -> None:
+        if not self._opened:
+            self._lock = self._lock or asyncio.Lock()
+            async with self._lock:
+                if not self._opened:
+                    shared = self.cls.open_shared(self.config, **self.args)
+                    self.shared = await shared if inspect.isawaitable(shared) else shared
+                    self._opened = True
+
+    async def aclose(self) -> None:
+        if self.cls is not None and self._opened:
+            shared, self.shared, self._opened = self.shared, None, False
+            await self.cls.close_shared(shared)
 
 
 def register_env(name: str) -> Callable[[Type[Environment]], Type[Environment]]:
@@ -48,12 +121,6 @@ def register_env(name: str) -> Callable[[Type[Environment]], Type[Environment]]:
 
 def env_class(name: str) -> Type[Environment]:
     return _REGISTRY.get(name)
-
-
-def make_env(config: Any) -> Environment:
-    """The environment named by `config.type`, built as `cls(config, **config.args)`."""
-    cls = env_class(config.type)
-    return cls(config, **dict(getattr(config, "args", None) or {}))
 
 
 _REGISTRY.base = Environment

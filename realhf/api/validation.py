@@ -30,6 +30,7 @@ from realhf.api.worker_configs import (
 )
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
+from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
@@ -161,6 +162,13 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
            "every group would be dropped")
     f.at_least("num_turns", 0, strict=True)
     _check_class(f, "type", agent_class)
+    if c.reward_fn:
+        from realhf.impl.agent.math_single_step import load_reward_fn
+
+        try:
+            load_reward_fn(c.reward_fn)
+        except (ValueError, ImportError, TypeError) as e:
+            raise ConfigError(f"{f.name('reward_fn')}: {e}") from None
 
 
 def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
@@ -169,7 +177,15 @@ def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
     f = _Fields(c, prefix)
     f.at_least("grader_workers", 0, strict=True)
     f.at_least("grader_timeout", 0, strict=True)
-    _check_class(f, "type", env_class)
+    if c.type != "none":
+        _check_class(f, "type", env_class)
+
+
+def env_required_fields(c: EnvConfig) -> tuple:
+    """The dataset fields the configured environment needs in every row."""
+    from realhf.api.env import env_class
+
+    return () if c.type == "none" else tuple(env_class(c.type).required_fields)
 
 
 def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None:
@@ -354,9 +370,12 @@ def _check_files(cfg: AsyncPPOMATHConfig) -> None:
              f"servers' context of {context} tokens (gen_server.native.context_length, 0: the model's "
              "max_position_embeddings)")
     # Parse every row now, so a malformed line fails here with file:line, not in a worker later.
-    n_rows = len(load_rows("dataset.path", cfg.dataset.path))
+    n_rows = len(load_rows("dataset.path", cfg.dataset.path, env_required_fields(cfg.rollout.env)))
     if cfg.evaluation.n_prompts > 0:
-        load_rows("dataset.test_path", cfg.dataset.test_path)
+        load_rows("dataset.test_path", cfg.dataset.test_path)  # math accuracy: solutions needed
+    _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
+    need(cfg.rollout.env.type != "none" or cfg.rollout.agent.type != "math-single-step" or bool(cfg.rollout.agent.reward_fn),
+         "rollout.env.type=none: the math-single-step agent then needs rollout.agent.reward_fn to grade its answers")
     need(n_rows >= cfg.groups_per_step,
          f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
 
@@ -424,12 +443,12 @@ def rollouts_per_worker(cfg: AsyncPPOMATHConfig) -> int:
     return max(1, cfg.max_concurrent_rollouts // cfg.rollout.n_workers)
 
 
-def load_rows(field: str, path: str):
+def load_rows(field: str, path: str, required=("solutions",)):
     """The prompts of a JSONL file; a malformed row is a ConfigError naming `field` and file:line."""
     from realhf.impl.dataset.prompt_dataset import DatasetFormatError, load_jsonl_prompts
 
     try:
-        return load_jsonl_prompts(path)
+        return load_jsonl_prompts(path, required=required)
     except DatasetFormatError as e:
         raise ConfigError(f"{field}: {e}") from None
 

@@ -101,6 +101,7 @@ class RolloutWorkerConfig:
     """One rollout worker: many concurrent agent episodes over its shard of the prompts."""
 
     dataset_path: str = same_as("dataset.path", "JSONL prompts; each worker takes a disjoint shard.")
+    chat_template: str = same_as("dataset.chat_template")
     tokenizer_path: str = same_as("actor.path", "HF directory of the tokenizer (the actor's).")
     seed: int = same_as("seed", "Seed of the prompt order (each worker adds its index).")
     agent: AgentConfig = same_as("rollout.agent")

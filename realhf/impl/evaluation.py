@@ -15,6 +15,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from realhf.api.prompt import PromptRow
+from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.impl.environment.math_grader import MathGrader
 
 GenerateFn = Callable[[List[List[int]], float, int], List[List[int]]]
@@ -67,6 +68,7 @@ def evaluate_math_accuracy(
     generate_fn: Optional[GenerateFn] = None,
     grader: Optional[MathGrader] = None,
     seed: int = 1,
+    chat_template: str = "auto",
 ) -> Dict[str, float]:
     """Fraction of `n` samples per prompt whose answer matches a reference solution.
 
@@ -86,7 +88,8 @@ def evaluate_math_accuracy(
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, use_safetensors=True)
         generate_fn = hf_generate_fn(model, pad_id=pad_id, eos_id=eos_id, batch_size=batch_size)
 
-    prompts = [tokenizer.encode(r.prompt, add_special_tokens=False) for r in rows for _ in range(n)]
+    chat = chat_template_on(chat_template, tokenizer)  # as the rollout workers encode them
+    prompts = [encode_prompt(tokenizer, r.as_dict(), chat) for r in rows for _ in range(n)]
     torch.manual_seed(seed)
     outputs = generate_fn(prompts, temperature, max_new_tokens)
     if len(outputs) != len(prompts):

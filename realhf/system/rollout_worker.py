@@ -45,13 +45,15 @@ import time
 from collections import deque
 from typing import Dict, Optional
 
-from realhf.api.agent import Prompt, make_agent
+from realhf.api.agent import make_agent
 from realhf.api.worker_configs import RolloutWorkerConfig
-from realhf.api.env import make_env
+from realhf.api.env import EnvFactory
 from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
+from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
+from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
@@ -123,7 +125,14 @@ class RolloutWorker(AsyncWorker):
         cfg: RolloutWorkerConfig = self.config
         if not cfg.dataset_path or not cfg.tokenizer_path:
             raise ValueError("rollout.dataset_path and rollout.tokenizer_path must be set")
-        rows = shard(load_jsonl_prompts(cfg.dataset_path), self.ctx.worker_index, self.ctx.worker_count)
+        from transformers import AutoTokenizer  # heavy; only this process type needs it
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+        self.chat = chat_template_on(cfg.chat_template, self.tokenizer)
+        self.agent = make_agent(cfg.agent, tokenizer=self.tokenizer)
+        self.envs = EnvFactory(cfg.env)
+        rows = shard(load_jsonl_prompts(cfg.dataset_path, required=self.envs.required_fields),
+                     self.ctx.worker_index, self.ctx.worker_count)
         if not rows:
             raise ValueError(f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "
                              f"{cfg.dataset_path} is empty (fewer rows than rollout workers)")
@@ -145,11 +154,6 @@ class RolloutWorker(AsyncWorker):
         self.previous_inflight = self._load_record()
         if self.previous_inflight is None:
             self._load_checkpoint_state(cfg)
-        from transformers import AutoTokenizer  # heavy; only this process type needs it
-
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
-        self.agent = make_agent(cfg.agent, gconfig=cfg.gconfig, group_size=cfg.group_size, tokenizer=self.tokenizer)
-        self.env = make_env(cfg.env)
         self.manager_url = name_resolve.wait(names.gserver_manager(exp, trial), timeout=cfg.discovery_timeout)
         self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
                                              discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout,
@@ -161,7 +165,7 @@ class RolloutWorker(AsyncWorker):
         self.backoff = _MIN_BACKOFF_S
         self.consecutive_failures = 0
         self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "tokens": 0, "reward_sum": 0.0,
-                      "samples": 0, "refused": 0}
+                      "samples": 0, "refused": 0, "gen_calls": 0}
         self.t_log, self.groups_at_log, self.tokens_at_log = time.monotonic(), 0, 0
         self.logger.info(f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
                          f"manager {self.manager_url}; pushing to puller {self.pusher.puller_index}")
@@ -243,10 +247,16 @@ class RolloutWorker(AsyncWorker):
     def _names(self, qid: str) -> str:
         return f"episode {qid} (agent {self.config.agent.type}, env {self.config.env.type})"
 
-    async def _collect(self, prompt: Prompt, qid: str) -> Optional[Trajectory]:
-        """The agent's episode, cancelled after `episode_timeout` s (0: no limit). Cancelling
-        runs the agent's own clean-up (finally/async with) of what it holds for the episode."""
-        coro = self.agent.collect_trajectory(prompt, self.env, self.client)
+    async def _collect(self, row: PromptRow, qid: str) -> Optional[Trajectory]:
+        """The agent's episodes of one group, cancelled after `episode_timeout` s (0: no limit).
+        Cancelling runs the agent's own clean-up (finally/async with) and closes every
+        environment of the group."""
+        cfg, fields = self.config, row.as_dict()
+        tools = {**self.agent.tools, **await self.envs.tools()}
+        schemas = [t.schema() for t in tools.values()] or None
+        coro = run_group(self.agent, fields, encode_prompt(self.tokenizer, fields, self.chat, tools=schemas), qid=qid,
+                         client=self.client, envs=self.envs, gconfig=cfg.gconfig, tokenizer=self.tokenizer,
+                         agent_config=cfg.agent, group_size=cfg.group_size)
         limit = self.config.episode_timeout
         if limit <= 0:
             return await coro
@@ -260,13 +270,8 @@ class RolloutWorker(AsyncWorker):
     async def _episode(self, row: PromptRow, qid: str) -> None:
         accepted, n_tokens, cancelled, push, traj = False, 0, False, None, None
         try:
-            ids = self.tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
-            prompt = Prompt.of(row, qid, ids)
-            traj = await self._collect(prompt, qid)
+            traj = await self._collect(row, qid)
             if traj is not None:
-                if not isinstance(traj, Trajectory):
-                    raise TypeError(f"agent {self.config.agent.type!r} returned {type(traj).__name__}, "
-                                    "expected a Trajectory or None")
                 problem = traj.problem()
                 if problem is not None:  # the trainer would refuse it: fail here, slot freed
                     raise MalformedGroup(f"{self._names(qid)}: malformed group, not pushed: {problem}")
@@ -441,6 +446,7 @@ class RolloutWorker(AsyncWorker):
         s["tokens"] += traj.n_generated_tokens
         s["reward_sum"] += sum(x.reward for x in traj.samples)
         s["samples"] += len(traj.samples)
+        s["gen_calls"] += sum(traj.metadata.get("gen_calls", [1] * len(traj.samples)))
 
     def _maybe_log(self) -> None:
         s = self.stats
@@ -449,16 +455,20 @@ class RolloutWorker(AsyncWorker):
             return
         now = time.monotonic()
         dt = max(now - self.t_log, 1e-6)
-        self.logger.info(
-            f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
-            f"{s['timed_out']}) running={len(self.tasks)} "
-            f"| {(done - self.groups_at_log) / dt:.2f} groups/s {(s['tokens'] - self.tokens_at_log) / dt:.0f} tok/s "
-            f"| mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} | refusals {s['refused']} "
-            f"| epoch {self.sampler.epoch}")
+        self.logger.info(f"{self._totals()} | {(done - self.groups_at_log) / dt:.2f} groups/s "
+                         f"{(s['tokens'] - self.tokens_at_log) / dt:.0f} tok/s | epoch {self.sampler.epoch}")
         self.t_log, self.groups_at_log, self.tokens_at_log = now, done, s["tokens"]
+
+    def _totals(self) -> str:
+        s = self.stats
+        return (f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
+                f"{s['timed_out']}) running={len(self.tasks)} | mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} "
+                f"| generations/episode {s['gen_calls'] / max(s['samples'], 1):.2f} | refusals {s['refused']}")
 
     # ---- exit -------------------------------------------------------------------------------------
     async def _exit_hook_async(self) -> None:
+        if getattr(self, "stats", None) is not None:
+            self.logger.info(f"at exit: {self._totals()}")
         tasks = list(getattr(self, "tasks", {}).values())
         for t in tasks:
             t.cancel()
@@ -467,18 +477,18 @@ class RolloutWorker(AsyncWorker):
             # in-flight record to run again) if the manager answers quickly; a manager that
             # hangs must not hold the exit.
             await asyncio.wait(tasks, timeout=5.0)
-        await self._close_env()
+        await self._close_envs()
         if getattr(self, "client", None) is not None:
             await self.client.close()
 
-    async def _close_env(self) -> None:
-        env, self.env = getattr(self, "env", None), None
-        if env is not None:
-            await env.aclose()
+    async def _close_envs(self) -> None:
+        envs, self.envs = getattr(self, "envs", None), None
+        if envs is not None:
+            await envs.aclose()
 
     def _exit_hook(self) -> None:
-        if getattr(self, "env", None) is not None:  # the loop never ran (configure failed)
-            asyncio.run(self._close_env())
+        if getattr(self, "envs", None) is not None:  # the loop never ran (configure failed)
+            asyncio.run(self._close_envs())
         if getattr(self, "push_thread", None) is not None and not self.push_thread.close(timeout=5.0):
             # A push blocked on a trainer that is gone: its daemon thread must not hold the exit.
             self.logger.warning("a push is still blocked after 5s; exiting without closing the socket")

@@ -20,21 +20,21 @@ def bucket(query_id: str, n: int) -> int:
 
 
 class NanRewardEnv(MathEnv):
-    """Grades like `math`, but a third of the prompts (bucket 0 of 3) get NaN successes, hence a
-    NaN reward for every answer of their group."""
+    """Grades like `math`, but a third of the prompts (bucket 0 of 3) get a NaN reward for every
+    answer of their group."""
 
     async def step(self, action):
-        obs, successes, done, info = await super().step(action)
-        if bucket(action[0].query_id, 3) == 0:
-            successes = [math.nan] * len(successes)
-        return obs, successes, done, info
+        obs, reward, done, info = await super().step(action)
+        if bucket(self.row["query_id"], 3) == 0:
+            reward = math.nan
+        return obs, reward, done, info
 
 
 class HangingEnv(MathEnv):
     """Grades like `math`, but its step never returns for a quarter of the prompts (bucket 0 of 4)."""
 
     async def step(self, action):
-        if bucket(action[0].query_id, 4) == 0:
+        if bucket(self.row["query_id"], 4) == 0:
             await asyncio.Event().wait()  # forever, until the episode is cancelled
         return await super().step(action)
 
@@ -52,9 +52,9 @@ class FatalOnceAgent(MathSingleStepAgent):
         super().__init__(config, **kwargs)
         self.marker, self.fail_at, self.n = marker, int(fail_at), 0
 
-    async def collect_trajectory(self, prompt, env, client):
+    async def run_episode(self, row, gen, env):
         self.n += 1
         if self.n == self.fail_at and self.marker and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            raise FatalAgentError(f"FatalOnceAgent: fatal error in episode {prompt.qid} (on purpose)")
-        return await super().collect_trajectory(prompt, env, client)
+            raise FatalAgentError(f"FatalOnceAgent: fatal error in episode of {row['query_id']} (on purpose)")
+        return await super().run_episode(row, gen, env)

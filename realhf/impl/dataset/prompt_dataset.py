@@ -1,7 +1,9 @@
 """Prompt datasets: strict JSONL loading, sharding across rollout workers, and a seeded,
 restartable epoch sampler.
 
-One row per line:
+One row per line, a JSON object with a `query_id` and a `prompt` text or chat `messages`
+([{"role": ..., "content": ...}, ...]); any other fields travel with the row to the agent and
+its environment, e.g.
     {"query_id": "train-000001", "prompt": "Q: ...\\nA:", "solutions": [" 5-2=3\\n#### 3"], "task": "math"}
 
 Loading is all-or-nothing: the first malformed row raises `DatasetFormatError` naming the file
@@ -15,42 +17,57 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Sequence, Union
 
 from realhf.api.prompt import PromptRow
-
-_FIELDS: Tuple[Tuple[str, type], ...] = (("query_id", str), ("prompt", str), ("solutions", list), ("task", str))
-
 
 class DatasetFormatError(ValueError):
     """A dataset file that does not follow the JSONL prompt schema; the message is `path:line: what`."""
 
 
-def _parse_row(obj: Any, where: str, seen: Dict[str, int]) -> PromptRow:
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise DatasetFormatError(f"{where}: field 'messages' must be a non-empty list of chat messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DatasetFormatError(f"{where}: messages[{i}] must be an object with string 'role' and 'content'")
+
+
+def _parse_row(obj: Any, where: str, seen: Dict[str, int], required: Sequence[str]) -> PromptRow:
     if not isinstance(obj, dict):
         raise DatasetFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    for name, typ in _FIELDS:
+    for name in ("query_id", *required):
         if name not in obj:
             raise DatasetFormatError(f"{where}: missing field {name!r}")
-        if not isinstance(obj[name], typ):
-            raise DatasetFormatError(
-                f"{where}: field {name!r} must be {typ.__name__}, got {type(obj[name]).__name__}"
-            )
-    if not obj["query_id"]:
-        raise DatasetFormatError(f"{where}: field 'query_id' is empty")
-    if not obj["solutions"]:
+    qid = obj["query_id"]
+    if not isinstance(qid, str) or not qid:
+        raise DatasetFormatError(f"{where}: field 'query_id' must be a non-empty string")
+    if "prompt" not in obj and "messages" not in obj:
+        raise DatasetFormatError(f"{where}: a row needs a 'prompt' text or chat 'messages'")
+    if "prompt" in obj and not isinstance(obj["prompt"], str):
+        raise DatasetFormatError(f"{where}: field 'prompt' must be str, got {type(obj['prompt']).__name__}")
+    if "messages" in obj:
+        _check_messages(obj["messages"], where)
+    if "task" in obj and not isinstance(obj["task"], str):
+        raise DatasetFormatError(f"{where}: field 'task' must be str, got {type(obj['task']).__name__}")
+    solutions = obj.get("solutions", [])
+    if not isinstance(solutions, list):
+        raise DatasetFormatError(f"{where}: field 'solutions' must be list, got {type(solutions).__name__}")
+    if "solutions" in obj and not solutions:
         raise DatasetFormatError(f"{where}: field 'solutions' is empty; a row needs a reference answer")
-    for i, s in enumerate(obj["solutions"]):
+    for i, s in enumerate(solutions):
         if not isinstance(s, str):
             raise DatasetFormatError(f"{where}: solutions[{i}] must be str, got {type(s).__name__}")
-    qid = obj["query_id"]
     if qid in seen:
         raise DatasetFormatError(f"{where}: duplicate query_id {qid!r} (first on line {seen[qid]})")
-    return PromptRow(query_id=qid, prompt=obj["prompt"], solutions=tuple(obj["solutions"]), task=obj["task"])
+    return PromptRow(query_id=qid, prompt=obj.get("prompt", ""), solutions=tuple(solutions),
+                     task=obj.get("task", ""), fields=obj, source=where)
 
 
-def load_jsonl_prompts(path: Union[str, Path]) -> List[PromptRow]:
-    """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped."""
+def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",)) -> List[PromptRow]:
+    """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped.
+    `required`: fields every row must have besides query_id and prompt/messages (the math tasks
+    need `solutions`; an environment names its own in `Environment.required_fields`)."""
     rows: List[PromptRow] = []
     seen: Dict[str, int] = {}
     with open(path, "rb") as f:
@@ -66,7 +83,7 @@ def load_jsonl_prompts(path: Union[str, Path]) -> List[PromptRow]:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            row = _parse_row(obj, where, seen)
+            row = _parse_row(obj, where, seen, required)
             seen[row.query_id] = lineno
             rows.append(row)
     if not rows:

@@ -1,21 +1,31 @@
-"""Specification of the Agent / Environment API and the built-in math agents (issue 3 item 4).
+"""The Agent / Environment API (per sample, per episode) and the built-in math agents.
 
-The agents run against the real `math` environment and the tiny-math tokenizer; generation is a
-scripted client (the real client is specified in tests/unit/system/test_generation_client.py).
+The agents run through `realhf.system.episode.run_group` — what the rollout worker runs —
+against the real `math` environment and the tiny-math tokenizer; generation is a scripted client
+(the real client is specified in tests/unit/system/test_generation_client.py, and the whole path
+in the system tests).
 """
 
 import asyncio
-from typing import List, Optional
+from typing import List
 
 import pytest
 
-from realhf.api.agent import Agent, Prompt, agent_class, keep_group, make_agent, register_agent, success_reward
+from realhf.api.agent import Agent, Outcome, agent_class, keep_group, make_agent, register_agent, shape_reward
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
-from realhf.api.env import Environment, make_env
+from realhf.api.env import EnvFactory, Environment, env_class
 from realhf.api.trajectory import Trajectory
+from realhf.impl.dataset.prompt_encoding import PromptEncodingError, chat_template_on, encode_prompt
+from realhf.system.episode import AgentError, Gen, run_group
 from realhf.system.generation_client import GenerationResult
 
 from helpers.trajectories import TINY_SFT as TOKENIZER
+
+PROMPT = "Q: Max has 5 shells. He finds 2 more. How many shells does Max have now?\nA:"
+ROW = {"query_id": "q", "prompt": PROMPT, "solutions": [" 5+2=7\n#### 7"], "task": "math", "difficulty": 3}
+# A ChatML-style template, as Qwen's and SmolLM2's (the tiny model has none).
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -25,38 +35,45 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(TOKENIZER)
 
 
+@pytest.fixture
+def chat_tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    tok.chat_template = CHATML
+    return tok
+
+
 class ScriptedClient:
     """Answers generate() calls with the next scripted text, as version-`version` tokens."""
 
     def __init__(self, tokenizer, texts: List[str], version: int = 0):
         self.tokenizer, self.texts, self.version = tokenizer, list(texts), version
-        self.calls = []
+        self.calls, self.gconfigs = [], []
 
     async def generate(self, qid, input_ids, gconfig, group_size=1, max_new_tokens=None):
         self.calls.append(list(input_ids))
+        self.gconfigs.append(gconfig)
         ids = self.tokenizer(self.texts.pop(0), add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        self.version += 1
         return GenerationResult(ids, [-0.5] * len(ids), [self.version] * len(ids), "stop", 1)
 
-    async def generate_group(self, qid, input_ids, gconfig, n, max_new_tokens=None):
-        return [await self.generate(qid, input_ids, gconfig, n) for _ in range(n)]
+
+def prompt_ids(tokenizer) -> List[int]:
+    return encode_prompt(tokenizer, ROW, chat=False)
 
 
-def prompt(tokenizer, answer="7") -> Prompt:
-    text = "Q: Max has 5 shells. He finds 2 more. How many shells does Max have now?\nA:"
-    return Prompt(qid="q@0", query_id="q", prompt=text,
-                  prompt_ids=tuple(tokenizer(text, add_special_tokens=False)["input_ids"]),
-                  solutions=(f" 5+2=7\n#### {answer}",), task="math")
-
-
-def run_agent(config: AgentConfig, tokenizer, texts, group_size) -> Optional[Trajectory]:
+def run(config: AgentConfig, tokenizer, texts, group_size, env=EnvConfig(), row=ROW):
     async def main():
-        env = make_env(EnvConfig())
+        envs = EnvFactory(env)
+        client = ScriptedClient(tokenizer, texts)
         try:
-            agent = make_agent(config, gconfig=GenerationHyperparameters(), group_size=group_size, tokenizer=tokenizer)
-            client = ScriptedClient(tokenizer, texts)
-            return await agent.collect_trajectory(prompt(tokenizer), env, client), client
+            traj = await run_group(make_agent(config, tokenizer=tokenizer), dict(row), prompt_ids(tokenizer),
+                                   qid="q@0", client=client, envs=envs, gconfig=GenerationHyperparameters(),
+                                   tokenizer=tokenizer, agent_config=config, group_size=group_size)
+            return traj, client
         finally:
-            await env.aclose()
+            await envs.aclose()
 
     return asyncio.run(main())
 
@@ -64,44 +81,45 @@ def run_agent(config: AgentConfig, tokenizer, texts, group_size) -> Optional[Tra
 # ---- rewards and the group filter ---------------------------------------------------------------
 
 
-def test_reward_is_success_mapped_to_plus_minus_one_minus_bias_times_scaling():
-    assert success_reward(1, 0.0, 1.0) == 1.0 and success_reward(0, 0.0, 1.0) == -1.0
-    # bias 0.5, scaling 5: ((1 − 0.5)·2 − 0.5)·5 = 2.5 and ((0 − 0.5)·2 − 0.5)·5 = −7.5.
-    assert success_reward(1, 0.5, 5.0) == 2.5 and success_reward(0, 0.5, 5.0) == -7.5
+def test_reward_shaping_is_reward_minus_bias_times_scaling():
+    assert shape_reward(1.0, 0.0, 1.0) == 1.0 and shape_reward(-1.0, 0.0, 1.0) == -1.0
+    assert shape_reward(1.0, 0.5, 5.0) == 2.5 and shape_reward(-1.0, 0.5, 5.0) == -7.5
 
 
 def test_group_filter_bounds_are_strict():
-    four = lambda k: [1.0] * k + [0.0] * (4 - k)  # noqa: E731 - k successes of 4
+    four = lambda k: [True] * k + [False] * (4 - k)  # noqa: E731 - k successes of 4
     assert keep_group(four(2), 0.5, 1.0) and not keep_group(four(1), 0.5, 1.0)  # 0.5 kept, 0.25 dropped
     assert keep_group(four(2), 0.0, 0.5) and not keep_group(four(3), 0.0, 0.5)  # 0.5 kept, 0.75 dropped
     assert keep_group(four(0), 0.0, 1.0) and keep_group(four(4), 0.0, 1.0)  # defaults keep everything
 
 
-def test_single_step_agent_grades_each_answer_and_builds_the_trajectory(tokenizer):
+# ---- the built-in math agents -----------------------------------------------------------------------
+
+
+def test_single_step_agent_grades_each_answer_and_the_framework_builds_the_trajectory(tokenizer):
     cfg = AgentConfig(type="math-single-step", reward_bias=0.0, reward_scaling=2.0)
-    traj, client = run_agent(cfg, tokenizer, [" 5+2=7\n#### 7", " 5+2=8\n#### 8", " #### 7", "no idea"], 4)
-    assert [s.reward for s in traj.samples] == [2.0, -2.0, 2.0, -2.0]
+    traj, client = run(cfg, tokenizer, [" 5+2=7\n#### 7", " 5+2=8\n#### 8", " #### 7", "no idea"], 4)
+    assert sorted(s.reward for s in traj.samples) == [-2.0, -2.0, 2.0, 2.0]
     assert traj.qid == "q@0" and traj.metadata["query_id"] == "q" and traj.metadata["success_rate"] == 0.5
-    assert list(traj.prompt_ids) == list(prompt(tokenizer).prompt_ids)
+    assert list(traj.prompt_ids) == prompt_ids(tokenizer) and client.calls == [prompt_ids(tokenizer)] * 4
     s = traj.samples[0]
     assert len(s.output_ids) == len(s.logprobs) == len(s.versions) and s.output_ids[-1] == tokenizer.eos_token_id
-    assert Trajectory.from_msg(traj.to_msg()).samples[1].reward == -2.0
+    assert Trajectory.from_msg(traj.to_msg()).samples[1].reward == traj.samples[1].reward
 
 
 def test_single_step_agent_drops_groups_outside_the_success_rate_bounds(tokenizer):
     right, wrong = " #### 7", " #### 3"
     all_right = AgentConfig(success_rate_ub=0.75)
-    assert run_agent(all_right, tokenizer, [right] * 4, 4)[0] is None  # 1.0 > 0.75
-    assert run_agent(all_right, tokenizer, [right] * 3 + [wrong], 4)[0] is not None  # 0.75 is not > 0.75
+    assert run(all_right, tokenizer, [right] * 4, 4)[0] is None  # 1.0 > 0.75
+    assert run(all_right, tokenizer, [right] * 3 + [wrong], 4)[0] is not None  # 0.75 is not > 0.75
     all_wrong = AgentConfig(success_rate_lb=0.25)
-    assert run_agent(all_wrong, tokenizer, [wrong] * 4, 4)[0] is None  # 0.0 < 0.25
-    assert run_agent(all_wrong, tokenizer, [right] + [wrong] * 3, 4)[0] is not None  # 0.25 is not < 0.25
+    assert run(all_wrong, tokenizer, [wrong] * 4, 4)[0] is None  # 0.0 < 0.25
+    assert run(all_wrong, tokenizer, [right] + [wrong] * 3, 4)[0] is not None  # 0.25 is not < 0.25
 
 
-def test_multi_turn_agent_puts_feedback_tokens_in_the_output_with_loss_mask_zero(tokenizer):
+def test_multi_turn_agent_concatenates_turns_at_the_token_level_with_feedback_off_the_loss(tokenizer):
     cfg = AgentConfig(type="math-multi-turn", num_turns=3, turn_level_discount=0.5)
-    # One sample: wrong, wrong, right.
-    traj, client = run_agent(cfg, tokenizer, [" #### 1", " #### 2", " #### 7"], 1)
+    traj, client = run(cfg, tokenizer, [" #### 1", " #### 2", " #### 7"], 1)  # wrong, wrong, right
     (s,) = traj.samples
     fb = tokenizer(cfg.feedback, add_special_tokens=False)["input_ids"]
     answers = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -109,71 +127,221 @@ def test_multi_turn_agent_puts_feedback_tokens_in_the_output_with_loss_mask_zero
     assert s.output_ids.tolist() == answers[0] + fb + answers[1] + fb + answers[2]
     assert s.mask().tolist() == [1] * len(answers[0]) + [0] * len(fb) + [1] * len(answers[1]) + [0] * len(fb) + [1] * len(answers[2])
     assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.mask()) if m == 0)
-    assert s.reward == 1.0 * 0.5**2 and traj.metadata["turns"] == [3]
-    # Each turn is generated from the prompt plus everything so far.
-    p = list(prompt(tokenizer).prompt_ids)
+    # Each generated token keeps the version that produced it (the client bumps it per call);
+    # feedback tokens take the version of the answer before them.
+    assert s.versions.tolist() == ([1] * len(answers[0]) + [1] * len(fb) + [2] * len(answers[1]) + [2] * len(fb)
+                                   + [3] * len(answers[2]))
+    assert s.reward == 1.0 * 0.5**2
+    # Each turn is generated from the prompt plus everything so far, never re-encoded.
+    p = prompt_ids(tokenizer)
     assert client.calls == [p, p + answers[0] + fb, p + answers[0] + fb + answers[1] + fb]
     assert traj.n_generated_tokens == sum(len(a) for a in answers)
 
 
 def test_multi_turn_agent_stops_at_the_first_right_answer_and_at_num_turns(tokenizer):
     cfg = AgentConfig(type="math-multi-turn", num_turns=2)
-    traj, client = run_agent(cfg, tokenizer, [" #### 7", " #### 1", " #### 2"], 2)
-    assert [s.reward for s in traj.samples] == [1.0, -1.0] and traj.metadata["turns"] == [1, 2]
+    traj, client = run(cfg, tokenizer, [" #### 7", " #### 1", " #### 2"], 2)
+    assert sorted(s.reward for s in traj.samples) == [-1.0, 1.0] and sorted(traj.metadata["gen_calls"]) == [1, 2]
     assert len(client.calls) == 3
 
 
-# ---- registries and user classes ------------------------------------------------------------------
+def test_reward_fn_grades_instead_of_an_environment(tokenizer):
+    # reward_fn(prompt, completion, **row): every other field of the row arrives as a keyword.
+    cfg = AgentConfig(reward_fn=f"{__name__}:ends_with_difficulty")
+    traj, _ = run(cfg, tokenizer, [" 3", " 4", " 3"], 3, env=EnvConfig(type="none"))
+    assert sorted(s.reward for s in traj.samples) == [-1.0, 1.0, 1.0]
+    traj, _ = run(AgentConfig(reward_fn=f"{__name__}:async_length"), tokenizer, [" 12345"], 1,
+                  env=EnvConfig(type="none"))
+    assert traj.samples[0].reward == len(" 12345")
 
 
-class EchoAgent(Agent):
-    """A user agent defined outside the package: one sample, reward = its own `bonus` argument."""
+def ends_with_difficulty(prompt, completion, *, difficulty, solutions, **_):
+    assert prompt == PROMPT and solutions == ROW["solutions"]
+    return completion.strip().endswith(str(difficulty))
+
+
+async def async_length(prompt, completion, **_):
+    return float(len(completion))
+
+
+# ---- a user's agent and environment ------------------------------------------------------------------
+
+
+class CountingEnv(Environment):
+    """A user environment: state per episode on self, one shared object per worker."""
+
+    opened: List[dict] = []
+
+    @classmethod
+    def open_shared(cls, config, **kwargs):
+        shared = {"episodes": 0, "closed": 0, "kwargs": kwargs}
+        cls.opened.append(shared)
+        return shared
+
+    async def reset(self):
+        self.shared["episodes"] += 1
+        self.steps = 0
+
+    async def step(self, action):
+        self.steps += 1
+        return None, float(self.steps), True, {}
+
+    async def aclose(self):
+        self.shared["closed"] += 1
+
+
+class TwoStepAgent(Agent):
+    """A user agent: two generations, the environment stepped twice, a row field in the reward."""
 
     def __init__(self, config, bonus: float = 0.0, **kw):
         super().__init__(config, **kw)
         self.bonus = bonus
 
-    async def collect_trajectory(self, prompt, env, client):
-        r = await client.generate(prompt.qid, prompt.prompt_ids, self.gconfig)
-        _, reward, _, _ = await env.step(r.output_ids)
-        from realhf.api.trajectory import Sample
-
-        return Trajectory(prompt.qid, list(prompt.prompt_ids),
-                          [Sample(r.output_ids, r.logprobs, r.versions, reward + self.bonus)])
-
-
-class LengthEnv(Environment):
-    """A user environment: reward = number of tokens in the action."""
-
-    async def step(self, action):
-        return None, float(len(action)), True, {}
+    async def run_episode(self, row, gen, env):
+        first = await gen(max_new_tokens=5)
+        await env.step(first.text)
+        gen.append(" and")
+        second = await gen()
+        _, reward, _, _ = await env.step(second.text)
+        return reward + self.bonus + row["difficulty"]
 
 
-def test_user_agent_and_environment_load_from_import_paths_with_their_args(tokenizer):
-    agent_cfg = AgentConfig(type=f"{__name__}:EchoAgent", args={"bonus": 10.0})
-    env_cfg = EnvConfig(type=f"{__name__}:LengthEnv")
+def test_a_user_agent_and_environment_load_from_import_paths_with_their_args(tokenizer):
+    agent_cfg = AgentConfig(type=f"{__name__}:TwoStepAgent", args={"bonus": 10.0})
+    env_cfg = EnvConfig(type=f"{__name__}:CountingEnv", args={"pool": 2})
+    CountingEnv.opened.clear()
+    traj, client = run(agent_cfg, tokenizer, ["a", "b", "c", "d"], 2, env=env_cfg)
+    # A fresh environment per episode (steps start at 0 in each), one shared object for both.
+    assert [s.reward for s in traj.samples] == [2.0 + 10 + 3] * 2
+    assert CountingEnv.opened == [{"episodes": 2, "closed": 2, "kwargs": {"pool": 2}}]
+    assert client.gconfigs[0].max_new_tokens == 5 and client.gconfigs[1].max_new_tokens == 32
+
+
+class RaisingAgent(Agent):
+    async def run_episode(self, row, gen, env):
+        await gen()
+        raise RuntimeError("the agent broke")
+
+
+class SlowAgent(Agent):
+    cancelled = 0
+
+    async def run_episode(self, row, gen, env):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            SlowAgent.cancelled += 1
+            raise
+
+
+class WrongTypeAgent(Agent):
+    async def run_episode(self, row, gen, env):
+        await gen()
+        return "great"
+
+
+class LazyAgent(Agent):
+    async def run_episode(self, row, gen, env):
+        return 1.0
+
+
+class BadSamplingAgent(Agent):
+    async def run_episode(self, row, gen, env):
+        await gen(temprature=0.5)
+
+
+@pytest.mark.parametrize("agent, error", [
+    ("RaisingAgent", "the agent broke"),
+    ("WrongTypeAgent", "returned str; run_episode must return a reward"),
+    ("LazyAgent", "returned a reward without generating anything"),
+    ("BadSamplingAgent", r"unknown sampling option\(s\) \['temprature'\]"),
+])
+def test_an_agent_that_misbehaves_fails_its_group_with_a_clear_error_and_every_env_is_closed(tokenizer, agent, error):
+    CountingEnv.opened.clear()
+    with pytest.raises((RuntimeError, TypeError, AgentError), match=error):
+        run(AgentConfig(type=f"{__name__}:{agent}"), tokenizer, ["a"] * 4, 2, env=EnvConfig(type=f"{__name__}:CountingEnv"))
+    assert CountingEnv.opened[0]["closed"] == CountingEnv.opened[0]["episodes"] == 2
+
+
+def test_one_failing_episode_cancels_the_rest_of_its_group(tokenizer):
+    class Mixed(Agent):
+        n = 0
+
+        async def run_episode(self, row, gen, env):
+            Mixed.n += 1
+            if Mixed.n == 1:
+                await asyncio.sleep(0.05)
+                raise ValueError("first episode fails")
+            await asyncio.sleep(30)
 
     async def main():
-        agent = make_agent(agent_cfg, gconfig=GenerationHyperparameters(), tokenizer=tokenizer)
-        env = make_env(env_cfg)
-        assert isinstance(agent, EchoAgent) and isinstance(env, LengthEnv)
-        return await agent.collect_trajectory(prompt(tokenizer), env, ScriptedClient(tokenizer, ["abc"]))
+        envs = EnvFactory(EnvConfig(type="none"))
+        await run_group(Mixed(AgentConfig()), ROW, [1], qid="q@0", client=None, envs=envs,
+                        gconfig=GenerationHyperparameters(), tokenizer=tokenizer, agent_config=AgentConfig(),
+                        group_size=3)
 
-    traj = asyncio.run(main())
-    assert traj.samples[0].reward == len(traj.samples[0].output_ids) + 10.0
+    with pytest.raises(ValueError, match="first episode fails"):
+        asyncio.run(asyncio.wait_for(main(), 5))  # not 30 s: the other two were cancelled
 
 
-@register_agent("test-echo")
-class RegisteredEcho(EchoAgent):
+def test_none_drops_a_sample_and_an_all_dropped_group_is_not_pushed(tokenizer):
+    class Picky(Agent):
+        async def run_episode(self, row, gen, env):
+            answer = await gen()
+            return None if "skip" in answer.text else Outcome(0.5, success=True)
+
+    async def main(texts):
+        envs = EnvFactory(EnvConfig(type="none"))
+        return await run_group(Picky(AgentConfig()), ROW, prompt_ids(tokenizer), qid="q@0",
+                               client=ScriptedClient(tokenizer, texts), envs=envs, gconfig=GenerationHyperparameters(),
+                               tokenizer=tokenizer, agent_config=AgentConfig(), group_size=3)
+
+    traj = asyncio.run(main(["skip", "ok", "ok"]))
+    assert [s.reward for s in traj.samples] == [0.5, 0.5]
+    assert asyncio.run(main(["skip"] * 3)) is None
+
+
+# ---- rows and chat ----------------------------------------------------------------------------------
+
+
+def test_chat_template_is_applied_when_the_model_has_one(tokenizer, chat_tokenizer):
+    assert not chat_template_on("auto", tokenizer) and chat_template_on("auto", chat_tokenizer)
+    assert not chat_template_on("off", chat_tokenizer)
+    with pytest.raises(PromptEncodingError, match="no chat template"):
+        chat_template_on("on", tokenizer)
+    rendered = f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    assert encode_prompt(chat_tokenizer, ROW, chat=True) == chat_tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    row = {"query_id": "m", "messages": messages}
+    text = chat_tokenizer.decode(encode_prompt(chat_tokenizer, row, chat=False))
+    assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(PromptEncodingError, match="row 'm' has chat 'messages' but the tokenizer has no chat template"):
+        encode_prompt(tokenizer, row, chat=False)
+
+
+def test_appended_messages_continue_the_conversation_without_re_rendering_earlier_turns(chat_tokenizer):
+    gen = Gen(ScriptedClient(chat_tokenizer, ["4"]), "q@0", [1, 2, 3], GenerationHyperparameters(), chat_tokenizer)
+    asyncio.run(gen())
+    before = list(gen.output_ids)
+    added = gen.append([{"role": "tool", "content": "result: 4"}])
+    assert chat_tokenizer.decode(added) == "<|im_start|>tool\nresult: 4<|im_end|>\n<|im_start|>assistant\n"
+    assert gen.output_ids == before + added and gen.loss_mask[-len(added):] == [0] * len(added)
+
+
+# ---- registries ------------------------------------------------------------------------------------------
+
+
+@register_agent("test-two-step")
+class RegisteredTwoStep(TwoStepAgent):
     pass
 
 
 def test_registered_names_resolve_and_unknown_names_fail_with_the_choices():
-    assert agent_class("test-echo") is RegisteredEcho
+    assert agent_class("test-two-step") is RegisteredTwoStep
     assert agent_class("math-single-step").__name__ == "MathSingleStepAgent"
     with pytest.raises(ValueError, match="agent.type 'nope'.*math-multi-turn.*module.path:ClassName"):
         agent_class("nope")
     with pytest.raises(ValueError, match="not a subclass of realhf.api.agent.Agent"):
-        agent_class(f"{__name__}:LengthEnv")
+        agent_class(f"{__name__}:CountingEnv")
     with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.envs' for env.type"):
-        make_env(EnvConfig(type="no_such_pkg.envs:Env"))
+        env_class("no_such_pkg.envs:Env")

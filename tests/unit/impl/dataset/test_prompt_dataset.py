@@ -29,6 +29,19 @@ def test_loads_rows_in_file_order(tmp_path):
     path = _write(tmp_path, [json.dumps(_row(i)) for i in range(3)] + [""])
     rows = load_jsonl_prompts(path)
     assert rows == [PromptRow(f"q{i}", f"Q: {i}?\nA:", (f" {i}\n#### {i}",), "math") for i in range(3)]
+    assert rows[1].source == f"{path}:2"
+
+
+def test_a_row_reaches_the_agent_whole_and_may_hold_chat_messages_instead_of_a_prompt(tmp_path):
+    chat = {"query_id": "c", "messages": [{"role": "user", "content": "2+2?"}], "answer": 4, "meta": {"level": 1}}
+    path = _write(tmp_path, [json.dumps(_row(0, hint="add")), json.dumps(chat)])
+    rows = load_jsonl_prompts(path, required=())
+    assert rows[0].as_dict()["hint"] == "add" and rows[0].as_dict()["solutions"] == [" 0\n#### 0"]
+    whole = rows[1].as_dict()
+    assert whole["messages"] == chat["messages"] and whole["answer"] == 4 and whole["meta"] == {"level": 1}
+    assert "prompt" not in whole and rows[1].task == ""
+    with pytest.raises(DatasetFormatError, match=f"{path}:2: missing field 'solutions'"):
+        load_jsonl_prompts(path)  # the math tasks need solutions (Environment.required_fields)
 
 
 # (bad third line, expected message fragment)
@@ -36,16 +49,19 @@ MALFORMED = [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
     ('"text"', "expected a JSON object, got str"),
-    (json.dumps({k: v for k, v in _row(2).items() if k != "prompt"}), "missing field 'prompt'"),
+    (json.dumps({k: v for k, v in _row(2).items() if k != "prompt"}), "a row needs a 'prompt' text or chat 'messages'"),
     (json.dumps({k: v for k, v in _row(2).items() if k != "query_id"}), "missing field 'query_id'"),
     (json.dumps(_row(2, prompt=3)), "field 'prompt' must be str, got int"),
-    (json.dumps(_row(2, query_id=2)), "field 'query_id' must be str, got int"),
-    (json.dumps(_row(2, query_id="")), "field 'query_id' is empty"),
+    (json.dumps(_row(2, query_id=2)), "field 'query_id' must be a non-empty string"),
+    (json.dumps(_row(2, query_id="")), "field 'query_id' must be a non-empty string"),
+    (json.dumps(_row(2, messages=[])), "field 'messages' must be a non-empty list"),
+    (json.dumps(_row(2, messages=[{"role": "user"}])), "messages[0] must be an object with string 'role' and 'content'"),
     (json.dumps(_row(2, solutions="#### 2")), "field 'solutions' must be list, got str"),
     (json.dumps(_row(2, solutions=[])), "field 'solutions' is empty"),
     (json.dumps(_row(2, solutions=["#### 2", 2])), "solutions[1] must be str, got int"),
     (json.dumps(_row(2, task=None)), "field 'task' must be str, got NoneType"),
     (json.dumps(_row(0)), "duplicate query_id 'q0' (first on line 1)"),
+    (json.dumps({k: v for k, v in _row(2).items() if k != "solutions"}), "missing field 'solutions'"),
 ]
 
 

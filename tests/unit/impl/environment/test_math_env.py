@@ -4,24 +4,34 @@ import asyncio
 
 import pytest
 
-from realhf.api.agent import Prompt
 from realhf.api.cli_args import EnvConfig
-from realhf.api.env import make_env
+from realhf.api.env import EnvFactory
+
+
+def grade(answers, solutions, **env):
+    """Each answer graded by a fresh episode environment of one factory (one shared grader)."""
+    async def main():
+        envs = EnvFactory(EnvConfig(**env))
+        try:
+            out = []
+            for answer in answers:
+                e = await envs.make({"query_id": "q", "prompt": "", "solutions": solutions})
+                try:
+                    out.append(await e.step(answer))
+                finally:
+                    await e.aclose()
+            return out
+        finally:
+            await envs.aclose()
+
+    return asyncio.run(main())
 
 
 def test_math_env_reads_boxed_hash_and_last_number_answers():
-    async def main():
-        env = make_env(EnvConfig())
-        try:
-            p = Prompt(query_id="q", prompt="", solutions=(" 3+4=7\n#### 7",), task="math", qid="q")
-            _, successes, done, info = await env.step((p, ["\\boxed{7}", "#### 7", "so it is 7", "#### 8", ""]))
-            return successes, done, info
-        finally:
-            await env.aclose()
-
-    successes, done, info = asyncio.run(main())
-    assert successes == [1.0, 1.0, 1.0, 0.0, 0.0] and done
-    assert info["extracted"] == ["7", "7", "7", "8", None]
+    steps = grade(["\\boxed{7}", "#### 7", "so it is 7", "#### 8", ""], [" 3+4=7\n#### 7"])
+    assert [r for _, r, _, _ in steps] == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert [done for _, _, done, _ in steps] == [True, True, True, False, False]  # done once right
+    assert [info["extracted"] for *_, info in steps] == ["7", "7", "7", "8", None]
 
 
 @pytest.mark.parametrize("check_work, expected", [(False, [1.0, 1.0, 0.0, 1.0]), (True, [1.0, 0.0, 0.0, 1.0])])
@@ -30,13 +40,12 @@ def test_math_env_check_work_also_requires_every_worked_equation_to_hold(check_w
                " 4-2=3\n2+5=7\n#### 7",  # a wrong step, right answer by luck
                " 4-2=2\n2+5=8\n#### 8",  # wrong answer
                "#### 7"]                 # no worked lines: nothing to check
-    async def main():
-        env = make_env(EnvConfig(check_work=check_work))
-        try:
-            return await env.step((Prompt(query_id="q", prompt="", solutions=(" 4-2=2\n2+5=7\n#### 7",), task="math", qid="q"), answers))
-        finally:
-            await env.aclose()
+    steps = grade(answers, [" 4-2=2\n2+5=7\n#### 7"], check_work=check_work)
+    assert [r for _, r, _, _ in steps] == expected
+    assert [i["answer_right"] for *_, i in steps] == [True, True, False, True]
+    assert [i["work_right"] for *_, i in steps] == [True, False, False, True]
 
-    _, successes, _, info = asyncio.run(main())
-    assert successes == expected
-    assert info["answer_right"] == [True, True, False, True] and info["work_right"] == [True, False, False, True]
+
+def test_a_non_text_action_is_refused_naming_what_was_given():
+    with pytest.raises(ValueError, match="an action is the answer text, got list"):
+        grade([["7"]], ["#### 7"])

@@ -1,0 +1,199 @@
+"""Tools: plain Python functions an agent's model may call (docs/architecture.md §8.4).
+
+    from realhf.api.tools import tool
+
+    @tool(timeout=5)
+    def add(a: int, b: int) -> int:
+        \"\"\"Add two integers.
+
+        a: the first number
+        b: the second number
+        \"\"\"
+        return a + b
+
+    add.schema()                  # the OpenAI/Hermes function schema, from the signature and docstring
+    await add.call({"a": 1, "b": 2})   # "3" (a ToolResult); errors and timeouts come back as text
+
+The model calls tools in the Hermes/Qwen format its chat template teaches it:
+`<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`; `parse_tool_calls`
+finds them in a completion (with a clear error per malformed call) and `run_tool_calls` runs
+them concurrently, each under its timeout. A result, or the error text, goes back to the model as
+a `{"role": "tool", "content": ...}` message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", list: "array", dict: "object"}
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _json_type(annotation: Any) -> Dict[str, Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _json_type(args[0]) if len(args) == 1 else {}
+    if origin in (list, List, Sequence):
+        (item,) = typing.get_args(annotation) or (Any,)
+        return {"type": "array", "items": _json_type(item)} if item is not Any else {"type": "array"}
+    if origin in (dict, Dict):
+        return {"type": "object"}
+    return {"type": _JSON_TYPES[annotation]} if annotation in _JSON_TYPES else {}
+
+
+def _doc_parts(doc: str) -> Tuple[str, Dict[str, str]]:
+    """The description (text before the first `name: text` line) and each parameter's text."""
+    description, params, current = [], {}, None
+    for line in inspect.cleandoc(doc or "").splitlines():
+        m = re.match(r"^\s*(?:[-*]\s*)?(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$", line)
+        if m and not line.lower().startswith(("args", "arguments", "returns", "parameters")):
+            current = m.group(1)
+            params[current] = m.group(2).strip()
+        elif current and line.strip():
+            params[current] += " " + line.strip()
+        elif current is None and line.strip().lower() not in ("args:", "arguments:", "parameters:"):
+            description.append(line)
+    return " ".join(x.strip() for x in description if x.strip()), params
+
+
+@dataclass
+class ToolResult:
+    name: str
+    content: str
+    error: bool = False
+
+    def message(self) -> Dict[str, str]:
+        return {"role": "tool", "name": self.name, "content": self.content}
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: Dict[str, Any]
+    fn: Callable[..., Any]
+    timeout: float = 10.0
+
+    def schema(self) -> Dict[str, Any]:
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    async def call(self, arguments: Dict[str, Any]) -> ToolResult:
+        """Run the tool on `arguments`; a bad argument, an exception or a timeout is a result too
+        (error=True, its text for the model to read)."""
+        problem = self._check(arguments)
+        if problem:
+            return ToolResult(self.name, f"Error: {problem}", True)
+        try:
+            if inspect.iscoroutinefunction(self.fn):
+                value = await asyncio.wait_for(self.fn(**arguments), self.timeout)
+            else:
+                value = await asyncio.wait_for(asyncio.to_thread(self.fn, **arguments), self.timeout)
+        except asyncio.TimeoutError:
+            return ToolResult(self.name, f"Error: {self.name} timed out after {self.timeout:g}s", True)
+        except Exception as e:  # noqa: BLE001 - the model reads the error, the episode goes on
+            return ToolResult(self.name, f"Error: {type(e).__name__}: {e}", True)
+        return ToolResult(self.name, value if isinstance(value, str) else json.dumps(value, default=str))
+
+    def _check(self, arguments: Any) -> str:
+        if not isinstance(arguments, dict):
+            return f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}"
+        props, required = self.parameters.get("properties", {}), self.parameters.get("required", [])
+        missing = [k for k in required if k not in arguments]
+        unknown = [k for k in arguments if k not in props]
+        if missing or unknown:
+            return (f"{self.name} takes ({', '.join(props)})" + (f"; missing {missing}" if missing else "")
+                    + (f"; unknown {unknown}" if unknown else ""))
+        return ""
+
+
+def tool(fn: Optional[Callable] = None, *, name: str = "", timeout: float = 10.0) -> Any:
+    """Make a Tool of a function (sync or async); as `@tool` or `@tool(name=..., timeout=...)`."""
+
+    def make(f: Callable) -> Tool:
+        description, docs = _doc_parts(f.__doc__ or "")
+        hints = typing.get_type_hints(f)
+        props, required = {}, []
+        for p in inspect.signature(f).parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            prop = _json_type(hints.get(p.name, Any))
+            if p.name in docs:
+                prop["description"] = docs[p.name]
+            props[p.name] = prop
+            if p.default is p.empty:
+                required.append(p.name)
+        return Tool(name or f.__name__, description, {"type": "object", "properties": props, "required": required},
+                    f, timeout)
+
+    return make(fn) if fn is not None else make
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: Dict[str, Any] = field(default_factory=dict)
+
+
+def parse_tool_calls(text: str) -> Tuple[List[ToolCall], List[str]]:
+    """The `<tool_call>{json}</tool_call>` calls in `text`, and an error text per malformed one."""
+    calls, errors = [], []
+    for raw in TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            errors.append(f"Error: a tool call is not valid JSON ({e.msg} at column {e.colno}): {raw.strip()[:200]}")
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            errors.append(f"Error: a tool call needs {{\"name\": ..., \"arguments\": {{...}}}}, got: {raw.strip()[:200]}")
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models send the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                errors.append(f"Error: the arguments of {obj['name']} are not a JSON object: {args[:200]}")
+                continue
+        calls.append(ToolCall(obj["name"], args))
+    return calls, errors
+
+
+async def run_tool_calls(calls: Sequence[ToolCall], tools: Dict[str, Tool]) -> List[ToolResult]:
+    """Run the calls concurrently; an unknown tool's result says which exist."""
+
+    async def one(call: ToolCall) -> ToolResult:
+        t = tools.get(call.name)
+        if t is None:
+            return ToolResult(call.name, f"Error: no tool named {call.name!r}; tools: {', '.join(sorted(tools))}", True)
+        return await t.call(call.arguments)
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+BUILTIN_TOOLS = {
+    "calculator": "realhf.impl.tools.calculator:CALCULATOR",
+    "python": "realhf.impl.tools.python_code:PYTHON_TOOL",
+}
+
+
+def load_tool(name: str) -> Tool:
+    """A built-in tool by name (calculator, python) or `module:object` (a Tool, or a function
+    made into one)."""
+    from realhf.base.importing import import_object
+
+    path = BUILTIN_TOOLS.get(name, name)
+    if ":" not in path:
+        raise ValueError(f"unknown tool {name!r}: use one of {', '.join(BUILTIN_TOOLS)} or 'module.path:function'")
+    obj = import_object(path, "tool")
+    if isinstance(obj, Tool):
+        return obj
+    if callable(obj):
+        return tool(obj)
+    raise ValueError(f"tool {name!r} is a {type(obj).__name__}, not a function or a realhf.api.tools.Tool")

@@ -1,0 +1,165 @@
+"""Running a user's Agent: the generation handle of one episode, and a prompt group of episodes.
+
+`Gen` is what an agent's `run_episode(row, gen, env)` generates through. It holds the
+episode's tokens — the prompt, then every generated and every appended token — and continues
+from all of them on each call, so multi-turn episodes are concatenated at the token level:
+nothing the model produced is ever decoded and re-encoded. Generated tokens carry loss and the
+version of the weights that produced them; appended ones (feedback, tool results) carry no loss,
+log-prob 0 and the version of the token before them. A generation interrupted by a weight update
+is resumed by the client (partial rollout) without the agent noticing.
+
+`run_group` runs the agent `group_size` times on one row (concurrently), each with its own
+environment from the worker's `EnvFactory`, and turns the outcomes into the `Trajectory` the
+rollout worker pushes: the group filter and reward shaping of `rollout.agent` applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from realhf.api.agent import Agent, Completion, Outcome, as_outcome, keep_group, shape_reward
+from realhf.api.env import EnvFactory
+from realhf.api.trajectory import Sample, Trajectory
+from realhf.impl.dataset.prompt_encoding import has_chat_template, render_chat
+
+Messages = List[Dict[str, Any]]
+SAMPLING_FIELDS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids")
+
+
+class AgentError(ValueError):
+    """The agent used its generation handle in a way that cannot work (named in the message)."""
+
+
+class Gen:
+    """One episode's generation handle (see the module docstring)."""
+
+    def __init__(self, client: Any, qid: str, prompt_ids: Sequence[int], gconfig: Any, tokenizer: Any,
+                 group_size: int = 1):
+        self._client, self._qid, self._gconfig, self._group_size = client, qid, gconfig, group_size
+        self.tokenizer = tokenizer
+        self.prompt_ids: List[int] = list(prompt_ids)
+        self.output_ids: List[int] = []
+        self.logprobs: List[float] = []
+        self.versions: List[int] = []
+        self.loss_mask: List[int] = []
+        self.no_eos = False
+        self.n_calls = 0
+        self.n_requests = 0
+
+    @property
+    def ids(self) -> List[int]:
+        """Every token of the episode so far: the prompt, then what was generated and appended."""
+        return self.prompt_ids + self.output_ids
+
+    async def __call__(self, **sampling: Any) -> Completion:
+        """Generate from everything so far; `sampling` overrides rollout's gconfig for this call
+        (max_new_tokens, temperature, top_p, top_k, min_new_tokens, stop_token_ids)."""
+        unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
+        if unknown:
+            raise AgentError(f"gen(): unknown sampling option(s) {unknown}; choose from {list(SAMPLING_FIELDS)}")
+        gconfig = dataclasses.replace(self._gconfig, **sampling) if sampling else self._gconfig
+        input_ids = self.ids
+        r = await self._client.generate(self._qid, input_ids, gconfig, self._group_size)
+        self.output_ids += r.output_ids
+        self.logprobs += r.logprobs
+        self.versions += r.versions
+        self.loss_mask += [1] * len(r.output_ids)
+        self.no_eos = r.no_eos
+        self.n_calls += 1
+        self.n_requests += r.n_requests
+        return Completion(output_ids=list(r.output_ids), logprobs=list(r.logprobs), versions=list(r.versions),
+                          text=self.tokenizer.decode(list(r.output_ids), skip_special_tokens=True),
+                          no_eos=r.no_eos, input_ids=input_ids)
+
+    def append(self, content: Union[str, Sequence[int], Messages]) -> List[int]:
+        """Add tokens the model did not generate: a text (encoded without special tokens), token
+        ids, or chat messages (rendered as the chat template continues a conversation, with the
+        assistant's generation prompt after them). They carry no loss. Returns the ids added."""
+        if isinstance(content, str):
+            ids = list(self.tokenizer(content, add_special_tokens=False)["input_ids"])
+        elif content and isinstance(content[0], dict):
+            ids = self._continuation(list(content))
+        else:
+            ids = [int(t) for t in content]
+        last_version = self.versions[-1] if self.versions else 0
+        self.output_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [last_version] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        return ids
+
+    def _continuation(self, messages: Messages) -> List[int]:
+        """The template's tokens for `messages` as they follow an earlier turn: rendered after a
+        fixed first message and cut after it, so the earlier turns are never re-rendered."""
+        if not has_chat_template(self.tokenizer):
+            raise AgentError("gen.append(messages): the tokenizer has no chat template; append text or ids")
+        base = [{"role": "user", "content": "."}]
+        head = render_chat(self.tokenizer, base, add_generation_prompt=False)
+        full = render_chat(self.tokenizer, base + messages, add_generation_prompt=True)
+        if full[: len(head)] != head:
+            raise AgentError("gen.append(messages): the chat template renders a conversation's first message "
+                             "differently when more follow; append the turn as text instead")
+        return full[len(head):]
+
+    def sample(self, reward: float) -> Sample:
+        return Sample(output_ids=self.output_ids, logprobs=self.logprobs, versions=self.versions, reward=reward,
+                      no_eos=self.no_eos, loss_mask=self.loss_mask)
+
+
+async def _gather_or_cancel(coros) -> list:
+    """Run concurrently; if one fails, cancel the others (and wait for them) before re-raising."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def run_episode(agent: Agent, agent_name: str, row: Dict[str, Any], gen: Gen,
+                      envs: EnvFactory) -> Optional[Outcome]:
+    """One episode: a fresh environment, reset, the agent, the environment closed in any case."""
+    env = await envs.make(row)
+    try:
+        if env is not None:
+            await env.reset()
+        result = await agent.run_episode(row, gen, env)
+    finally:
+        if env is not None:
+            await env.aclose()
+    outcome = as_outcome(result, agent_name)
+    if outcome is not None and gen.n_calls == 0:
+        raise AgentError(f"agent {agent_name!r} returned a reward without generating anything (call `await gen()`)")
+    return outcome
+
+
+async def run_group(agent: Agent, row: Dict[str, Any], prompt_ids: Sequence[int], *, qid: str, client: Any,
+                    envs: EnvFactory, gconfig: Any, tokenizer: Any, agent_config: Any,
+                    group_size: int) -> Optional[Trajectory]:
+    """The agent run `group_size` times on `row`; the trajectory to push, or None when the
+    group is filtered out (or every episode dropped its sample)."""
+    birth = time.time()
+    name = getattr(agent_config, "type", type(agent).__name__)
+
+    async def one() -> Tuple[Gen, Optional[Outcome]]:
+        gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size)
+        return gen, await run_episode(agent, name, row, gen, envs)
+
+    episodes = [(g, o) for g, o in await _gather_or_cancel(one() for _ in range(group_size)) if o is not None]
+    if not episodes:
+        return None
+    successes = [o.succeeded for _, o in episodes]
+    if not keep_group(successes, agent_config.success_rate_lb, agent_config.success_rate_ub):
+        return None
+    samples = [g.sample(shape_reward(o.reward, agent_config.reward_bias, agent_config.reward_scaling))
+               for g, o in episodes]
+    return Trajectory(qid=qid, prompt_ids=list(prompt_ids), samples=samples, task=str(row.get("task", "")),
+                      birth_time=birth,
+                      metadata={"query_id": row.get("query_id"), "success_rate": sum(successes) / len(successes),
+                                "n_requests": sum(g.n_requests for g, _ in episodes),
+                                "gen_calls": [g.n_calls for g, _ in episodes]})

@@ -1,0 +1,54 @@
+"""Agents through the real system (issue 16): the multi-turn math agent, and a user's own agent
+and reward function loaded by import path, each training for a few steps."""
+
+import os
+import re
+
+import pytest
+
+from helpers.paths import TESTS_DIR
+from helpers.training_runs import SMALL_RUN, run_training
+
+STEPS = 8
+ENV = dict(os.environ, PYTHONPATH=TESTS_DIR)
+
+
+def _generations_per_episode(log_dir) -> list:
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("rollout_worker-*.log")))
+    return [float(x) for x in re.findall(r"at exit: .*generations/episode ([\d.]+)", logs)]
+
+
+@pytest.mark.e2e
+def test_the_multi_turn_math_agent_trains_through_the_real_system(tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(tmp_path, "multiturn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
+                                          "rollout.agent.type=math-multi-turn", "rollout.agent.num_turns=3",
+                                          "ppo.gen.max_new_tokens=16", timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    # Wrong first answers (most, at the start) got a feedback turn and another try.
+    per_episode = _generations_per_episode(log_dir)
+    assert per_episode and all(1.0 < g <= 3.0 for g in per_episode), per_episode
+
+
+@pytest.mark.e2e
+def test_a_reward_function_without_an_environment_trains(tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(tmp_path, "rewardfn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
+                                          "rollout.agent.reward_fn=helpers.user_agents:answer_matches",
+                                          "rollout.env.type=none", timeout=400, env=ENV)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert any(m["success_rate"] > 0 for m in metrics) and any(m["success_rate"] < 1 for m in metrics)
+    assert _generations_per_episode(log_dir) == [1.0, 1.0]
+
+
+@pytest.mark.e2e
+def test_the_custom_agent_example_trains(tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(tmp_path, "custom", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
+                                          "rollout.agent.type=examples.custom_agent.agent:RetryAgent",
+                                          "rollout.env.type=examples.custom_agent.agent:ExactAnswerEnv", timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert all(1.0 <= g <= 2.0 for g in _generations_per_episode(log_dir))
