@@ -16,7 +16,10 @@ setup(
     extras_require={
         # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the master's test
         # writes tensorboard events.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15"],
+        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15",
+                 "openai>=1.30", "mcp>=1.0"],
+        # rollout.agent.type=openai-agent: agent code written against the openai client.
+        "openai": ["openai>=1.30"],
         # cluster.launcher=ray (realhf/scheduler/ray.py), imported only when chosen.
         "ray": ["ray>=2.50"],
         # Generation servers on GPUs (allocation_mode sglang.*): imported only by that backend.

@@ -40,6 +40,7 @@ _BUILTIN_PATHS = {
     "math-single-step": "realhf.impl.agent.math_single_step:MathSingleStepAgent",
     "math-multi-turn": "realhf.impl.agent.math_multi_turn:MathMultiTurnAgent",
     "tool-agent": "realhf.impl.agent.tool_agent:ToolAgent",
+    "openai-agent": "realhf.impl.agent.openai_agent:OpenAIAgent",
 }
 _REGISTRY = ClassRegistry("agent", "agent.type", _BUILTIN_PATHS)
 

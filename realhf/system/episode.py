@@ -49,6 +49,14 @@ class Gen:
         self.n_calls = 0
         self.n_requests = 0
 
+    def set_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Start the episode from other tokens than the row's prompt (an agent that builds its own
+        first request, e.g. through the OpenAI endpoint); only before anything was generated or
+        appended. The samples of a group must still start from the same tokens."""
+        if self.output_ids:
+            raise AgentError("gen.set_prompt(): the episode already has tokens after its prompt")
+        self.prompt_ids = list(prompt_ids)
+
     @property
     def ids(self) -> List[int]:
         """Every token of the episode so far: the prompt, then what was generated and appended."""
@@ -153,6 +161,10 @@ async def run_group(agent: Agent, row: Dict[str, Any], prompt_ids: Sequence[int]
     episodes = [(g, o) for g, o in await _gather_or_cancel(one() for _ in range(group_size)) if o is not None]
     if not episodes:
         return None
+    prompt_ids = episodes[0][0].prompt_ids
+    if any(g.prompt_ids != prompt_ids for g, _ in episodes):
+        raise AgentError(f"agent {name!r}: the episodes of one group started from different prompts; a group's "
+                         "samples must answer the same prompt")
     successes = [o.succeeded for _, o in episodes]
     if not keep_group(successes, agent_config.success_rate_lb, agent_config.success_rate_ub):
         return None

@@ -57,6 +57,7 @@ from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
+from realhf.system.openai_server import OpenAIServer
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, experiment_status
 
@@ -478,6 +479,7 @@ class RolloutWorker(AsyncWorker):
             # hangs must not hold the exit.
             await asyncio.wait(tasks, timeout=5.0)
         await self._close_envs()
+        await OpenAIServer.close_for_this_loop()
         if getattr(self, "client", None) is not None:
             await self.client.close()
 

@@ -1,5 +1,6 @@
-"""Agents through the real system (issue 16): the multi-turn math agent, and a user's own agent
-and reward function loaded by import path, each training for a few steps."""
+"""Agents through the real system (issue 16), each training for a few steps: the multi-turn math
+agent, agent code written against the OpenAI client, and (slow) the custom-agent example and a
+reward function without an environment, loaded by import path."""
 
 import os
 import re
@@ -32,6 +33,7 @@ def test_the_multi_turn_math_agent_trains_through_the_real_system(tmp_path, no_l
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI: the unit tests of reward_fn and of the example cover them
 def test_a_reward_function_without_an_environment_trains(tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(tmp_path, "rewardfn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
                                           "rollout.agent.reward_fn=helpers.user_agents:answer_matches",
@@ -44,6 +46,7 @@ def test_a_reward_function_without_an_environment_trains(tmp_path, no_leftover_p
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI: the unit tests of reward_fn and of the example cover them
 def test_the_custom_agent_example_trains(tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(tmp_path, "custom", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
                                           "rollout.agent.type=examples.custom_agent.agent:RetryAgent",
@@ -52,3 +55,16 @@ def test_the_custom_agent_example_trains(tmp_path, no_leftover_processes):
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert all(1.0 <= g <= 2.0 for g in _generations_per_episode(log_dir))
+
+
+@pytest.mark.e2e
+def test_agent_code_written_against_the_openai_client_trains(tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(tmp_path, "openai", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
+                                          "rollout.agent.type=openai-agent", "rollout.env.type=none",
+                                          "+rollout.agent.args.workflow=helpers.user_agents:openai_math",
+                                          timeout=400, env=ENV)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert any(m["success_rate"] > 0 for m in metrics)
+    assert _generations_per_episode(log_dir) == [1.0, 1.0]
