@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import json
 import math
 import os
 import resource
@@ -45,6 +46,19 @@ _REAP_SECONDS = 5.0
 # Spawning, draining and deleting the scratch directory come on top of the sandbox's own wall
 # clock; the Tool's timeout leaves room for them so the sandbox's clearer error is the one seen.
 _TOOL_TIMEOUT_MARGIN = 5.0
+
+
+# The child sets its own limits, then runs the code: no preexec_fn, whose Python code would run
+# between fork and exec of a multi-threaded worker (where a lock held by another thread at the
+# fork can deadlock the child).
+_PROLOGUE = """\
+import json as _json, resource as _resource, sys as _sys
+for _res, _value in _json.loads(_sys.argv[1]):
+    _resource.setrlimit(_res, tuple(_value))
+_code = _sys.argv[2]
+del _sys.argv[1:]
+exec(compile(_code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+"""
 
 
 class PythonError(Exception):
@@ -201,17 +215,13 @@ async def run_python(code: str, limits: PythonSandboxLimits = PythonSandboxLimit
     if len(code.encode("utf-8", "surrogatepass")) > MAX_CODE_BYTES:
         raise ValueError(f"the code is longer than {MAX_CODE_BYTES} bytes")
     rlimits = _rlimits(limits, await asyncio.to_thread(_user_task_count))
-
-    def set_limits():  # in the child, after fork, before exec
-        for res, value in rlimits.items():
-            resource.setrlimit(res, value)
-
     loop = asyncio.get_running_loop()
     with tempfile.TemporaryDirectory(prefix="realhf-python-", ignore_cleanup_errors=True) as scratch:
         transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(loop), sys.executable, "-I", "-S", "-X", "utf8", "-c", code,
+            lambda: _Protocol(loop), sys.executable, "-I", "-S", "-X", "utf8", "-c", _PROLOGUE,
+            json.dumps([[int(res), list(value)] for res, value in rlimits.items()]), code,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=scratch, env=_environment(scratch), start_new_session=True, preexec_fn=set_limits)
+            cwd=scratch, env=_environment(scratch), start_new_session=True)
         pid = transport.get_pid()
         out, err = _Capture(limits.output_chars), _Capture(limits.output_chars)
         pumps = [asyncio.ensure_future(_pump(protocol.stdout, out)),
