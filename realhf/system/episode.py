@@ -100,17 +100,25 @@ class Gen:
         return ids
 
     def _continuation(self, messages: Messages) -> List[int]:
-        """The template's tokens for `messages` as they follow an earlier turn: rendered after a
-        fixed first message and cut after it, so the earlier turns are never re-rendered."""
+        """The template's tokens for `messages` as they follow what the episode has: rendered after
+        fixed earlier messages and cut after them, so the earlier turns are never re-rendered.
+        After a reply the model ended with EOS, what the template puts between that EOS and the
+        next message (ChatML: a newline) comes first."""
         if not has_chat_template(self.tokenizer):
             raise AgentError("gen.append(messages): the tokenizer has no chat template; append text or ids")
-        base = [{"role": "user", "content": "."}]
+        after_reply = bool(self.loss_mask) and self.loss_mask[-1] == 1
+        base = [{"role": "user", "content": "."}] + ([{"role": "assistant", "content": "."}] if after_reply else [])
         head = render_chat(self.tokenizer, base, add_generation_prompt=False)
         full = render_chat(self.tokenizer, base + messages, add_generation_prompt=True)
         if full[: len(head)] != head:
-            raise AgentError("gen.append(messages): the chat template renders a conversation's first message "
-                             "differently when more follow; append the turn as text instead")
-        return full[len(head):]
+            raise AgentError("gen.append(messages): the chat template renders earlier messages differently when "
+                             "more follow; append the turn as text instead")
+        ids = full[len(head):]
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if after_reply and eos is not None and self.output_ids[-1] == eos and eos in head:
+            end = len(head) - 1 - head[::-1].index(eos)  # the template's own end of the assistant turn
+            ids = head[end + 1:] + ids
+        return ids
 
     def sample(self, reward: float) -> Sample:
         return Sample(output_ids=self.output_ids, logprobs=self.logprobs, versions=self.versions, reward=reward,

@@ -345,3 +345,19 @@ def test_registered_names_resolve_and_unknown_names_fail_with_the_choices():
         agent_class(f"{__name__}:CountingEnv")
     with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.envs' for env.type"):
         env_class("no_such_pkg.envs:Env")
+
+
+def test_after_a_reply_ended_by_eos_the_template_text_between_turns_comes_first(chat_tokenizer):
+    # A template whose assistant turns end with the model's EOS token ("</s>" here, as
+    # <|im_end|> is Qwen's) and a newline: the model generated the EOS, the newline is the template's.
+    chat_tokenizer.chat_template = CHATML.replace("<|im_end|>", "</s>")
+    gen = Gen(ScriptedClient(chat_tokenizer, ["4"]), "q@0", [1, 2, 3], GenerationHyperparameters(), chat_tokenizer)
+    asyncio.run(gen())
+    assert gen.output_ids[-1] == chat_tokenizer.eos_token_id
+    added = gen.append([{"role": "tool", "content": "result: 4"}])
+    assert chat_tokenizer.decode(added) == "\n<|im_start|>tool\nresult: 4</s>\n<|im_start|>assistant\n"
+    # What the whole conversation would render to, from the generated reply on.
+    whole = chat_tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": "4"},
+                                                {"role": "tool", "content": "result: 4"}], tokenize=False,
+                                               add_generation_prompt=True)
+    assert whole.endswith(chat_tokenizer.decode(gen.output_ids))
