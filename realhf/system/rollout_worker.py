@@ -180,6 +180,9 @@ class RolloutWorker(AsyncWorker):
                 eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout,
                 secret=self.ctx.secret)
             self.manager = self.client.manager
+            # What the environment's episodes share (a grader pool, an MCP server) opens now, in
+            # this loop: if it cannot, the worker fails at once, not episode after episode.
+            await self.envs.tools()
             if self.previous_inflight is not None:  # a restart: settle what the dead incarnation left
                 await self._recover_inflight(self.previous_inflight)
                 self.previous_inflight = None

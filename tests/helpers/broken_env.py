@@ -4,7 +4,8 @@ from realhf.api.env import Environment
 
 
 class BrokenEnv(Environment):
-    def __init__(self, config=None, **kwargs):
+    @classmethod
+    def open_shared(cls, config, **kwargs):
         raise RuntimeError("BrokenEnv: the user's environment failed to start (on purpose)")
 
     async def step(self, action):

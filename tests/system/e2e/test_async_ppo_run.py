@@ -114,6 +114,6 @@ def test_a_failing_worker_stops_the_whole_run_and_names_itself(tmp_path, no_left
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "rollout_worker/" in out and "failed" in out
-    assert "broken_env.py\", line 8" in out and "failed to start (on purpose)" in out  # the log tail
+    assert "broken_env.py\", line 9" in out and "failed to start (on purpose)" in out  # the log tail
     assert metrics == []
     assert _trial_processes(str(tmp_path)) == []
