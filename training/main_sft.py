@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import hydra
 import torch
@@ -36,15 +36,56 @@ from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
 from realhf.impl.evaluation import evaluate_math_accuracy
 
-Example = Tuple[List[int], int]  # (prompt + completion + EOS token ids, number of prompt tokens)
+# (token ids, loss): the number of prompt tokens (the loss is on everything after them), or a
+# 0/1 loss mask per token (a multi-turn trace, whose tool turns carry no loss)
+Example = Tuple[List[int], Union[int, List[int]]]
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, row: PromptRow) -> Example:
+    if "sft_trace" in row.fields:
+        return encode_trace(tokenizer, row)
     # Prompt and completion are encoded separately, as the RL sampler will see them: the
     # prompt's tokens followed by generated tokens.
     prompt = tokenizer.encode(row.prompt, add_special_tokens=False)
     completion = tokenizer.encode(row.solutions[0], add_special_tokens=False)
     return prompt + completion + [tokenizer.eos_token_id], len(prompt)
+
+
+class _Replay:
+    """A generation client that 'generates' the given assistant turn (and EOS)."""
+
+    def __init__(self, ids: List[int]):
+        self.ids = ids
+
+    async def generate(self, qid, input_ids, gconfig, group_size=1):
+        from realhf.system.generation_client import GenerationResult
+
+        return GenerationResult(self.ids, [0.0] * len(self.ids), [0] * len(self.ids), "stop", 1)
+
+
+def encode_trace(tokenizer: PreTrainedTokenizerBase, row: PromptRow) -> Example:
+    """A row's `sft_trace` (assistant and tool turns) as the RL episode's tokens would be: built
+    by the same generation handle (realhf.system.episode.Gen) through the chat template, so the
+    warm start and the rollouts see identical token sequences. Tool turns carry no loss."""
+    import asyncio
+
+    from realhf.api.cli_args import GenerationHyperparameters
+    from realhf.impl.dataset.prompt_encoding import encode_prompt
+    from realhf.system.episode import Gen
+
+    async def build() -> Example:
+        gen = Gen(None, row.query_id, encode_prompt(tokenizer, row.as_dict(), chat=True), GenerationHyperparameters(),
+                  tokenizer)
+        for turn in row.fields["sft_trace"]:
+            if turn["role"] == "assistant":
+                gen._client = _Replay(tokenizer.encode(turn["content"], add_special_tokens=False)
+                                      + [tokenizer.eos_token_id])
+                await gen()
+            else:
+                gen.append([turn])
+        return gen.ids, [0] * len(gen.prompt_ids) + gen.loss_mask
+
+    return asyncio.run(build())
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> Dict[str, torch.Tensor]:
@@ -53,10 +94,13 @@ def collate(examples: Sequence[Example], pad_id: int) -> Dict[str, torch.Tensor]
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
     loss_mask = torch.zeros((len(examples), width), dtype=torch.bool)
-    for i, (ids, n_prompt) in enumerate(examples):
+    for i, (ids, loss) in enumerate(examples):
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention[i, : len(ids)] = 1
-        loss_mask[i, n_prompt : len(ids)] = True
+        if isinstance(loss, int):
+            loss_mask[i, loss : len(ids)] = True
+        else:
+            loss_mask[i, : len(ids)] = torch.tensor(loss, dtype=torch.bool)
     return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
 
 

@@ -68,3 +68,28 @@ def test_agent_code_written_against_the_openai_client_trains(tmp_path, no_leftov
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert any(m["success_rate"] > 0 for m in metrics)
     assert _generations_per_episode(log_dir) == [1.0, 1.0]
+
+
+@pytest.mark.e2e
+def test_the_tool_agent_trains_on_the_embedded_tool_task(tmp_path, no_leftover_processes):
+    # examples/run_tool_agent.sh, shortened: the warm-started model calls the calculator through
+    # the real system (chat template, tool-call parsing, the tool's result appended off the loss).
+    import subprocess
+    import sys
+
+    from helpers.paths import REPO
+
+    data = tmp_path / "task"
+    subprocess.run([sys.executable, "scripts/make_tool_task.py", "--out", str(data), "--data-only", "--n-train",
+                    "400", "--n-test", "20"], cwd=REPO, check=True, capture_output=True, timeout=120)
+    proc, metrics, log_dir = run_training(
+        tmp_path, "tools", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, "actor.path=assets/tiny-tools/sft",
+        f"dataset.path={data}/data/train.jsonl", f"dataset.test_path={data}/data/test.jsonl",
+        "dataset.chat_template=on", "rollout.agent.type=tool-agent", "+rollout.agent.args.max_turns=2",
+        "rollout.env.check_work=false", "ppo.gen.max_new_tokens=64", timeout=400)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert any(m["success_rate"] > 0 for m in metrics)
+    # Most episodes called the tool once, then answered.
+    assert all(1.5 < g <= 2.0 for g in _generations_per_episode(log_dir)), _generations_per_episode(log_dir)
