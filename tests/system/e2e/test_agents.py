@@ -1,6 +1,6 @@
-"""Agents through the real system (issue 16), each training for a few steps: the multi-turn math
-agent, agent code written against the OpenAI client, and (slow) the custom-agent example and a
-reward function without an environment, loaded by import path."""
+"""Agents through the real system (issue 16), each training for a few steps: agent code written
+against the OpenAI client, the tool agent on the embedded tool task, and (slow) the multi-turn
+math agent, the custom-agent example and a reward function without an environment."""
 
 import os
 import re
@@ -20,6 +20,7 @@ def _generations_per_episode(log_dir) -> list:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI: the tool agent's run below is multi-turn through the same path
 def test_the_multi_turn_math_agent_trains_through_the_real_system(tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(tmp_path, "multiturn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
                                           "rollout.agent.type=math-multi-turn", "rollout.agent.num_turns=3",

@@ -85,6 +85,7 @@ def test_sigint_ends_every_process_of_the_trial_and_the_ray_cluster_it_started(t
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_sigkilled_launcher_leaves_no_worker_and_no_daemon_of_the_ray_cluster_it_started(tmp_path):
     # Nothing can clean up after a SIGKILL: the workers die with their actors when Ray's head
     # goes, and the launcher's watchdog sweeps the Ray daemons, which carry the trial's marker.
@@ -104,6 +105,7 @@ def test_a_sigkilled_launcher_leaves_no_worker_and_no_daemon_of_the_ray_cluster_
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 def test_a_node_that_does_not_share_the_fileroot_fails_the_run_before_any_worker_starts(tmp_path):
     probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
     if probe.returncode != 0:
