@@ -19,29 +19,20 @@ from realhf.impl.dataset.prompt_encoding import PromptEncodingError, chat_templa
 from realhf.system.episode import AgentError, Gen, run_group
 from realhf.system.generation_client import GenerationResult
 
-from helpers.trajectories import TINY_SFT as TOKENIZER
+from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 
 PROMPT = "Q: Max has 5 shells. He finds 2 more. How many shells does Max have now?\nA:"
 ROW = {"query_id": "q", "prompt": PROMPT, "solutions": [" 5+2=7\n#### 7"], "task": "math", "difficulty": 3}
-# A ChatML-style template, as Qwen's and SmolLM2's (the tiny model has none).
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(TOKENIZER)
+    return tiny_tokenizer()
 
 
 @pytest.fixture
 def chat_tokenizer():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    tok.chat_template = CHATML
-    return tok
+    return tiny_tokenizer(CHATML)
 
 
 class ScriptedClient:

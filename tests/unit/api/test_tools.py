@@ -17,12 +17,7 @@ from realhf.impl.tools.calculator import CALCULATOR
 from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationResult
 
-from helpers.trajectories import TINY_SFT as TOKENIZER
-
-# ChatML with Hermes-style tools, as Qwen2.5's template renders them (shortened).
-HERMES = ("{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n"
-          "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+from helpers.chat_tokenizers import HERMES, tiny_tokenizer
 
 
 @tool(timeout=0.5)
@@ -117,11 +112,7 @@ def test_tools_load_by_builtin_name_or_import_path():
 
 @pytest.fixture
 def hermes_tokenizer():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    tok.chat_template = HERMES
-    return tok
+    return tiny_tokenizer(HERMES)
 
 
 class ScriptedModel:
@@ -185,9 +176,7 @@ def test_the_tool_agent_stops_after_max_turns(hermes_tokenizer):
 
 
 def test_tools_without_a_chat_template_are_refused(hermes_tokenizer):
-    from transformers import AutoTokenizer
-
-    plain = AutoTokenizer.from_pretrained(TOKENIZER)
+    plain = tiny_tokenizer()
     with pytest.raises(PromptEncodingError, match=r"offers tools \(calculator\) but prompts are not chat-templated"):
         encode_prompt(plain, {"query_id": "q", "prompt": "x"}, chat=False, tools=[CALCULATOR.schema()])
     rendered = hermes_tokenizer.decode(encode_prompt(hermes_tokenizer, {"query_id": "q", "prompt": "x"}, chat=True,

@@ -14,19 +14,12 @@ from realhf.system.episode import Gen, run_group
 from realhf.system.generation_client import GenerationResult
 from realhf.system.openai_server import OpenAIServer
 
-from helpers.trajectories import TINY_SFT as TOKENIZER
-
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    tok.chat_template = CHATML
-    return tok
+    return tiny_tokenizer(CHATML)
 
 
 class ScriptedModel:
