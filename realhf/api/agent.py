@@ -75,12 +75,15 @@ EpisodeResult = Union[float, int, bool, Outcome, None]
 
 
 class Agent(abc.ABC):
+    # Tools the model may call, by name (realhf.api.tools), as a class attribute or set in
+    # __init__: their schemas go into the prompt through the chat template, with those of the
+    # environment (Environment.shared_tools).
+    tools: Dict[str, Any] = {}
+
     def __init__(self, config: Any = None, *, tokenizer: Any = None, **kwargs: Any):
         self.config = config
         self.tokenizer = tokenizer
-        # Tools the model may call (realhf.api.tools): their schemas go into the prompt through
-        # the chat template, with those of the environment (Environment.shared_tools).
-        self.tools: Dict[str, Any] = {}
+        self.tools = dict(self.tools)  # per instance: a subclass's class attribute is not shared
 
     @abc.abstractmethod
     async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:

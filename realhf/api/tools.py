@@ -15,10 +15,10 @@
     await add.call({"a": 1, "b": 2})   # "3" (a ToolResult); errors and timeouts come back as text
 
 The model calls tools in the Hermes/Qwen format its chat template teaches it:
-`<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`; `parse_tool_calls`
-finds them in a completion (with a clear error per malformed call) and `run_tool_calls` runs
-them concurrently, each under its timeout. A result, or the error text, goes back to the model as
-a `{"role": "tool", "content": ...}` message.
+`<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`. `call_tools(text, tools)`
+finds them in a completion and runs them concurrently, each under its timeout: one ToolResult per
+call, a malformed call's being its error text. Each goes back to the model as a
+`{"role": "tool", "content": ...}` message (`gen.append([r.message() for r in results])`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class ToolResult:
     error: bool = False
 
     def message(self) -> Dict[str, str]:
-        return {"role": "tool", "name": self.name, "content": self.content}
+        named = {"name": self.name} if self.name else {}  # a malformed call has no tool name
+        return {"role": "tool", **named, "content": self.content}
 
 
 @dataclass
@@ -175,6 +176,13 @@ async def run_tool_calls(calls: Sequence[ToolCall], tools: Dict[str, Tool]) -> L
         return await t.call(call.arguments)
 
     return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+async def call_tools(text: str, tools: Dict[str, Tool]) -> List[ToolResult]:
+    """Parse the tool calls in a completion and run them: the results in call order, then one
+    error result per malformed call; empty when `text` calls no tool."""
+    calls, errors = parse_tool_calls(text)
+    return await run_tool_calls(calls, tools) + [ToolResult("", e, True) for e in errors]
 
 
 BUILTIN_TOOLS = {

@@ -256,7 +256,7 @@ class RolloutWorker(AsyncWorker):
         Cancelling runs the agent's own clean-up (finally/async with) and closes every
         environment of the group."""
         cfg, fields = self.config, row.as_dict()
-        tools = {**getattr(self.agent, "tools", {}), **await self.envs.tools()}
+        tools = {**self.agent.tools, **await self.envs.tools()}
         schemas = [t.schema() for t in tools.values()] or None
         coro = run_group(self.agent, fields, encode_prompt(self.tokenizer, fields, self.chat, tools=schemas), qid=qid,
                          client=self.client, envs=self.envs, gconfig=cfg.gconfig, tokenizer=self.tokenizer,

@@ -58,3 +58,14 @@ class FatalOnceAgent(MathSingleStepAgent):
             open(self.marker, "w").close()
             raise FatalAgentError(f"FatalOnceAgent: fatal error in episode of {row['query_id']} (on purpose)")
         return await super().run_episode(row, gen, env)
+
+
+class RaisingAgent(MathSingleStepAgent):
+    """`math-single-step`, except that it raises for a third of the prompts (bucket 1 of 3, so
+    beside NanRewardEnv's bucket 0 the two faults hit different prompts)."""
+
+    async def run_episode(self, row, gen, env):
+        await gen()  # fail mid-episode, after generating
+        if bucket(row["query_id"], 3) == 1:
+            raise ValueError(f"RaisingAgent: no answer for {row['query_id']} (on purpose)")
+        return await super().run_episode(row, gen, env)

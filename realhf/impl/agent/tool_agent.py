@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Dict, Sequence
 
 from realhf.api.agent import Agent, EpisodeResult, register_agent
-from realhf.api.tools import load_tool, parse_tool_calls, run_tool_calls
+from realhf.api.tools import call_tools, load_tool
 from realhf.impl.agent.math_single_step import graded
 
 
@@ -35,13 +35,12 @@ class ToolAgent(Agent):
         n_calls = n_errors = 0
         for _ in range(self.max_turns):
             answer = await gen()
-            calls, errors = parse_tool_calls(answer.text)
-            if not calls and not errors:
+            results = await call_tools(answer.text, tools)
+            if not results:
                 break
-            results = await run_tool_calls(calls, tools)
-            n_calls += len(calls)
-            n_errors += len(errors) + sum(r.error for r in results)
-            gen.append([r.message() for r in results] + [{"role": "tool", "content": e} for e in errors])
+            n_calls += len(results)
+            n_errors += sum(r.error for r in results)
+            gen.append([r.message() for r in results])
         _, reward, _, _ = await env.step(answer.text)
         outcome = graded(reward)
         outcome.info.update(tool_calls=n_calls, tool_errors=n_errors)

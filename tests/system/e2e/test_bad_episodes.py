@@ -1,6 +1,7 @@
-"""Issue 14, items 3 and 5: episodes that go wrong never stop a run.
+"""Issues 14 (items 3, 5) and 16: episodes that go wrong never stop a run.
 
-A user environment that returns NaN for a third of the prompts (each such group is refused by the
+A user agent that raises for a third of the prompts and an environment that returns NaN for
+another third (each such group is refused by the
 trainer, or earlier by its rollout worker: either way its admission slot must come back, or the
 staleness budget drains and the run stalls for ever), and one whose step hangs for a quarter of
 the prompts (each such episode must be cancelled after rollout.episode_timeout and free its
@@ -26,16 +27,21 @@ def _logs(log_dir) -> str:
 
 
 @pytest.mark.e2e
-def test_a_run_whose_env_returns_nan_for_a_third_of_the_prompts_finishes(tmp_path, no_leftover_processes):
+def test_a_run_whose_agent_raises_and_env_returns_nan_for_two_thirds_of_the_prompts_finishes(
+        tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(tmp_path, "nan", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, ETA,
+                                          "rollout.agent.type=helpers.faulty_plugins:RaisingAgent",
                                           "rollout.env.type=helpers.faulty_plugins:NanRewardEnv", timeout=300, env=ENV)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    failed = re.findall(r"episode (\S+) \(agent math-single-step, env helpers.faulty_plugins:NanRewardEnv\): "
-                        r"malformed group, not pushed: samples\[0\]\.reward is nan", _logs(log_dir))
+    names = r"episode (\S+) \(agent helpers.faulty_plugins:RaisingAgent, env helpers.faulty_plugins:NanRewardEnv\)"
+    failed = re.findall(names + r": malformed group, not pushed: samples\[0\]\.reward is nan", _logs(log_dir))
     assert failed, _logs(log_dir)[-3000:]
     assert all(bucket(qid.split("@")[0], 3) == 0 for qid in failed)
+    raised = re.findall(names + r": ValueError: RaisingAgent: no answer for", _logs(log_dir))
+    assert raised, _logs(log_dir)[-3000:]
+    assert all(bucket(qid.split("@")[0], 3) == 1 for qid in raised)
     assert all(m["reward_mean"] == m["reward_mean"] for m in metrics)  # nothing NaN was trained
 
 

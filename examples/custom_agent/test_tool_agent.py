@@ -1,0 +1,70 @@
+"""The tool-using custom agent against a scripted model, with the tokenizer and chat template of
+the embedded tool task (assets/tiny-tools/sft)."""
+
+import asyncio
+
+from transformers import AutoTokenizer
+
+from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
+from realhf.api.env import EnvFactory
+from realhf.impl.dataset.prompt_encoding import encode_prompt
+from realhf.system.episode import run_group
+from realhf.system.generation_client import GenerationResult
+
+from examples.custom_agent.tool_agent import CarefulToolAgent, calculator
+
+ROW = {"query_id": "q1", "prompt": "Q: Max has 5 shells. He finds 2 more. How many?\nA:", "solutions": [" #### 7"]}
+TOKENIZER = AutoTokenizer.from_pretrained("assets/tiny-tools/sft")
+
+
+def call(expression):
+    return f' <tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
+
+
+class Model:
+    """Answers with the next scripted text; records what it was given."""
+
+    def __init__(self, answers):
+        self.answers, self.inputs = list(answers), []
+
+    async def generate(self, qid, input_ids, gconfig, group_size=1):
+        self.inputs.append(TOKENIZER.decode(input_ids))
+        ids = TOKENIZER(self.answers.pop(0), add_special_tokens=False)["input_ids"]
+        return GenerationResult(ids, [-1.0] * len(ids), [0] * len(ids), "stop", 1)
+
+
+def episode(answers):
+    model, agent = Model(answers), CarefulToolAgent(AgentConfig(), tokenizer=TOKENIZER)
+
+    async def main():
+        prompt = encode_prompt(TOKENIZER, ROW, True, tools=[t.schema() for t in agent.tools.values()])
+        traj = await run_group(agent, ROW, prompt, qid="q1@0", client=model, envs=EnvFactory(EnvConfig()),
+                               gconfig=GenerationHyperparameters(), tokenizer=TOKENIZER, agent_config=AgentConfig(),
+                               group_size=1)
+        return traj.samples[0], model
+
+    return asyncio.run(main())
+
+
+def test_the_calculator_is_a_tool_with_a_schema_and_refuses_what_is_not_arithmetic():
+    assert calculator.schema()["function"]["parameters"]["required"] == ["expression"]
+    assert asyncio.run(calculator.call({"expression": "5+2-3"})).content == "4"
+    refused = asyncio.run(calculator.call({"expression": "__import__('os')"}))
+    assert refused.error and "only whole numbers" in refused.content
+
+
+def test_a_right_answer_through_the_tool_earns_one_and_the_tool_result_is_off_the_loss():
+    sample, model = episode([call("5+2"), " #### 7"])
+    assert sample.reward == 1.0
+    assert model.inputs[1].endswith("\nResult: 7\nA:")  # the second turn saw the tool's result
+    mask = sample.mask().tolist()
+    assert 0 in mask and mask[0] == 1 and mask[-1] == 1
+
+
+def test_each_failed_call_costs_a_quarter_and_a_wrong_answer_is_minus_one():
+    sample, model = episode([call("5**2"), call("5+2"), " #### 7"])
+    assert sample.reward == 0.75 and "Error: ValueError: only whole numbers" in model.inputs[1]
+    sample, _ = episode([" <tool_call>{oops</tool_call>", " #### 8"])
+    assert sample.reward == -1.25
+    sample, model = episode([call("1+1")] * 3)  # never answers: stops after three turns
+    assert sample.reward == -1.0 and len(model.inputs) == 3
