@@ -6,8 +6,10 @@ realhf.api.cli_args.AsyncPPOMATHConfig; `--help` lists every field). The run:
   1. checks the config (a bad value fails here, naming the field, before any process starts);
   2. measures greedy and sampled accuracy of the initial model on held-out prompts;
   3. launches Redis, the generation servers, the manager, rollout workers, model workers and the
-     master, and supervises them until the master marks the trial COMPLETE (or anything fails);
-  4. prints the reward curve and the accuracy of the last published weights.
+     master (and the evaluator, with exp_ctrl.eval_freq_steps > 0), and supervises them until the
+     master marks the trial COMPLETE (or anything fails);
+  4. prints the reward curve, the accuracy curve of the evaluations during training (if any) and
+     the accuracy of the last published weights.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from realhf.experiments.async_ppo_math import (
 from realhf.experiments.config_loading import compose_config, register_schema
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError
+from realhf.system.stats_logger import read_eval_metrics
 
 logger = logging.getLogger("main_async_ppo")
 
@@ -100,6 +103,18 @@ def reward_curve(metrics: List[dict], n_rows: int = 10) -> str:
         stale = max(m["head_offpolicyness_max"] for m in window)
         bar = "#" * int(round(success * 40))
         lines.append(f"  {window[0]['step']:>4}-{window[-1]['step']:<4} {reward:+7.3f}  {success:6.3f}  {stale:>6}  {bar}")
+    return "\n".join(lines)
+
+
+def accuracy_curve(evals: List[dict]) -> str:
+    """One line per evaluation during training: version, sampled accuracy, pass@k, with a bar."""
+    if not evals:
+        return "  (no evaluation finished: none was due, or the run ended during the first)"
+    k = evals[-1]["eval/k"]
+    lines = [f"  version  accuracy  pass@{k}"]
+    for e in evals:
+        bar = "#" * int(round(e["eval/accuracy"] * 40))
+        lines.append(f"  {e['version']:>7}  {e['eval/accuracy']:8.3f}  {e['eval/pass_at_k']:6.3f}  {bar}")
     return "\n".join(lines)
 
 
@@ -174,6 +189,9 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
     print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
+    if cfg.exp_ctrl.eval_freq_steps > 0:
+        print("\naccuracy curve (evaluations during training, exp_ctrl.eval_freq_steps="
+              f"{cfg.exp_ctrl.eval_freq_steps}):\n" + accuracy_curve(read_eval_metrics(paths.log_dir)), flush=True)
     final = latest_weights(paths)
     if cfg.evaluation.n_prompts > 0 and final is not None:
         after = evaluate(final, cfg)

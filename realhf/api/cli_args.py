@@ -59,6 +59,7 @@ class RestartPolicyConfig:
     gserver_manager: bool = _f(False, "Restart the manager (off: its admission counters live in memory).")
     model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
     master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
+    evaluator: bool = _f(True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need.")
     max_restarts: int = _f(3, "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run.")
     restart_window: float = _f(600.0, "Seconds over which max_restarts is counted (restarts older than this no longer count); 0: over the whole run.")
     backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).")
@@ -74,6 +75,7 @@ class RayResourcesConfig:
     model_worker: Dict[str, float] = _f({}, "Custom resources of each trainer rank.")
     rollout_worker: Dict[str, float] = _f({}, "Custom resources of each rollout worker.")
     master_worker: Dict[str, float] = _f({}, "Custom resources of the master.")
+    evaluator: Dict[str, float] = _f({}, "Custom resources of the evaluator (exp_ctrl.eval_freq_steps > 0).")
 
 
 @dataclass
@@ -244,21 +246,26 @@ class PPOHyperparameters:
     gen: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling parameters of the rollouts.")
     ppo_n_minibatches: int = _f(2, "Optimizer steps per train step; each takes 1/n of the step's samples.")
     micro_batch_tokens: int = _f(1024, "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.")
+    shared_prompt: bool = _f(True, "Trainer forwards compute each prompt once for all the rows of its group in a micro-batch (rows then attend to its keys and values); the same logits and gradients as one forward per row, to float rounding. Off, or with gradient_checkpointing (HF keeps no keys and values then): one full forward per row.")
     eps_clip: float = _f(0.2, "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: Optional[float] = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
     c_clip: Optional[float] = _f(None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.")
-    kl_ctl: float = _f(0.0, "KL-to-reference coefficient; > 0 loads a reference model.")
+    policy_loss: str = _f("ppo", "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight.")
+    loss_agg_mode: str = _f("token-mean", "How per-token losses become the minibatch loss: 'token-mean' (every trained token weighs the same), 'seq-mean-token-mean' (mean over sequences of each one's token mean) or 'seq-mean-token-sum' (mean over sequences of each one's token sum).")
+    entropy_coef: float = _f(0.0, "Entropy bonus: subtract this times the current policy's token entropy from the loss; 0: off.")
+    kl_ctl: float = _f(0.0, "KL-to-reference coefficient (the starting one when kl_target > 0); > 0 loads a reference model.")
+    kl_target: float = _f(0.0, "Adaptive KL: target KL to the reference per token; each step scales the coefficient by 1 + clip(kl/kl_target - 1, -0.2, 0.2) * samples / kl_horizon. 0: fixed kl_ctl.")
+    kl_horizon: float = _f(10000.0, "Adaptive KL: samples over which the coefficient may change by about e^0.2 (kl_target > 0).")
     use_decoupled_loss: bool = _f(True, "Decoupled PPO loss: clip against recomputed proximal log-probs, weight by pi_prox/pi_behav.")
     recompute_logprob: bool = _f(True, "Recompute the log-probs of the current weights before training (actor_inf).")
     behav_imp_weight_cap: Optional[float] = _f(None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap.")
     reward_output_scaling: float = _f(1.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     reward_output_bias: float = _f(0.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.")
-    adv_estimator: str = _f("grpo", "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo adds the KL as a loss term, gae and reinforce subtract it from the per-token reward.")
+    adv_estimator: str = _f("grpo", "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward.")
     discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).")
     gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).")
     adv_norm: bool = _f(False, "Normalise advantages over all trained tokens of the step (global across DP).")
-    group_adv_norm_std: bool = _f(True, "adv_estimator=grpo: divide by the group std (False: Dr.GRPO, mean only).")
     value_eps_clip: float = _f(0.2, "Critic: clipped value loss, the new value may move at most this far from the one critic_inf computed before the step.")
     critic_warmup_steps: int = _f(0, "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).")
     kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.")
@@ -268,11 +275,12 @@ class PPOHyperparameters:
 class ExperimentSaveEvalControl:
     total_train_epochs: int = _f(1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps).")
     benchmark_steps: int = _f(0, "> 0: stop after this many train steps instead (wins over total_train_epochs).")
+    max_train_seconds: float = _f(0.0, "> 0: also stop (final save, clean end) after the first train step at which the training time since the start of step 1 reaches this many seconds; 0: off.")
     save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.")
     keep_last_saves: int = _f(3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.")
     ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.")
     ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")
-    eval_freq_steps: int = _f(0, "Evaluate every N steps; 0: off (evaluation is not wired into the master yet).")
+    eval_freq_steps: int = _f(0, "Evaluate the published weights on held-out prompts every N versions (train steps), in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,6 +301,10 @@ class EvaluationConfig:
     max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
     batch_size: int = _f(128, "Prompts per generate call during evaluation.")
     sampled_temperature: float = _f(1.0, "Temperature of the 'sampled' accuracy (independent of the rollout temperature, so runs compare).")
+    during_n_prompts: int = _f(100, "Held-out prompts of each evaluation during training (exp_ctrl.eval_freq_steps > 0).")
+    during_samples: int = _f(4, "k: answers sampled per prompt at sampled_temperature in each evaluation during training; logs their accuracy and pass@k.")
+    during_n_threads: int = _f(1, "torch threads of the evaluator process.")
+    during_nice: int = _f(10, "Niceness the evaluator adds to itself (0-19): it takes only the CPU the trainer and the servers leave idle.")
 
 
 @dataclass
@@ -336,7 +348,7 @@ class AsyncPPOMATHConfig:
     stall_timeout: float = _f(120.0, "After N seconds without a completed train step the master logs who waits for what.")
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
-    evaluation: EvaluationConfig = _sub(EvaluationConfig, "Accuracy report before and after training.")
+    evaluation: EvaluationConfig = _sub(EvaluationConfig, "Accuracy report before and after training, and evaluations during it (exp_ctrl.eval_freq_steps).")
     stats: StatsLoggingConfig = _sub(StatsLoggingConfig, "Where per-step metrics go besides the console and metrics.jsonl.")
 
 

@@ -17,11 +17,12 @@ import os
 from typing import Any, Iterable
 
 from realhf.api import choices
-from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, ExperimentSaveEvalControl,
-                                 GenerationHyperparameters, ModelTrainEvalConfig, NameResolveConfig, NativeEngineConfig,
-                                 OptimizerConfig, PPOHyperparameters, RayClusterConfig, RestartPolicyConfig, SFTConfig,
-                                 StatsLoggingConfig)
+from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, EvaluationConfig,
+                                 ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig,
+                                 NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters,
+                                 RayClusterConfig, RestartPolicyConfig, SFTConfig, StatsLoggingConfig)
 from realhf.api.worker_configs import (
+    EvaluatorConfig,
     GenerationServerConfig,
     GserverManagerConfig,
     MasterWorkerConfig,
@@ -94,7 +95,7 @@ def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_
 
 LAUNCHERS = ("local", "ray")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-WORKER_TYPES = ("generation_server", "gserver_manager", "model_worker", "rollout_worker", "master_worker")
+WORKER_TYPES = ("generation_server", "gserver_manager", "model_worker", "rollout_worker", "master_worker", "evaluator")
 
 
 def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
@@ -230,6 +231,16 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
     f.at_least("kl_ctl", 0)
     f.choice("kl_estimator", choices.KL_ESTIMATORS)
     f.choice("adv_estimator", choices.ADV_ESTIMATORS)
+    f.choice("policy_loss", choices.POLICY_LOSSES)
+    f.choice("loss_agg_mode", choices.LOSS_AGG_MODES)
+    f.need(c.c_clip is None or c.policy_loss != "gpg",
+           f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and {f.name('policy_loss')}=gpg has none")
+    f.at_least("entropy_coef", 0)
+    f.at_least("kl_target", 0)
+    if c.kl_target > 0:
+        f.need(c.kl_ctl > 0, f"{f.name('kl_target')}={c.kl_target} adapts the KL coefficient starting from "
+                             f"{f.name('kl_ctl')}, which must then be > 0 (got {c.kl_ctl})")
+        f.at_least("kl_horizon", 0, strict=True)
     f.at_least("value_eps_clip", 0, strict=True)
     f.at_least("critic_warmup_steps", 0)
     f.within("discount", 0.0, 1.0)
@@ -240,10 +251,19 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
     f = _Fields(c, prefix)
     for name in ("benchmark_steps", "save_freq_steps", "keep_last_saves", "ckpt_freq_steps", "ckpt_freq_secs",
-                 "eval_freq_steps"):
+                 "eval_freq_steps", "max_train_seconds"):
         f.at_least(name, 0)
     if c.benchmark_steps == 0:
         f.at_least("total_train_epochs", 0, strict=True)
+
+
+def check_evaluation_during(c: EvaluationConfig, prefix: str = "evaluation") -> None:
+    """The settings of the evaluations during training (exp_ctrl.eval_freq_steps > 0)."""
+    f = _Fields(c, prefix)
+    for name in ("during_n_prompts", "during_samples", "during_n_threads", "max_new_tokens", "batch_size"):
+        f.at_least(name, 1)
+    f.at_least("sampled_temperature", 0)
+    f.within("during_nice", 0, 19)
 
 
 def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
@@ -341,6 +361,8 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
         ev.at_least("max_new_tokens", 0, strict=True)
         ev.at_least("batch_size", 0, strict=True)
         ev.at_least("sampled_temperature", 0)
+    if cfg.exp_ctrl.eval_freq_steps > 0:  # the evaluator during training
+        check_evaluation_during(cfg.evaluation)
 
     _check_files(cfg)
     _check_shapes(cfg, alloc)
@@ -373,6 +395,10 @@ def _check_files(cfg: AsyncPPOMATHConfig) -> None:
     n_rows = len(load_rows("dataset.path", cfg.dataset.path, env_required_fields(cfg.rollout.env)))
     if cfg.evaluation.n_prompts > 0:
         load_rows("dataset.test_path", cfg.dataset.test_path)  # math accuracy: solutions needed
+    if cfg.exp_ctrl.eval_freq_steps > 0:
+        need(os.path.isfile(cfg.dataset.test_path), f"dataset.test_path={cfg.dataset.test_path!r} does not exist "
+             "(the evaluator of exp_ctrl.eval_freq_steps reads it; set exp_ctrl.eval_freq_steps=0 to turn it off)")
+        load_rows("dataset.test_path", cfg.dataset.test_path)
     _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
     need(cfg.rollout.env.type != "none" or cfg.rollout.agent.type != "math-single-step" or bool(cfg.rollout.agent.reward_fn),
          "rollout.env.type=none: the math-single-step agent then needs rollout.agent.reward_fn to grade its answers")
@@ -528,12 +554,25 @@ def _check_master(c: MasterWorkerConfig) -> None:
     check_ppo(c.ppo)
 
 
+def _check_evaluator(c: EvaluatorConfig) -> None:
+    f = _Fields(c, "evaluator")
+    for name in ("eval_freq_steps", "n_prompts", "samples", "n_threads", "max_new_tokens", "batch_size"):
+        f.at_least(name, 1)
+    f.at_least("temperature", 0)
+    f.within("nice", 0, 19)
+    f.at_least("poll_interval", 0, strict=True)
+    f.need(bool(c.run_dir) and bool(c.metrics_path), "evaluator.run_dir and evaluator.metrics_path must be set")
+    check_native_engine(c.native, "evaluator.native")
+    check_device(c.device, "evaluator.device")
+
+
 _WORKER_CHECKS = {
     GenerationServerConfig: _check_generation_server,
     GserverManagerConfig: _check_manager,
     RolloutWorkerConfig: _check_rollout_worker,
     ModelWorkerConfig: _check_model_worker,
     MasterWorkerConfig: _check_master,
+    EvaluatorConfig: _check_evaluator,
 }
 
 

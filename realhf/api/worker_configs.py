@@ -167,3 +167,31 @@ class MasterWorkerConfig:
     data_log_interval: float = _f(30.0, "While waiting for data, log progress every N seconds.")
     expected_workers: Dict[str, int] = _f({}, "Worker counts per type, so a stall report can name the missing ones.")
     data_timeout: float = _f(3600.0, "Fail the run after N seconds without a full batch.")
+
+
+@dataclass
+class EvaluatorConfig:
+    """The evaluator: accuracy and pass@k of the published weights every eval_freq_steps versions,
+    in its own niced process (realhf/system/evaluator_worker.py)."""
+
+    eval_freq_steps: int = same_as("exp_ctrl.eval_freq_steps")
+    test_path: str = same_as("dataset.test_path")
+    chat_template: str = same_as("dataset.chat_template")
+    n_prompts: int = same_as("evaluation.during_n_prompts")
+    samples: int = same_as("evaluation.during_samples")
+    temperature: float = same_as("evaluation.sampled_temperature")
+    max_new_tokens: int = same_as("evaluation.max_new_tokens")
+    batch_size: int = same_as("evaluation.batch_size", "Requests the evaluator's engine runs at once (its slots).")
+    n_threads: int = same_as("evaluation.during_n_threads")
+    nice: int = same_as("evaluation.during_nice")
+    model_path: str = same_as("actor.path", "HF directory of the tokenizer and of the engine's initial weights.")
+    native: NativeEngineConfig = same_as("gen_server.native", "The built-in engine the evaluator generates with (its n_threads and max_running_requests are set from n_threads and batch_size).")
+    device: str = same_as("cluster.device")
+    seed: int = same_as("seed")
+    stats: StatsLoggingConfig = same_as("stats")
+    model_role: str = _f("actor", "Role whose model_version and published weights are evaluated.")
+    run_dir: str = _f("", "The trial's run directory: versions are taken from its published_weights/<role>/ and hard-linked under its evaluator/.")
+    metrics_path: str = _f("", "Where each evaluation's row is appended (the trial's eval_metrics.jsonl).")
+    wandb_run_name: str = _f("", "wandb run of the evaluations (stats.wandb_project set): a run of its own beside the master's.")
+    resumed_version: int = _f(0, "The version the run resumed from (set on recovery): rows of later versions in metrics_path belong to steps trained again, and are dropped.")
+    poll_interval: float = _f(0.25, "Seconds between reads of model_version/<role> (a version must be taken before the trainer prunes it).")

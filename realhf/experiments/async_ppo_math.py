@@ -6,6 +6,7 @@ naming the field, before a process starts) and turns it into the launcher's `Wor
 
     generation_server × gen.dp    gserver_manager × 1    rollout_worker × rollout.n_workers
     model_worker × train.dp       master_worker × 1 (its log is echoed to the console)
+    evaluator × 1, only when exp_ctrl.eval_freq_steps > 0
 
 Each worker config is derived here and nowhere else: a fact of the root tree reaches every
 worker that needs it with the root's value.
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import List, Optional
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment, validate_worker_config
 from realhf.api.worker_configs import (
+    EvaluatorConfig,
     GenerationServerConfig,
     GserverManagerConfig,
     MasterWorkerConfig,
@@ -30,6 +33,7 @@ from realhf.base import trial_files
 from realhf.base.trial_files import TrialFiles
 from realhf.impl.model.recover_checkpoint import read_info as read_recover_info
 from realhf.scheduler.worker_spec import WorkerSpec
+from realhf.system.stats_logger import EVAL_METRICS_FILE
 
 __all__ = ["ConfigError", "initial_setup", "recover_info", "trial_files_of", "total_train_steps"]
 
@@ -67,6 +71,20 @@ def recover_info(cfg: AsyncPPOMATHConfig) -> Optional[dict]:
                           f"{cfg.experiment_name!r}, trial_name={cfg.trial_name!r}, cluster.fileroot="
                           f"{cfg.cluster.fileroot!r}); checkpoints are written every exp_ctrl.ckpt_freq_steps")
     return info
+
+
+def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
+    ev = cfg.evaluation
+    return EvaluatorConfig(
+        eval_freq_steps=cfg.exp_ctrl.eval_freq_steps, test_path=cfg.dataset.test_path,
+        chat_template=cfg.dataset.chat_template, n_prompts=ev.during_n_prompts, samples=ev.during_samples,
+        temperature=ev.sampled_temperature, max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
+        n_threads=ev.during_n_threads, nice=ev.during_nice, model_path=cfg.actor.path,
+        native=dataclasses.replace(cfg.gen_server.native), device=cfg.cluster.device, seed=cfg.seed,
+        stats=dataclasses.replace(cfg.stats), run_dir=files.run_dir,
+        metrics_path=os.path.join(files.log_dir, EVAL_METRICS_FILE), wandb_run_name=f"{cfg.trial_name}-eval",
+        resumed_version=resumed_version,
+    )
 
 
 def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
@@ -138,6 +156,10 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]
+    if cfg.exp_ctrl.eval_freq_steps > 0:
+        # No CPUs held on a Ray cluster: it runs niced, on what the trainer and servers leave idle.
+        specs.append(WorkerSpec("evaluator", 1, [evaluator_config(cfg, files, int(resume.get("version", 0)))]))
+        master.expected_workers["evaluator"] = 1
     policy = cfg.cluster.restart_policy
     for spec in specs:  # cluster.restart_policy.<worker type>
         spec.restart = bool(getattr(policy, spec.worker_type))

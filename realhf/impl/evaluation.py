@@ -72,8 +72,9 @@ def evaluate_math_accuracy(
 ) -> Dict[str, float]:
     """Fraction of `n` samples per prompt whose answer matches a reference solution.
 
-    Returns {"accuracy", "n" (graded samples), "n_prompts", "n_correct", "temperature",
-    "mean_new_tokens", "truncated" (fraction that hit max_new_tokens without EOS)}.
+    Returns {"accuracy", "n" (graded samples), "n_prompts", "n_correct", "correct_per_prompt"
+    (right answers of each row, of `n`), "temperature", "mean_new_tokens", "truncated" (fraction
+    that hit max_new_tokens without EOS)}.
     The tokenizer always comes from `model_path`; the model is loaded only when no
     `generate_fn` is given. `seed` fixes torch's sampling RNG.
     """
@@ -99,13 +100,16 @@ def evaluate_math_accuracy(
     grader = grader or MathGrader()
     try:
         n_correct, n_tokens, n_truncated = 0, 0, 0
+        per_prompt = [0] * len(rows)
         for k, out in enumerate(outputs):
             row = rows[k // n]
             answer = _until_eos(out, eos_id)
             n_tokens += len(answer)
             n_truncated += len(answer) == len(out) and len(out) >= max_new_tokens
             text = tokenizer.decode(answer, skip_special_tokens=True)
-            n_correct += grader.grade(text, row.solutions)
+            right = bool(grader.grade(text, row.solutions))
+            n_correct += right
+            per_prompt[k // n] += right
     finally:
         if own_grader:
             grader.close()
@@ -115,6 +119,7 @@ def evaluate_math_accuracy(
         "n": total,
         "n_prompts": len(rows),
         "n_correct": n_correct,
+        "correct_per_prompt": per_prompt,
         "temperature": temperature,
         "mean_new_tokens": n_tokens / total,
         "truncated": n_truncated / total,

@@ -1,4 +1,4 @@
-"""The five workers, the streams between them, and the lifecycle they share."""
+"""The six workers (the evaluator only when asked for), the streams between them, and the lifecycle they share."""
 
 from realhf.base.importing import resolve
 
@@ -9,6 +9,7 @@ WORKER_CLASSES = {
     "rollout_worker": "realhf.system.rollout_worker:RolloutWorker",
     "generation_server": "realhf.system.generation_server:GenerationServer",
     "gserver_manager": "realhf.system.gserver_manager:GserverManager",
+    "evaluator": "realhf.system.evaluator_worker:Evaluator",  # only with exp_ctrl.eval_freq_steps > 0
 }
 
 

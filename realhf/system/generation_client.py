@@ -19,8 +19,12 @@ the request is scheduled again — to another server once the manager dropped th
 the tokens already generated kept, backing off up to 5 s, for at most `server_wait_timeout` s
 without progress. With one server only, that is how rollouts wait for its restart.
 
-All samples of a group share one route (url, version): their scheduling calls are serialised per
-group, so the second sample already passes the first one's server as `previous_server_url`.
+All samples of a group share one route (url, version) and, mostly, one scheduling call: a sample
+that needs a server takes the route a sibling scheduled since this sample's own last request (the
+group's first wave, or the wave of resubmissions after a weight update) and asks the manager only
+when no sibling did. The manager routes by group anyway (all samples on one server, its load
+counted per group), so a call per sample would only cost an HTTP round trip each. A failed
+server clears the route, so the next sample schedules afresh.
 
 One kept-alive aiohttp session serves every call of a worker, those to the manager included
 (`.manager`, a `ManagerClient` on the same session; NOTES: aiohttp ≫ httpx at 64+ concurrent
@@ -64,6 +68,7 @@ class _Route:
     url: Optional[str] = None
     version: Optional[int] = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    epoch: int = 0  # scheduling calls made for the group so far
 
 
 class GenerationClient:
@@ -89,6 +94,7 @@ class GenerationClient:
         self.n_aborts = 0
         self.n_unavailable = 0  # requests resubmitted because their server or the manager was unavailable
         self.n_timeouts = 0  # /generate calls that got no answer within request_timeout (hung server)
+        self.n_shared_routes = 0  # requests that went by a sibling's route, without a scheduling call
         self._warned: Dict[str, int] = {}  # qid -> highest unavailable attempt logged
 
     # ---- session ------------------------------------------------------------------------------
@@ -116,12 +122,18 @@ class GenerationClient:
         self._routes.pop(qid, None)
         self._warned.pop(qid, None)
 
-    async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int) -> Tuple[str, int]:
+    async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int,
+                        seen_epoch: int) -> Tuple[str, int, int]:
+        """(url, version, epoch) for a sample whose last request used the route of `seen_epoch`."""
         route = self._routes.setdefault(qid, _Route())
         async with route.lock:
+            if route.url is not None and route.epoch > seen_epoch:
+                self.n_shared_routes += 1
+                return route.url, route.version, route.epoch
             route.url, route.version = await self.manager.schedule_request(
                 qid, prompt_len, group_size, budget, previous_url=route.url, previous_version=route.version)
-            return route.url, route.version
+            route.epoch += 1
+            return route.url, route.version, route.epoch
 
     # ---- generation ---------------------------------------------------------------------------
     async def generate(self, qid: str, input_ids: Sequence[int], gconfig: Any, group_size: int = 1,
@@ -132,6 +144,7 @@ class GenerationClient:
         result = GenerationResult()
         empty_aborts, progress_at = 0, time.monotonic()
         unavailable, down_since = 0, 0.0  # the current streak of unreachable servers
+        epoch = 0  # the group route this sample's last request went by
         while True:
             remaining = budget - len(result.output_ids)
             if remaining <= 0:
@@ -141,8 +154,8 @@ class GenerationClient:
             url = None
             try:
                 try:
-                    url, version = await self._schedule(qid, len(prompt) + len(result.output_ids), group_size,
-                                                        remaining)
+                    url, version, epoch = await self._schedule(qid, len(prompt) + len(result.output_ids),
+                                                               group_size, remaining, epoch)
                 except ServerUnavailableError as e:
                     if e.status != 503:  # the manager itself is gone: that is not a server to wait for
                         raise GenerationError(str(e)) from None

@@ -4,7 +4,8 @@
     each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
                the model calls of `_train_calls`, top to bottom, each one request to every model
                worker → publish training_samples → log the step's metrics
-    the end:   after total_train_steps (set by the experiment), save, set
+    the end:   after total_train_steps (set by the experiment), or after the first step at which
+               the training time reaches exp_ctrl.max_train_seconds, save, set
                experiment_status=COMPLETE (every worker then leaves its loop), exit
 """
 
@@ -17,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
-from realhf.base.trial_files import metrics_path
+from realhf.base.trial_files import metrics_path, read_metrics
 from realhf.impl.admission import dp_shares
 from realhf.system import stall_report
 from realhf.system.request_reply_stream import MasterStream
@@ -88,6 +89,8 @@ class MasterWorker(Worker):
         self._publish("training_samples", self.training_samples)
         self._update_stale_dropped([])
         self._t_start = self._t_last_step = time.monotonic()
+        # Training time is Σ step_time_s of metrics.jsonl; a resumed run continues the budget.
+        self._train_s_before = sum(m["step_time_s"] for m in read_metrics(cfg.log_dir))
         self._t_last_ckpt = time.monotonic()
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
@@ -132,9 +135,20 @@ class MasterWorker(Worker):
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
         if self.step >= self.total_steps:
-            self._finish()
+            self._finish(f"all {self.total_steps} train steps done")
+        if self._out_of_time():
+            self._finish(f"training time {self._train_seconds():.1f}s reached exp_ctrl.max_train_seconds="
+                         f"{self.config.exp_ctrl.max_train_seconds:g} (step {self.step} of {self.total_steps})")
         self._run_step()
         return True
+
+    def _train_seconds(self) -> float:
+        """Training seconds at the end of the last step, as Σ step_time_s in metrics.jsonl counts them."""
+        return self._train_s_before + (self._t_last_step - self._t_start)
+
+    def _out_of_time(self) -> bool:
+        budget = self.config.exp_ctrl.max_train_seconds
+        return budget > 0 and self.step > 0 and self._train_seconds() >= budget
 
     def _wait_for_data(self) -> float:
         """Poll `fetch` until every DP head holds its share; returns the seconds waited."""
@@ -218,7 +232,8 @@ class MasterWorker(Worker):
 
     def _save_and_checkpoint(self) -> None:
         cfg, ctrl = self.config, self.config.exp_ctrl
-        if ctrl.save_freq_steps > 0 and self.step % ctrl.save_freq_steps == 0 and self.step < self.total_steps:
+        last = self.step >= self.total_steps or self._out_of_time()  # `_finish` saves the last step
+        if ctrl.save_freq_steps > 0 and self.step % ctrl.save_freq_steps == 0 and not last:
             path = self._stream.call_all("save", timeout=cfg.request_timeout)[0]["path"]
             self.logger.info(f"step {self.step}: saved {path}")
         by_steps = ctrl.ckpt_freq_steps > 0 and self.step % ctrl.ckpt_freq_steps == 0
@@ -271,13 +286,13 @@ class MasterWorker(Worker):
         for i, seq in seqs.items():
             name_resolve.add(names.rollout_record_ack(exp, trial, i), str(seq), replace=True, delete_on_exit=False)
 
-    def _finish(self) -> None:
+    def _finish(self, reason: str) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:
             self._checkpoint()  # so that a longer rerun with recover_mode=auto continues from here
         path = self._stream.call_all("save", timeout=self.config.request_timeout)[0]["path"]
         elapsed = time.monotonic() - self._t_start
-        self.logger.info(f"done: {self.step} steps, version {self.version}, {self.training_samples} groups trained, "
-                         f"{self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}")
+        self.logger.info(f"done ({reason}): {self.step} steps, version {self.version}, {self.training_samples} groups "
+                         f"trained, {self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}")
         name_resolve.add(names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name), STATUS_COMPLETE,
                          replace=True, delete_on_exit=False)
         raise WorkerExit("training complete")

@@ -73,7 +73,7 @@ class ModelWorker(Worker):
         t0 = time.monotonic()
         self.engines = build_engines(cfg, local_rank)
         self.actor = PPOActor(self.engines["actor"], cfg.ppo)
-        self.critic = PPOCritic(self.engines["critic"], cfg.ppo) if "critic" in self.engines else None
+        self.critic = PPOCritic(self.engines["critic"], cfg.ppo, self.actor.kl) if "critic" in self.engines else None
         self._trained = {role: e for role, e in self.engines.items() if role != "ref"}
         self._recover_path = trial_files.recover_dir(cfg.run_dir)
         self._resume: Dict[str, Any] = {}  # the checkpoint's prompt accounting, for the master
@@ -81,6 +81,7 @@ class ModelWorker(Worker):
         if cfg.recover and recover_checkpoint.read_info(self._recover_path) is not None:
             info = recover_checkpoint.load(self._recover_path, self._trained, self.dp_rank, self.device)
             self.version = int(info["version"])
+            self.actor.load_state_dict(info.get("actor_state", {}))  # the adaptive KL coefficient
             self._resume = {k: info[k] for k in ("rollout_pending", "rollout_samplers") if k in info}
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
         sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
@@ -280,7 +281,7 @@ class ModelWorker(Worker):
     def _checkpoint(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """Collective: the recovery checkpoint (every trained engine's shards, LR schedules, each
         rank's RNG, the version and the master's `extra` counters) in one atomic write."""
-        extra = {**(data.get("extra") or {}), "version": self.version}
+        extra = {**(data.get("extra") or {}), "version": self.version, "actor_state": self.actor.state_dict()}
         recover_checkpoint.save(self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra)
         return {"path": str(self._recover_path), "version": self.version}
 

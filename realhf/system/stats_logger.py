@@ -117,9 +117,10 @@ def truncate_metrics(path: str, last_step: int) -> int:
 
 class StatsLogger:
     def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None,
-                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline"):
+                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline", echo: bool = True):
         os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
         self.metrics_path = metrics_path
+        self.echo = echo  # the train-step console line; the evaluator logs a line of its own
         self._file = open(metrics_path, "a", buffering=1)  # one line per step, flushed per line
         # Worker stdout is a log file: no colours, no wrapping, one line per step.
         self._console = console or Console(highlight=False, soft_wrap=True)
@@ -139,7 +140,8 @@ class StatsLogger:
                                      dir=os.path.dirname(os.path.abspath(metrics_path)))
 
     def log(self, m: Dict[str, Any]) -> None:
-        self._console.print(format_line(m))
+        if self.echo:
+            self._console.print(format_line(m))
         self._file.write(json.dumps(m, sort_keys=False) + "\n")
         if self._tb is not None:
             for k, v in m.items():
@@ -158,6 +160,24 @@ class StatsLogger:
 
 
 TRAINED_QIDS_FILE = "trained_qids.jsonl"
+# Beside metrics.jsonl, so that its readers (one row per train step) stay as they are: one row
+# per evaluation during training (realhf/system/evaluator_worker.py), keyed by "step" = version.
+EVAL_METRICS_FILE = "eval_metrics.jsonl"
+
+
+def read_eval_metrics(log_dir: str) -> List[Dict[str, Any]]:
+    """The rows of `<log_dir>/eval_metrics.jsonl`, by version ([] when nothing was evaluated); a
+    last line cut short by a killed evaluator is left out."""
+    path = os.path.join(log_dir, EVAL_METRICS_FILE)
+    rows = []
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+    return sorted(rows, key=lambda r: r["step"])
 
 
 class TrainedQidsLog:

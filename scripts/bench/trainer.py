@@ -16,6 +16,8 @@ reference engines (DP=1, unwrapped: the engine's default), built from the same w
     micro-batches   as above, and every forward takes rows in order of length, at most
                     `ppo.micro_batch_tokens` padded tokens (512, 1024 = the default, 2048) per
                     forward, accumulating gradients in the train step
+    shared prompts  as above, a group's rows kept together and its prompt computed once
+                    (`ppo.shared_prompt`, realhf.impl.engine.shared_prompt)
 
 All produce the same update (tests/unit/impl/model/test_actor.py and test_ppo_actor.py check
 it). One thread. The engine itself (FSDP-wrapped vs not, DP=2 vs DP=1): scripts/bench/engine.py.
@@ -113,15 +115,17 @@ class Trainer:
             engine.destroy()
 
 
-# name -> (deferred prox, ppo.micro_batch_tokens; 0: whole minibatches)
+# name -> (deferred prox, ppo.micro_batch_tokens (0: whole minibatches), ppo.shared_prompt)
 WAYS = {
-    "baseline (no deferral, whole minibatches)": (False, 0),
-    "deferred prox, whole minibatches": (True, 0),
-    "+ length-sorted micro-batches of <= 512 padded tokens everywhere": (True, 512),
-    "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)": (True, 1024),
-    "+ length-sorted micro-batches of <= 2048 padded tokens everywhere": (True, 2048),
+    "baseline (no deferral, whole minibatches)": (False, 0, False),
+    "deferred prox, whole minibatches": (True, 0, False),
+    "+ length-sorted micro-batches of <= 512 padded tokens everywhere": (True, 512, False),
+    "+ length-sorted micro-batches of <= 1024 padded tokens everywhere": (True, 1024, False),
+    "+ length-sorted micro-batches of <= 2048 padded tokens everywhere": (True, 2048, False),
+    "+ each prompt computed once per group, <= 1024 tokens (default)": (True, 1024, True),
+    "+ each prompt computed once per group, <= 2048 tokens": (True, 2048, True),
 }
-DEFAULT_WAY = "+ length-sorted micro-batches of <= 1024 padded tokens everywhere (default)"
+DEFAULT_WAY = "+ each prompt computed once per group, <= 1024 tokens (default)"
 
 
 def tables(r):
@@ -156,8 +160,9 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         trainers = {name: Trainer(worker_config(PPOHyperparameters(ppo_n_minibatches=2, kl_ctl=0.1,
-                                                                   micro_batch_tokens=budget), optim), defer=defer)
-                    for name, (defer, budget) in WAYS.items()}
+                                                                   micro_batch_tokens=budget, shared_prompt=shared),
+                                                optim), defer=defer)
+                    for name, (defer, budget, shared) in WAYS.items()}
         for t in trainers.values():  # untimed warm-up
             t.step(batch)
         times = {name: [] for name in WAYS}

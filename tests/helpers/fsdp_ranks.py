@@ -49,10 +49,11 @@ def engine_config(**overrides) -> FSDPEngineConfig:
     # ~1e-5; eps = 1e-6 keeps that noise ~100x below the 1e-5 tolerance.
     optimizer = OptimizerConfig(lr=1e-3, eps=1e-6, lr_scheduler_type="cosine", min_lr_ratio=0.1,
                                 gradient_clipping=0.5)
-    # 32 padded tokens per micro-batch: in step 1 rank 0 of 2 has 2 micro-batches, rank 1 has 3
-    # (so rank 0 runs a padding forward); DP=1 has 5 and 3.
+    # 24 padded tokens per micro-batch: in each step one rank of two has a micro-batch more than
+    # the other (which runs a padding forward), for the actor (prompts shared by the rows of a
+    # group: realhf.impl.engine.shared_prompt, under FSDP at DP=2) and for the critic (plain).
     fields = dict(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), total_steps=4, device="cpu",
-                  micro_batch_tokens=32)
+                  micro_batch_tokens=24, shared_prompt=True)
     return FSDPEngineConfig(**{**fields, **overrides})
 
 
@@ -77,23 +78,26 @@ def open_engines(*configs: FSDPEngineConfig) -> Iterator[List[FSDPEngine]]:
 
 
 def make_batch() -> TrainBatch:
-    """16 right-padded samples of 3-6 prompt and 1-12 output tokens (so the ranks' token counts
-    differ), rewards ±1 as the advantage of every output token."""
+    """16 right-padded samples in groups of 4 sharing a prompt of 3-6 tokens, 1-12 output tokens
+    each (so the ranks' token counts differ), rewards ±1 as the advantage of every output token."""
     g = torch.Generator().manual_seed(0)
-    prompt_lens = torch.randint(3, 7, (N_ROWS,), generator=g)  # [N]
+    group_ids = torch.arange(N_ROWS) // 4  # [N]
+    prompts = [torch.randint(4, 258, (int(n),), generator=g) for n in torch.randint(3, 7, (N_ROWS // 4,), generator=g)]
+    prompt_lens = torch.tensor([len(prompts[k]) for k in group_ids.tolist()])  # [N]
     output_lens = torch.randint(1, 13, (N_ROWS,), generator=g)  # [N]
     width = int((prompt_lens + output_lens).max())
     input_ids = torch.zeros((N_ROWS, width), dtype=torch.long)  # [N, T]
     attention_mask = torch.zeros((N_ROWS, width), dtype=torch.long)  # [N, T]
     loss_mask = torch.zeros((N_ROWS, width - 1), dtype=torch.bool)  # [N, T-1]
     for i, (p, o) in enumerate(zip(prompt_lens.tolist(), output_lens.tolist())):
-        input_ids[i, : p + o] = torch.randint(4, 258, (p + o,), generator=g)
+        input_ids[i, :p] = prompts[int(group_ids[i])]
+        input_ids[i, p : p + o] = torch.randint(4, 258, (o,), generator=g)
         attention_mask[i, : p + o] = 1
         loss_mask[i, p - 1 : p - 1 + o] = True
     rewards = torch.where(torch.rand(N_ROWS, generator=g) > 0.5, 1.0, -1.0)  # [N]
     return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behav_logprobs=torch.zeros(loss_mask.shape), rewards=rewards,
-                      group_ids=torch.arange(N_ROWS) // 4)
+                      behav_logprobs=torch.zeros(loss_mask.shape), rewards=rewards, group_ids=group_ids,
+                      prompt_lens=prompt_lens)
 
 
 def rank_rows(step: int, rank: int, world_size: int) -> torch.Tensor:

@@ -51,6 +51,7 @@ from realhf.api.cli_args import ModelTrainEvalConfig
 from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
+from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model import checkpoint
 from realhf.impl.model.batching import TrainBatch, micro_batches
 from realhf.impl.model.model_loading import load_causal_lm, load_value_model
@@ -71,6 +72,9 @@ class FSDPEngineConfig:
     param_dtype: Optional[str] = None
     reduce_dtype: str = "float32"
     micro_batch_tokens: int = 1024  # padded tokens (rows x longest row) per forward; 0: whole batch
+    # Each prompt computed once for the rows of its group in a micro-batch (realhf.impl.engine.
+    # shared_prompt); causal LMs only (a value head takes the plain forward).
+    shared_prompt: bool = False
     # DP=1 only: fully_shard the model anyway. Off: with one rank FSDP's hooks and DTensors cost
     # time and save nothing (measured 13% slower per step, docs/benchmarks.md "Trainer engine").
     shard_single_rank: bool = False
@@ -232,7 +236,8 @@ class FSDPEngine(TrainEngine):
         """The rows of each micro-batch (length-ordered, within `micro_batch_tokens`), padded with
         None up to the largest count of any rank: FSDP gathers each layer in every forward, so
         all ranks must run as many forwards; a None is a forward on a padding row."""
-        chunks = micro_batches(batch, torch.arange(batch.n_seqs), self.config.micro_batch_tokens)
+        chunks = micro_batches(batch, torch.arange(batch.n_seqs), self.config.micro_batch_tokens,
+                               by_group=self._shares_prompts(batch))
         n = len(chunks)
         if self.world_size > 1:
             count = torch.tensor([n], dtype=torch.int64, device=self.device)  # NCCL reduces device tensors only
@@ -240,7 +245,15 @@ class FSDPEngine(TrainEngine):
             n = int(count)
         return chunks + [None] * (max(n, 1) - len(chunks))
 
+    def _shares_prompts(self, batch: TrainBatch) -> bool:
+        # HF models keep no keys and values to share when they recompute activations.
+        return (self.config.shared_prompt and not self.config.value_head and batch.prompt_lens is not None
+                and not self.config.model.gradient_checkpointing)
+
     def _logits(self, mb: TrainBatch) -> torch.Tensor:
+        if self._shares_prompts(mb) and shares_prompts(mb.group_ids):
+            return shared_prompt_logits(self.model, mb.input_ids, mb.attention_mask, mb.group_ids,
+                                        mb.prompt_lens)  # [n, t, V]
         return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:

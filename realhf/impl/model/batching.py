@@ -9,7 +9,8 @@ Layout (right padding, one row per sample, prompt then output):
                               output token j of a sample with P prompt tokens sits in column P+j-1
         loss_mask       trained tokens (generated ones; not the prompt, not inserted feedback)
         behav_logprobs  the log-prob the generation server sampled the token with
-    per sample [N]   rewards, group_ids (index of the prompt group in this batch)
+    per sample [N]   rewards, group_ids (index of the prompt group in this batch), prompt_lens
+                     (the group's prompt tokens, shared by its rows: realhf.impl.engine.shared_prompt)
 
 Token versions and `no_eos` stay on the trajectories (the staleness guard and `batch_summary`
 read them there); nothing in the train step does.
@@ -43,6 +44,7 @@ class TrainBatch:
     values: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
+    prompt_lens: Optional[torch.Tensor] = None
 
     @property
     def n_seqs(self) -> int:
@@ -105,6 +107,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
         behav_logprobs=behav,
         rewards=torch.tensor([s.reward for _, _, s in rows], dtype=torch.float32),
         group_ids=torch.tensor([g for g, _, _ in rows], dtype=torch.long),
+        prompt_lens=torch.tensor([len(p) for _, p, _ in rows], dtype=torch.long),
     )
 
 
@@ -116,21 +119,47 @@ def minibatch_rows(n_seqs: int, n_minibatches: int) -> List[torch.Tensor]:
     return list(torch.tensor_split(torch.arange(n_seqs), n_minibatches))
 
 
-def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int) -> List[torch.Tensor]:
+def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int, by_group: bool = False) -> List[torch.Tensor]:
     """`rows` in order of length, cut into chunks whose padded size (rows × longest row) stays
     within `max_tokens` (a longer row goes alone; 0: one chunk in arrival order). A forward's
-    cost is its padded size, so similar lengths share a chunk and memory stays bounded."""
+    cost is its padded size, so similar lengths share a chunk and memory stays bounded.
+    `by_group`: rows of a prompt group stay next to each other (groups in order of their longest
+    row), so a chunk holds whole groups whose prompt is computed once (shared_prompt)."""
     if len(rows) == 0:
         return []
     if max_tokens <= 0:
         return [rows]
     lengths = batch.attention_mask[rows].sum(dim=1)
-    order = torch.argsort(lengths, stable=True)
+    if by_group:
+        groups = batch.group_ids[rows]
+        longest = torch.zeros(int(groups.max()) + 1, dtype=lengths.dtype).scatter_reduce_(
+            0, groups, lengths, reduce="amax")
+        # Sort by (group's longest row, group, length): lexsort by stable sorts, last key first.
+        order = torch.argsort(lengths, stable=True)
+        order = order[torch.argsort(groups[order], stable=True)]
+        order = order[torch.argsort(longest[groups[order]], stable=True)]
+    else:
+        order = torch.argsort(lengths, stable=True)
     chunks, start = [], 0
-    for i, length in enumerate(lengths[order].tolist()):
-        if i > start and (i + 1 - start) * length > max_tokens:
+    if not by_group:
+        for i, length in enumerate(lengths[order].tolist()):
+            if i > start and (i + 1 - start) * length > max_tokens:
+                chunks.append(rows[order[start:i]])
+                start = i
+        chunks.append(rows[order[start:]])
+        return chunks
+    # With shared prompts a chunk costs (its groups × longest prompt) + (its rows × longest answer).
+    prompts = batch.prompt_lens[rows][order].tolist()
+    groups_in_order, lengths_in_order = groups[order].tolist(), lengths[order].tolist()
+    seen, p_max, a_max = set(), 0, 0
+    for i, (g, p, length) in enumerate(zip(groups_in_order, prompts, lengths_in_order)):
+        new_groups = len(seen) + (g not in seen)
+        new_p, new_a = max(p_max, p), max(a_max, length - p)
+        if i > start and new_groups * new_p + (i + 1 - start) * new_a > max_tokens:
             chunks.append(rows[order[start:i]])
-            start = i
+            start, seen, new_p, new_a = i, set(), p, length - p
+        seen.add(g)
+        p_max, a_max = new_p, new_a
     chunks.append(rows[order[start:]])
     return chunks
 

@@ -1,7 +1,8 @@
 """The models of one trainer DP rank as TrainEngines, and what a train step asks of each.
 
     engine_config(cfg, role, local_rank)   the FSDPEngine of `actor`, `ref` (frozen) or `critic`
-    PPOActor      proximal log-probs (with the deferral below) and `ppo_n_minibatches` PPO steps
+    PPOActor      proximal log-probs (with the deferral below), `ppo_n_minibatches` PPO steps,
+                  and the KL coefficient (fixed or adaptive), which it saves with the trainer state
     PPOCritic     values, and `ppo_n_minibatches` steps of the clipped value loss
     reference_logprobs / ensure_advantages   the reference's log-probs; the step's advantages,
                   computed once before the first train call
@@ -34,10 +35,10 @@ from realhf.impl.model.actor import (
     compute_advantages,
     first_minibatch_rows,
     has_dropout,
-    loss_weight,
     token_logprobs,
     token_values,
 )
+from realhf.impl.model.algorithms import KLController, estimator
 from realhf.impl.model.batching import TrainBatch, minibatch_rows
 
 ROLES = ("actor", "ref", "critic")
@@ -52,6 +53,7 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
         model = type(model)(**{**model.__dict__, "path": cfg.actor.path})
     return FSDPEngineConfig(
         model=model, device=cfg.device, local_rank=local_rank, micro_batch_tokens=cfg.ppo.micro_batch_tokens,
+        shared_prompt=cfg.ppo.shared_prompt,
         # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
         total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
         value_head=role == "critic", trainable=role != "ref", seed=cfg.seed,
@@ -61,7 +63,8 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
 
 def roles_of(ppo: PPOHyperparameters) -> list:
     """The engines a trainer with these hyper-parameters holds."""
-    return ["actor"] + (["ref"] if ppo.kl_ctl > 0 else []) + (["critic"] if ppo.adv_estimator == "gae" else [])
+    critic = estimator(ppo.adv_estimator).needs_critic
+    return ["actor"] + (["ref"] if ppo.kl_ctl > 0 else []) + (["critic"] if critic else [])
 
 
 def build_engines(cfg: ModelWorkerConfig, local_rank: int) -> Dict[str, FSDPEngine]:
@@ -73,10 +76,10 @@ def build_engines(cfg: ModelWorkerConfig, local_rank: int) -> Dict[str, FSDPEngi
     return engines
 
 
-def ensure_advantages(batch: TrainBatch, ppo: PPOHyperparameters) -> None:
+def ensure_advantages(batch: TrainBatch, ppo: PPOHyperparameters, kl_coef: Optional[float] = None) -> None:
     """Compute the step's advantages and returns once, before the first train call reads them."""
     if batch.advantages is None:
-        batch.advantages, batch.returns = compute_advantages(batch, ppo)
+        batch.advantages, batch.returns = compute_advantages(batch, ppo, kl_coef)
 
 
 def _inference_stats(role: str, out: torch.Tensor, batch: TrainBatch, computed: torch.Tensor, t0: float) -> Dict[str, Any]:
@@ -100,22 +103,24 @@ def reference_logprobs(engine: TrainEngine, batch: TrainBatch, temperature: floa
 
 
 def _minibatch_steps(engine: TrainEngine, batch: TrainBatch, n_minibatches: int, loss, fill_first: bool = False):
-    """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, global
-    tokens, steps skipped for a non-finite loss or gradient)."""
-    norms, lr, n_tokens, skipped = [], 0.0, 0.0, 0
+    """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, the
+    global loss weight, steps skipped for a non-finite loss or gradient)."""
+    norms, lr, weight, skipped = [], 0.0, 0.0, 0
     for i, rows in enumerate(minibatch_rows(batch.n_seqs, n_minibatches)):
         fn = loss.for_rows(rows, fill_prox=True) if fill_first and i == 0 else loss.for_rows(rows)
-        out = engine.train_batch(batch.select(rows), fn, loss_weight)
+        out = engine.train_batch(batch.select(rows), fn, loss.weight)
         norms.append(out["grad_norm"])
-        lr, n_tokens, skipped = out["lr"], n_tokens + out["loss_weight"], skipped + int(out["skipped"])
-    return norms, lr, n_tokens, skipped
+        lr, weight, skipped = out["lr"], weight + out["loss_weight"], skipped + int(out["skipped"])
+    return norms, lr, weight, skipped
 
 
 class PPOActor:
     def __init__(self, engine: FSDPEngine, ppo: PPOHyperparameters):
         self.engine, self.ppo = engine, ppo
+        self.kl = KLController(ppo.kl_ctl, ppo.kl_target, ppo.kl_horizon)
         # A KL reward (gae, reinforce with kl_ctl > 0) reads the proximal log-probs in the advantages.
-        self.can_defer_prox = not has_dropout(engine.model) and (ppo.adv_estimator == "grpo" or ppo.kl_ctl == 0)
+        kl_reward = ppo.kl_ctl > 0 and estimator(ppo.adv_estimator).kl_in_reward
+        self.can_defer_prox = not has_dropout(engine.model) and not kl_reward
         # The batch whose first-minibatch proximal log-probs were left to its train forward.
         # Matched by identity, so a deferral never carries over to another batch.
         self._deferred_batch: Optional[TrainBatch] = None
@@ -142,21 +147,34 @@ class PPOActor:
         self._deferred_batch = None
         if deferred and batch.prox_logprobs is None:
             raise ValueError("the deferred proximal log-probs need the other minibatches' from compute_logprobs")
-        ensure_advantages(batch, self.ppo)
-        loss = ActorLoss(batch, self.ppo)
-        norms, lr, n_tokens, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
-        out = loss.stats.global_means(n_tokens)
-        out.update(grad_norm=sum(norms) / len(norms), lr=lr, n_tokens=n_tokens, skipped_steps=skipped)
+        kl_coef = self.kl.value
+        ensure_advantages(batch, self.ppo, kl_coef)
+        loss = ActorLoss(batch, self.ppo, kl_coef)
+        norms, lr, weight, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
+        out = loss.global_stats(weight)
+        n_tokens = out["n_tokens"]
+        out.update(grad_norm=sum(norms) / len(norms), lr=lr, skipped_steps=skipped)
         adv = batch.advantages[batch.loss_mask]
-        sums = all_reduce_sum(torch.tensor([float(adv.sum()), float((adv**2).sum())], dtype=torch.float64))
+        sums = all_reduce_sum(torch.tensor([float(adv.sum()), float((adv**2).sum()), batch.n_seqs], dtype=torch.float64))
         mean, sq = float(sums[0]) / max(n_tokens, 1.0), float(sums[1]) / max(n_tokens, 1.0)
         out.update(adv_mean=mean, adv_std=max(sq - mean**2, 0.0) ** 0.5)
+        if self.ppo.kl_ctl > 0:
+            out["kl_coef"] = kl_coef  # the coefficient this step used
+            self.kl.update(out["kl_ref"], float(sums[2]))
         return out
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What a recovery checkpoint keeps of the actor besides its engine (JSON)."""
+        return self.kl.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.kl.load_state_dict(state)
 
 
 class PPOCritic:
-    def __init__(self, engine: FSDPEngine, ppo: PPOHyperparameters):
-        self.engine, self.ppo = engine, ppo
+    def __init__(self, engine: FSDPEngine, ppo: PPOHyperparameters, kl: Optional[KLController] = None):
+        # The actor's KL coefficient: a KL reward (gae) must use the one the actor's step uses.
+        self.engine, self.ppo, self.kl = engine, ppo, kl
 
     def compute_values(self, batch: TrainBatch) -> Dict[str, Any]:
         """`batch.values`: the critic's value of every predicted position."""
@@ -166,7 +184,7 @@ class PPOCritic:
 
     def train_step(self, batch: TrainBatch) -> Dict[str, float]:
         """`ppo_n_minibatches` steps of the clipped value loss toward the step's returns."""
-        ensure_advantages(batch, self.ppo)
+        ensure_advantages(batch, self.ppo, None if self.kl is None else self.kl.value)
         loss = CriticLoss(batch, self.ppo)
         norms, lr, n_tokens, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss)
         out = loss.stats.global_means(n_tokens)

@@ -41,10 +41,13 @@ def test_chunked_generation_makes_exactly_budget_over_chunk_calls_per_sample():
                     await client.manager.finish_rollout(f"q{i}", True, sum(len(r.output_ids) for r in results))
                     return results
 
-                return await asyncio.gather(*(group(i) for i in range(8)))
+                return await asyncio.gather(*(group(i) for i in range(8))), client.n_shared_routes
 
-        groups = asyncio.run(main())
+        groups, shared = asyncio.run(main())
         assert server.n_generate == 640
+        # The requests took a sibling's route (one scheduling call per group and chunk, 8 x 8, plus
+        # one per sample that overtakes the group's leader) instead of a call each (640).
+        assert 640 - shared <= 128, shared
         assert all(r["sampling_params"]["max_new_tokens"] == 16 for r in server.requests)
         for i, results in enumerate(groups):
             for r in results:
@@ -105,10 +108,18 @@ def test_samples_of_a_group_share_one_server_under_round_robin():
                     await client.manager.allocate_rollout(f"q{i}", 0)
                     await client.generate_group(f"q{i}", [1, 2, 3], gconfig, n=6)
                     await client.manager.finish_rollout(f"q{i}", True)
+                counts = sorted(s.n_generate for s in servers)
+                one_request_each = GenerationHyperparameters(max_new_tokens=4)
+                await client.manager.allocate_rollout("q3", 0)
+                before = client.n_shared_routes
+                await client.generate_group("q3", [1, 2, 3], one_request_each, n=6)
+                return counts, client.n_shared_routes - before
 
-        asyncio.run(main())
+        counts, shared = asyncio.run(main())
         # Each group's 6 samples × 4 chunks landed on one server; round robin spread the groups.
-        assert sorted(s.n_generate for s in servers) == [24, 24, 24]
+        assert counts == [24, 24, 24]
+        # A group answered in one request per sample makes one scheduling call.
+        assert shared == 5
 
 
 def test_generation_errors_name_the_url():

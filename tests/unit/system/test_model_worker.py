@@ -24,10 +24,14 @@ GROUP = 4
 
 
 def _config(run_dir) -> ModelWorkerConfig:
-    # The NOTES recipe, plus batch-level advantage normalisation so that its all-reduce is exercised.
+    # The NOTES recipe, plus batch-level advantage normalisation so that its all-reduce is exercised,
+    # and a per-sequence loss aggregation so that DP=2 = DP=1 goes through a loss weight other
+    # than the token count (token-mean's: tests/unit/impl/engine/test_fsdp_engine.py). The ranks'
+    # shares are equal in rows here; uneven row splits: tests/unit/impl/model/test_algorithms.py.
     return ModelWorkerConfig(
         actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-4, gradient_clipping=1.0)),
-        ppo=PPOHyperparameters(ppo_n_minibatches=2, adv_estimator="grpo", adv_norm=True),
+        ppo=PPOHyperparameters(ppo_n_minibatches=2, adv_estimator="grpo", adv_norm=True,
+                               loss_agg_mode="seq-mean-token-mean"),
         run_dir=str(run_dir), max_head_offpolicyness=4, distributed_timeout=120, master_discovery_timeout=120,
     )
 

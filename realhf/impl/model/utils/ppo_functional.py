@@ -11,11 +11,12 @@ proximal log-probs, advantages, rewards, values) is treated as a constant.
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Literal, Optional, Tuple
 
 import torch
 
-from realhf.api.choices import KL_ESTIMATORS
+from realhf.api.choices import KL_ESTIMATORS, POLICY_LOSSES
 from realhf.base.device import all_reduce_sum
 
 Stats = Dict[str, torch.Tensor]
@@ -36,8 +37,51 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Decoupled PPO actor loss
+# Policy losses (the surrogates ppo.policy_loss names) and the decoupled actor loss
 # ---------------------------------------------------------------------------------------------
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's sequence-level log-ratio on every token (time is the last dim).
+
+    Its value is the mean of `log_ratio` over the sequence's masked tokens; its gradient on token
+    t is that of token t's own log-prob. Exponentiated and summed over a sequence's tokens with
+    weight 1/|y| (seq-mean-token-mean) it gives exactly ∇s = s·mean_t ∇logp_t, the gradient of
+    the sequence ratio s; clipping it per token clips the whole sequence at once, because every
+    token carries the same value.
+    """
+    mask = mask.bool()
+    seq_mean = _masked_sum_last(log_ratio.detach(), mask) / mask.sum(-1, keepdim=True).clamp(min=1)  # [..., 1]
+    return seq_mean + log_ratio - log_ratio.detach()
+
+
+def _masked_sum_last(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, x, torch.zeros_like(x)).sum(-1, keepdim=True)
+
+
+def _clipped_ratio(log_ratio, adv, eps_low, eps_high):
+    ratio = torch.exp(log_ratio)
+    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _clipped_log_ratio(log_ratio, adv, eps_low, eps_high):
+    low = math.log(1.0 - eps_low) if eps_low < 1 else -math.inf
+    unclipped, clipped = -adv * log_ratio, -adv * log_ratio.clamp(low, math.log(1.0 + eps_high))
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+# Each surrogate: (per-token log-ratio to the denominator, A, eps_clip, eps_clip_high) →
+# (per-token loss, where the clip was the active term). `gpg`'s −A·logp is written on the
+# log-ratio like the others: the denominator is a constant, so the gradient is the same and the
+# logged loss starts near 0 instead of at an arbitrary −A·logp.
+SURROGATES = {
+    "ppo": _clipped_ratio,
+    "gspo": _clipped_ratio,  # on sequence_log_ratio
+    "cpgd": _clipped_log_ratio,
+    "gpg": lambda log_ratio, adv, lo, hi: (-adv * log_ratio, torch.zeros_like(log_ratio, dtype=torch.bool)),
+}
+assert tuple(SURROGATES) == POLICY_LOSSES, "every ppo.policy_loss choice needs its surrogate"
 
 
 def actor_loss_fn(
@@ -50,28 +94,42 @@ def actor_loss_fn(
     proximal_logprobs: Optional[torch.Tensor] = None,
     behav_imp_weight_cap: Optional[float] = None,
     eps_clip_high: Optional[float] = None,
-    reduce: Literal["mean", "sum"] = "mean",
+    reduce: Literal["mean", "sum", "none"] = "mean",
+    policy_loss: str = "ppo",
 ) -> Tuple[torch.Tensor, Stats]:
-    """The (decoupled) PPO clipped surrogate loss, per token then reduced over `loss_mask`.
+    """The (decoupled) policy loss, per token then reduced over `loss_mask`.
 
-    All tensors have the same shape (any rank). With `den` the proximal log-probs when given,
-    else the behaviour (`old`) log-probs:
+    All tensors have the same shape (any rank; `gspo` reads the last dim as a sequence's tokens).
+    With `den` the proximal log-probs when given, else the behaviour (`old`) log-probs, and
+    `ρ = logp − den` (for `gspo`: `sequence_log_ratio(ρ)`, the sequence's mean on each token):
 
-        r = exp(logp − den)
-        L = max(−A·r, −A·clip(r, 1 − eps_clip, 1 + eps_clip_high))      eps_clip_high defaults to eps_clip
+        ppo, gspo:  r = exp(ρ),  L = max(−A·r, −A·clip(r, 1 − eps_clip, 1 + eps_clip_high))
+        cpgd:       L = max(−A·ρ, −A·clip(ρ, log(1 − eps_clip), log(1 + eps_clip_high)))
+        gpg:        L = −A·ρ (no clip): the gradient of plain −A·logp, valued 0 at ρ = 0
+                    eps_clip_high defaults to eps_clip
         L = min(L, c_clip·|A|)            where A < 0, if c_clip is set (dual clip; c_clip > 1)
         L = L·w,  w = exp(prox − old)     if proximal_logprobs are given (behaviour correction)
         w := 0                            where w > behav_imp_weight_cap, if the cap is given
                                           (without proximal log-probs w ≡ 1 and the cap is unused)
 
+    GSPO with the decoupled loss: the trust region (the clip) is taken at sequence level
+    against the proximal policy, as GSPO asks, while the behaviour weight stays per token. The
+    two correct different things: the clip bounds how far this update moves from π_prox, and
+    w re-weights each sampled token from the (stale) policy that drew it to π_prox — each token
+    of a sequence may have been drawn by a different server version (chunked or interrupted
+    generation), so a per-sequence w would mix versions; per token it stays exact. The gradient
+    on token t is then w_t·(∂L/∂s)·s/|y|: each token's score-function term of ∇s, weighted by
+    its own w_t (without the decoupled loss, w ≡ 1 and this is exactly ∇ of GSPO's objective).
+
     Reduction over the mask (capped tokens stay in the token count):
       - `reduce="mean"`: `loss = Σ_mask L / max(count(mask), 1)` (0, not NaN, for an empty mask);
       - `reduce="sum"`:  `loss = Σ_mask L`; divide by the global token count yourself, e.g. the
-        all-reduced `stats["n_tokens"]`, to get a token mean across data-parallel ranks.
+        all-reduced `stats["n_tokens"]`, to get a token mean across data-parallel ranks;
+      - `reduce="none"`: L per token (0 outside the mask), for another aggregation.
 
     Stats (detached; "mean" = mean over the masked tokens, 0 when there are none):
       - `n_tokens`: number of masked tokens;
-      - `importance_ratio`: mean of r;
+      - `importance_ratio`: mean of exp(ρ);
       - `approx_kl`: mean of (den − logp), the k1 estimate of KL(π_den ‖ π_θ);
       - `clip_fraction`: fraction of tokens where the clipped term is the larger (active) one;
       - `dual_clip_fraction`: fraction of tokens where the dual clip lowered L (0 without c_clip);
@@ -91,8 +149,10 @@ def actor_loss_fn(
             f"behav_imp_weight_cap must be >= 1 (a cap below 1 drops on-policy tokens), "
             f"got {behav_imp_weight_cap}; use None to disable it"
         )
-    if reduce not in ("mean", "sum"):
-        raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+    if reduce not in ("mean", "sum", "none"):
+        raise ValueError(f"reduce must be 'mean', 'sum' or 'none', got {reduce!r}")
+    if policy_loss not in SURROGATES:
+        raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}")
 
     # Compute in float32 at least; only `logprobs` carries gradient.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
@@ -103,13 +163,10 @@ def actor_loss_fn(
     mask = loss_mask.bool()
     den = old if prox is None else prox
 
-    # Clipped surrogate.
-    ratio = torch.exp(logp - den)
-    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * clipped_ratio
-    loss = torch.maximum(loss_unclipped, loss_clipped)
-    clip_active = loss_clipped > loss_unclipped
+    log_ratio = logp - den
+    if policy_loss == "gspo":
+        log_ratio = sequence_log_ratio(log_ratio, mask)
+    loss, clip_active = SURROGATES[policy_loss](log_ratio, adv, eps_clip, eps_clip_high)
 
     # Dual clip: bound the loss of negative-advantage tokens by c·|A|.
     dual_active = torch.zeros_like(mask)
@@ -129,14 +186,14 @@ def actor_loss_fn(
     else:
         behav_weight = torch.ones_like(old)
 
-    loss_sum = _masked_sum(loss, mask)
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
     n_tokens = mask.sum()
-    reduced = loss_sum if reduce == "sum" else loss_sum / n_tokens.clamp(min=1)
+    reduced = {"none": loss, "sum": loss.sum(), "mean": loss.sum() / n_tokens.clamp(min=1)}[reduce]
 
     with torch.no_grad():
         stats: Stats = {
             "n_tokens": n_tokens.detach(),
-            "importance_ratio": _masked_mean(ratio.detach(), mask),
+            "importance_ratio": _masked_mean(torch.exp(log_ratio.detach()), mask),
             "approx_kl": _masked_mean((den - logp).detach(), mask),
             "clip_fraction": _masked_mean(clip_active.to(dtype), mask),
             "dual_clip_fraction": _masked_mean(dual_active.to(dtype), mask),

@@ -147,9 +147,9 @@ def test_grpo_gives_every_trained_token_its_group_normalised_reward():
     per_sample = torch.tensor([1.0, -1.0, 0.0, 0.0, 1.0, -1.0])
     assert torch.allclose(adv, torch.where(m, per_sample[:, None].expand_as(m), torch.zeros(())), atol=1e-5)
     assert torch.equal(returns, adv)  # no critic reads them
-    # Dr.GRPO: the mean only.
+    # dr_grpo: the mean only.
     batch.rewards = torch.tensor([1.0, -1.0, 1.0, 1.0, 5.0, 1.0])
-    adv, _ = actor.compute_advantages(batch, PPOHyperparameters(adv_estimator="grpo", group_adv_norm_std=False))
+    adv, _ = actor.compute_advantages(batch, PPOHyperparameters(adv_estimator="dr_grpo"))
     per_sample = torch.tensor([1.0, -1.0, 0.0, 0.0, 2.0, -2.0])  # 5 − mean(5, 1), not divided by the std
     assert torch.allclose(adv, torch.where(m, per_sample[:, None].expand_as(m), torch.zeros(())), atol=1e-5)
 

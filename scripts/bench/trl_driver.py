@@ -1,0 +1,144 @@
+"""The TRL peer: `GRPOTrainer` with realhf's default algorithm, for a fixed training-time budget.
+
+Runs ONLY under the benchmark's own virtual environment (`.bench/venvs/trl`, made by
+`scripts/bench/peer_trl.py`): it imports torch, transformers, trl and datasets, plus the grader of
+this repo (`realhf.impl.environment.math_grader`, found through PYTHONPATH), which needs only the
+standard library and math-verify — never realhf's own dependencies.
+
+    <venv>/bin/python scripts/bench/trl_driver.py --out-dir D --budget-s 372 --threads 2
+
+The same algorithm as training/configs/async-ppo.yaml: 16 prompts x 8 completions per generation,
+2 optimizer steps per generation (`steps_per_generation=2`, 64 completions each, PPO clip 0.2
+against the generation's log-probs), group-normalised advantages, token-mean loss ("dapo": over
+the active tokens of the batch), k3 KL to the SFT model with beta 0.1 added to the loss (plain,
+not importance-weighted, as realhf: `use_bias_correction_kl=False`), AdamW lr 1e-4 constant,
+gradient clipping 1.0, T=1 without top-k/top-p, 32 new tokens. The reward is realhf's math
+environment with check_work: 1 when the final answer is right and every worked equation holds,
+else 0 (group normalisation makes this the same advantages as +1/-1).
+
+Every `--save-steps` generations (and at the end) the policy is saved as an HF directory
+`<out-dir>/checkpoints/version<g>` with `saved_at.json` = {train_s, step, version}, train_s being
+seconds since the trainer's `on_train_begin`. Training stops after the first generation's two
+optimizer steps at which train_s reaches `--budget-s`. The last stdout line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def load_prompts(path: str):
+    from datasets import Dataset
+
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    return Dataset.from_list([{"prompt": r["prompt"], "solutions": r["solutions"]} for r in rows])
+
+
+def make_reward():
+    from realhf.impl.environment.math_answer import work_lines_correct
+    from realhf.impl.environment.math_grader import MathGrader
+
+    grader = MathGrader(n_workers=1)  # its pool starts only for non-numeric answers
+
+    def check_work_reward(prompts, completions, solutions, **kwargs):
+        return [1.0 if grader.grade(c, s) and work_lines_correct(c) else 0.0 for c, s in zip(completions, solutions)]
+
+    return check_work_reward, grader
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--model", default="assets/tiny-math/sft")
+    p.add_argument("--train-data", default="assets/tiny-math/data/train.jsonl")
+    p.add_argument("--budget-s", type=float, default=372.0)
+    p.add_argument("--save-steps", type=int, default=10, help="save every N generations (each 16x8 samples)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--groups", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--minibatches", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--max-generations", type=int, default=100000, help="safety bound beside the time budget")
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import trl
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    transformers.utils.logging.set_verbosity_error()
+    ckpt_root = os.path.join(args.out_dir, "checkpoints")
+    os.makedirs(ckpt_root, exist_ok=True)
+    n_per_gen = args.groups * args.group_size
+    cfg = GRPOConfig(
+        output_dir=os.path.join(args.out_dir, "trainer"), report_to="none", save_strategy="no", logging_steps=10,
+        disable_tqdm=True, use_cpu=True, seed=args.seed, dataloader_num_workers=0,
+        gradient_checkpointing=False,  # TRL turns it on by default; recomputing only costs time at this size
+        per_device_train_batch_size=n_per_gen // args.minibatches, gradient_accumulation_steps=1,
+        steps_per_generation=args.minibatches, num_generations=args.group_size, num_iterations=1,
+        max_steps=args.max_generations * args.minibatches,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+        beta=args.beta, use_bias_correction_kl=False, loss_type="dapo", scale_rewards="group", epsilon=0.2,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    reward, grader = make_reward()
+    state = {"t0": None, "generations": 0, "train_s": 0.0, "saves": []}
+
+    def save(train_s: float, g: int) -> None:
+        d = os.path.join(ckpt_root, f"version{g}")
+        model.save_pretrained(d, safe_serialization=True)
+        tokenizer.save_pretrained(d)
+        with open(os.path.join(d, "saved_at.json"), "w") as f:
+            json.dump({"train_s": round(train_s, 2), "step": g, "version": g}, f)
+        state["saves"].append(g)
+
+    class BudgetAndSaves(TrainerCallback):
+        def on_train_begin(self, args_, st, control, **kw):
+            state["t0"] = time.monotonic()
+
+        def on_step_end(self, args_, st, control, **kw):
+            if st.global_step % args.minibatches:
+                return  # mid-generation: the budget is checked at whole realhf-sized steps
+            g = st.global_step // args.minibatches
+            train_s = time.monotonic() - state["t0"]
+            state["generations"], state["train_s"] = g, train_s
+            over = train_s >= args.budget_s or g >= args.max_generations
+            if g % args.save_steps == 0 or over:
+                save(train_s, g)
+            if over:
+                control.should_training_stop = True
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=load_prompts(args.train_data),
+                          processing_class=tokenizer, callbacks=[BudgetAndSaves()])
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    try:
+        trainer.train()
+    finally:
+        grader.close()
+    g, train_s = state["generations"], state["train_s"]
+    summary = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+               "threads": args.threads, "budget_s": args.budget_s, "steps": g, "train_s": round(train_s, 2),
+               "n_samples": g * n_per_gen, "samples_per_s": round(g * n_per_gen / train_s, 2) if train_s else 0.0,
+               "saves": state["saves"], "load_before": load_before,
+               "load_after": [round(x, 2) for x in os.getloadavg()]}
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

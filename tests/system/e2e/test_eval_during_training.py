@@ -1,0 +1,63 @@
+"""Validation during training on real processes: with exp_ctrl.eval_freq_steps=4 the launcher
+starts a niced evaluator beside the other workers; it evaluates the published versions that are
+multiples of 4, records them in eval_metrics.jsonl (metrics.jsonl keeps one row per train step),
+the final report prints the accuracy curve, and the run's end neither waits for an evaluation
+nor leaves a process behind."""
+
+import psutil
+import pytest
+
+from realhf.system.stats_logger import read_eval_metrics
+
+from helpers.training_runs import SMALL_RUN, Run, trial_processes
+
+STEPS, EVERY = 10, 4
+
+
+@pytest.mark.e2e
+def test_evaluator_records_accuracy_of_every_fourth_version_at_low_priority(tmp_path, no_leftover_processes):
+    run = Run(tmp_path, "eval", *SMALL_RUN, f"exp_ctrl.benchmark_steps={STEPS}", f"exp_ctrl.eval_freq_steps={EVERY}",
+              "evaluation.during_n_prompts=16", "evaluation.during_samples=2")
+    try:
+        run.wait_for("the evaluator to start", lambda: "evaluating every 4 versions" in run.log("evaluator-0"), 120)
+        assert psutil.Process(run.worker_pid("evaluator-0")).nice() == 10
+        code = run.finish(timeout=600)
+    except BaseException:
+        run.stop()
+        raise
+    out = run.output()
+    assert code == 0, out[-5000:]
+    assert [m["step"] for m in run.metrics()] == list(range(1, STEPS + 1))  # train rows only
+    evals = read_eval_metrics(str(run.log_dir))
+    versions = [e["version"] for e in evals]
+    # Version 4 has six train steps to be evaluated in; 8 only two, and the run never waits for it.
+    assert versions in ([4], [4, 8]), out[-3000:]
+    for e in evals:
+        assert 0 <= e["eval/accuracy"] <= e["eval/pass_at_k"] <= 1
+        assert (e["eval/k"], e["eval/n_prompts"]) == (2, 16) and e["eval/skipped"] == []
+    assert "evaluated version 4 (step 4): accuracy" in run.log("evaluator-0")
+    assert "accuracy curve" in out and "pass@2" in out
+    assert run.leftovers() == [] and trial_processes(str(tmp_path)) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_killed_evaluator_is_restarted_and_carries_on_without_repeating_a_version(tmp_path, no_leftover_processes):
+    import signal
+
+    run = Run(tmp_path, "evalkill", *SMALL_RUN, "exp_ctrl.benchmark_steps=60", "exp_ctrl.eval_freq_steps=2",
+              "evaluation.during_n_prompts=16", "evaluation.during_samples=2")
+    try:
+        run.wait_for("a first evaluation", lambda: read_eval_metrics(str(run.log_dir)), 300)
+        run.kill_worker("evaluator-0", signal.SIGKILL)
+        code = run.finish(timeout=600)
+    except BaseException:
+        run.stop()
+        raise
+    out = run.output()
+    assert code == 0, out[-5000:]
+    assert "workers restarted: {'evaluator/0': 1}" in out
+    versions = [e["version"] for e in read_eval_metrics(str(run.log_dir))]
+    assert versions == sorted(set(versions)) and all(v % 2 == 0 for v in versions)  # none twice, all due ones
+    assert "evaluating every 2 versions from version" in run.log("evaluator-0").split("restart 1 of evaluator/0")[-1]
+    assert run.leftovers() == [] and trial_processes(str(tmp_path)) == []

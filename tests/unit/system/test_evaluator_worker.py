@@ -1,0 +1,170 @@
+"""The evaluator worker in this process against a fake trainer: real published directories of the
+tiny-math model, pruned as the trainer prunes them, a version number in (in-memory) name resolve,
+the real native engine and grader. The engine is paused to hold an evaluation "in progress"."""
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from realhf.api.cli_args import NameResolveConfig
+from realhf.api.worker_configs import EvaluatorConfig
+from realhf.base import name_resolve, names
+from realhf.impl.model.checkpoint import prune_versions
+from realhf.system.evaluator_worker import Evaluator
+from realhf.system.stats_logger import read_eval_metrics
+from realhf.system.worker_base import WorkerContext
+
+from helpers.paths import TINY_MATH
+
+EXP, TRIAL = "eval-test", "t"
+
+
+class FakeTrainer:
+    """Publishes version v as the model worker does (directory first, then model_version), and
+    keeps only the newest two. Versions up to `untrained_until` are the random initial weights
+    (accuracy 0), later ones the warm-started model, so a result shows which weights it measured."""
+
+    def __init__(self, run_dir, untrained_until=8):
+        self.untrained_until = untrained_until
+        self.root = run_dir / "published_weights" / "actor"
+        self.key = names.model_version(EXP, TRIAL, "actor")
+
+    def step_to(self, version):
+        weights = "base" if version <= self.untrained_until else "sft"
+        shutil.copytree(os.path.join(TINY_MATH, weights), self.root / str(version))
+        prune_versions(self.root, keep=2, current=version)
+        name_resolve.add(self.key, str(version), replace=True)
+
+
+@pytest.fixture
+def evaluator(tmp_path):
+    name_resolve.reconfigure(NameResolveConfig(type="memory"))
+    # nice=0: os.nice(+10) here would lower the priority of the test runner itself for good.
+    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=8,
+                          samples=2, model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=16,
+                          run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
+                          poll_interval=0.01)
+    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
+    w._configure()
+    yield w, FakeTrainer(tmp_path / "run"), str(tmp_path / "logs")
+    w._exit_hook()
+    name_resolve.reset()
+
+
+def _poll_until(w, what, predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        w._poll()
+
+
+def test_versions_taken_while_busy_survive_the_prune_and_only_the_newest_is_evaluated(evaluator):
+    w, trainer, log_dir = evaluator
+    w._engine.pause()  # the evaluation of version 4 will wait in the engine: "in progress"
+    for v in range(1, 5):
+        trainer.step_to(v)
+        w._poll()
+    assert w._running is not None and w._running[0].version == 4
+    for v in range(5, 13):  # 8 and 12 come out while 4 is still being evaluated
+        trainer.step_to(v)
+        w._poll()
+    assert sorted(p.name for p in trainer.root.iterdir()) == ["11", "12"]  # 4 and 8 pruned by the trainer
+    assert sorted(os.listdir(w._taken)) == ["12", "4", "8"]  # ...but held by the evaluator's links
+    w._engine.resume()
+    _poll_until(w, "two evaluations", lambda: len(read_eval_metrics(log_dir)) == 2)
+    rows = read_eval_metrics(log_dir)
+    assert [r["version"] for r in rows] == [4, 12]
+    assert rows[1]["eval/skipped"] == [8]
+    # Each evaluation measured its own version's weights: 4 is the random init, 12 the warm start
+    # (measured 0.3-0.5 on these 16 answers; all 16 wrong has probability ~1e-4).
+    assert rows[0]["eval/accuracy"] == 0 and rows[1]["eval/accuracy"] > 0
+    for r in rows:
+        assert 0 <= r["eval/accuracy"] <= r["eval/pass_at_k"] <= 1  # pass@k >= accuracy, always
+        assert (r["eval/k"], r["eval/n_prompts"]) == (2, 8) and r["eval/seconds"] > 0
+    _poll_until(w, "the links released", lambda: os.listdir(w._taken) == [])
+
+
+def test_stopping_abandons_an_evaluation_in_progress_at_once_and_records_nothing(evaluator):
+    w, trainer, log_dir = evaluator
+    w._engine.pause()
+    for v in range(1, 5):
+        trainer.step_to(v)
+        w._poll()
+    future = w._running[1]
+    t0 = time.monotonic()
+    w._exit_hook()
+    with pytest.raises(Exception, match="abort|stopped|shutting down"):
+        future.result(timeout=5)
+    assert time.monotonic() - t0 < 5
+    assert read_eval_metrics(log_dir) == []
+    assert not w._taken.exists()
+
+
+def test_a_restarted_evaluator_carries_on_after_the_last_recorded_version(evaluator, tmp_path):
+    w, trainer, log_dir = evaluator
+    for v in range(1, 5):
+        trainer.step_to(v)
+    _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(log_dir)) == 1)
+    w._exit_hook()
+    again = Evaluator(w.ctx, w.config)  # same config: the launcher's restart
+    again._configure()
+    try:
+        assert again._schedule.evaluated == 4
+        trainer.step_to(5)
+        again._poll()
+        assert again._running is None and os.listdir(again._taken) == []  # 4 is not evaluated twice
+    finally:
+        again._exit_hook()
+
+
+def test_a_resumed_run_drops_the_rows_of_versions_it_trains_again(tmp_path):
+    name_resolve.reconfigure(NameResolveConfig(type="memory"))  # the trainer has not republished yet
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with open(logs / "eval_metrics.jsonl", "w") as f:
+        for v in (4, 8):
+            f.write(json.dumps({"step": v, "version": v, "eval/accuracy": 0.5}) + "\n")
+    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=2,
+                          model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=4,
+                          run_dir=str(tmp_path / "run"), metrics_path=str(logs / "eval_metrics.jsonl"))
+    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"),
+                  dataclasses.replace(cfg, resumed_version=6))  # the checkpoint of step 6: 8 is trained again
+    w._configure()
+    try:
+        assert [r["version"] for r in read_eval_metrics(str(logs))] == [4]
+        assert w._schedule.evaluated == 4
+    finally:
+        w._exit_hook()
+        name_resolve.reset()
+
+
+def test_evaluations_reach_tensorboard_when_configured(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from realhf.api.cli_args import StatsLoggingConfig
+
+    name_resolve.reconfigure(NameResolveConfig(type="memory"))
+    tb = tmp_path / "tb"
+    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=4,
+                          samples=2, model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=8,
+                          run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
+                          stats=StatsLoggingConfig(tensorboard_path=str(tb)), poll_interval=0.01)
+    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
+    w._configure()
+    try:
+        trainer = FakeTrainer(tmp_path / "run", untrained_until=0)
+        for v in range(1, 5):
+            trainer.step_to(v)
+        _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(str(tmp_path / "logs"))) == 1)
+    finally:
+        w._exit_hook()
+        name_resolve.reset()
+    events = EventAccumulator(str(tb))
+    events.Reload()
+    assert {"eval/accuracy", "eval/pass_at_k", "eval/seconds"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [4]
