@@ -7,6 +7,7 @@ for realhf; a callback for TRL), each saving its policy every `--save-steps` ste
 samples each) with the training seconds at which it existed:
 
     realhf_default  training/configs/async-ppo.yaml as it is
+    realhf_eta1     the same with max_head_offpolicyness=1 (optional: --runs)
     realhf_sync     max_head_offpolicyness=0 ppo.use_decoupled_loss=false + BEST_SYNC (thread counts)
     trl             TRL's GRPOTrainer with the same algorithm (scripts/bench/trl_driver.py), own venv
 
@@ -31,11 +32,16 @@ from typing import Dict, Optional, Sequence
 from scripts.bench import accuracy_curve as ac
 from scripts.bench.common import emit, log, print_tables
 
-# realhf's synchronous mode at its best thread setting on this machine kind: each phase may use
-# both cores while the other idles. A starting point; the lead measures and sets it.
-BEST_SYNC = ("actor.n_threads=2", "gen_server.native.n_threads=2")
+# realhf's synchronous mode at its best thread setting on this machine kind. Measured (40 steps
+# each, docs/benchmarks.md): one thread per process 115 samples/s, two for the trainer and the
+# generation server (each phase alone on both cores) 110: the generation phase is bound by the
+# rollout path rather than the engine's arithmetic, so a second thread buys nothing.
+BEST_SYNC: tuple = ()
 SYNC = ("max_head_offpolicyness=0", "ppo.use_decoupled_loss=false")
-RUNS = ("realhf_default", "realhf_sync", "trl")
+# realhf runs by name: the overrides on top of training/configs/async-ppo.yaml.
+REALHF_RUNS = {"realhf_default": (), "realhf_eta1": ("max_head_offpolicyness=1",), "realhf_sync": SYNC + BEST_SYNC}
+RUNS = ("realhf_default", "realhf_eta1", "realhf_sync", "trl")
+DEFAULT_RUNS = ("realhf_default", "realhf_sync", "trl")
 EXPERIMENT = "async-ppo-math"
 MAX_STEPS = 100000  # the time budget ends the run long before
 
@@ -125,7 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--eval-threads", type=int, default=2, help="torch threads of the evaluation (after all runs)")
     p.add_argument("--target", type=float, default=None, help="accuracy target (default: 3/4 of the way from the "
                                                                "SFT accuracy to the worst final accuracy)")
-    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(DEFAULT_RUNS),
+                   help="realhf_eta1: the default with max_head_offpolicyness=1")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", default=None, help="keep runs and checkpoints here (default: a temp dir, deleted)")
     args = p.parse_args(argv)
@@ -141,8 +148,8 @@ def main(argv=None) -> int:
                 made[name] = trl_run(args.budget_s, args.save_steps, args.seed, args.trl_threads,
                                      os.path.join(work, "trl"), timeout)
             else:
-                extra = () if name == "realhf_default" else SYNC + BEST_SYNC
-                made[name] = realhf_run(name, extra, args.budget_s, args.save_steps, args.seed, work, timeout)
+                made[name] = realhf_run(name, REALHF_RUNS[name], args.budget_s, args.save_steps, args.seed, work,
+                                        timeout)
         log(f"evaluating {1 + sum(len(r['checkpoints']) for r in made.values())} checkpoints")
         ev = dict(n_prompts=args.eval_prompts, n_samples=args.eval_samples, seed=args.seed, threads=args.eval_threads)
         start = ac.evaluate_curve([(0.0, ac.SFT)], **ev)[0]

@@ -118,6 +118,8 @@ class PromptSampler:
         if not rows:
             raise ValueError("PromptSampler needs at least one row")
         self._rows = list(rows)
+        # Once: the rollout worker records the sampler's state with every episode it starts.
+        self._fingerprint = _fingerprint(self._rows)
         self._seed = seed
         self._shuffle = shuffle
         self.epoch = 0
@@ -157,7 +159,7 @@ class PromptSampler:
             "epoch": self.epoch,
             "position": self._pos,
             "n_rows": len(self._rows),
-            "fingerprint": _fingerprint(self._rows),
+            "fingerprint": self._fingerprint,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

@@ -119,6 +119,7 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
 
         self.prompt_tokens_total = 0
+        self.prefill_shared_total = 0  # admitted prompts whose prefill was another slot's (identical prompt)
         self.generation_tokens_total = 0
         self.requests_total = 0
         self.aborted_total = 0
@@ -384,8 +385,9 @@ class Engine:
             return
 
         # Shortest prompts first, prefilled in chunks of similar length: padding to the longest
-        # prompt of the whole batch would waste up to a third of the prefill compute.
-        batch.sort(key=lambda r: len(r.req.input_ids))
+        # prompt of the whole batch would waste up to a third of the prefill compute. Identical
+        # prompts end up side by side.
+        batch.sort(key=lambda r: (len(r.req.input_ids), r.req.input_ids))
         lo, b = self.n_active, len(batch)
         hi = lo + b
         prompt_lens = [len(r.req.input_ids) for r in batch]
@@ -395,17 +397,31 @@ class Engine:
         self._admitting = []
         self.prompt_tokens_total += sum(prompt_lens)
 
+        # The samples of a prompt group arrive as identical prompts: each distinct prompt is
+        # prefilled once and its keys and values copied to the other slots (they then sample
+        # independently from the same logits).
+        first: Dict[Tuple[int, ...], int] = {}
+        source = [first.setdefault(tuple(r.req.input_ids), i) for i, r in enumerate(batch)]  # [b] row to share
+        unique = list(first.values())
         parts = []
-        for c0 in range(0, b, _PREFILL_CHUNK):
-            chunk = batch[c0 : c0 + _PREFILL_CHUNK]
-            longest = len(chunk[-1].req.input_ids)
+        for c0 in range(0, len(unique), _PREFILL_CHUNK):
+            rows = unique[c0 : c0 + _PREFILL_CHUNK]
+            longest = max(prompt_lens[i] for i in rows)
             # Right-padded: one tensor (one copy to a GPU) per chunk.
-            tokens = torch.tensor([r.req.input_ids + [0] * (longest - len(r.req.input_ids)) for r in chunk],
+            tokens = torch.tensor([batch[i].req.input_ids + [0] * (longest - prompt_lens[i]) for i in rows],
                                   dtype=torch.long, device=self.device)  # [c, longest]
-            slots = torch.arange(lo + c0, lo + c0 + len(chunk), device=self.device)  # [c]
-            lengths = torch.tensor(prompt_lens[c0 : c0 + len(chunk)], device=self.device)  # [c]
+            slots = torch.tensor([lo + i for i in rows], device=self.device)  # [c]
+            lengths = torch.tensor([prompt_lens[i] for i in rows], device=self.device)  # [c]
             parts.append(self.runner.prefill(slots, tokens, lengths))
-        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [b, vocab]
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [u, vocab]
+        copies = [i for i, src in enumerate(source) if src != i]
+        if copies:
+            self.runner.move_slots(torch.tensor([lo + source[i] for i in copies], device=self.device),
+                                   torch.tensor([lo + i for i in copies], device=self.device),
+                                   max(prompt_lens[i] for i in copies))
+            at = {row: k for k, row in enumerate(unique)}
+            logits = logits[torch.tensor([at[src] for src in source], device=self.device)]  # [b, vocab]
+        self.prefill_shared_total += len(copies)
         self._sample_append_retire(logits, lo, hi)
 
     # ---- one decode step ------------------------------------------------------------------------

@@ -181,6 +181,27 @@ def test_a_bad_checkpoint_leaves_the_old_weights_in_place(engine_factory, gpt2_p
     assert res.weight_version == 0 and res.output_ids == hf_ref.greedy([3, 4], 8)
 
 
+@pytest.mark.parametrize("kind", ["static_kv", "hf"])
+def test_identical_prompts_admitted_together_are_prefilled_once_and_answer_as_if_alone(engine_factory, hf_ref, kind):
+    # A prompt group's samples: 6 identical prompts and 2 others, admitted in one batch (queued
+    # while paused). Every greedy answer and its log-probs must be what the prompt gives alone;
+    # 5 of the 6 copies take the first one's keys and values instead of a prefill.
+    engine = engine_factory(max_running_requests=8, kind=kind)
+    group, others = [5, 9, 17, 3], [[5, 9, 17], [7, 7, 2, 2, 8]]
+    alone = engine.submit(req(group, max_new_tokens=9, temperature=0.0)).result(30)
+    assert engine.prefill_shared_total == 0
+    assert engine.pause().result(5) == 0
+    futures = [engine.submit(req(p, max_new_tokens=9, temperature=0.0)) for p in [group] * 3 + others + [group] * 3]
+    engine.resume().result(5)
+    results = [f.result(30) for f in futures]
+    assert engine.prefill_shared_total == 5
+    for p, r in zip([group] * 3 + others + [group] * 3, results):
+        assert r.output_ids == hf_ref.greedy(p, 9)
+    for r in results[:3] + results[5:]:
+        assert r.output_ids == alone.output_ids
+        torch.testing.assert_close(torch.tensor(r.output_logprobs), torch.tensor(alone.output_logprobs), atol=1e-4, rtol=0)
+
+
 def test_pause_keeps_new_requests_queued_until_continue(engine_factory):
     engine = engine_factory()
     assert engine.pause().result(5) == 0
