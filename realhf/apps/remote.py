@@ -9,7 +9,7 @@ import sys
 
 from omegaconf import OmegaConf
 
-from realhf.api.validation import validate_worker_config
+from realhf.api.worker_validation import validate_worker_config
 from realhf.base import logging
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext

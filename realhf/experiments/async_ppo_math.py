@@ -20,7 +20,8 @@ import os
 from typing import List, Optional
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
-from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment, validate_worker_config
+from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
+from realhf.api.worker_validation import validate_worker_config
 from realhf.api.worker_configs import (
     EvaluatorConfig,
     GenerationServerConfig,

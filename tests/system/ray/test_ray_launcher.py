@@ -27,6 +27,7 @@ def _new_marked(before) -> list:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI time: the SIGINT test below trains on Ray too
 def test_thirty_steps_across_two_nodes_with_the_generation_server_killed_and_restarted(tmp_path):
     marked_before = marked_processes()
     with three_nodes() as (address, node_ids):

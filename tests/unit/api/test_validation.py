@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from realhf.api.cli_args import AgentConfig, ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
-from realhf.api.validation import ConfigError, check_agent, check_optimizer, validate_worker_config
+from realhf.api.validation import ConfigError, check_agent, check_optimizer
+from realhf.api.worker_validation import validate_worker_config
 from realhf.api.worker_configs import GenerationServerConfig, ModelWorkerConfig
 from realhf.api.validation import validate_experiment as check_config
 from realhf.experiments.config_loading import compose_config

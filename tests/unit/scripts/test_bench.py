@@ -68,6 +68,7 @@ def test_manager_bench_reports_requests_per_second(no_leftover_processes):
     assert result["errors"] == 0
 
 
+@pytest.mark.slow  # CI time; the suite's entry point and the other benchmarks' smoke runs stay
 def test_weight_update_bench_reports_tiny_and_large_latency(no_leftover_processes):
     result, _ = run_bench("scripts.bench.weight_update", "--short")
     assert result["bench"] == "weight_update"
@@ -81,6 +82,7 @@ def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
     assert_positive(result, ["baseline_s", "current_s", "speedup", "n_tokens"])
 
 
+@pytest.mark.slow  # CI time; the suite's entry point and the other benchmarks' smoke runs stay
 def test_engine_bench_times_unwrapped_fsdp_and_dp2(no_leftover_processes):
     result, _ = run_bench("scripts.bench.engine", "--short")
     assert result["bench"] == "engine"

@@ -5,7 +5,7 @@ import pytest
 
 from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.worker_configs import GenerationServerConfig
-from realhf.api.validation import validate_worker_config
+from realhf.api.worker_validation import validate_worker_config
 from realhf.base import name_resolve, names
 from realhf.base.secret import auth_headers
 from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail

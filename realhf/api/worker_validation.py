@@ -1,0 +1,122 @@
+"""The rules for one worker's config, at every worker's entry (realhf.apps.remote) and for every
+worker config the entry point derives (realhf.experiments): a config written by hand or by
+another tool is held to the rules `realhf.api.validation` applies to the experiment's root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from realhf.api import choices
+from realhf.api.validation import (
+    _Fields,
+    check_agent,
+    check_critic_matches_actor,
+    check_device,
+    check_env,
+    check_exp_ctrl,
+    check_generation,
+    check_model,
+    check_native_engine,
+    check_ppo,
+)
+from realhf.api.worker_configs import (
+    EvaluatorConfig,
+    GenerationServerConfig,
+    GserverManagerConfig,
+    MasterWorkerConfig,
+    ModelWorkerConfig,
+    RolloutWorkerConfig,
+)
+
+
+def _check_generation_server(c: GenerationServerConfig) -> None:
+    f = _Fields(c, "generation_server")
+    f.choice("backend", choices.GENERATION_BACKENDS)
+    f.need(bool(c.model_path), "generation_server.model_path is empty; set it to an HF model directory")
+    check_device(c.device, f.name("device"))
+    f.at_least("max_request_bytes", 1024)
+    check_native_engine(c.native, "generation_server.native")
+    f.need(c.backend != "native" or c.tp_size == 1,
+           f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}")
+    f.within("port", 0, 65535)
+    for name in ("startup_timeout", "health_check_interval", "health_timeout", "keepalive_ttl"):
+        f.at_least(name, 0, strict=True)
+    f.at_least("max_health_failures", 1)
+
+
+def _check_manager(c: GserverManagerConfig) -> None:
+    f = _Fields(c, "gserver_manager")
+    f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    f.at_least("max_request_bytes", 1024)
+    for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
+        f.at_least(name, 0, strict=True)
+    f.need(c.groups_per_step >= c.n_trainer_ranks,
+           f"gserver_manager.groups_per_step={c.groups_per_step} < n_trainer_ranks={c.n_trainer_ranks}: "
+           "every trainer DP rank takes at least one group per step")
+    f.at_least("max_head_offpolicyness", 0)
+    f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
+
+
+def _check_rollout_worker(c: RolloutWorkerConfig) -> None:
+    f = _Fields(c, "rollout_worker")
+    for name in ("group_size", "max_concurrent_rollouts", "n_pullers", "max_consecutive_failures"):
+        f.at_least(name, 0, strict=True)
+    f.at_least("new_tokens_per_chunk", 0)
+    check_agent(c.agent)
+    check_env(c.env)
+    check_generation(c.gconfig)
+
+
+def _check_model_worker(c: ModelWorkerConfig) -> None:
+    f = _Fields(c)
+    f.need(bool(c.actor.path), "actor.path is empty: set it to an HF model directory")
+    check_model(c.actor, "actor")
+    check_model(c.ref, "ref")
+    check_model(c.critic, "critic")
+    check_ppo(c.ppo)
+    check_device(c.device, f.name("device"))
+    if c.ppo.adv_estimator == "gae":
+        check_critic_matches_actor(c.critic.path, c.actor.path)
+    f.at_least("max_head_offpolicyness", 0)
+    f.at_least("total_train_steps", 0)
+
+
+def _check_master(c: MasterWorkerConfig) -> None:
+    f = _Fields(c, "master_worker")
+    f.at_least("n_model_workers", 1)
+    f.need(c.groups_per_step >= c.n_model_workers,
+           f"groups_per_step ({c.groups_per_step}) must be >= the number of model workers ({c.n_model_workers}): "
+           "every DP rank trains at least one group per step")
+    f.at_least("total_train_steps", 0, strict=True)
+    check_exp_ctrl(c.exp_ctrl)
+    check_ppo(c.ppo)
+
+
+def _check_evaluator(c: EvaluatorConfig) -> None:
+    f = _Fields(c, "evaluator")
+    for name in ("eval_freq_steps", "n_prompts", "samples", "n_threads", "max_new_tokens", "batch_size"):
+        f.at_least(name, 1)
+    f.at_least("temperature", 0)
+    f.within("nice", 0, 19)
+    f.at_least("poll_interval", 0, strict=True)
+    f.need(bool(c.run_dir) and bool(c.metrics_path), "evaluator.run_dir and evaluator.metrics_path must be set")
+    check_native_engine(c.native, "evaluator.native")
+    check_device(c.device, "evaluator.device")
+
+
+_WORKER_CHECKS = {
+    GenerationServerConfig: _check_generation_server,
+    GserverManagerConfig: _check_manager,
+    RolloutWorkerConfig: _check_rollout_worker,
+    ModelWorkerConfig: _check_model_worker,
+    MasterWorkerConfig: _check_master,
+    EvaluatorConfig: _check_evaluator,
+}
+
+
+def validate_worker_config(cfg: Any) -> None:
+    """The rules for one worker's config (a no-op for config classes this module does not know,
+    e.g. a user's own worker)."""
+    check = _WORKER_CHECKS.get(type(cfg))
+    if check is not None:
+        check(cfg)
