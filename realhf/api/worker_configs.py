@@ -194,4 +194,5 @@ class EvaluatorConfig:
     metrics_path: str = _f("", "Where each evaluation's row is appended (the trial's eval_metrics.jsonl).")
     wandb_run_name: str = _f("", "wandb run of the evaluations (stats.wandb_project set): a run of its own beside the master's.")
     resumed_version: int = _f(0, "The version the run resumed from (set on recovery): rows of later versions in metrics_path belong to steps trained again, and are dropped.")
+    answer_timeout: float = _f(600.0, "Seconds one answer of an evaluation may take in the evaluator's engine before the evaluation fails naming it.")
     poll_interval: float = _f(0.25, "Seconds between reads of model_version/<role> (a version must be taken before the trainer prunes it).")

@@ -99,6 +99,7 @@ def _check_evaluator(c: EvaluatorConfig) -> None:
     f.at_least("temperature", 0)
     f.within("nice", 0, 19)
     f.at_least("poll_interval", 0, strict=True)
+    f.at_least("answer_timeout", 0, strict=True)
     f.need(bool(c.run_dir) and bool(c.metrics_path), "evaluator.run_dir and evaluator.metrics_path must be set")
     check_native_engine(c.native, "evaluator.native")
     check_device(c.device, "evaluator.device")

@@ -72,7 +72,8 @@ class Evaluator(Worker):
         native = dataclasses.replace(cfg.native, n_threads=cfg.n_threads, max_running_requests=cfg.batch_size)
         self._engine = create_engine_from_config(cfg.model_path, native, seed=cfg.seed, name=self.name,
                                                  device=pick_device(cfg.device)).start()
-        self._generate = engine_generate_fn(self._engine)
+        # Bounded: an engine that stopped answering fails this evaluation (and the worker, which restarts).
+        self._generate = engine_generate_fn(self._engine, timeout=cfg.answer_timeout)
         self._grader = MathGrader(n_workers=1)
         self._sink = StatsLogger(cfg.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
                                  wandb_run_name=cfg.wandb_run_name, wandb_mode=cfg.stats.wandb_mode, echo=False)

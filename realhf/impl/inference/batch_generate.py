@@ -10,6 +10,7 @@ without rebuilding anything. Sampling is pure (no top-k, no top-p) at the given 
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import List, Optional
 
 from realhf.impl.evaluation import GenerateFn
@@ -35,7 +36,13 @@ def engine_generate_fn(engine: Engine, timeout: Optional[float] = None) -> Gener
             raise GenerationInterrupted(str(e)) from None
         out = []
         for k, future in enumerate(futures):
-            result = future.result(timeout=timeout)
+            try:
+                result = future.result(timeout=timeout)
+            except concurrent.futures.TimeoutError:
+                for rest in futures[k:]:
+                    rest.cancel()
+                raise TimeoutError(f"answer {k} of {len(prompts)} from the in-process engine took longer than "
+                                   f"{timeout:g}s") from None
             if result.finish_reason.get("type") == "abort":
                 for rest in futures[k + 1:]:
                     rest.cancel()

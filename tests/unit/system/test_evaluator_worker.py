@@ -168,3 +168,18 @@ def test_evaluations_reach_tensorboard_when_configured(tmp_path):
     events.Reload()
     assert {"eval/accuracy", "eval/pass_at_k", "eval/seconds"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("eval/accuracy")] == [4]
+
+
+def test_an_engine_that_does_not_answer_fails_the_evaluation_naming_the_wait():
+    from realhf.impl.inference.batch_generate import engine_generate_fn
+    from realhf.impl.inference.factory import create_engine
+
+    from helpers.trajectories import TINY_SFT
+
+    engine = create_engine(TINY_SFT, max_running_requests=4).start()
+    try:
+        assert engine.pause().result(5) == 0  # requests queue and are never answered
+        with pytest.raises(TimeoutError, match=r"answer 0 of 2 from the in-process engine took longer than 0.3s"):
+            engine_generate_fn(engine, timeout=0.3)([[5, 6], [7]], 1.0, 4)
+    finally:
+        engine.stop()
