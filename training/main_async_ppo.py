@@ -9,7 +9,10 @@ realhf.api.cli_args.AsyncPPOMATHConfig; `--help` lists every field). The run:
      master (and the evaluator, with exp_ctrl.eval_freq_steps > 0), and supervises them until the
      master marks the trial COMPLETE (or anything fails);
   4. prints the reward curve, the accuracy curve of the evaluations during training (if any) and
-     the accuracy of the last published weights.
+     the accuracy of the last published weights, and saves the curves as <log dir>/curves.png.
+
+While it runs, a progress bar (realhf/scheduler/progress_view.py) sits below the master's
+echoed lines when stdout is a terminal.
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ from realhf.experiments.async_ppo_math import (
 )
 from realhf.experiments.config_loading import compose_config, register_schema
 from realhf.scheduler.factory import make_launcher
+from realhf.scheduler.progress_view import RunProgress
 from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError
 from realhf.system.stats_logger import read_eval_metrics
+from realhf.system.stats_plot import write_curves_png
 
 logger = logging.getLogger("main_async_ppo")
 
@@ -54,12 +59,13 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
     """Greedy and sampled (T = evaluation.sampled_temperature) accuracy on the first n held-out prompts."""
     import torch
 
-    from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
+    from realhf.impl.dataset.prompt_dataset import load_prompts
     from realhf.impl.environment.math_grader import MathGrader
     from realhf.impl.evaluation import evaluate_math_accuracy
 
     torch.set_num_threads(max(1, cfg.actor.n_threads))
-    rows = load_jsonl_prompts(cfg.dataset.test_path)[: cfg.evaluation.n_prompts]
+    ds = cfg.dataset
+    rows = load_prompts(ds.test_path, columns=ds.columns, split=ds.test_split)[: cfg.evaluation.n_prompts]
     out = {}
     with MathGrader(n_workers=1) as grader:
         for name, temperature in (("greedy", 0.0), ("sampled", cfg.evaluation.sampled_temperature)):
@@ -168,8 +174,12 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
               f"({cfg.evaluation.n_prompts} held-out prompts)", flush=True)
 
     launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name)
+    total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
+    view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
+    launcher.echo_to(view.print_lines)
     try:
         launcher.start()
+        view.start()
         for spec in specs:
             launcher.submit(spec)
         launcher.wait()
@@ -184,7 +194,8 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
         print(f"run failed (exit 1): {e}; logs in {paths.log_dir}", file=sys.stderr)
         return 1
     finally:
-        launcher.stop_all()
+        launcher.stop_all()  # its last echoed lines still go through the view
+        view.stop()
 
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
@@ -192,6 +203,9 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     if cfg.exp_ctrl.eval_freq_steps > 0:
         print("\naccuracy curve (evaluations during training, exp_ctrl.eval_freq_steps="
               f"{cfg.exp_ctrl.eval_freq_steps}):\n" + accuracy_curve(read_eval_metrics(paths.log_dir)), flush=True)
+    png = write_curves_png(paths.log_dir, metrics, read_eval_metrics(paths.log_dir))
+    if png is not None:
+        print(f"\nreward and accuracy curves (PNG): {png}", flush=True)
     final = latest_weights(paths)
     if cfg.evaluation.n_prompts > 0 and final is not None:
         after = evaluate(final, cfg)

@@ -230,6 +230,16 @@ class OptimizerConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """PEFT LoRA adapters on the actor (realhf.impl.model.lora; pip install 'realhf[lora]')."""
+
+    r: int = _f(0, "LoRA rank: > 0 trains low-rank adapters on target_modules with every base weight frozen (the optimizer holds only the adapters; the frozen base is the reference for ppo.kl_ctl > 0; the generation servers load the merged model); 0: off (every weight trains). Actor only.")
+    alpha: float = _f(16.0, "LoRA alpha: an adapter adds (alpha / r) * B @ A to its module's weight.")
+    target_modules: List[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Names (the last part) of the linear modules that get adapters; the default is every projection of a Llama/Qwen2 decoder layer. Checked against the model when it loads.")
+    dropout: float = _f(0.0, "Dropout on each adapter's input during training, in [0, 1).")
+
+
+@dataclass
 class ModelTrainEvalConfig:
     path: str = _f("", "HF directory of the model (weights, config.json, tokenizer files).")
     backend: str = _f("torch", "Trainer backend; only 'torch' (single device per rank, DP over torch.distributed).")
@@ -239,6 +249,7 @@ class ModelTrainEvalConfig:
     param_dtype: str = _f("", "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.")
     reduce_dtype: str = _f("float32", "Mixed precision (FSDP2): the dtype gradients are reduced across DP ranks in.")
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and LR schedule (trained models only).")
+    lora: LoRAConfig = _sub(LoRAConfig, "LoRA adapters instead of full fine-tuning (actor.lora.r > 0).")
 
 
 @dataclass
@@ -289,9 +300,24 @@ class ExperimentSaveEvalControl:
 
 
 @dataclass
+class DatasetColumnsConfig:
+    """Which column (JSONL: field) of the user's data holds each fact realhf reads; a row reaches the
+    agent and environment with these renamed to the names below, its other columns as they are."""
+
+    query_id: str = _f("query_id", "Column of the row's unique id; empty: the data has none, ids are '<file name>-<row>' (the JSONL line or the table row index), stable while the file is unchanged.")
+    prompt: str = _f("prompt", "Column of the prompt text.")
+    messages: str = _f("messages", "Column of the chat messages ([{role, content}, ...]), used instead of a prompt text.")
+    solutions: str = _f("solutions", "Column of the reference answers: a list of strings, or one string.")
+    task: str = _f("task", "Column of the task name (optional in every row).")
+
+
+@dataclass
 class DatasetConfig:
-    path: str = _f("assets/tiny-math/data/train.jsonl", "JSONL training prompts: query_id, prompt text or chat messages, and any fields the agent and environment use (math: solutions).")
-    test_path: str = _f("assets/tiny-math/data/test.jsonl", "JSONL held-out prompts for the before/after accuracy report.")
+    path: str = _f("assets/tiny-math/data/train.jsonl", "Training prompts: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk (the last two need the datasets extra). Rows: an id, a prompt text or chat messages, and any columns the agent and environment use (math: solutions); see dataset.columns.")
+    test_path: str = _f("assets/tiny-math/data/test.jsonl", "Held-out prompts for the before/after accuracy report and the evaluator, in any format dataset.path accepts.")
+    columns: DatasetColumnsConfig = _sub(DatasetColumnsConfig, "Column names of dataset.path and dataset.test_path.")
+    split: str = _f("train", "Split of dataset.path when it is a saved DatasetDict directory (ignored for other formats).")
+    test_split: str = _f("test", "Split of dataset.test_path when it is a saved DatasetDict directory (ignored for other formats).")
     chat_template: str = _f("auto", "How a row's prompt is encoded: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.")
 
 
@@ -312,6 +338,8 @@ class StatsLoggingConfig:
     tensorboard_path: str = _f("", "Directory for tensorboard event files (needs the tensorboard extra); empty: off.")
     wandb_project: str = _f("", "Weights & Biases project to log every step to (needs the wandb extra); empty: off.")
     wandb_mode: str = _f("offline", "wandb mode: 'offline' (files only, no network) or 'online'.")
+    progress_bar: bool = _f(True, "A live progress bar (step/total, ETA, reward, accuracy, samples/s, staleness) in the launcher's terminal; never drawn when stdout is not a terminal.")
+    prometheus_port: int = _f(0, "Port of the master's Prometheus /metrics endpoint of the training metrics (latest step), bound to cluster.bind_host without authentication; 0: off.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import math
-import os
 from typing import Any, Iterable
 
 from realhf.api import choices
@@ -24,7 +22,6 @@ from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, Eva
                                  RayClusterConfig, RestartPolicyConfig, SFTConfig, StatsLoggingConfig)
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
-from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
@@ -208,6 +205,24 @@ def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
     f.choice("backend", choices.TRAINER_BACKENDS)
     f.at_least("n_threads", 1)
     check_optimizer(c.optimizer, f.name("optimizer"))
+    lora = _Fields(c.lora, f.name("lora"))
+    lora.at_least("r", 0)
+    if c.lora.r > 0:  # the target modules are checked against the model when it loads (realhf.impl.model.lora)
+        lora.need(prefix == "actor", f"{lora.name('r')}={c.lora.r}: only the actor trains LoRA adapters "
+                                     "(with actor.lora the reference is the actor's base, adapters disabled)")
+        lora.at_least("alpha", 0, strict=True)
+        lora.need(0 <= c.lora.dropout < 1, f"{lora.name('dropout')} must lie in [0, 1), got {c.lora.dropout}")
+        lora.need(bool(c.lora.target_modules), f"{lora.name('target_modules')} is empty: name the linear modules "
+                                               "to adapt (e.g. q_proj, v_proj)")
+        lora.need(importlib.util.find_spec("peft") is not None,
+                  f"{lora.name('r')}={c.lora.r} but peft is not installed: pip install 'realhf[lora]'")
+
+
+def check_lora_reference(actor: ModelTrainEvalConfig, ref: ModelTrainEvalConfig, ppo: PPOHyperparameters) -> None:
+    """With actor.lora the reference (ppo.kl_ctl > 0) is the actor's frozen base, so no other one may be named."""
+    _Fields.need(actor.lora.r == 0 or ppo.kl_ctl == 0 or ref.path in ("", actor.path),
+                 f"ref.path={ref.path!r}: with actor.lora.r={actor.lora.r} the reference is the actor's base "
+                 f"({actor.path!r}) with its adapters disabled; leave ref.path empty")
 
 
 def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
@@ -265,6 +280,7 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
     for field, module, extra in (("wandb_project", "wandb", "wandb"), ("tensorboard_path", "tensorboard", "tensorboard")):
         f.need(not f.value(field) or importlib.util.find_spec(module) is not None,
                f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'")
+    f.within("prometheus_port", 0, 65535)
 
 
 def check_sft(c: SFTConfig) -> None:
@@ -342,6 +358,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     check_model(cfg.actor, "actor")
     check_model(cfg.ref, "ref")
     check_model(cfg.critic, "critic")
+    check_lora_reference(cfg.actor, cfg.ref, cfg.ppo)
     check_native_engine(cfg.gen_server.native)
     f.need(cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
            f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
@@ -357,75 +374,11 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     if cfg.exp_ctrl.eval_freq_steps > 0:  # the evaluator during training
         check_evaluation_during(cfg.evaluation)
 
-    _check_files(cfg)
+    from realhf.api.file_validation import check_files  # it imports this module
+
+    check_files(cfg)
     _check_shapes(cfg, alloc)
     return alloc
-
-
-def _check_files(cfg: AsyncPPOMATHConfig) -> None:
-    need = _Fields.need
-    for name in ("actor.path", "dataset.path"):
-        path = _Fields(cfg).value(name)
-        need(bool(path), f"{name} is empty")
-        need(os.path.exists(path), f"{name}={path!r} does not exist (relative paths are from {os.getcwd()})")
-    need(os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
-         f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)")
-    if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
-        need(os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
-             f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)")
-    if cfg.ppo.adv_estimator == "gae":
-        check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
-    if cfg.evaluation.n_prompts > 0:
-        need(os.path.isfile(cfg.dataset.test_path),
-             f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)")
-    context = cfg.gen_server.native.context_length or _max_positions(cfg.actor.path)
-    if context:
-        need(cfg.ppo.gen.max_new_tokens < context,
-             f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} leaves no room for a prompt in the generation "
-             f"servers' context of {context} tokens (gen_server.native.context_length, 0: the model's "
-             "max_position_embeddings)")
-    # Parse every row now, so a malformed line fails here with file:line, not in a worker later.
-    n_rows = len(load_rows("dataset.path", cfg.dataset.path, env_required_fields(cfg.rollout.env)))
-    if cfg.evaluation.n_prompts > 0:
-        load_rows("dataset.test_path", cfg.dataset.test_path)  # math accuracy: solutions needed
-    if cfg.exp_ctrl.eval_freq_steps > 0:
-        need(os.path.isfile(cfg.dataset.test_path), f"dataset.test_path={cfg.dataset.test_path!r} does not exist "
-             "(the evaluator of exp_ctrl.eval_freq_steps reads it; set exp_ctrl.eval_freq_steps=0 to turn it off)")
-        load_rows("dataset.test_path", cfg.dataset.test_path)
-    _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
-    need(cfg.rollout.env.type != "none" or cfg.rollout.agent.type != "math-single-step" or bool(cfg.rollout.agent.reward_fn),
-         "rollout.env.type=none: the math-single-step agent then needs rollout.agent.reward_fn to grade its answers")
-    need(n_rows >= cfg.groups_per_step,
-         f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
-
-
-def check_critic_matches_actor(critic_path: str, actor_path: str) -> None:
-    """adv_estimator=gae: the critic (empty path: the actor's weights) must be an HF model
-    directory of the actor's architecture, compared on CRITIC_ARCH_KEYS of the two config.json."""
-    actor = _hf_config("actor.path", actor_path)
-    if not critic_path:
-        return  # initialised from the actor's own directory
-    critic = _hf_config("critic.path", critic_path)
-    differ = [f"{key}={critic.get(key)!r} (actor: {actor.get(key)!r})"
-              for key in CRITIC_ARCH_KEYS if critic.get(key) != actor.get(key)]
-    _Fields.need(not differ,
-                 f"critic.path={critic_path!r} has {', '.join(differ)} in its config.json, unlike actor.path="
-                 f"{actor_path!r}: the critic is a value head on the actor's architecture, so it must share the "
-                 f"actor's {', '.join(CRITIC_ARCH_KEYS)} (leave critic.path empty to start from the actor)")
-
-
-def _hf_config(field: str, path: str) -> dict:
-    """The config.json of the HF model directory `path`; a ConfigError naming `field` if unreadable."""
-    file = os.path.join(path, "config.json")
-    try:
-        with open(file) as f:
-            config = json.load(f)
-    except OSError:
-        raise ConfigError(f"{field}={path!r} is not an HF model directory (no config.json)") from None
-    except ValueError as e:
-        raise ConfigError(f"{field}={path!r}: {file} is not valid JSON ({e})") from None
-    _Fields.need(isinstance(config, dict), f"{field}={path!r}: {file} is not a JSON object")
-    return config
 
 
 def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
@@ -460,22 +413,3 @@ def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
 def rollouts_per_worker(cfg: AsyncPPOMATHConfig) -> int:
     """Each rollout worker's share of max_concurrent_rollouts."""
     return max(1, cfg.max_concurrent_rollouts // cfg.rollout.n_workers)
-
-
-def load_rows(field: str, path: str, required=("solutions",)):
-    """The prompts of a JSONL file; a malformed row is a ConfigError naming `field` and file:line."""
-    from realhf.impl.dataset.prompt_dataset import DatasetFormatError, load_jsonl_prompts
-
-    try:
-        return load_jsonl_prompts(path, required=required)
-    except DatasetFormatError as e:
-        raise ConfigError(f"{field}: {e}") from None
-
-
-def _max_positions(model_path: str) -> int:
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            value = json.load(f).get("max_position_embeddings", 0)
-    except (OSError, ValueError):
-        return 0
-    return value if isinstance(value, int) and value > 0 else 0

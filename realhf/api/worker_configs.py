@@ -14,6 +14,7 @@ from typing import Any, Dict
 from realhf.api.cli_args import (
     AgentConfig,
     AsyncPPOMATHConfig,
+    DatasetColumnsConfig,
     EnvConfig,
     ExperimentSaveEvalControl,
     GenerationHyperparameters,
@@ -100,7 +101,9 @@ class GserverManagerConfig:
 class RolloutWorkerConfig:
     """One rollout worker: many concurrent agent episodes over its shard of the prompts."""
 
-    dataset_path: str = same_as("dataset.path", "JSONL prompts; each worker takes a disjoint shard.")
+    dataset_path: str = same_as("dataset.path", "Prompts (JSONL, parquet or a datasets directory); each worker takes a disjoint shard.")
+    dataset_columns: DatasetColumnsConfig = same_as("dataset.columns")
+    dataset_split: str = same_as("dataset.split")
     chat_template: str = same_as("dataset.chat_template")
     tokenizer_path: str = same_as("actor.path", "HF directory of the tokenizer (the actor's).")
     seed: int = same_as("seed", "Seed of the prompt order (each worker adds its index).")
@@ -157,6 +160,7 @@ class MasterWorkerConfig:
     ppo: PPOHyperparameters = same_as("ppo")
     exp_ctrl: ExperimentSaveEvalControl = same_as("exp_ctrl")
     stats: StatsLoggingConfig = same_as("stats")
+    run_config: Dict[str, Any] = _f({}, "The experiment's whole config as a plain dict, attached to the wandb run (set only when stats.wandb_project is).")
     log_dir: str = _f("./runs/logs", "The trial's log directory: metrics.jsonl goes there.")
     bind_host: str = same_as("cluster.bind_host")
     max_message_bytes: int = same_as("cluster.max_message_bytes")
@@ -176,6 +180,8 @@ class EvaluatorConfig:
 
     eval_freq_steps: int = same_as("exp_ctrl.eval_freq_steps")
     test_path: str = same_as("dataset.test_path")
+    columns: DatasetColumnsConfig = same_as("dataset.columns")
+    test_split: str = same_as("dataset.test_split")
     chat_template: str = same_as("dataset.chat_template")
     n_prompts: int = same_as("evaluation.during_n_prompts")
     samples: int = same_as("evaluation.during_samples")

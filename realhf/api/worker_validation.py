@@ -7,14 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from realhf.api import choices
+from realhf.api.file_validation import check_critic_matches_actor, check_dataset_columns
 from realhf.api.validation import (
     _Fields,
     check_agent,
-    check_critic_matches_actor,
     check_device,
     check_env,
     check_exp_ctrl,
     check_generation,
+    check_lora_reference,
     check_model,
     check_native_engine,
     check_ppo,
@@ -62,6 +63,7 @@ def _check_rollout_worker(c: RolloutWorkerConfig) -> None:
     for name in ("group_size", "max_concurrent_rollouts", "n_pullers", "max_consecutive_failures"):
         f.at_least(name, 0, strict=True)
     f.at_least("new_tokens_per_chunk", 0)
+    check_dataset_columns(c.dataset_columns, "rollout_worker.dataset_columns")
     check_agent(c.agent)
     check_env(c.env)
     check_generation(c.gconfig)
@@ -73,6 +75,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_model(c.actor, "actor")
     check_model(c.ref, "ref")
     check_model(c.critic, "critic")
+    check_lora_reference(c.actor, c.ref, c.ppo)
     check_ppo(c.ppo)
     check_device(c.device, f.name("device"))
     if c.ppo.adv_estimator == "gae":
@@ -102,6 +105,7 @@ def _check_evaluator(c: EvaluatorConfig) -> None:
     f.at_least("answer_timeout", 0, strict=True)
     f.need(bool(c.run_dir) and bool(c.metrics_path), "evaluator.run_dir and evaluator.metrics_path must be set")
     check_native_engine(c.native, "evaluator.native")
+    check_dataset_columns(c.columns, "evaluator.columns")
     check_device(c.device, "evaluator.device")
 
 

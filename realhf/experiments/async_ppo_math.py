@@ -31,7 +31,9 @@ from realhf.api.worker_configs import (
     RolloutWorkerConfig,
 )
 from realhf.base import trial_files
+from realhf.base.network import redact_url
 from realhf.base.trial_files import TrialFiles
+from realhf.impl.dataset.prompt_dataset import count_prompts
 from realhf.impl.model.recover_checkpoint import read_info as read_recover_info
 from realhf.scheduler.worker_spec import WorkerSpec
 from realhf.system.stats_logger import EVAL_METRICS_FILE
@@ -45,11 +47,6 @@ def trial_files_of(cfg: AsyncPPOMATHConfig) -> TrialFiles:
 
 def recover_checkpoint(cfg: AsyncPPOMATHConfig) -> str:
     return str(trial_files.recover_dir(trial_files_of(cfg).run_dir))
-
-
-def count_rows(path: str) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
 
 
 def total_train_steps(cfg: AsyncPPOMATHConfig, n_rows: int) -> int:
@@ -74,10 +71,20 @@ def recover_info(cfg: AsyncPPOMATHConfig) -> Optional[dict]:
     return info
 
 
+def wandb_run_config(cfg: AsyncPPOMATHConfig) -> dict:
+    """The root config as the plain nested dict attached to the wandb run, the Redis password
+    (cluster.name_resolve.redis_url) redacted: an online run uploads it."""
+    out = dataclasses.asdict(cfg)
+    resolve = out["cluster"]["name_resolve"]
+    resolve["redis_url"] = redact_url(resolve["redis_url"])
+    return out
+
+
 def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
     ev = cfg.evaluation
     return EvaluatorConfig(
         eval_freq_steps=cfg.exp_ctrl.eval_freq_steps, test_path=cfg.dataset.test_path,
+        columns=dataclasses.replace(cfg.dataset.columns), test_split=cfg.dataset.test_split,
         chat_template=cfg.dataset.chat_template, n_prompts=ev.during_n_prompts, samples=ev.during_samples,
         temperature=ev.sampled_temperature, max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
         n_threads=ev.during_n_threads, nice=ev.during_nice, model_path=cfg.actor.path,
@@ -95,7 +102,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     files = trial_files_of(cfg)
     resume = recover_info(cfg) or {}
     host = cfg.cluster.bind_host
-    n_rows = count_rows(cfg.dataset.path)
+    n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split)
     total_steps = total_train_steps(cfg, n_rows)
 
     gen_servers = [
@@ -117,7 +124,9 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
     rollout = RolloutWorkerConfig(
-        dataset_path=cfg.dataset.path, tokenizer_path=cfg.actor.path, seed=cfg.seed,
+        dataset_path=cfg.dataset.path, dataset_columns=dataclasses.replace(cfg.dataset.columns),
+        dataset_split=cfg.dataset.split, chat_template=cfg.dataset.chat_template,
+        tokenizer_path=cfg.actor.path, seed=cfg.seed,
         agent=dataclasses.replace(cfg.rollout.agent), env=dataclasses.replace(cfg.rollout.env),
         gconfig=dataclasses.replace(cfg.ppo.gen), group_size=cfg.group_size,
         max_concurrent_rollouts=rollouts_per_worker(cfg), new_tokens_per_chunk=cfg.new_tokens_per_chunk,
@@ -137,6 +146,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         bind_host=host, stall_timeout=cfg.stall_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
         expected_workers={"generation_server": alloc.gen.dp, "gserver_manager": 1, "model_worker": alloc.train.dp,
                           "rollout_worker": cfg.rollout.n_workers},
+        run_config=wandb_run_config(cfg) if cfg.stats.wandb_project else {},
     )
     samplers = resume.get("rollout_samplers", {})
     # Every worker gets the whole pending list and runs those of its own shard first.

@@ -4,7 +4,7 @@ workers' new lines (the master's progress) to the launcher's console."""
 import os
 import sys
 import threading
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 
 def log_tail(path: str, n_lines: int = 30) -> str:
@@ -18,11 +18,18 @@ def log_tail(path: str, n_lines: int = 30) -> str:
     return "\n".join(lines[-n_lines:])
 
 
-class LogEcho(threading.Thread):
-    """Copies new lines of some worker logs to stdout, so a user sees the master's progress."""
+def write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
-    def __init__(self):
+
+class LogEcho(threading.Thread):
+    """Copies new lines of some worker logs to `write` (stdout, or the launcher's progress view),
+    so a user sees the master's progress."""
+
+    def __init__(self, write: Callable[[str], None] = write_stdout):
         super().__init__(name="log-echo", daemon=True)
+        self.write = write
         self._paths: List[str] = []
         self._stop_event = threading.Event()
 
@@ -46,8 +53,7 @@ class LogEcho(threading.Thread):
                     cut = data.rfind(b"\n") + 1
                     offsets[path] = offsets.get(path, 0) + cut
                 if cut:
-                    sys.stdout.write(data[:cut].decode(errors="replace"))
-                    sys.stdout.flush()
+                    self.write(data[:cut].decode(errors="replace"))
             except FileNotFoundError:
                 continue
 

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
@@ -133,6 +133,10 @@ class Supervisor:
         self._started = True
         logger.info(f"trial {self.experiment_name}/{self.trial_name}: logs in {self.log_dir}")
         return self
+
+    def echo_to(self, write: Callable[[str], None]) -> None:
+        """Where the echoed worker log lines go (stdout by default): e.g. `RunProgress.print_lines`."""
+        self._echo.write = write
 
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():

@@ -47,7 +47,7 @@ class Evaluator(Worker):
         import torch
 
         from realhf.base.device import pick_device
-        from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
+        from realhf.impl.dataset.prompt_dataset import load_prompts
         from realhf.impl.environment.math_grader import MathGrader
         from realhf.impl.inference.batch_generate import engine_generate_fn
         from realhf.impl.inference.factory import create_engine_from_config
@@ -68,7 +68,7 @@ class Evaluator(Worker):
         done = read_eval_metrics(os.path.dirname(cfg.metrics_path))
         self._schedule = EvalSchedule(cfg.eval_freq_steps, evaluated=done[-1]["step"] if done else 0)
 
-        self._rows = load_jsonl_prompts(cfg.test_path)[: cfg.n_prompts]
+        self._rows = load_prompts(cfg.test_path, columns=cfg.columns, split=cfg.test_split)[: cfg.n_prompts]
         native = dataclasses.replace(cfg.native, n_threads=cfg.n_threads, max_running_requests=cfg.batch_size)
         self._engine = create_engine_from_config(cfg.model_path, native, seed=cfg.seed, name=self.name,
                                                  device=pick_device(cfg.device)).start()

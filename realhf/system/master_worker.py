@@ -79,7 +79,10 @@ class MasterWorker(Worker):
             self.logger.info(f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps")
         self._stats = StatsLogger(self.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
                                   wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
-                                  wandb_mode=cfg.stats.wandb_mode)
+                                  wandb_mode=cfg.stats.wandb_mode, wandb_config=cfg.run_config,
+                                  prometheus_port=cfg.stats.prometheus_port, prometheus_host=cfg.bind_host)
+        if self._stats.prometheus_url:
+            self.logger.info(f"training metrics for Prometheus at {self._stats.prometheus_url}")
         # A version is a completed step (docs/architecture.md §4): a recovered trainer resumes the step count.
         self.step = self.version
         self.training_samples = self.version * cfg.groups_per_step

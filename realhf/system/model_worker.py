@@ -85,7 +85,12 @@ class ModelWorker(Worker):
             self._resume = {k: info[k] for k in ("rollout_pending", "rollout_samplers") if k in info}
             self.logger.info(f"recovered version {self.version} from {self._recover_path}")
         sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
-        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} params "
+        if cfg.actor.lora.r > 0:
+            sizes += (f" params (LoRA r={cfg.actor.lora.r}: {self.engines['actor'].n_trainable / 1e6:.3f}M trained"
+                      f"{'; ref: the actor with its adapters off' if 'ref' in self.engines else ''})")
+        else:
+            sizes += " params"
+        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} "
                          f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
                          f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}")
 

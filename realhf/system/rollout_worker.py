@@ -51,7 +51,7 @@ from realhf.api.env import EnvFactory
 from realhf.api.trajectory import Trajectory
 from realhf.base import name_resolve, names
 from realhf.api.prompt import PromptRow
-from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
+from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationClient
@@ -132,7 +132,8 @@ class RolloutWorker(AsyncWorker):
         self.chat = chat_template_on(cfg.chat_template, self.tokenizer)
         self.agent = make_agent(cfg.agent, tokenizer=self.tokenizer)
         self.envs = EnvFactory(cfg.env)
-        rows = shard(load_jsonl_prompts(cfg.dataset_path, required=self.envs.required_fields),
+        rows = shard(load_prompts(cfg.dataset_path, required=self.envs.required_fields, columns=cfg.dataset_columns,
+                                  split=cfg.dataset_split),
                      self.ctx.worker_index, self.ctx.worker_count)
         if not rows:
             raise ValueError(f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "

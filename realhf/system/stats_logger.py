@@ -1,8 +1,9 @@
-"""Per-step training metrics: computed from the model workers' replies, written three ways.
+"""Per-step training metrics: computed from the model workers' replies, written several ways.
 
 `step_metrics(...)` turns one step's replies into a flat dict of numbers; `StatsLogger` prints
-it as one console line (rich), appends it as one JSON object to `metrics.jsonl`, and, when a
-directory is configured, writes it to tensorboard.
+it as one console line (rich), appends it as one JSON object to `metrics.jsonl`, and, when
+configured, writes it to tensorboard and wandb (the run's config attached) and serves it as
+Prometheus gauges (realhf/system/stats_prometheus.py).
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ def truncate_metrics(path: str, last_step: int) -> int:
 
 class StatsLogger:
     def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None,
-                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline", echo: bool = True):
+                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline", echo: bool = True,
+                 wandb_config: Optional[Dict[str, Any]] = None, prometheus_port: int = 0,
+                 prometheus_host: str = "127.0.0.1"):
         os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
         self.metrics_path = metrics_path
         self.echo = echo  # the train-step console line; the evaluator logs a line of its own
@@ -137,7 +140,15 @@ class StatsLogger:
                 raise RuntimeError("wandb_project is set but wandb is not installed: pip install 'realhf[wandb]' "
                                    "or leave wandb_project empty") from None
             self._wandb = wandb.init(project=wandb_project, name=wandb_run_name or None, mode=wandb_mode,
-                                     dir=os.path.dirname(os.path.abspath(metrics_path)))
+                                     dir=os.path.dirname(os.path.abspath(metrics_path)), config=wandb_config or {})
+        self._prometheus = None
+        if prometheus_port:
+            from realhf.system.stats_prometheus import TrainingMetricsServer
+
+            # The evaluator writes its rows beside metrics.jsonl; the endpoint shows the latest.
+            eval_path = os.path.join(os.path.dirname(os.path.abspath(metrics_path)), EVAL_METRICS_FILE)
+            self._prometheus = TrainingMetricsServer(prometheus_host, prometheus_port, eval_path)
+        self.prometheus_url = self._prometheus.url if self._prometheus is not None else ""
 
     def log(self, m: Dict[str, Any]) -> None:
         if self.echo:
@@ -150,9 +161,13 @@ class StatsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=m["step"])
+        if self._prometheus is not None:
+            self._prometheus.collector.update(m)
 
     def close(self) -> None:
         self._file.close()
+        if self._prometheus is not None:
+            self._prometheus.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

@@ -162,6 +162,21 @@ def full_params(engine: FSDPEngine) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in state.items()}
 
 
+def dp1_steps(config: FSDPEngineConfig):
+    """(parameters, stats) after steps [0, 1] on one unwrapped rank in this process: what a DP=2
+    run of the same config must match."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    engine = FSDPEngine(config)
+    try:
+        engine.initialize()
+        stats = run_steps(engine, [0, 1], rank=0, world_size=1)
+        return full_params(engine), stats
+    finally:
+        engine.destroy()
+        torch.set_num_threads(threads)
+
+
 def _write(out: Path, name: str, engine: FSDPEngine) -> None:
     from safetensors.torch import save_file
 

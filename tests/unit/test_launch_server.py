@@ -112,3 +112,12 @@ def test_device_flags_pick_the_engine_device_and_a_missing_gpu_is_refused(monkey
     with pytest.raises(SystemExit) as info:
         parse_args(["--model-path", "m", "--device", "cuda"])
     assert info.value.code == 2 and "--device cuda" in capsys.readouterr().err
+
+
+def test_an_offline_hub_id_is_refused_before_the_model_loads(monkeypatch, capsys):
+    from realhf.launch_server import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["--model-path", "realhf-test/NoSuchModel", "--port", "0"]) == 2
+    assert ("--model-path='realhf-test/NoSuchModel' is not a local directory, the hub is offline (HF_HUB_OFFLINE=1)"
+            in capsys.readouterr().err)

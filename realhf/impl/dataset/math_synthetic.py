@@ -22,7 +22,7 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # (name, subject pronoun). The pronoun agrees with the name so stories read naturally.
 NAMES: Tuple[Tuple[str, str], ...] = (
@@ -171,12 +171,26 @@ def generate_splits(
     return train, test
 
 
-def to_rows(problems: Sequence[MathProblem], split: str) -> List[Dict[str, object]]:
-    """Rows in the prompt-dataset JSONL schema (see `prompt_dataset.load_jsonl_prompts`)."""
-    return [
-        {"query_id": f"{split}-{i:06d}", "prompt": p.prompt, "solutions": [p.completion], "task": "math"}
-        for i, p in enumerate(problems)
-    ]
+def story(problem: MathProblem) -> str:
+    """The problem's text without the "Q: ... A:" frame of the completion-style prompt."""
+    head, tail = PROMPT_FORMAT.split("{story}")
+    return problem.prompt[len(head): len(problem.prompt) - len(tail)]
+
+
+def to_rows(problems: Sequence[MathProblem], split: str, chat_instruction: Optional[str] = None) -> List[Dict[str, object]]:
+    """Rows in the prompt-dataset JSONL schema (see `prompt_dataset.load_jsonl_prompts`): a
+    completion-style `prompt`, or with `chat_instruction` one user message (the story, then the
+    instruction) for an instruction-tuned model's chat template."""
+    rows: List[Dict[str, object]] = []
+    for i, p in enumerate(problems):
+        row: Dict[str, object] = {"query_id": f"{split}-{i:06d}"}
+        if chat_instruction is None:
+            row["prompt"] = p.prompt
+        else:
+            row["messages"] = [{"role": "user", "content": f"{story(p)} {chat_instruction}".strip()}]
+        row.update(solutions=[p.completion], task="math")
+        rows.append(row)
+    return rows
 
 
 def write_jsonl(path: Path, rows: Sequence[Dict[str, object]]) -> None:

@@ -1,14 +1,17 @@
-"""Prompt datasets: strict JSONL loading, sharding across rollout workers, and a seeded,
-restartable epoch sampler.
+"""Prompt datasets: strict loading (JSONL here; parquet and HF `datasets` directories through
+`table_formats`), user column names, sharding across rollout workers, and a seeded, restartable
+epoch sampler.
 
-One row per line, a JSON object with a `query_id` and a `prompt` text or chat `messages`
-([{"role": ..., "content": ...}, ...]); any other fields travel with the row to the agent and
-its environment, e.g.
+A row has an id, a `prompt` text or chat `messages` ([{"role": ..., "content": ...}, ...]), and
+any other fields, which travel with the row to the agent and its environment, e.g. (one JSONL line)
     {"query_id": "train-000001", "prompt": "Q: ...\\nA:", "solutions": [" 5-2=3\\n#### 3"], "task": "math"}
+`dataset.columns` names the columns that hold these facts when the data calls them otherwise; the
+row then reaches the agent under the names above. Without an id column, ids are
+`<file name>-<line or row>`, the same in every run over the same file.
 
-Loading is all-or-nothing: the first malformed row raises `DatasetFormatError` naming the file
-and line, because a run that silently skips rows trains on a different dataset than the one
-the user named.
+Loading is all-or-nothing: the first malformed row raises `DatasetFormatError` naming the file,
+the row (JSONL: `path:line`; a table: `path row <index>`, 0-based) and the column, because a run
+that silently skips rows trains on a different dataset than the one the user named.
 """
 
 from __future__ import annotations
@@ -17,59 +20,115 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from realhf.api.prompt import PromptRow
 
+# The facts realhf reads from a row, by the name a row carries them under inside realhf.
+FIELDS = ("query_id", "prompt", "messages", "solutions", "task")
+
+
 class DatasetFormatError(ValueError):
-    """A dataset file that does not follow the JSONL prompt schema; the message is `path:line: what`."""
+    """A dataset row that does not follow the prompt schema; the message is `where: what`."""
 
 
-def _check_messages(messages: Any, where: str) -> None:
+class _Columns:
+    """The data's name for each of FIELDS (`dataset.columns`), renaming rows to FIELDS and naming
+    columns in errors the way the user spells them."""
+
+    def __init__(self, columns: Any, noun: str):
+        self.source = {f: (getattr(columns, f) if columns is not None else f) for f in FIELDS}
+        self.noun = noun  # "field" for JSON objects, "column" for tables
+        self._field_of = {src: f for f, src in self.source.items() if src}
+        self._identity = all(self.source[f] == f for f in FIELDS)
+
+    def name(self, field: str) -> str:
+        src = self.source.get(field, field)
+        return f"{self.noun} {src!r}" + ("" if src == field else f" (dataset.columns.{field})")
+
+    def rename(self, obj: Dict[str, Any], where: str) -> Dict[str, Any]:
+        if self._identity:
+            return obj
+        row = {}
+        for key, value in obj.items():
+            field = self._field_of.get(key)
+            if field is None and key in self.source:
+                # The data has a column under a name realhf gives to another one: one would be lost.
+                if not self.source[key]:
+                    raise DatasetFormatError(f"{where}: the data has a {self.noun} {key!r}, but dataset.columns.{key} "
+                                             f"is empty (ids made from the file name and row); set it to {key!r}")
+                raise DatasetFormatError(f"{where}: {self.noun} {key!r} clashes with dataset.columns.{key}="
+                                         f"{self.source[key]!r}, whose values go by that name; rename one of them")
+            row[field or key] = value
+        return row
+
+
+def _check_messages(messages: Any, where: str, cols: _Columns) -> None:
     if not isinstance(messages, list) or not messages:
-        raise DatasetFormatError(f"{where}: field 'messages' must be a non-empty list of chat messages")
+        raise DatasetFormatError(f"{where}: {cols.name('messages')} must be a non-empty list of chat messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DatasetFormatError(f"{where}: messages[{i}] must be an object with string 'role' and 'content'")
+            raise DatasetFormatError(f"{where}: {cols.name('messages')} item {i} must be an object with string "
+                                     "'role' and 'content'")
 
 
-def _parse_row(obj: Any, where: str, seen: Dict[str, int], required: Sequence[str]) -> PromptRow:
-    if not isinstance(obj, dict):
-        raise DatasetFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    for name in ("query_id", *required):
-        if name not in obj:
-            raise DatasetFormatError(f"{where}: missing field {name!r}")
-    qid = obj["query_id"]
-    if not isinstance(qid, str) or not qid:
-        raise DatasetFormatError(f"{where}: field 'query_id' must be a non-empty string")
-    if "prompt" not in obj and "messages" not in obj:
-        raise DatasetFormatError(f"{where}: a row needs a 'prompt' text or chat 'messages'")
-    if "prompt" in obj and not isinstance(obj["prompt"], str):
-        raise DatasetFormatError(f"{where}: field 'prompt' must be str, got {type(obj['prompt']).__name__}")
-    if "messages" in obj:
-        _check_messages(obj["messages"], where)
-    if "task" in obj and not isinstance(obj["task"], str):
-        raise DatasetFormatError(f"{where}: field 'task' must be str, got {type(obj['task']).__name__}")
+def _solutions(obj: Dict[str, Any], where: str, cols: _Columns) -> Tuple[str, ...]:
     solutions = obj.get("solutions", [])
+    if isinstance(solutions, str):  # one reference answer, as a table column often holds it
+        solutions = [solutions] if solutions else []
     if not isinstance(solutions, list):
-        raise DatasetFormatError(f"{where}: field 'solutions' must be list, got {type(solutions).__name__}")
+        raise DatasetFormatError(f"{where}: {cols.name('solutions')} must be a list of str or a str, "
+                                 f"got {type(solutions).__name__}")
     if "solutions" in obj and not solutions:
-        raise DatasetFormatError(f"{where}: field 'solutions' is empty; a row needs a reference answer")
+        raise DatasetFormatError(f"{where}: {cols.name('solutions')} is empty; a row needs a reference answer")
     for i, s in enumerate(solutions):
         if not isinstance(s, str):
-            raise DatasetFormatError(f"{where}: solutions[{i}] must be str, got {type(s).__name__}")
-    if qid in seen:
-        raise DatasetFormatError(f"{where}: duplicate query_id {qid!r} (first on line {seen[qid]})")
-    return PromptRow(query_id=qid, prompt=obj.get("prompt", ""), solutions=tuple(solutions),
+            raise DatasetFormatError(f"{where}: {cols.name('solutions')} item {i} must be str, got {type(s).__name__}")
+    obj["solutions"] = solutions
+    return tuple(solutions)
+
+
+def _parse_row(raw: Any, where: str, cols: _Columns, required: Sequence[str], made_id: Optional[str]) -> PromptRow:
+    if not isinstance(raw, dict):
+        raise DatasetFormatError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    obj = cols.rename(raw, where)
+    if made_id is not None:
+        obj = {**obj, "query_id": made_id}
+    for name in ("query_id", *required):
+        if name not in obj:
+            raise DatasetFormatError(f"{where}: missing {cols.name(name)}")
+    qid = obj["query_id"]
+    if not isinstance(qid, str) or not qid:
+        raise DatasetFormatError(f"{where}: {cols.name('query_id')} must be a non-empty string")
+    if "prompt" not in obj and "messages" not in obj:
+        raise DatasetFormatError(f"{where}: a row needs a prompt text ({cols.name('prompt')}) or chat messages "
+                                 f"({cols.name('messages')})")
+    for name in ("prompt", "task"):
+        if name in obj and not isinstance(obj[name], str):
+            raise DatasetFormatError(f"{where}: {cols.name(name)} must be str, got {type(obj[name]).__name__}")
+    if "messages" in obj:
+        _check_messages(obj["messages"], where, cols)
+    solutions = _solutions(obj, where, cols) if "solutions" in obj else ()
+    return PromptRow(query_id=qid, prompt=obj.get("prompt", ""), solutions=solutions,
                      task=obj.get("task", ""), fields=obj, source=where)
 
 
-def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",)) -> List[PromptRow]:
-    """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped.
-    `required`: fields every row must have besides query_id and prompt/messages (the math tasks
-    need `solutions`; an environment names its own in `Environment.required_fields`)."""
+def _collect(items: Iterable[Tuple[Any, str, str, int]], cols: _Columns, required: Sequence[str],
+             id_prefix: str) -> List[PromptRow]:
+    """Rows of (raw row, where, position for a duplicate's message, number in a made id)."""
     rows: List[PromptRow] = []
-    seen: Dict[str, int] = {}
+    seen: Dict[str, str] = {}
+    make_ids = not cols.source["query_id"]
+    for raw, where, position, number in items:
+        row = _parse_row(raw, where, cols, required, f"{id_prefix}-{number}" if make_ids else None)
+        if row.query_id in seen:
+            raise DatasetFormatError(f"{where}: duplicate query_id {row.query_id!r} (first on {seen[row.query_id]})")
+        seen[row.query_id] = position
+        rows.append(row)
+    return rows
+
+
+def _jsonl_items(path: Union[str, Path]):
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
@@ -83,12 +142,47 @@ def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solut
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetFormatError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            row = _parse_row(obj, where, seen, required)
-            seen[row.query_id] = lineno
-            rows.append(row)
+            yield obj, where, f"line {lineno}", lineno
+
+
+def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",),
+                       columns: Any = None) -> List[PromptRow]:
+    """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped.
+    `required`: fields every row must have besides its id and prompt/messages (the math tasks
+    need `solutions`; an environment names its own in `Environment.required_fields`).
+    `columns`: a `DatasetColumnsConfig` (None: the names in FIELDS)."""
+    rows = _collect(_jsonl_items(path), _Columns(columns, "field"), required, Path(path).name)
     if not rows:
         raise DatasetFormatError(f"{path}:1: the file has no rows")
     return rows
+
+
+def load_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",), columns: Any = None,
+                 split: str = "train") -> List[PromptRow]:
+    """All rows of a JSONL file, a `.parquet` file or a `datasets` directory (`split` picks one of a
+    DatasetDict's splits), in stored order; see `load_jsonl_prompts` for `required` and `columns`.
+    Raises ImportError naming the extra when a table format needs `datasets` and it is missing."""
+    from realhf.impl.dataset import table_formats  # here: it imports this module's DatasetFormatError
+
+    if not table_formats.is_table_path(path):
+        return load_jsonl_prompts(path, required, columns)
+    table, label = table_formats.open_table(path, split)
+    prefix = Path(path).name + (f"-{split}" if label != str(path) else "")
+    items = ((row, f"{label} row {i}", f"row {i}", i) for i, row in table_formats.table_rows(table))
+    rows = _collect(items, _Columns(columns, "column"), required, prefix)
+    if not rows:
+        raise DatasetFormatError(f"{label}: the table has no rows")
+    return rows
+
+
+def count_prompts(path: Union[str, Path], split: str = "train") -> int:
+    """How many rows `load_prompts` would return, without checking them (for the step plan)."""
+    from realhf.impl.dataset import table_formats
+
+    if table_formats.is_table_path(path):
+        return table_formats.open_table(path, split)[0].num_rows
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def shard(rows: Sequence[PromptRow], index: int, count: int) -> List[PromptRow]:

@@ -22,6 +22,11 @@ fsynced and renamed in one step).
 Kinds of model (FSDPEngineConfig): a causal LM (actor, reference; `.logits` `[n, t, V]`) or a
 value model (critic; `.logits` `[n, t, 1]`), trainable or frozen (the reference: no optimizer,
 no gradients, nothing to recover).
+
+LoRA (`model.lora.r > 0`, realhf.impl.model.lora): peft wraps the loaded model before it is
+sharded (the decoder layers keep their class inside the wrapper), only the adapters require
+gradients, so the optimizer and the recovery checkpoint hold only them (recovery skips frozen
+parameters: the base is reloaded from `model.path`); `save_hf` publishes the merged weights.
 """
 
 from __future__ import annotations
@@ -52,12 +57,14 @@ from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
-from realhf.impl.model import checkpoint
+from realhf.impl.model import checkpoint, lora
 from realhf.impl.model.batching import TrainBatch, micro_batches
 from realhf.impl.model.model_loading import load_causal_lm, load_value_model
 from realhf.impl.model.optim import make_optimizer
 
 _LR_SCHEDULE_FILE = "lr_schedule.json"
+# Recovery saves what training changes: a frozen weight (LoRA's base) is reloaded from its path.
+_TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
 
 
 @dataclass
@@ -114,6 +121,13 @@ class FSDPEngine(TrainEngine):
         if not self.config.trainable:
             model.requires_grad_(False)
         self.hf_config = model.config
+        self.lora_scaling = 0.0  # alpha / r of the adapters; 0: no LoRA
+        if self.config.model.lora.r > 0:
+            if self.config.value_head or not self.config.trainable:
+                raise ValueError(f"LoRA on a {'value model' if self.config.value_head else 'frozen model'} "
+                                 f"({self.config.model.path}): only the actor trains adapters")
+            model = lora.apply_lora(model, self.config.model.lora, self.config.seed)
+            self.lora_scaling = self.config.model.lora.alpha / self.config.model.lora.r
         mp = self._mixed_precision(model)
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
         if self.sharded:
@@ -128,6 +142,10 @@ class FSDPEngine(TrainEngine):
     def n_params(self) -> int:
         """Parameters of the whole model (a sharded DTensor reports its global shape)."""
         return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     def destroy(self) -> None:
         self.model = self.optimizer = self.lr_scheduler = None
@@ -277,13 +295,16 @@ class FSDPEngine(TrainEngine):
 
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:
         """Collective: every rank sends its shards to rank 0, which writes `path` atomically."""
-        if not self.sharded and self.device.type == "cpu":
+        if not self.sharded and self.device.type == "cpu" and not self.lora_scaling:
             # One unwrapped rank holding the weights in host memory: save them as they are (the
             # gather and the rebuilt model below cost ~10 ms per publish of the tiny model).
             checkpoint.save_hf_dir(self.model, Path(path), tokenizer_source)
             return
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
+            if self.lora_scaling:
+                # What the servers load: the base with the adapters merged in, under plain HF names.
+                full = lora.merged_state_dict(full, self.lora_scaling)
             checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
         if self.world_size > 1:
             dist.barrier()
@@ -303,6 +324,9 @@ class FSDPEngine(TrainEngine):
         """Collective: every rank reads the safetensors files of `path` and keeps its shards."""
         from safetensors.torch import load_file
 
+        if self.lora_scaling:
+            raise ValueError(f"load_hf({path}) into a LoRA engine: an HF directory holds merged weights, which "
+                             "cannot be split into a frozen base and adapters")
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise ValueError(f"load_hf: {path} has no *.safetensors file")
@@ -331,16 +355,32 @@ class FSDPEngine(TrainEngine):
             path.mkdir(parents=True, exist_ok=True)
         if self.world_size > 1:
             dist.barrier()
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._recover_state()
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
         if self.rank == 0:
             (path / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
 
     def load_recover(self, path: Path) -> None:
         path = Path(path)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = self._recover_state()
         state = {"model": model_state, "optim": optim_state}
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        # With LoRA the frozen base is absent by design: a non-strict load, then every trained
+        # parameter must have been restored.
+        options = StateDictOptions(ignore_frozen_params=True, strict=not self.lora_scaling)
+        result = set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                                optim_state_dict=state["optim"], options=options)
+        lost = sorted(set(result.missing_keys) & set(model_state))
+        if lost:
+            raise ValueError(f"recovery checkpoint {path} lacks {lost[:5]}; was it written with the same actor.lora?")
         self.lr_scheduler.load_state_dict(json.loads((path / _LR_SCHEDULE_FILE).read_text()))
+
+    def _recover_state(self):
+        """The (model, optimizer) state a recovery checkpoint holds: with LoRA only the adapters'
+        (a tied LM head is no parameter of its own, so ignore_frozen_params keeps it: dropped too)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=_TRAINED_ONLY)
+        if self.lora_scaling:
+            trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            model_state = {k: v for k, v in model_state.items() if k in trained}
+        return model_state, optim_state
 

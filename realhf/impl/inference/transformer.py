@@ -302,6 +302,24 @@ def mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def check_cache_fits(shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """A KV cache larger than the host's free memory fails here, naming the settings that size it,
+    rather than as an allocator error (a 30-layer model at its 8192-token context and 256 slots
+    asks for tens of GB)."""
+    if device.type != "cpu":
+        return
+    import psutil
+
+    need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    free = psutil.virtual_memory().available
+    if need > 0.8 * free:
+        n_layers, n_slots, _, context_len, _ = shape
+        raise MemoryError(
+            f"the KV cache of {n_slots} slots x {context_len} tokens x {n_layers} layers needs {need / 2**30:.1f} GiB, "
+            f"this host has {free / 2**30:.1f} GiB free: lower gen_server.native.context_length (0 = the model's "
+            f"max_position_embeddings) or gen_server.native.max_running_requests")
+
+
 class StaticKVTransformer:
     """Forward passes for prefill and decode, writing keys/values into per-slot cache rows.
 
@@ -328,6 +346,7 @@ class StaticKVTransformer:
         # Computed on the host and moved: the same table values on every device.
         self.cos, self.signed_sin = (t.to(device) for t in rope_tables(args, context_len, dtype))  # [C, d]
         shape = (args.n_layers, n_slots, args.n_kv_heads, context_len, args.head_dim)
+        check_cache_fits(shape, dtype, device)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
 

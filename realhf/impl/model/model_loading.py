@@ -40,7 +40,7 @@ def load_causal_lm(m: ModelTrainEvalConfig, path: Optional[str] = None) -> torch
     path = path or m.path
     _check_safetensors(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(m.dtype), use_safetensors=True)
-    return _finish(model, m)
+    return _finish(model.train(), m)  # transformers 5 returns it in eval mode
 
 
 def load_value_model(m: ModelTrainEvalConfig, seed: int, path: Optional[str] = None) -> torch.nn.Module:

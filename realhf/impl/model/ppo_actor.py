@@ -40,6 +40,7 @@ from realhf.impl.model.actor import (
 )
 from realhf.impl.model.algorithms import KLController, estimator
 from realhf.impl.model.batching import TrainBatch, minibatch_rows
+from realhf.impl.model.lora import BaseModelView
 
 ROLES = ("actor", "ref", "critic")
 
@@ -68,8 +69,13 @@ def roles_of(ppo: PPOHyperparameters) -> list:
 
 
 def build_engines(cfg: ModelWorkerConfig, local_rank: int) -> Dict[str, FSDPEngine]:
+    """The engines of `roles_of(cfg.ppo)`, actor first. With `actor.lora` the reference is the
+    actor's own model with its adapters disabled (lora.BaseModelView), not a second copy."""
     engines = {}
     for role in roles_of(cfg.ppo):
+        if role == "ref" and cfg.actor.lora.r > 0:
+            engines[role] = BaseModelView(engines["actor"])
+            continue
         engine = FSDPEngine(engine_config(cfg, role, local_rank))
         engine.initialize()
         engines[role] = engine

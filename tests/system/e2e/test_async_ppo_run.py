@@ -23,6 +23,8 @@ def _check_run(proc, metrics, steps, eta, tmp_path):
     assert last["version"] == steps
     assert last["version"] - last["head_offpolicyness_max"] >= steps - eta > 0
     assert "reward curve" in proc.stdout
+    # Piped output: the curves PNG is saved, and no progress bar is drawn (test_watching_a_run.py: a terminal).
+    assert "reward and accuracy curves (PNG): " in proc.stdout and " ETA " not in proc.stdout
     assert _trial_processes(str(tmp_path)) == []
 
 

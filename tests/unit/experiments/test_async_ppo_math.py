@@ -81,6 +81,7 @@ def test_wrong_type_override_fails_naming_the_key():
         ("ppo.gen.temperature=0", "ppo.gen.temperature"),
         ("max_concurrent_rollouts=8", "max_concurrent_rollouts"),
         ("stats.wandb_mode=sometimes", "stats.wandb_mode"),
+        ("stats.prometheus_port=70000", "stats.prometheus_port"),
         ("allocation_mode=native.d1+d2 groups_per_step=15", "groups_per_step"),
         ("allocation_mode=native.d1+d4 rollout.n_workers=2 groups_per_step=16", "rollout.n_workers"),
         ("rollout.agent.type=no_such_module:Agent", "rollout.agent.type"),
@@ -224,3 +225,17 @@ def test_every_root_number_a_worker_carries_reaches_it():
              for path, want in changed.items() for cls, name in carried[path]
              if cls in by_class and getattr(by_class[cls], name) != want]
     assert not wrong, "\n".join(wrong)
+
+
+def test_master_carries_the_whole_config_for_wandb_through_its_config_file(tmp_path):
+    from realhf.api.worker_configs import MasterWorkerConfig
+
+    assert next(s for s in initial_setup(load()) if s.worker_type == "master_worker").configs[0].run_config == {}
+    cfg = load("stats.wandb_project=p", "seed=5", "cluster.name_resolve.redis_url=redis://:pw@127.0.0.1:1/0")
+    master = next(s for s in initial_setup(cfg) if s.worker_type == "master_worker").configs[0]
+    # Written and read the way the launcher and realhf.apps.remote do.
+    path = tmp_path / "master.yaml"
+    OmegaConf.save(OmegaConf.structured(master), path)
+    read = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MasterWorkerConfig), OmegaConf.load(path)))
+    assert read.run_config["seed"] == 5 and read.run_config["ppo"]["kl_ctl"] == cfg.ppo.kl_ctl
+    assert read.run_config["cluster"]["name_resolve"]["redis_url"] == "redis://:***@127.0.0.1:1/0"

@@ -155,3 +155,9 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(red
     assert (published / "3" / "model.safetensors").is_file()
     assert (tmp_path / "checkpoints" / "actor" / "version3" / "model.safetensors").is_file()
     assert any((tmp_path / "tb").iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()  # the master's events, read back: the same numbers as metrics.jsonl
+    assert [(e.step, e.value) for e in events.Scalars("success_rate")] == [(1, 0.5), (2, 0.5), (3, 0.5)]
+    assert [e.value for e in events.Scalars("reward_mean")] == [m["reward_mean"] for m in metrics]

@@ -21,6 +21,7 @@ from realhf.base.network import find_free_port
 from helpers.fsdp_ranks import (
     TINY_SFT,
     critic_config,
+    dp1_steps,
     engine_config,
     full_params,
     open_engines,
@@ -69,18 +70,7 @@ def dp2_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dp1_run():
     """(parameters, stats) after the same two steps at DP=1 (unwrapped: the DP=1 default)."""
-    from realhf.impl.engine.fsdp_engine import FSDPEngine
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    engine = FSDPEngine(engine_config())
-    try:
-        engine.initialize()
-        stats = run_steps(engine, [0, 1], rank=0, world_size=1)
-        return full_params(engine), stats
-    finally:
-        engine.destroy()
-        torch.set_num_threads(threads)
+    return dp1_steps(engine_config())
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,79 @@
+"""One rank of a LoRA FSDPEngine run at DP=2 (tests/unit/impl/engine/test_lora_dp2.py).
+
+    RANK=r WORLD_SIZE=w MASTER_PORT=p python -m helpers.lora_ranks OUT_DIR
+
+The engine of helpers.fsdp_ranks with `lora_config()`'s adapters; each rank trains its share
+of `make_batch()`:
+
+    step 1, step 2                    → rank 0 writes params_step2.safetensors, save_hf → hf/,
+                                        reference log-probs (adapters off) → ref_logprobs.safetensors
+    recover_checkpoint.save(recover/), step 3 → params_step3.safetensors
+    a fresh engine: recover_checkpoint.load, step 3 → params_step3_recovered.safetensors
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from realhf.api.cli_args import LoRAConfig
+from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.impl.model import recover_checkpoint
+from realhf.impl.model.lora import BaseModelView
+
+from helpers.fsdp_ranks import TINY_SFT, _write, engine_config, make_batch, run_steps, token_logprobs
+
+LORA = LoRAConfig(r=4, alpha=8.0)
+
+
+def lora_config(**overrides) -> FSDPEngineConfig:
+    cfg = engine_config(**overrides)
+    cfg.model.lora = copy.deepcopy(LORA)
+    return cfg
+
+
+def main(out: Path) -> None:
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                            rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    try:
+        engine = FSDPEngine(lora_config())
+        engine.initialize()
+        stats = run_steps(engine, [0, 1], rank, world_size)
+        _write(out, "params_step2.safetensors", engine)
+        engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
+        # Every rank computes its own rows' reference log-probs; here each takes the whole batch.
+        ref = BaseModelView(engine).forward(make_batch(), token_logprobs)  # [N, T-1]
+        if rank == 0:
+            save_file({"ref": ref.contiguous()}, str(out / "ref_logprobs.safetensors"))
+        recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device,
+                                extra={"version": 2})
+        stats += run_steps(engine, [0], rank, world_size)
+        _write(out, "params_step3.safetensors", engine)
+        engine.destroy()
+
+        fresh = FSDPEngine(lora_config())
+        fresh.initialize()
+        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
+        stats += run_steps(fresh, [0], rank, world_size)
+        _write(out, "params_step3_recovered.safetensors", fresh)
+        fresh.destroy()
+        if rank == 0:
+            (out / "stats.json").write_text(json.dumps(stats))
+        dist.barrier()  # leave gloo together (see helpers.fsdp_ranks)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
