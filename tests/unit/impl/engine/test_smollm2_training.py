@@ -6,6 +6,7 @@ serves."""
 import math
 import shutil
 
+import pytest
 import torch
 
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
@@ -23,6 +24,7 @@ def test_load_causal_lm_reads_smollm2_with_tied_embeddings(smollm2_path):
     assert model.training  # what the docstring promises (from_pretrained alone gives eval mode)
 
 
+@pytest.mark.slow  # ~16 s; CI trains the real model (LoRA) in tests/system/e2e/test_smollm2_run.py
 def test_one_fsdp_ppo_step_on_smollm2_is_finite_and_published_weights_load_in_the_native_engine(smollm2_path,
                                                                                                 tmp_path):
     threads = torch.get_num_threads()
