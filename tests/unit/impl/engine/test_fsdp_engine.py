@@ -9,14 +9,11 @@ two ranks' samples.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from realhf.base.network import find_free_port
 
 from helpers.fsdp_ranks import (
     TINY_SFT,
@@ -28,42 +25,13 @@ from helpers.fsdp_ranks import (
     run_critic_steps,
     run_steps,
 )
-from helpers.paths import TESTS_DIR
-
-RANK_TIMEOUT_S = 120
-
-
-def _launch_ranks(out, world_size: int) -> None:
-    port = find_free_port()
-    procs, logs = [], []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
-        log = open(out / f"rank{rank}.log", "w+")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "helpers.fsdp_ranks", str(out)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env))
-    try:
-        for proc in procs:
-            proc.wait(timeout=RANK_TIMEOUT_S)
-    finally:
-        for proc in procs:  # a rank that failed leaves its peer waiting in a collective
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-        for log in logs:
-            log.close()
-    codes = [p.returncode for p in procs]
-    if any(codes):
-        outputs = "\n".join(f"--- rank {r} (exit {c}) ---\n" + (out / f"rank{r}.log").read_text()[-4000:]
-                            for r, c in enumerate(codes))
-        pytest.fail(f"DP=2 ranks failed:\n{outputs}")
+from helpers.gloo_ranks import launch_ranks
 
 
 @pytest.fixture(scope="module")
 def dp2_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp_dp2")
-    _launch_ranks(out, world_size=2)
+    launch_ranks("helpers.fsdp_ranks", out, world_size=2)
     return out
 
 

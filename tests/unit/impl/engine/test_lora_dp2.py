@@ -4,46 +4,22 @@ model, the reference is the base, and a fresh engine restored from the recovery 
 continues exactly as the engine that wrote it."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from realhf.base.network import find_free_port
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 
 from helpers.fsdp_ranks import TINY_SFT, dp1_steps, engine_config, make_batch, token_logprobs
+from helpers.gloo_ranks import launch_ranks
 from helpers.lora_ranks import LORA, lora_config
-from helpers.paths import TESTS_DIR
-
-RANK_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
 def dp2_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lora_dp2")
-    port, procs = find_free_port(), []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
-        log = open(out / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "helpers.lora_ranks", str(out)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env))
-        log.close()
-    try:
-        for proc in procs:
-            proc.wait(timeout=RANK_TIMEOUT_S)
-    finally:
-        for proc in procs:  # a rank that failed leaves its peer waiting in a collective
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-    if any(p.returncode for p in procs):
-        pytest.fail("\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{(out / f'rank{r}.log').read_text()[-4000:]}"
-                              for r, p in enumerate(procs)))
+    launch_ranks("helpers.lora_ranks", out, world_size=2)
     return out
 
 
