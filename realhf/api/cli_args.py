@@ -103,6 +103,7 @@ class ClusterSpecConfig:
     n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode is checked against n_nodes * n_gpus_per_node.")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
     device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")
+    collective_timeout: float = _f(60.0, "Seconds one collective of the trainer's DP ranks (an FSDP all-gather or reduce-scatter, an all-reduce) may wait for the other ranks before the run fails naming the rank, the engine (actor, ref, critic), the call (forward, train, save) and the step. Raise it only if one layer's forward or backward takes longer than this. Waits on another rank's disk writes are not bounded by it.")
 
 
 # --------------------------------------------------------------------------------------------

@@ -335,6 +335,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
     f.at_least("cluster.max_request_bytes", 1024)
     f.at_least("cluster.max_message_bytes", 1024)
+    f.at_least("cluster.collective_timeout", 0, strict=True)
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)

@@ -82,6 +82,8 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
         check_critic_matches_actor(c.critic.path, c.actor.path)
     f.at_least("max_head_offpolicyness", 0)
     f.at_least("total_train_steps", 0)
+    f.at_least("collective_timeout", 0, strict=True)
+    f.at_least("distributed_timeout", 0, strict=True)
 
 
 def _check_master(c: MasterWorkerConfig) -> None:

@@ -138,7 +138,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp, run_dir=files.run_dir, bind_host=host,
         max_head_offpolicyness=cfg.max_head_offpolicyness, total_train_steps=total_steps, seed=cfg.seed,
         recover=bool(resume), keep_last_saves=cfg.exp_ctrl.keep_last_saves,
-        max_message_bytes=cfg.cluster.max_message_bytes,
+        max_message_bytes=cfg.cluster.max_message_bytes, collective_timeout=cfg.cluster.collective_timeout,
     )
     master = MasterWorkerConfig(
         n_model_workers=alloc.train.dp, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size,

@@ -2,6 +2,7 @@
 
     configure: bind the request socket → wait for the model workers → initialize them
     each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
+               split them anew across the ranks by tokens (`balance`, realhf.impl.dp_balance) →
                the model calls of `_train_calls`, top to bottom, each one request to every model
                worker → publish training_samples → log the step's metrics
     the end:   after total_train_steps (set by the experiment), or after the first step at which
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import metrics_path, read_metrics
+from realhf.impl import dp_balance
 from realhf.impl.admission import dp_shares
 from realhf.system import stall_report
 from realhf.system.request_reply_stream import MasterStream
@@ -192,6 +194,7 @@ class MasterWorker(Worker):
         fetched = self._stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)},
                                         timeout=cfg.request_timeout)
         self._update_stale_dropped(fetched)
+        balance = self._balance(fetched)
         inference, train = self._train_calls()
         self.version = train[0]["version"]
         self.step += 1
@@ -204,12 +207,25 @@ class MasterWorker(Worker):
         )  # fmt: skip
         self._t_last_step = now
         metrics["rejected"] = self.rejected
+        metrics.update(balance)
         self._stats.log(metrics)
         qids = [q for r in fetched for q in r["batch"].get("qids", [])]
         self._qids_log.write(self.step, qids)
         self._trained.update(qids)
         self._sync_rollout_records()
         self._save_and_checkpoint()
+
+    def _balance(self, fetched: List[dict]) -> Dict[str, float]:
+        """Split the groups the ranks took so each rank trains about the same number of tokens
+        (groups stay whole; as few as possible move), tell the ranks (they exchange the groups and
+        build their batches), and return the step's balance metrics: tokens per rank max/mean
+        before and after, and the share of tokens that moved."""
+        by_rank = sorted(fetched, key=lambda r: r["dp_rank"])
+        plan = dp_balance.balance([r["group_costs"] for r in by_rank])
+        self._stream.call_all("balance", {"assignment": plan.assignment}, timeout=self.config.request_timeout)
+        total = max(sum(plan.rank_costs), 1)
+        return {"dp_token_imbalance": plan.imbalance, "dp_token_imbalance_before": plan.imbalance_before,
+                "dp_tokens_moved_fraction": plan.moved_cost / total, "dp_tokens_max": max(plan.rank_costs)}
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
         """One train step on the batch the model workers took: (inference replies per model,

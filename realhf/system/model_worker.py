@@ -7,10 +7,14 @@
     loop:      poll one request → run its handler → reply (errors go back as RemoteError)
 
 Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
-applying the staleness guard), `inference` (`model`: actor → proximal log-probs, ref → reference
+applying the staleness guard), `balance` (move the taken groups between ranks as the master's
+token-balancing plan says, then build the step's batch), `inference` (`model`: actor → proximal log-probs, ref → reference
 log-probs, critic → values of the taken batch), `critic_train`, `train_step` (the actor's
 ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`, `checkpoint`,
-`ping`. Every handler past `fetch` is collective: all DP ranks get the same request. The worker
+`ping`. Every handler past `fetch` is collective: all DP ranks get the same request, and a
+collective that does not complete within `collective_timeout` fails the handler naming this
+rank, the engine, the call and the step (realhf.base.collectives); the worker then exits, since
+its process group can no longer be trusted. The worker
 owns the data (stream, buffer, staleness guard), the weight version and its publishing; the
 training work lives in realhf.impl.model.ppo_actor.
 """
@@ -18,6 +22,7 @@ training work lives in realhf.impl.model.ppo_actor.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import time
 from pathlib import Path
@@ -28,10 +33,10 @@ import torch.distributed as dist
 
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
-from realhf.base import name_resolve, names, trial_files
+from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
-from realhf.impl.model import checkpoint, recover_checkpoint
+from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
 from realhf.impl.model.batching import TrainBatch, batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
 from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
@@ -55,6 +60,7 @@ class ModelWorker(Worker):
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
         self.dp_rank, self.dp_size = self.ctx.worker_index, self.ctx.worker_count
         self.version = 0
+        self._taken: List[Trajectory] = []  # this rank's share of the step, before balancing
         self._batch: Optional[TrainBatch] = None
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
@@ -71,7 +77,7 @@ class ModelWorker(Worker):
         self._init_distributed()
 
         t0 = time.monotonic()
-        self.engines = build_engines(cfg, local_rank)
+        self.engines = build_engines(cfg, local_rank, self._io_group)
         self.actor = PPOActor(self.engines["actor"], cfg.ppo)
         self.critic = PPOCritic(self.engines["critic"], cfg.ppo, self.actor.kl) if "critic" in self.engines else None
         self._trained = {role: e for role, e in self.engines.items() if role != "ref"}
@@ -95,7 +101,7 @@ class ModelWorker(Worker):
                          f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}")
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
-            "initialize": self._initialize, "fetch": self._fetch, "inference": self._inference,
+            "initialize": self._initialize, "fetch": self._fetch, "balance": self._balance, "inference": self._inference,
             "critic_train": self._critic_train, "train_step": self._train_step, "save": self._save,
             "checkpoint": self._checkpoint, "ping": self._ping,
         }  # fmt: skip
@@ -103,14 +109,25 @@ class ModelWorker(Worker):
                                     secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
 
     def _init_distributed(self) -> None:
-        """The process group every engine shards over. Rank 0 binds the rendezvous store on a free
-        port and publishes it in name resolve; a single rank uses an in-process store."""
+        """The process group every engine shards over (its timeout: `collective_timeout`), and two
+        gloo groups: `_cpu_group` (the same timeout) moves groups between ranks, `_io_group`
+        (`distributed_timeout`) waits for another rank's disk writes. Rank 0 binds the rendezvous
+        store on a free port and publishes it in name resolve; a single rank uses an in-process store."""
         cfg = self.config
         backend = dist_backend(self.device)
         timeout = datetime.timedelta(seconds=cfg.distributed_timeout)
         bind_gloo_to(cfg.bind_host)  # gloo's own listeners too, not only the TCPStore
+        self._cpu_group = self._io_group = None
+        collective = datetime.timedelta(seconds=cfg.collective_timeout)
+        if backend == "nccl":
+            # NCCL's watchdog aborts a rank whose collective times out, before Python could name
+            # the call: its flight recorder then dumps the last collectives of every rank (op,
+            # sizes, sequence number) next to the worker logs. Never run here (no GPU in CI).
+            os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.ctx.log_dir or ".", "nccl_trace_rank_"))
         if self.dp_size == 1:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=collective)
             self._dist_initialized = True
             return
         key = names.distributed_master(self.ctx.experiment_name, self.ctx.trial_name)
@@ -125,10 +142,13 @@ class ModelWorker(Worker):
             host, port = split_host_port(name_resolve.wait(key, timeout=cfg.distributed_timeout))
             store = dist.TCPStore(host, port, self.dp_size, is_master=False, timeout=timeout)
         t0 = time.monotonic()
-        dist.init_process_group(backend, store=store, rank=self.dp_rank, world_size=self.dp_size, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=self.dp_rank, world_size=self.dp_size, timeout=collective)
         self._dist_initialized = True
+        self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout)
+        self._io_group = collectives.new_gloo_group(cfg.distributed_timeout)
         self.logger.info(f"torch.distributed ({backend}) ready: rank {self.dp_rank}/{self.dp_size} "
-                         f"in {time.monotonic() - t0:.1f}s")
+                         f"in {time.monotonic() - t0:.1f}s; collectives time out after {cfg.collective_timeout:g}s, "
+                         f"waits on another rank's disk writes after {cfg.distributed_timeout:g}s")
 
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
@@ -136,10 +156,19 @@ class ModelWorker(Worker):
         if request is None:
             return False
         handler = self._handlers.get(request.handle_name)
+        # Said in an error: a save or checkpoint follows step `version`, the other calls make step version + 1.
+        at = (f"{request.handle_name} at version {self.version}" if request.handle_name in ("save", "checkpoint")
+              else f"{request.handle_name} of step {self.version + 1}")
         try:
             if handler is None:
                 raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(self._handlers)}")
             reply = handler(request.data if request.data is not None else {})
+        except collectives.CollectiveTimeoutError as e:
+            error = e.at(at)
+            self.logger.error(str(error))
+            self._stream.reply_error(request, error)
+            # The ranks disagree on where they are: nothing more this group runs can be trusted.
+            raise error from None
         except Exception as e:
             self.logger.exception(f"handler {request.handle_name!r} failed: {e}")
             self._stream.reply_error(request, e)
@@ -211,19 +240,33 @@ class ModelWorker(Worker):
         take = int(data.get("take", 0))
         if take > 0:
             groups = self._buffer.take(take, self.version)
-            self._batch = pack_trajectories(groups, self._pad_id())
+            self._taken, self._batch = groups, None
             summary = batch_summary(groups, self.version)
             summary["qids"] = [g.qid for g in groups]  # the master's trained_qids.jsonl
             reply["batch"] = summary
+            # What the master balances the ranks by (realhf.impl.dp_balance).
+            reply["group_costs"] = [group_exchange.group_cost(g, self.config.ppo.shared_prompt) for g in groups]
             reply["buffered"] = len(self._buffer)
             self.logger.info(f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
                              f"{summary['gen_tokens']} trained tokens, head staleness max "
                              f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered")
         return reply
 
+    def _balance(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        """Collective `{assignment}`: the master's plan for where each rank's taken groups train
+        (realhf.impl.dp_balance); this rank's groups are exchanged and packed into the step's batch."""
+        assignment = data["assignment"]
+        group_exchange.check_assignment(assignment, self.dp_rank, len(self._taken), self.dp_size)
+        with collectives.named(f"dp rank {self.dp_rank}/{self.dp_size}: group exchange"):
+            groups = group_exchange.exchange(self._taken, assignment, self.dp_rank, self._cpu_group)
+        self._taken = []
+        self._batch = pack_trajectories(groups, self._pad_id())
+        tokens = int(self._batch.attention_mask.sum())
+        return {"dp_rank": self.dp_rank, "n_groups": len(groups), "n_seqs": self._batch.n_seqs, "tokens": tokens}
+
     def _need_batch(self, what: str) -> TrainBatch:
         if self._batch is None:
-            raise RuntimeError(f"{what}: no batch taken; call fetch with take > 0 first")
+            raise RuntimeError(f"{what}: no batch; call fetch with take > 0, then balance, first")
         return self._batch
 
     def _pad_id(self) -> int:
@@ -287,7 +330,8 @@ class ModelWorker(Worker):
         """Collective: the recovery checkpoint (every trained engine's shards, LR schedules, each
         rank's RNG, the version and the master's `extra` counters) in one atomic write."""
         extra = {**(data.get("extra") or {}), "version": self.version, "actor_state": self.actor.state_dict()}
-        recover_checkpoint.save(self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra)
+        recover_checkpoint.save(self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra,
+                                self._io_group)
         return {"path": str(self._recover_path), "version": self.version}
 
     def _ping(self, data: Any) -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy [--short] [--out-dir docs]`
+"""`python -m scripts.bench all|e2e|generation|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel [--short] [--out-dir docs]`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -13,7 +13,8 @@ from scripts.bench.common import log, run_benchmark, write_docs
 
 # Generous per-benchmark limits (full mode, busy 2-core machine); a hang still ends.
 TIMEOUT_S = {"e2e": 3600, "scaling": 3600, "generation": 1800, "stream": 600, "weight_update": 900, "manager": 600,
-             "trainer": 600, "engine": 600, "launchers": 1800, "time_to_accuracy": 5400}
+             "trainer": 600, "engine": 600, "launchers": 1800, "time_to_accuracy": 5400,
+             "data_parallel": 5400}
 
 
 def main(argv=None) -> int:

@@ -62,6 +62,10 @@ def summarize(metrics: List[dict]) -> Dict[str, float]:
         "final_reward_mean": round(sum(m["reward_mean"] for m in last) / len(last), 4),
         "final_success_rate": round(sum(m["success_rate"] for m in last) / len(last), 4),
         "head_offpolicyness_max": max(m["head_offpolicyness_max"] for m in metrics),
+        # Tokens per DP rank, max/mean, as the groups arrived and as the master re-split them.
+        **{key: round(sum(m.get(key, 1.0) for m in metrics) / len(metrics), 4)
+           for key in ("dp_token_imbalance_before", "dp_token_imbalance")},
+        "dp_tokens_moved_fraction": round(sum(m.get("dp_tokens_moved_fraction", 0.0) for m in metrics) / len(metrics), 4),
     }
 
 

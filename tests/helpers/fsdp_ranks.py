@@ -22,7 +22,6 @@ import json
 import os
 import sys
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Dict, Iterator, List
 
@@ -36,6 +35,7 @@ from realhf.impl.model.actor import token_values
 from realhf.impl.model.batching import TrainBatch
 from realhf.impl.model.utils import ppo_functional as F
 
+from helpers.gloo_ranks import join_gloo_group
 from helpers.paths import TINY_MATH
 
 TINY_SFT = os.path.join(TINY_MATH, "sft")
@@ -187,10 +187,7 @@ def _write(out: Path, name: str, engine: FSDPEngine) -> None:
 
 
 def main(out: Path) -> None:
-    torch.set_num_threads(1)
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-                            rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    rank, world_size = join_gloo_group(60)
     try:
         engine = FSDPEngine(engine_config())
         engine.initialize()

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from realhf.api.cli_args import LoRAConfig
@@ -29,6 +26,7 @@ from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.lora import BaseModelView
 
 from helpers.fsdp_ranks import TINY_SFT, _write, engine_config, make_batch, run_steps, token_logprobs
+from helpers.gloo_ranks import join_gloo_group
 
 LORA = LoRAConfig(r=4, alpha=8.0)
 
@@ -42,10 +40,7 @@ def lora_config(**overrides) -> FSDPEngineConfig:
 def main(out: Path) -> None:
     from safetensors.torch import save_file
 
-    torch.set_num_threads(1)
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-                            rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    rank, world_size = join_gloo_group(60)
     try:
         engine = FSDPEngine(lora_config())
         engine.initialize()

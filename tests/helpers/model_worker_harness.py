@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.api.worker_configs import ModelWorkerConfig
@@ -50,14 +50,19 @@ class ModelWorkerHarness:
             assert time.monotonic() < deadline, f"trajectories never arrived: {replies}"
             time.sleep(0.1)
 
-    def step(self, shares: List[int]) -> dict:
-        """One training step the way the master runs it: take, actor_inf, actor_train."""
+    def step(self, shares: List[int], assignment: Optional[list] = None) -> dict:
+        """One training step the way the master runs it: take, balance (by `assignment`: per rank,
+        the (source rank, index) of each group it trains; default: each keeps what it took),
+        actor_inf, actor_train."""
         self.fetch_until(shares)
         fetched = self.stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(shares)},
                                        timeout=60)
+        if assignment is None:
+            assignment = [[(r, i) for i in range(s)] for r, s in enumerate(shares)]
+        balanced = self.stream.call_all("balance", {"assignment": assignment}, timeout=60)
         inference = self.stream.call_all("inference", {"model": "actor"}, timeout=120)
         train = self.stream.call_all("train_step", timeout=300)
-        return {"fetch": fetched, "inference": inference, "train": train}
+        return {"fetch": fetched, "balance": balanced, "inference": inference, "train": train}
 
     def model_version(self) -> str:
         return name_resolve.get(names.model_version(EXP, self.trial, "actor"))

@@ -36,7 +36,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,7 @@ from torch.distributed.tensor import DTensor
 
 from realhf.api.cli_args import ModelTrainEvalConfig
 from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
+from realhf.base import collectives
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
@@ -88,11 +89,15 @@ class FSDPEngineConfig:
     value_head: bool = False  # a critic: one output per position instead of the LM head
     trainable: bool = True  # False: frozen (the reference policy), no optimizer
     seed: int = 1  # initialises a value head (the same on every rank)
+    name: str = "actor"  # the role (actor, ref, critic): errors name it
 
 
 class FSDPEngine(TrainEngine):
-    def __init__(self, config: FSDPEngineConfig):
+    def __init__(self, config: FSDPEngineConfig, io_group=None):
         self.config = config
+        # Waits on another rank's disk writes (the barrier after save_hf, DCP's) go through this
+        # group: its timeout is for disks, the default group's for compute (realhf.base.collectives).
+        self.io_group = io_group
         self.device: Optional[torch.device] = None
         self.model: Optional[torch.nn.Module] = None
         self.optimizer: Optional[torch.optim.Optimizer] = None
@@ -184,41 +189,50 @@ class FSDPEngine(TrainEngine):
 
     # ---- compute --------------------------------------------------------------------------------
 
+    def _named(self, call: str):
+        """Collectives of `call`; a timeout names this rank, this engine and the call."""
+        return collectives.named(f"dp rank {self.rank}/{self.world_size}: {self.config.name} {call}")
+
     @torch.no_grad()
     def forward(self, batch: TrainBatch, output_fn: OutputFn) -> torch.Tensor:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32)  # [N, T-1]
-            for rows in self._plan(batch):
-                if rows is None:
-                    self._logits(self._padding_batch())
-                    continue
-                mb = self._on_device(batch.select(rows))
-                y = output_fn(self._logits(mb), mb)  # [n, t-1]
-                out[rows, : y.shape[1]] = y.detach().float().cpu()
-            return out
+            with self._named("forward"):
+                out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32)  # [N, T-1]
+                for rows, shared in self._plan(batch):
+                    if rows is None:
+                        self._logits(self._padding_batch(), shared)
+                        continue
+                    mb = self._on_device(batch.select(rows))
+                    y = output_fn(self._logits(mb, shared), mb)  # [n, t-1]
+                    out[rows, : y.shape[1]] = y.detach().float().cpu()
+                return out
         finally:
             self.model.train(was_training)
 
     def train_batch(self, batch: TrainBatch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> Dict[str, float]:
         if self.optimizer is None:
             raise RuntimeError(f"train_batch on a frozen engine ({self.config.model.path}, trainable=False)")
+        with self._named("train"):
+            return self._train_batch(batch, loss_fn, loss_weight_fn)
+
+    def _train_batch(self, batch: TrainBatch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> Dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         plan = self._plan(batch)
-        local_weight = sum(float(loss_weight_fn(batch.select(rows))) for rows in plan if rows is not None)
+        local_weight = sum(float(loss_weight_fn(batch.select(rows))) for rows, _ in plan if rows is not None)
         global_weight = self._sum_over_ranks(local_weight)
         denominator = global_weight if global_weight > 0 else 1.0
         local_loss = 0.0
         # Gradients accumulate over the micro-batches; each adds its loss sum / the global weight.
-        for rows in plan:
+        for rows, shared in plan:
             if rows is None:
                 # Zero loss through every layer: this rank joins the other ranks' collectives.
-                (self._logits(self._padding_batch()).float().sum() * 0.0).backward()
+                (self._logits(self._padding_batch(), shared).float().sum() * 0.0).backward()
                 continue
             mb = self._on_device(batch.select(rows))
-            loss = loss_fn(self._logits(mb), mb, rows)  # scalar: Σ over mb's tokens
+            loss = loss_fn(self._logits(mb, shared), mb, rows)  # scalar: Σ over mb's tokens
             (loss / denominator).backward()
             local_loss += float(loss.detach())
 
@@ -250,28 +264,36 @@ class FSDPEngine(TrainEngine):
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_weight": global_weight,
                 "skipped": 0.0 if finite else 1.0}
 
-    def _plan(self, batch: TrainBatch) -> List[Optional[torch.Tensor]]:
-        """The rows of each micro-batch (length-ordered, within `micro_batch_tokens`), padded with
-        None up to the largest count of any rank: FSDP gathers each layer in every forward, so
-        all ranks must run as many forwards; a None is a forward on a padding row."""
-        chunks = micro_batches(batch, torch.arange(batch.n_seqs), self.config.micro_batch_tokens,
-                               by_group=self._shares_prompts(batch))
-        n = len(chunks)
-        if self.world_size > 1:
-            count = torch.tensor([n], dtype=torch.int64, device=self.device)  # NCCL reduces device tensors only
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            n = int(count)
-        return chunks + [None] * (max(n, 1) - len(chunks))
+    def _plan(self, batch: TrainBatch) -> List[Tuple[Optional[torch.Tensor], bool]]:
+        """(rows, shared) of each micro-batch, the same number and kinds on every rank.
+
+        FSDP gathers each layer in every forward, so the ranks must run the same sequence of
+        forwards: as many micro-batches as the rank with the most (a None is a forward on a
+        padding row), and for each, the same kind — the shared-prompt forward (two model calls:
+        prompts, then answers on their keys and values) wherever any rank runs it, the plain one
+        (one call) elsewhere. Two small all-reduces agree on the plan before the first forward;
+        a rank whose micro-batch shares no prompt runs it as groups of one row, same logits.
+        """
+        can_share = self._shares_prompts(batch)
+        chunks = micro_batches(batch, torch.arange(batch.n_seqs), self.config.micro_batch_tokens, by_group=can_share)
+        n = max(collectives.agree_max([len(chunks)], self.device)[0], 1)
+        local = [int(can_share and shares_prompts(batch.group_ids[rows])) for rows in chunks]
+        kinds = collectives.agree_max(local + [0] * (n - len(chunks)), self.device)
+        padded: List[Optional[torch.Tensor]] = list(chunks) + [None] * (n - len(chunks))
+        return [(rows, bool(kind)) for rows, kind in zip(padded, kinds)]
 
     def _shares_prompts(self, batch: TrainBatch) -> bool:
         # HF models keep no keys and values to share when they recompute activations.
         return (self.config.shared_prompt and not self.config.value_head and batch.prompt_lens is not None
                 and not self.config.model.gradient_checkpointing)
 
-    def _logits(self, mb: TrainBatch) -> torch.Tensor:
-        if self._shares_prompts(mb) and shares_prompts(mb.group_ids):
+    def _logits(self, mb: TrainBatch, shared: bool) -> torch.Tensor:
+        """`[n, t, V]` logits of `mb`, by the forward `_plan` agreed on for it."""
+        if shared:
+            # Rows that share no prompt go as groups of one row: the same two model calls.
+            prompt_lens = mb.prompt_lens if mb.prompt_lens is not None else torch.ones_like(mb.group_ids)
             return shared_prompt_logits(self.model, mb.input_ids, mb.attention_mask, mb.group_ids,
-                                        mb.prompt_lens)  # [n, t, V]
+                                        prompt_lens)  # [n, t, V]
         return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:
@@ -282,8 +304,10 @@ class FSDPEngine(TrainEngine):
         """One sample of two pad tokens and nothing to train (only the model's inputs are read)."""
         ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)  # [1, 2]
         no_tokens = torch.zeros((1, 1), dtype=torch.bool, device=self.device)  # [1, 1]
+        one = torch.ones(1, dtype=torch.long, device=self.device)  # [1]
         return TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=no_tokens,
-                          behav_logprobs=no_tokens.float(), rewards=torch.zeros(1), group_ids=torch.zeros(1))
+                          behav_logprobs=no_tokens.float(), rewards=torch.zeros(1), group_ids=one * 0,
+                          prompt_lens=one)  # a one-token prompt: the shared-prompt forward takes it too
 
     def _sum_over_ranks(self, x: float) -> float:
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
@@ -295,6 +319,10 @@ class FSDPEngine(TrainEngine):
 
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:
         """Collective: every rank sends its shards to rank 0, which writes `path` atomically."""
+        with self._named("save"):
+            self._save_hf(path, tokenizer_source)
+
+    def _save_hf(self, path: Path, tokenizer_source: Optional[str]) -> None:
         if not self.sharded and self.device.type == "cpu" and not self.lora_scaling:
             # One unwrapped rank holding the weights in host memory: save them as they are (the
             # gather and the rebuilt model below cost ~10 ms per publish of the tiny model).
@@ -306,8 +334,7 @@ class FSDPEngine(TrainEngine):
                 # What the servers load: the base with the adapters merged in, under plain HF names.
                 full = lora.merged_state_dict(full, self.lora_scaling)
             checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
-        if self.world_size > 1:
-            dist.barrier()
+        collectives.barrier(self.io_group)  # the others wait for rank 0's disk write
 
     def _plain_hf_model(self, state: Dict[str, torch.Tensor]) -> torch.nn.Module:
         """An unwrapped HF model around `state`'s tensors (no copy): save_pretrained of the
@@ -322,6 +349,10 @@ class FSDPEngine(TrainEngine):
 
     def load_hf(self, path: Path) -> None:
         """Collective: every rank reads the safetensors files of `path` and keeps its shards."""
+        with self._named("load"):
+            self._load_hf(path)
+
+    def _load_hf(self, path: Path) -> None:
         from safetensors.torch import load_file
 
         if self.lora_scaling:
@@ -353,23 +384,27 @@ class FSDPEngine(TrainEngine):
         path = Path(path)
         if self.rank == 0:
             path.mkdir(parents=True, exist_ok=True)
-        if self.world_size > 1:
-            dist.barrier()
-        model_state, optim_state = self._recover_state()
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+        with self._named("save"):
+            collectives.barrier(self.io_group)
+            model_state, optim_state = self._recover_state()
+            # DCP's own collectives wait for every rank's file writes: the disk group's timeout.
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path),
+                     process_group=self.io_group)
         if self.rank == 0:
             (path / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
 
     def load_recover(self, path: Path) -> None:
         path = Path(path)
-        model_state, optim_state = self._recover_state()
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(path))
+        with self._named("load"):
+            model_state, optim_state = self._recover_state()
+            state = {"model": model_state, "optim": optim_state}
+            dcp.load(state, checkpoint_id=str(path), process_group=self.io_group)
         # With LoRA the frozen base is absent by design: a non-strict load, then every trained
         # parameter must have been restored.
         options = StateDictOptions(ignore_frozen_params=True, strict=not self.lora_scaling)
-        result = set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                                optim_state_dict=state["optim"], options=options)
+        with self._named("load"):
+            result = set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                                    optim_state_dict=state["optim"], options=options)
         lost = sorted(set(result.missing_keys) & set(model_state))
         if lost:
             raise ValueError(f"recovery checkpoint {path} lacks {lost[:5]}; was it written with the same actor.lora?")

@@ -75,11 +75,11 @@ class TrainBatch:
 
 
 def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainBatch:
-    """One row per sample of every trajectory, groups kept contiguous and in order."""
+    """One row per sample of every trajectory, groups kept contiguous and in order. Zero
+    trajectories make a batch of zero rows: a DP rank may have nothing to train in a step (it
+    still joins every collective, realhf.impl.engine.fsdp_engine)."""
     rows = [(g, traj.prompt_ids, s) for g, traj in enumerate(trajectories) for s in traj.samples]
-    if not rows:
-        raise ValueError("cannot build a train batch from zero trajectories")
-    width = max(len(p) + len(s.output_ids) for _, p, s in rows)
+    width = max((len(p) + len(s.output_ids) for _, p, s in rows), default=2)
     width = max(width, 2)
     n = len(rows)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)

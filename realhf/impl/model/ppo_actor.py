@@ -57,7 +57,7 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
         shared_prompt=cfg.ppo.shared_prompt,
         # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
         total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
-        value_head=role == "critic", trainable=role != "ref", seed=cfg.seed,
+        value_head=role == "critic", trainable=role != "ref", seed=cfg.seed, name=role,
         param_dtype=model.param_dtype or None, reduce_dtype=model.reduce_dtype,
     )
 
@@ -68,15 +68,16 @@ def roles_of(ppo: PPOHyperparameters) -> list:
     return ["actor"] + (["ref"] if ppo.kl_ctl > 0 else []) + (["critic"] if critic else [])
 
 
-def build_engines(cfg: ModelWorkerConfig, local_rank: int) -> Dict[str, FSDPEngine]:
+def build_engines(cfg: ModelWorkerConfig, local_rank: int, io_group=None) -> Dict[str, FSDPEngine]:
     """The engines of `roles_of(cfg.ppo)`, actor first. With `actor.lora` the reference is the
-    actor's own model with its adapters disabled (lora.BaseModelView), not a second copy."""
+    actor's own model with its adapters disabled (lora.BaseModelView), not a second copy.
+    `io_group`: where the ranks wait for each other's disk writes (realhf.base.collectives)."""
     engines = {}
     for role in roles_of(cfg.ppo):
         if role == "ref" and cfg.actor.lora.r > 0:
             engines[role] = BaseModelView(engines["actor"])
             continue
-        engine = FSDPEngine(engine_config(cfg, role, local_rank))
+        engine = FSDPEngine(engine_config(cfg, role, local_rank), io_group)
         engine.initialize()
         engines[role] = engine
     return engines

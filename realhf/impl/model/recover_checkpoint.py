@@ -28,18 +28,13 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
-import torch.distributed as dist
 
 from realhf.api.engine_api import TrainEngine
+from realhf.base.collectives import barrier
 from realhf.base.device import rng_state, set_rng_state
 from realhf.impl.model.checkpoint import move_into_place, prune_leftovers
 
 INFO_FILE = "recover_info.json"
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
 
 
 def _rng_file(root: Path, rank: int) -> Path:
@@ -47,9 +42,10 @@ def _rng_file(root: Path, rank: int) -> Path:
 
 
 def save(path: Path, engines: Mapping[str, TrainEngine], rank: int, world_size: int, device: torch.device,
-         extra: Optional[Dict[str, Any]] = None) -> Path:
+         extra: Optional[Dict[str, Any]] = None, io_group=None) -> Path:
     """Collective: write the recovery checkpoint of `engines` (role → trainable engine) at `path`.
-    `extra` (msgpack/JSON-able counters from the master) is stored beside `version` in the info file."""
+    `extra` (msgpack/JSON-able counters from the master) is stored beside `version` in the info file.
+    The ranks wait for rank 0's file system work on `io_group` (realhf.base.collectives)."""
     path = Path(path)
     tmp = path.with_name(f".tmp-{path.name}")
     if rank == 0:
@@ -57,11 +53,11 @@ def save(path: Path, engines: Mapping[str, TrainEngine], rank: int, world_size: 
         prune_leftovers(path.parent)  # `.tmp-recover`, `.old-*`: left by a save that was killed
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / "rng").mkdir(parents=True)
-    _barrier()
+    barrier(io_group)
     for role, engine in engines.items():
         engine.save_recover(tmp / role)
     torch.save({**rng_state(device), "python": random.getstate()}, _rng_file(tmp, rank))
-    _barrier()
+    barrier(io_group)
     if rank == 0:
         info = {**(extra or {}), "dp_size": world_size, "roles": sorted(engines)}
         (tmp / INFO_FILE).write_text(json.dumps(info))
@@ -69,7 +65,7 @@ def save(path: Path, engines: Mapping[str, TrainEngine], rank: int, world_size: 
         path.parent.mkdir(parents=True, exist_ok=True)
         move_into_place(tmp, path)
         _fsync(path.parent)
-    _barrier()
+    barrier(io_group)
     return path
 
 

@@ -131,3 +131,14 @@ def test_scaling_bench_reports_every_axis_and_a_linearity_figure(no_leftover_pro
             assert_positive(p, ["samples_per_s", "step_time_s"])
     assert "max_new_tokens_linearity_r2" in result
     assert_positive(result, ["rollout_workers_last_over_first_samples_per_s"])
+
+
+@pytest.mark.slow
+def test_data_parallel_bench_reports_samples_per_s_and_token_balance_per_dp_size(no_leftover_processes):
+    result, _ = run_bench("scripts.bench.data_parallel", "--short", timeout=1800)
+    assert result["bench"] == "data_parallel"
+    assert set(result["runs"]) == {"1", "2", "3"}
+    for dp, runs in result["runs"].items():
+        assert_positive(runs[0], ["samples_per_s", "dp_token_imbalance", "dp_token_imbalance_before"])
+        assert runs[0]["dp_token_imbalance"] <= runs[0]["dp_token_imbalance_before"] + 1e-9
+    assert result["token_imbalance"]["1"]["dp_token_imbalance"] == 1.0
