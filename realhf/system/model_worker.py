@@ -156,9 +156,13 @@ class ModelWorker(Worker):
         if request is None:
             return False
         handler = self._handlers.get(request.handle_name)
-        # Said in an error: a save or checkpoint follows step `version`, the other calls make step version + 1.
-        at = (f"{request.handle_name} at version {self.version}" if request.handle_name in ("save", "checkpoint")
-              else f"{request.handle_name} of step {self.version + 1}")
+        # Said in an error: a save or checkpoint follows step `version`, the other calls make step
+        # version + 1; an inference names its model (with LoRA the ref runs on the actor's engine).
+        call = request.handle_name
+        if call == "inference" and isinstance(request.data, dict):
+            call = f"{request.data.get('model', 'actor')} inference"
+        at = (f"{call} at version {self.version}" if call in ("save", "checkpoint")
+              else f"{call} of step {self.version + 1}")
         try:
             if handler is None:
                 raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(self._handlers)}")

@@ -30,7 +30,7 @@ def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engi
     out = run.output()
     assert code == 1, out[-4000:]
     # The waiting rank names itself, the engine, the call and the step, and the timeout.
-    error = ("dp rank 0/2: actor forward, inference of step 3: a collective did not complete within "
+    error = ("dp rank 0/2: actor forward, actor inference of step 3: a collective did not complete within "
              f"{TIMEOUT_S}s (cluster.collective_timeout)")
     assert error in run.log("model_worker-0"), run.log("model_worker-0")[-3000:]
     assert error in out, out[-4000:]  # the launcher's report carries it to the user
