@@ -32,6 +32,22 @@ class TrajectoryFormatError(ValueError):
 
 
 _INT32 = np.iinfo(np.int32)
+# Rewards become float32 tensors, and the advantage estimators square them (a group's variance,
+# a step's): beyond this bound a sum of squares over a large step overflows float32 (max 3.4e38)
+# and the whole optimizer step is skipped as non-finite, good groups with it. 1e15 leaves room
+# for 1e8 samples; no reward a task means to give is anywhere near it.
+MAX_ABS_REWARD = 1e15
+
+
+def reward_problem(reward: Any) -> Optional[str]:
+    """Why `reward` cannot be trained on, or None."""
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+        return f"is {reward!r}, not a number"
+    if not math.isfinite(reward):
+        return f"is {reward!r}, not a finite number"
+    if abs(reward) > MAX_ABS_REWARD:
+        return f"is {reward!r}, beyond ±{MAX_ABS_REWARD:g} (float32 statistics of such rewards overflow)"
+    return None
 
 
 def _as_array(values: Any, strict: bool) -> Optional[np.ndarray]:
@@ -152,8 +168,9 @@ class Trajectory:
         if not self.samples:
             return "no samples"
         for i, s in enumerate(self.samples):
-            if not isinstance(s.reward, (int, float)) or not math.isfinite(s.reward):
-                return f"samples[{i}].reward is {s.reward!r}, not a finite number"
+            bad = reward_problem(s.reward)
+            if bad is not None:
+                return f"samples[{i}].reward {bad}"
             if not np.isfinite(s.logprobs).all():
                 return f"samples[{i}].logprobs has non-finite entries"
             if not len(s.output_ids):
@@ -210,8 +227,10 @@ class Trajectory:
                         f"trajectory {sw}.{name}: {len(seq)} entries for {n} output tokens"
                     )
             reward = need(s, "reward", (int, float), sw)
-            if not math.isfinite(reward):
-                raise TrajectoryFormatError(f"trajectory {sw}.reward: must be a finite number, got {reward!r}")
+            bad = reward_problem(reward)
+            if bad is not None:
+                raise TrajectoryFormatError(f"trajectory {sw}.reward: must be a finite number within "
+                                            f"±{MAX_ABS_REWARD:g}; it {bad}")
             if not n:
                 raise TrajectoryFormatError(f"trajectory {sw}.output_ids: empty (a sample without generated tokens)")
             no_eos = bool(s.get("no_eos", False))

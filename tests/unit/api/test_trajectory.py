@@ -98,6 +98,9 @@ def test_an_all_trained_sample_travels_without_a_mask_and_comes_back_all_ones():
 @pytest.mark.parametrize("change, says", [
     (lambda t: setattr(t.samples[0], "reward", float("nan")), r"samples\[0\].reward is nan"),
     (lambda t: setattr(t.samples[0], "reward", float("-inf")), r"samples\[0\].reward is -inf"),
+    # Finite as a float64, infinite as the float32 it becomes (and its square overflows long before).
+    (lambda t: setattr(t.samples[0], "reward", 1e39), r"samples\[0\].reward is 1e\+39, beyond ±1e\+15"),
+    (lambda t: setattr(t.samples[0], "reward", -2e15), r"samples\[0\].reward is -2000000000000000.0, beyond"),
     (lambda t: setattr(t, "samples", []), "no samples"),
     (lambda t: t.samples.append(Sample([], [], [], 0.0)), r"samples\[1\] has no generated tokens"),
 ])
