@@ -37,18 +37,18 @@ from realhf.base.trial_files import (
     published_weights_dir,
     read_metrics,
 )
+from realhf.base.trial_lock import TrialLock, TrialLockedError
 from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.experiments.async_ppo_math import (
     ConfigError,
     initial_setup,
-    recover_checkpoint,
-    recover_info,
+    resumed_from,
     trial_files_of,
 )
 from realhf.experiments.config_loading import compose_config, register_schema
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.progress_view import RunProgress
-from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError
+from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError, WorkerSpec
 from realhf.system.stats_logger import read_eval_metrics
 from realhf.system.stats_plot import write_curves_png
 
@@ -154,16 +154,33 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    # One trial, one run: locked before claim_trial may delete anything (overwrite=true would
+    # delete a live run's files), held until this function returns; the kernel drops it if we die.
+    lock = TrialLock(trial_files_of(cfg).lock_path)
+    try:
+        lock.acquire()
+    except TrialLockedError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return run_trial(cfg, specs)
+    finally:
+        lock.release()
+
+
+def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
+    """The run, with the trial's lock held."""
     # After the config checks: a run refused for a bad value must not have deleted anything.
     refused = claim_trial(cfg)
     if refused is not None:
         print(f"config error: {refused}", file=sys.stderr)
         return 2
     paths = trial_files_of(cfg)
-    resumed = recover_info(cfg)
-    if resumed is not None:
+    point = resumed_from(specs)
+    if point is not None:
+        path, resumed = point
         print(f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
-              f"(version {resumed['version']}) from {recover_checkpoint(cfg)}", flush=True)
+              f"(version {resumed['version']}) from {path}", flush=True)
     os.makedirs(paths.run_dir, exist_ok=True)
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
 

@@ -147,6 +147,7 @@ class ModelWorkerConfig:
     keep_last_versions: int = _f(2, "Published weight versions kept per role (older ones are deleted).")
     keep_last_saves: int = same_as("exp_ctrl.keep_last_saves")
     recover: bool = _f(False, "On initialize, resume from the trial's recovery checkpoint if one exists.")
+    recover_path: str = _f("", "The recovery checkpoint to resume from, verified and chosen by the launcher so that every rank loads the same one (set on recovery); empty: <run_dir>/recover when `recover`.")
     collective_timeout: float = same_as("cluster.collective_timeout")
     distributed_timeout: float = _f(300.0, "Seconds to wait for the torch.distributed rendezvous, and for another rank's disk writes (HF saves, recovery checkpoints).")
     master_discovery_timeout: float = _f(300.0, "Seconds to wait for the master's request socket in name resolve.")

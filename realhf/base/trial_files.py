@@ -6,7 +6,10 @@ Everything a run writes goes under `cluster.fileroot` (docs/architecture.md §11
     runs/<experiment>/<trial>/        the run directory:
         published_weights/<role>/<v>/   weights the generation servers load (HF dir, atomic rename)
         checkpoints/<role>/version<v>/  saves (exp_ctrl.save_freq_steps and the final one)
-        recover/<role>/                 the recovery checkpoint (one, replaced atomically)
+        recover/<role>/                 the newest recovery checkpoint (replaced atomically)
+        recover.prev/<role>/            the one before it, the fallback should the newest be damaged
+    locks/<experiment>/<trial>.lock   held by the live run of the trial (realhf.base.trial_lock);
+                                      outside the two directories above, which overwrite=true deletes
 
 Workers are handed the run directory; these functions are the only place that knows the names
 below it.
@@ -23,7 +26,7 @@ from typing import List, Optional, Tuple
 
 @dataclass(frozen=True)
 class TrialFiles:
-    """The two directories of one trial under `fileroot`."""
+    """The two directories of one trial under `fileroot`, and its lock file."""
 
     fileroot: str
     experiment: str
@@ -40,6 +43,11 @@ class TrialFiles:
     @property
     def metrics_path(self) -> str:
         return metrics_path(self.log_dir)
+
+    @property
+    def lock_path(self) -> str:
+        # Not under log_dir or run_dir: deleting those (overwrite=true) must never delete the lock.
+        return os.path.join(os.path.abspath(self.fileroot), "locks", self.experiment, f"{self.trial}.lock")
 
 
 def metrics_path(log_dir: str) -> str:
@@ -85,6 +93,18 @@ def checkpoints_dir(run_dir: str, role: str = "actor") -> Path:
 
 
 def recover_dir(run_dir: str) -> Path:
-    """Where the trainer's recovery checkpoint lives (one, replaced each time; the layout is
+    """Where the trainer's newest recovery checkpoint lives (replaced each time; the layout is
     realhf.impl.model.recover_checkpoint's)."""
     return Path(run_dir) / "recover"
+
+
+def recover_prev_dir(run_dir: str) -> Path:
+    """The recovery checkpoint before the newest, kept whole as the one to resume from should the
+    newest be damaged."""
+    return previous_dir(recover_dir(run_dir))
+
+
+def previous_dir(path: Path) -> Path:
+    """Where the directory at `path` is kept once a newer one replaces it: `<path>.prev`."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.prev")

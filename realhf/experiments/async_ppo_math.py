@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
@@ -34,19 +35,15 @@ from realhf.base import trial_files
 from realhf.base.network import redact_url
 from realhf.base.trial_files import TrialFiles
 from realhf.impl.dataset.prompt_dataset import count_prompts
-from realhf.impl.model.recover_checkpoint import read_info as read_recover_info
+from realhf.impl.model import recover_checkpoint as recover_ckpt
 from realhf.scheduler.worker_spec import WorkerSpec
 from realhf.system.stats_logger import EVAL_METRICS_FILE
 
-__all__ = ["ConfigError", "initial_setup", "recover_info", "trial_files_of", "total_train_steps"]
+__all__ = ["ConfigError", "initial_setup", "resume_point", "resumed_from", "trial_files_of", "total_train_steps"]
 
 
 def trial_files_of(cfg: AsyncPPOMATHConfig) -> TrialFiles:
     return TrialFiles(cfg.cluster.fileroot, cfg.experiment_name, cfg.trial_name)
-
-
-def recover_checkpoint(cfg: AsyncPPOMATHConfig) -> str:
-    return str(trial_files.recover_dir(trial_files_of(cfg).run_dir))
 
 
 def total_train_steps(cfg: AsyncPPOMATHConfig, n_rows: int) -> int:
@@ -55,20 +52,35 @@ def total_train_steps(cfg: AsyncPPOMATHConfig, n_rows: int) -> int:
     return cfg.exp_ctrl.benchmark_steps or steps_per_epoch * cfg.exp_ctrl.total_train_epochs
 
 
-def recover_info(cfg: AsyncPPOMATHConfig) -> Optional[dict]:
-    """The recovery checkpoint this run resumes from, per `recover_mode` (None: start afresh).
+def resume_point(cfg: AsyncPPOMATHConfig) -> Optional[Tuple[Path, Dict[str, Any]]]:
+    """(path, info) of the recovery checkpoint this run resumes from, per `recover_mode`: the
+    newest that verifies against its manifest (recover_checkpoint.choose); None: start afresh.
 
-    'resume' without a checkpoint is a ConfigError: the user asked to continue something that
-    is not there (a wrong trial_name or fileroot, most likely)."""
+    'resume' without a checkpoint, and any mode but 'disabled' with only damaged ones, are
+    ConfigErrors: the user asked to continue something that is not there (a wrong trial_name or
+    fileroot, most likely), or that cannot be continued as it is."""
     if cfg.recover_mode == "disabled":
         return None
-    path = recover_checkpoint(cfg)
-    info = read_recover_info(path)
-    if info is None and cfg.recover_mode == "resume":
-        raise ConfigError(f"recover_mode=resume but there is no recovery checkpoint at {path} (experiment_name="
-                          f"{cfg.experiment_name!r}, trial_name={cfg.trial_name!r}, cluster.fileroot="
-                          f"{cfg.cluster.fileroot!r}); checkpoints are written every exp_ctrl.ckpt_freq_steps")
-    return info
+    run_dir = trial_files_of(cfg).run_dir
+    try:
+        point = recover_ckpt.choose(run_dir)
+    except recover_ckpt.DamagedCheckpointError as e:
+        raise ConfigError(f"recover_mode={cfg.recover_mode}: {e}") from None
+    if point is None and cfg.recover_mode == "resume":
+        raise ConfigError(f"recover_mode=resume but there is no recovery checkpoint at "
+                          f"{trial_files.recover_dir(run_dir)} (experiment_name={cfg.experiment_name!r}, trial_name="
+                          f"{cfg.trial_name!r}, cluster.fileroot={cfg.cluster.fileroot!r}); checkpoints are written "
+                          "every exp_ctrl.ckpt_freq_steps")
+    return point
+
+
+def resumed_from(specs: List[WorkerSpec]) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """(path, info) of the checkpoint `initial_setup` chose and handed the model workers; None
+    when the run starts afresh. Read back from the specs: the choice is made (and verified) once."""
+    model = next(s.configs[0] for s in specs if s.worker_type == "model_worker")
+    if not model.recover_path:
+        return None
+    return model.recover_path, recover_ckpt.read_info(Path(model.recover_path))
 
 
 def wandb_run_config(cfg: AsyncPPOMATHConfig) -> dict:
@@ -100,7 +112,8 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     config cannot run."""
     alloc = validate_experiment(cfg)
     files = trial_files_of(cfg)
-    resume = recover_info(cfg) or {}
+    point = resume_point(cfg)
+    resume = point[1] if point else {}
     host = cfg.cluster.bind_host
     n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split)
     total_steps = total_train_steps(cfg, n_rows)
@@ -137,7 +150,8 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,
         first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp, run_dir=files.run_dir, bind_host=host,
         max_head_offpolicyness=cfg.max_head_offpolicyness, total_train_steps=total_steps, seed=cfg.seed,
-        recover=bool(resume), keep_last_saves=cfg.exp_ctrl.keep_last_saves,
+        recover=bool(resume), recover_path=str(point[0]) if point else "",
+        keep_last_saves=cfg.exp_ctrl.keep_last_saves,
         max_message_bytes=cfg.cluster.max_message_bytes, collective_timeout=cfg.cluster.collective_timeout,
     )
     master = MasterWorkerConfig(

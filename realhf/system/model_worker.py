@@ -84,12 +84,14 @@ class ModelWorker(Worker):
         self._recover_path = trial_files.recover_dir(cfg.run_dir)
         self._resume: Dict[str, Any] = {}  # the checkpoint's prompt accounting, for the master
         self._dropped_qids: List[str] = []  # stale-dropped since the last fetch reply
-        if cfg.recover and recover_checkpoint.read_info(self._recover_path) is not None:
-            info = recover_checkpoint.load(self._recover_path, self._trained, self.dp_rank, self.device)
+        # The launcher chose (and verified) the checkpoint: ranks deciding on their own could differ.
+        resume_from = Path(cfg.recover_path) if cfg.recover_path else self._recover_path
+        if cfg.recover and (cfg.recover_path or recover_checkpoint.read_info(resume_from) is not None):
+            info = recover_checkpoint.load(resume_from, self._trained, self.dp_rank, self.device)
             self.version = int(info["version"])
             self.actor.load_state_dict(info.get("actor_state", {}))  # the adaptive KL coefficient
             self._resume = {k: info[k] for k in ("rollout_pending", "rollout_samplers") if k in info}
-            self.logger.info(f"recovered version {self.version} from {self._recover_path}")
+            self.logger.info(f"recovered version {self.version} from {resume_from}")
         sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
         if cfg.actor.lora.r > 0:
             sizes += (f" params (LoRA r={cfg.actor.lora.r}: {self.engines['actor'].n_trainable / 1e6:.3f}M trained"

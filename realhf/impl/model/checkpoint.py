@@ -60,11 +60,12 @@ def _exchange(a: Path, b: Path) -> None:
         raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
 
 
-def move_into_place(tmp: Path, out: Path) -> None:
+def move_into_place(tmp: Path, out: Path, previous: Optional[Path] = None) -> None:
     """Publish the complete directory `tmp` at `out` in one atomic step: a reader (or a crash)
     sees the old `out` or the new one, never neither. A new `out` is one rename; an existing one
     is swapped with `tmp` by one RENAME_EXCHANGE and the old copy (now at `tmp`, a `.tmp-*` name
-    that `prune_leftovers` removes if we die first) is deleted afterwards."""
+    that `prune_leftovers` removes if we die first) is deleted afterwards — or, with `previous`,
+    moved to `previous` the same way (the one there deleted), so that two generations are kept."""
     tmp, out = Path(tmp), Path(out)
     if not out.exists():
         tmp.rename(out)
@@ -74,15 +75,32 @@ def move_into_place(tmp: Path, out: Path) -> None:
     except OSError as e:
         if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
             raise
-        # A filesystem without RENAME_EXCHANGE (e.g. NFS): two renames, with a short window in
-        # which `out` is missing (docs/architecture.md, "Files of a trial").
-        _log_once(f"{out.parent}: no atomic directory exchange ({e.strerror}); replacing {out.name} with two renames")
-        old = out.with_name(f".old-{out.name}-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        _log_once(f"{out.parent}: no atomic directory exchange ({e.strerror}); replacing {out.name} with renames")
+        _replace_by_renames(tmp, out, previous)
         return
-    shutil.rmtree(tmp, ignore_errors=True)
+    if previous is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        move_into_place(tmp, Path(previous))
+
+
+def _replace_by_renames(tmp: Path, out: Path, previous: Optional[Path]) -> None:
+    """On a filesystem without RENAME_EXCHANGE (e.g. NFS): renames, with a short window in which
+    `out` is missing (docs/architecture.md, "Files of a trial"). With `previous`, the old `out` is
+    already whole there during that window, so a reader that falls back to it loses nothing."""
+    doomed = []
+    if previous is not None:
+        previous = Path(previous)
+        if previous.exists():
+            doomed.append(previous.with_name(f".old-{previous.name}-{os.getpid()}"))
+            previous.rename(doomed[-1])
+        out.rename(previous)
+    else:
+        doomed.append(out.with_name(f".old-{out.name}-{os.getpid()}"))
+        out.rename(doomed[-1])
+    tmp.rename(out)
+    for d in doomed:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 _warned = set()

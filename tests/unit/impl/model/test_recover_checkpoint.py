@@ -1,13 +1,18 @@
 """The trainer's recovery checkpoint (realhf/impl/model/recover_checkpoint.py) at DP=1, in this
 process, with a real actor and critic FSDPEngine: what a resumed trainer gets back, and what a
-save that dies half-way leaves behind. (DP=2: tests/unit/impl/engine/test_fsdp_engine.py.)"""
+save that dies half-way leaves behind, and how a damaged one is found on resume: the previous
+checkpoint kept beside it, the manifest each is verified against. (DP=2:
+tests/unit/impl/engine/test_fsdp_engine.py.)"""
 
+import errno
+import json
+import logging
 import random
 
 import pytest
 import torch
 
-from realhf.impl.model import recover_checkpoint
+from realhf.impl.model import checkpoint, recover_checkpoint
 
 from helpers.fsdp_ranks import (
     critic_config,
@@ -129,3 +134,143 @@ def test_loading_a_role_the_checkpoint_lacks_names_the_role(tmp_path):
             recover_checkpoint.load(tmp_path / "recover", {"actor": actor, "critic": critic}, 0, actor.device)
         with pytest.raises(FileNotFoundError, match="no recovery checkpoint"):
             recover_checkpoint.load(tmp_path / "nothing", {"actor": actor}, 0, actor.device)
+
+
+# ---- two checkpoints, verified on resume (issue 27 item 8) ----------------------------------------
+
+
+def _listing(path):
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+
+
+def _truncate(f):
+    size = f.stat().st_size
+    with open(f, "r+b") as fh:
+        fh.truncate(size // 2)
+    return size
+
+
+def _shard(path, role="actor"):
+    return next((path / role).glob("*.distcp"))
+
+
+def _saved_twice(tmp_path, actor, critic):
+    """Version 1, a step, version 2; returns the engines' parameters at version 1."""
+    _save(tmp_path / "recover", actor, critic, version=1)
+    v1 = _params(actor, critic)
+    _step(actor, critic, 0)
+    _save(tmp_path / "recover", actor, critic, version=2)
+    return v1
+
+
+def test_a_second_save_keeps_the_replaced_checkpoint_as_recover_prev_and_both_verify(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _saved_twice(tmp_path, actor, critic)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recover", "recover.prev"]
+    newest, previous = tmp_path / "recover", tmp_path / "recover.prev"
+    assert recover_checkpoint.read_info(newest)["version"] == 2
+    assert recover_checkpoint.read_info(previous)["version"] == 1
+    assert recover_checkpoint.verify(newest) is None and recover_checkpoint.verify(previous) is None
+    # The manifest lists every other file of the checkpoint, with its size.
+    manifest = json.loads((newest / "manifest.json").read_text())["files"]
+    assert sorted(manifest) == [f for f in _listing(newest) if f != "manifest.json"]
+    assert {"recover_info.json", "rng/rank0.pt", "actor/lr_schedule.json", "critic/.metadata"} <= set(manifest)
+    assert all(manifest[f]["size"] == (newest / f).stat().st_size for f in manifest)
+    path, info = recover_checkpoint.choose(tmp_path)
+    assert path == newest and info["version"] == 2
+
+
+def test_a_truncated_shard_of_the_newest_is_named_and_resume_falls_back_to_the_previous_one(tmp_path, caplog):
+    with open_engines(*_configs()) as (actor, critic):
+        v1 = _saved_twice(tmp_path, actor, critic)
+    shard = _shard(tmp_path / "recover")
+    size = _truncate(shard)
+    rel = shard.relative_to(tmp_path / "recover").as_posix()
+    assert recover_checkpoint.verify(tmp_path / "recover") == (
+        f"{tmp_path / 'recover'}: {rel} has {size // 2} bytes, expected {size}")
+
+    with caplog.at_level(logging.WARNING, logger="recover_checkpoint"):
+        path, info = recover_checkpoint.choose(tmp_path)
+    assert path == tmp_path / "recover.prev" and info["version"] == 1
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert f"{tmp_path / 'recover'}: {rel} has" in warning and f"{tmp_path / 'recover.prev'} (version 1)" in warning
+    with open_engines(*_configs()) as (actor, critic):
+        assert recover_checkpoint.load(path, {"actor": actor, "critic": critic}, 0, actor.device)["version"] == 1
+        assert _max_abs_diff(_params(actor, critic), v1) == 0.0
+
+
+def test_a_changed_byte_of_the_same_size_fails_the_checksum(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _save(tmp_path / "recover", actor, critic, version=1)
+    shard = _shard(tmp_path / "recover", "critic")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    rel = shard.relative_to(tmp_path / "recover").as_posix()
+    assert recover_checkpoint.verify(tmp_path / "recover", checksums=False) is None  # sizes still match
+    assert recover_checkpoint.verify(tmp_path / "recover") == (
+        f"{tmp_path / 'recover'}: {rel} fails its checksum (its sha256 is not the manifest's)")
+
+
+def test_a_damaged_previous_and_a_damaged_newest_make_an_error_naming_both(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _saved_twice(tmp_path, actor, critic)
+    _truncate(_shard(tmp_path / "recover"))
+    (tmp_path / "recover.prev" / "rng" / "rank0.pt").unlink()
+    with pytest.raises(recover_checkpoint.DamagedCheckpointError) as e:
+        recover_checkpoint.choose(tmp_path)
+    message = str(e.value)
+    assert f"no recovery checkpoint under {tmp_path} is whole" in message
+    assert f"{tmp_path / 'recover'}: {_shard(tmp_path / 'recover').relative_to(tmp_path / 'recover')} has" in message
+    assert f"{tmp_path / 'recover.prev'}: rng/rank0.pt is missing" in message
+    assert "recover_mode=disabled" in message  # and what to do
+
+
+def test_a_checkpoint_without_a_manifest_is_reported_as_one_from_an_older_version(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _save(tmp_path / "recover", actor, critic, version=1)
+    (tmp_path / "recover" / "manifest.json").unlink()
+    problem = recover_checkpoint.verify(tmp_path / "recover")
+    assert problem.startswith(f"{tmp_path / 'recover'}: no manifest.json") and "older" in problem
+    with pytest.raises(recover_checkpoint.DamagedCheckpointError, match="no manifest.json"):
+        recover_checkpoint.choose(tmp_path)
+
+
+def test_no_checkpoint_at_all_is_no_choice_and_no_error(tmp_path):
+    assert recover_checkpoint.choose(tmp_path) is None
+
+
+def test_the_next_save_drops_a_visibly_damaged_newest_instead_of_keeping_it_as_the_previous(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _saved_twice(tmp_path, actor, critic)
+        _truncate(_shard(tmp_path / "recover"))
+        _save(tmp_path / "recover", actor, critic, version=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recover", "recover.prev"]
+    assert recover_checkpoint.read_info(tmp_path / "recover")["version"] == 3
+    assert recover_checkpoint.read_info(tmp_path / "recover.prev")["version"] == 1  # the whole one stays
+    assert recover_checkpoint.verify(tmp_path / "recover.prev") is None
+
+
+def test_loading_a_damaged_checkpoint_names_the_bad_file_instead_of_a_bare_eof(tmp_path):
+    with open_engines(*_configs()) as (actor, critic):
+        _save(tmp_path / "recover", actor, critic, version=1)
+        shard = _shard(tmp_path / "recover")
+        _truncate(shard)
+        with pytest.raises(recover_checkpoint.DamagedCheckpointError,
+                           match=f"cannot load actor .*{shard.name} has .* bytes, expected"):
+            recover_checkpoint.load(tmp_path / "recover", {"actor": actor, "critic": critic}, 0, actor.device)
+
+
+def test_without_an_atomic_exchange_three_saves_still_keep_the_two_newest(tmp_path, monkeypatch):
+    def no_exchange(a, b):  # as on NFS
+        raise OSError(errno.EINVAL, "not supported")
+
+    monkeypatch.setattr(checkpoint, "_exchange", no_exchange)
+    with open_engines(*_configs()) as (actor, critic):
+        for version in (1, 2, 3):
+            _save(tmp_path / "recover", actor, critic, version=version)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recover", "recover.prev"]  # no `.old-*` left
+    assert recover_checkpoint.read_info(tmp_path / "recover")["version"] == 3
+    assert recover_checkpoint.read_info(tmp_path / "recover.prev")["version"] == 2
+    assert recover_checkpoint.verify(tmp_path / "recover") is None
+    assert recover_checkpoint.verify(tmp_path / "recover.prev") is None
