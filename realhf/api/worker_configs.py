@@ -114,6 +114,7 @@ class RolloutWorkerConfig:
     max_concurrent_rollouts: int = _f(16, "This worker's share of the root max_concurrent_rollouts (groups it keeps in flight).")
     new_tokens_per_chunk: int = same_as("new_tokens_per_chunk")
     n_pullers: int = _f(1, "Trainer DP heads receiving trajectories (pushers are grouped over them).")
+    max_message_bytes: int = same_as("cluster.max_message_bytes", "The trainer's limit on one group's message: a larger group is refused here, its episode failed and counted, instead of vanishing in transit.")
     request_timeout: float = same_as("rollout.request_timeout")
     episode_timeout: float = same_as("rollout.episode_timeout")
     sampler_state: str = _f("", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start.")

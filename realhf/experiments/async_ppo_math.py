@@ -144,7 +144,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         gconfig=dataclasses.replace(cfg.ppo.gen), group_size=cfg.group_size,
         max_concurrent_rollouts=rollouts_per_worker(cfg), new_tokens_per_chunk=cfg.new_tokens_per_chunk,
         n_pullers=alloc.train.dp, request_timeout=cfg.rollout.request_timeout,
-        episode_timeout=cfg.rollout.episode_timeout,
+        episode_timeout=cfg.rollout.episode_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
     )
     model = ModelWorkerConfig(
         actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,

@@ -46,13 +46,21 @@ def receiver_of(sender: int, n_senders: int, n_receivers: int) -> int:
     raise ValueError(f"sender index {sender} out of range [0, {n_senders})")
 
 
+class MessageTooLarge(ValueError):
+    """A message larger than the receiver accepts: refused at the sender, never sent."""
+
+
 class ZMQPusher:
     """PUSH socket connected to one puller; `push` blocks at most `send_timeout` s. Every message
-    carries the HMAC tag of the trial's `secret` (realhf.base.secret)."""
+    carries the HMAC tag of the trial's `secret` (realhf.base.secret). A message larger than
+    `max_message_bytes` (the puller's limit) raises MessageTooLarge instead of being sent: the
+    receiving libzmq would drop it without a word and disconnect this sender."""
 
-    def __init__(self, address: str, send_timeout: float = 60.0, hwm: int = 1000, secret: str = ""):
+    def __init__(self, address: str, send_timeout: float = 60.0, hwm: int = 1000, secret: str = "",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
         self.address = address
         self._secret = secret
+        self._max_bytes = int(max_message_bytes)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
@@ -65,9 +73,14 @@ class ZMQPusher:
         self.push_bytes(serialization.dumps(obj))
 
     def push_bytes(self, data: bytes) -> None:
+        frames = auth.tag_frames(self._secret, auth.TRAJECTORY_LABEL, data)
+        size = sum(len(f) for f in frames)
+        if size > self._max_bytes:
+            raise MessageTooLarge(f"a message of {size} bytes exceeds cluster.max_message_bytes={self._max_bytes} "
+                                  f"(the receiver's limit): not sent; raise cluster.max_message_bytes or shorten "
+                                  "the groups (ppo.gen.max_new_tokens, group_size)")
         try:
-            self._sock.send_multipart(auth.tag_frames(self._secret, auth.TRAJECTORY_LABEL, data),
-                                      copy=len(data) < 65536)
+            self._sock.send_multipart(frames, copy=len(data) < 65536)
         except zmq.Again:
             raise TimeoutError(
                 f"could not push to puller at {self.address} within {self._send_timeout:.0f}s "

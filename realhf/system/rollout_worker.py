@@ -58,7 +58,7 @@ from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
 from realhf.system.openai_server import OpenAIServer
-from realhf.system.push_pull_stream import NameResolvingZmqPusher
+from realhf.system.push_pull_stream import MessageTooLarge, NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, experiment_status
 
 # Backoff after a refusal when no own episode ends first: short, and reset on every admission,
@@ -159,15 +159,15 @@ class RolloutWorker(AsyncWorker):
         self.manager_url = name_resolve.wait(names.gserver_manager(exp, trial), timeout=cfg.discovery_timeout)
         self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
                                              discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout,
-                                             secret=self.ctx.secret)
+                                             secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
         self.push_thread = _PushThread(self.pusher)
         self.client: Optional[GenerationClient] = None
         self.manager: Optional[ManagerClient] = None  # self.client.manager
         self.tasks: Dict[str, asyncio.Task] = {}
         self.backoff = _MIN_BACKOFF_S
         self.consecutive_failures = 0
-        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "tokens": 0, "reward_sum": 0.0,
-                      "samples": 0, "refused": 0, "gen_calls": 0}
+        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "too_large": 0, "tokens": 0,
+                      "reward_sum": 0.0, "samples": 0, "refused": 0, "gen_calls": 0}
         self.t_log, self.groups_at_log, self.tokens_at_log = time.monotonic(), 0, 0
         self.logger.info(f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
                          f"manager {self.manager_url}; pushing to puller {self.pusher.puller_index}")
@@ -292,6 +292,7 @@ class RolloutWorker(AsyncWorker):
                 self.logger.info(f"episode {qid} left unfinished: the experiment ended ({type(e).__name__})")
                 raise
             self.stats["failed"] += 1
+            self.stats["too_large"] += isinstance(e, MessageTooLarge)
             self.consecutive_failures += 1
             named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
             what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
@@ -467,7 +468,7 @@ class RolloutWorker(AsyncWorker):
     def _totals(self) -> str:
         s = self.stats
         return (f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
-                f"{s['timed_out']}) running={len(self.tasks)} | mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} "
+                f"{s['timed_out']}, too large to send {s['too_large']}) running={len(self.tasks)} | mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} "
                 f"| generations/episode {s['gen_calls'] / max(s['samples'], 1):.2f} | refusals {s['refused']}")
 
     # ---- exit -------------------------------------------------------------------------------------

@@ -121,3 +121,21 @@ def test_push_times_out_naming_the_puller_when_nobody_receives():
         pusher._sock.setsockopt(zmq.LINGER, 0)
         pusher.close()
         sink.close(linger=0)
+
+
+def test_a_message_over_the_receivers_limit_is_refused_at_the_sender_and_never_sent():
+    from realhf.system.push_pull_stream import MessageTooLarge
+
+    puller = ZMQPuller(max_message_bytes=4096)
+    pusher = ZMQPusher(puller.address, max_message_bytes=4096)
+    try:
+        # Before: the receiving libzmq dropped it without a word (and the sender's connection).
+        with pytest.raises(MessageTooLarge, match=r"a message of \d+ bytes exceeds cluster.max_message_bytes=4096"):
+            pusher.push({"qid": "huge", "tokens": list(range(20000))})
+        pusher.push({"qid": "small"})
+        assert puller.pull(timeout=10)["qid"] == "small"
+        with pytest.raises(TimeoutError):
+            puller.pull(timeout=0.3)  # nothing else was sent
+    finally:
+        pusher.close()
+        puller.close()
