@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import zmq
 
-from realhf.base import logging, name_resolve, names, serialization
+from realhf.base import logging, name_resolve, names, serialization, zmq_curve
 from realhf.base import secret as auth
 from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES
 from realhf.base.network import host_for_peers
@@ -66,6 +66,7 @@ class ZMQPusher:
         self._sock.setsockopt(zmq.SNDHWM, hwm)
         self._sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
         self._sock.setsockopt(zmq.LINGER, 5000)  # let queued messages leave on close
+        zmq_curve.secure_client(self._sock, secret)
         self._sock.connect(f"tcp://{address}")
         self._send_timeout = send_timeout
 
@@ -106,6 +107,7 @@ class ZMQPuller:
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
+        zmq_curve.secure_server(self._sock, secret)  # no connection, so no byte, without the secret
         if port:
             self._sock.bind(f"tcp://{host}:{port}")
         else:

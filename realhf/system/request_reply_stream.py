@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import zmq
 
-from realhf.base import logging, name_resolve, names, serialization
+from realhf.base import logging, name_resolve, names, serialization, zmq_curve
 from realhf.base import secret as auth
 from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES
 from realhf.base.network import host_for_peers
@@ -59,6 +59,7 @@ class MasterStream:
         self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to an unknown worker raises
         self._sock.setsockopt(zmq.LINGER, 0)
+        zmq_curve.secure_server(self._sock, secret)  # no connection, so no byte, without the secret
         port = self._sock.bind_to_random_port(f"tcp://{host}")
         self.address = f"{host_for_peers(host)}:{port}"
         self._key = names.request_reply_master(experiment, trial)
@@ -193,6 +194,7 @@ class WorkerStream:
         self._sock.setsockopt(zmq.IDENTITY, _identity(worker_index))
         self._sock.setsockopt(zmq.LINGER, 2000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
+        zmq_curve.secure_client(self._sock, secret)
         self._sock.connect(f"tcp://{address}")
         self.n_malformed = 0
         self.n_forged = 0

@@ -30,32 +30,45 @@ def _group(i: int) -> dict:
 # ---- the trajectory stream ---------------------------------------------------------------------
 
 
-def test_forged_trajectories_are_refused_and_counted_while_real_groups_arrive():
+def _curve_push(address: str, secret: str):
+    """A raw PUSH socket holding the trial's CURVE keys (it passes the handshake) that sends
+    whatever frames it is given: the stand-in for a peer with the keys but not the message tags."""
+    from realhf.base import zmq_curve
+
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    zmq_curve.secure_client(sock, secret)
+    sock.connect(f"tcp://{address}")
+    return sock
+
+
+def test_peers_without_the_secret_never_connect_and_forged_tags_are_refused_and_counted():
     from realhf.system.push_pull_stream import ZMQPuller, ZMQPusher
 
     puller = ZMQPuller(secret=SECRET)
     real = ZMQPusher(puller.address, secret=SECRET)
-    untagged = ZMQPusher(puller.address)  # a peer that does not know the secret
-    wrong = ZMQPusher(puller.address, secret="guessed")
+    untagged = ZMQPusher(puller.address)  # a peer that does not know the secret: no CURVE keys
+    wrong = ZMQPusher(puller.address, secret="guessed")  # the wrong keys
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.connect(f"tcp://{puller.address}")
+    keyed = _curve_push(puller.address, SECRET)  # the keys, but made-up tags
     try:
-        forged = 0
         for i in range(6):
             real.push(_group(i))
+            # Queued on their side (a PUSH socket queues until it connects): never delivered.
             untagged.push(_group(100 + i))
             wrong.push(_group(200 + i))
-            raw.send_multipart([b"\0" * auth.TAG_BYTES, serialization.dumps(_group(300 + i))])  # a made-up tag
             raw.send_multipart([serialization.dumps(_group(400 + i))])
-            forged += 4
+            keyed.send_multipart([b"\0" * auth.TAG_BYTES, serialization.dumps(_group(300 + i))])
         got = [puller.pull(timeout=10)["qid"] for _ in range(6)]
         assert got == [f"g{i}" for i in range(6)]
-        wait_for(lambda: _drain(puller) or puller.n_forged == forged, 10, "every forged message to be counted")
-        assert puller.n_forged == forged and puller.n_malformed == 0 and puller.n_received == 6
+        wait_for(lambda: _drain(puller) or puller.n_forged == 6, 10, "every forged tag to be counted")
+        assert puller.n_forged == 6 and puller.n_malformed == 0 and puller.n_received == 6
     finally:
-        for s in (real, untagged, wrong):
-            s.close()
+        for peer in (real, untagged, wrong):
+            peer._sock.setsockopt(zmq.LINGER, 0)
+            peer.close()
         raw.close(linger=0)
+        keyed.close(linger=0)
         puller.close()
 
 
@@ -67,22 +80,65 @@ def _drain(puller) -> bool:
         return False
 
 
+_FLOOD = """
+import sys, time, zmq
+sock = zmq.Context.instance().socket(zmq.PUSH)
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect(sys.argv[1])
+part = b"x" * (10 << 20)
+sock.send_multipart([part] * 30)  # 300 MB in parts of 10 MB, each under the per-part cap
+time.sleep(3)  # time for libzmq to move it (when it has a connection)
+"""
+
+
+@pytest.mark.parametrize("with_secret", [False, True])
+def test_a_forged_multi_part_message_of_300_mb_is_held_in_memory_only_without_the_secret(with_secret):
+    """libzmq receives a multi-part message whole before handing over its first part, and caps
+    each part, not the message: without the secret's CURVE keys a peer never gets a connection, so
+    the receiver never holds its bytes (without a secret, as components built by hand in unit
+    tests, the same message fills the receiver's memory: the case this guards against)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from realhf.system.push_pull_stream import ZMQPuller
+
+    me = psutil.Process()
+    puller = ZMQPuller(secret=SECRET if with_secret else "", max_message_bytes=16 << 20)
+    before = me.memory_info().rss
+    try:
+        flood = subprocess.run([sys.executable, "-c", _FLOOD, f"tcp://{puller.address}"], capture_output=True,
+                               text=True, timeout=60)
+        grown = (me.memory_info().rss - before) / 2**20
+        print(f"receiver memory grew {grown:.0f} MB ({'with' if with_secret else 'without'} the secret)")
+        assert flood.returncode == 0, flood.stderr[-2000:]
+        if with_secret:
+            assert grown < 50, grown
+            with pytest.raises(TimeoutError):
+                puller.pull(timeout=0.2)
+        else:
+            assert grown > 200, grown  # what the CURVE handshake prevents
+    finally:
+        puller.close()
+
+
 def test_forged_messages_are_logged_rate_limited(caplog):
-    from realhf.system.push_pull_stream import ZMQPuller, ZMQPusher
+    from realhf.system.push_pull_stream import ZMQPuller
 
     puller = ZMQPuller(secret=SECRET)
-    forger = ZMQPusher(puller.address, secret="guessed")
+    forger = _curve_push(puller.address, SECRET)
     caplog.set_level(logging.INFO)
     try:
         for i in range(1000):
-            forger.push(_group(i))
+            forger.send_multipart([b"\1" * auth.TAG_BYTES, serialization.dumps(_group(i))])
         wait_for(lambda: _drain(puller) or puller.n_forged == 1000, 20, "1000 forged messages to be counted")
         lines = [r.getMessage() for r in caplog.records if "unauthenticated" in r.getMessage()]
         assert 1 <= len(lines) <= 12, lines  # the first, then one per doubling (or per 10 s)
         assert "#1:" in lines[0] and "more not logged" in lines[-1]
         assert SECRET not in caplog.text
     finally:
-        forger.close()
+        forger.close(linger=0)
         puller.close()
 
 
@@ -119,25 +175,30 @@ def test_oversized_message_is_dropped_and_the_sender_goes_on():
 
 
 def test_forged_hello_does_not_connect_a_worker(redis_name_resolve):
+    from realhf.base import zmq_curve
     from realhf.system.request_reply_stream import _HELLO, MasterStream, WorkerStream
 
     master = MasterStream("auth", "hello", n_workers=2, secret=SECRET)
     host_port = master.address
-    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE keys: never connected
     raw.setsockopt(zmq.IDENTITY, b"1")
     raw.connect(f"tcp://{host_port}")
+    keyed = zmq.Context.instance().socket(zmq.DEALER)  # the keys, a made-up tag
+    keyed.setsockopt(zmq.IDENTITY, b"1")
+    zmq_curve.secure_client(keyed, SECRET)
+    keyed.connect(f"tcp://{host_port}")
     wrong = None
     real = None
     try:
         hello = serialization.dumps({"request_id": "", "handler": 1, "handle_name": _HELLO})
-        raw.send(hello)  # untagged
-        raw.send_multipart([b"\1" * auth.TAG_BYTES, hello])  # made-up tag
-        wrong = WorkerStream("auth", "hello", 1, discovery_timeout=10, secret="guessed")  # same identity: dropped by ROUTER
+        raw.send(hello)  # untagged, and queued on its side: it never connects
+        keyed.send_multipart([b"\1" * auth.TAG_BYTES, hello])
+        wrong = WorkerStream("auth", "hello", 1, discovery_timeout=10, secret="guessed")  # the wrong keys
         real = WorkerStream("auth", "hello", 0, discovery_timeout=10, secret=SECRET)
         with pytest.raises(TimeoutError, match=r"model workers \[1\] did not connect"):
             master.wait_for_workers(3)
         assert master._connected == {0}
-        assert master.n_forged >= 2
+        assert master.n_forged == 1  # only the keyed peer's hello reached the tag check
         # The real worker works: a request and its reply both carry valid tags.
         rid = master.post(0, "ping", {"x": 1})
         req = wait_for(lambda: real.poll(0.1), 10, "the request to reach worker 0")
@@ -146,26 +207,28 @@ def test_forged_hello_does_not_connect_a_worker(redis_name_resolve):
         assert master.wait([rid], 10) == ["pong"]
     finally:
         raw.close(linger=0)
+        keyed.close(linger=0)
         for w in (wrong, real):
             if w is not None:
                 w.close()
         master.close()
 
 
-def test_worker_refuses_requests_not_tagged_with_the_secret(redis_name_resolve):
+def test_a_master_without_the_workers_secret_gets_no_connection_and_nothing_executed(redis_name_resolve):
     """A master that does not know the worker's secret (e.g. a foreign one registered in its
-    place) gets nothing executed."""
+    place): the CURVE handshake fails, so the worker's hello never reaches it and it cannot send
+    the worker a request."""
     from realhf.system.request_reply_stream import MasterStream, WorkerStream
 
     impostor = MasterStream("auth", "impostor", n_workers=1, secret="guessed")
     worker = WorkerStream("auth", "impostor", 0, discovery_timeout=10, secret=SECRET)
     try:
-        time.sleep(0.3)  # the worker's hello is refused by the impostor (wrong tag)
+        time.sleep(0.3)
         impostor._receive(0.5)
-        assert impostor._connected == set() and impostor.n_forged == 1
-        impostor.post(0, "train_step", {"evil": True})
-        assert wait_for(lambda: worker.n_forged == 1 or worker.poll(0.1), 10, "the request to be refused") is True
-        assert worker.n_malformed == 0
+        assert impostor._connected == set() and impostor.n_forged == 0
+        with pytest.raises(ConnectionError, match="model worker 0 is not connected"):
+            impostor.post(0, "train_step", {"evil": True})
+        assert worker.poll(0.5) is None and worker.n_forged == 0 and worker.n_malformed == 0
     finally:
         worker.close()
         impostor.close()
