@@ -187,6 +187,7 @@ class AgentConfig:
     turn_level_discount: float = _f(1.0, "math-multi-turn: reward multiplied by this per extra turn taken.")
     feedback: str = _f("\nWrong. Try again.\nA:", "math-multi-turn: text appended after a wrong answer.")
     reward_fn: str = _f("", "math-single-step: 'module:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.")
+    reward_timeout: float = _f(60.0, "math-single-step: seconds a reward_fn call may take (a sync one runs in a thread, off the event loop); past it the episode fails naming the function and the prompt.")
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user agent class.")
 
 

@@ -11,22 +11,32 @@ by hand or by another tool is held to the same rules. Each refusal is a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
-from typing import Any, Iterable
+import threading
+import typing
+from typing import Any, Iterable, Optional
 
 from realhf.api import choices
 from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, EvaluationConfig,
                                  ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig,
                                  NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters,
-                                 RayClusterConfig, RestartPolicyConfig, SFTConfig, StatsLoggingConfig)
+                                 RayClusterConfig, RestartPolicyConfig, SFTConfig, SGLangConfig, StatsLoggingConfig)
+from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
+from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
 CRITIC_ARCH_KEYS = ("model_type", "vocab_size", "hidden_size")
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+# The longest wait Python's threading accepts (Event.wait, Lock.acquire, queue.get: a longer one
+# raises OverflowError; about 292 years): the bound of every timeout, which ends up in such a wait.
+MAX_TIMEOUT_SECONDS = threading.TIMEOUT_MAX
+# Every int of the config is an int64 where it ends up (torch tensors and generators, msgpack).
+INT64_RANGE = (-(2**63), 2**63 - 1)
 
 
 class ConfigError(ValueError):
@@ -58,6 +68,10 @@ class _Fields:
         ok = v > low if strict else v >= low  # NaN fails both
         self.need(ok, f"{self.name(field)} must be {'>' if strict else '>='} {low}, got {v}")
 
+    def at_most(self, field: str, high: float, why: str = "") -> None:
+        v = self.value(field)
+        self.need(v <= high, f"{self.name(field)} must be <= {high:g}{f' ({why})' if why else ''}, got {v}")
+
     def within(self, field: str, low: float, high: float) -> None:
         v = self.value(field)
         self.need(low <= v <= high, f"{self.name(field)} must lie in [{low}, {high}], got {v}")
@@ -66,6 +80,76 @@ class _Fields:
         v = self.value(field)
         self.need(v in options, f"{self.name(field)}={v!r}: choose one of {list(options)}")
 
+    def timeout(self, field: str, zero_is_off: bool = False) -> None:
+        """Seconds of a wait: > 0 (>= 0 where 0 turns it off), at most MAX_TIMEOUT_SECONDS."""
+        self.at_least(field, 0, strict=not zero_is_off)
+        self.at_most(field, MAX_TIMEOUT_SECONDS, "threading.TIMEOUT_MAX, the longest wait Python accepts")
+
+    def temperature(self, field: str) -> None:
+        """A sampling temperature the native generation server accepts (its request check's range)."""
+        v, (lo, hi) = self.value(field), TEMPERATURE_RANGE
+        self.need(v == 0 or lo <= v <= hi, f"{self.name(field)} must be 0 (greedy) or lie in [{lo}, {hi}] "
+                                            f"(the generation server's range), got {v}")
+
+
+# ---- every number of a config tree -------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _number_kind(tp: Any) -> Optional[type]:
+    """int or float for a field typed int, float or Optional[int/float]; None for any other type."""
+    if tp in (int, float):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is typing.Union and len(args) == 1 and args[0] in (int, float):
+        return args[0]
+    return None
+
+
+def _check_number(name: str, v: Any, kind: type, optional: bool) -> None:
+    if v is None and optional:
+        return
+    # bool is an int to Python, but true/false in a numeric field is a mistake
+    _Fields.need(isinstance(v, (int, float)) and not isinstance(v, bool),
+                 f"{name} must be a number, got {v!r}")
+    _Fields.need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
+    if kind is int:
+        _Fields.need(isinstance(v, int), f"{name} must be an integer, got {v}")
+        lo, hi = INT64_RANGE
+        _Fields.need(lo <= v <= hi, f"{name} must lie in [-2**63, 2**63 - 1] (an int64), got {v}")
+
+
+def check_numbers(obj: Any, prefix: str = "") -> None:
+    """Every int and float field of the config tree `obj` (Optional ones when set, and the numbers
+    in its List[...] and Dict[str, ...] fields): finite, of its field's type, ints within int64.
+    NaN and +-inf pass many a range rule (`inf >= 0` holds) and fields without one, and fail only
+    when a worker computes with them; one walk over the dataclasses' fields covers every field,
+    including any added later. Messages name the dotted field."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    hints = _type_hints(type(obj))
+    for fld in dataclasses.fields(obj):
+        name = f"{prefix}.{fld.name}" if prefix else fld.name
+        value, tp = getattr(obj, fld.name), hints.get(fld.name)
+        if dataclasses.is_dataclass(value):
+            check_numbers(value, name)
+            continue
+        kind = _number_kind(tp)
+        if kind is not None:
+            _check_number(name, value, kind, optional=kind is not tp)
+            continue
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+        if origin is list and args and _number_kind(args[0]) and isinstance(value, list):
+            for i, item in enumerate(value):
+                _check_number(f"{name}[{i}]", item, _number_kind(args[0]), optional=False)
+        elif origin is dict and len(args) == 2 and _number_kind(args[1]) and isinstance(value, dict):
+            for key, item in value.items():
+                _check_number(f"{name}.{key}", item, _number_kind(args[1]), optional=False)
+
 
 # ---- one sub-config at a time ------------------------------------------------------------------
 
@@ -73,7 +157,7 @@ class _Fields:
 def check_name_resolve(c: NameResolveConfig, prefix: str = "cluster.name_resolve") -> None:
     f = _Fields(c, prefix)
     f.choice("type", choices.NAME_RESOLVE_BACKENDS)
-    f.at_least("keepalive_ttl", 0, strict=True)
+    f.timeout("keepalive_ttl")
 
 
 def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_policy") -> None:
@@ -91,7 +175,7 @@ WORKER_TYPES = ("generation_server", "gserver_manager", "model_worker", "rollout
 def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
     f = _Fields(c, prefix)
     f.choice("placement_strategy", PLACEMENT_STRATEGIES)
-    f.at_least("placement_timeout", 0, strict=True)
+    f.timeout("placement_timeout")
     f.at_least("num_cpus", 0)
     f.at_least("num_gpus", 0)
     for worker_type in WORKER_TYPES:
@@ -99,8 +183,8 @@ def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
             if name in ("CPU", "GPU", "memory"):
                 raise ConfigError(f"{prefix}.resources.{worker_type}.{name}: CPUs and GPUs come from the workers' "
                                   "threads and allocation_mode; list custom resources only")
-            if not amount >= 0:
-                raise ConfigError(f"{prefix}.resources.{worker_type}.{name}={amount}: must be >= 0")
+            if not 0 <= amount < math.inf:
+                raise ConfigError(f"{prefix}.resources.{worker_type}.{name}={amount}: must be >= 0 and finite")
 
 
 def check_device(name: str, field: str = "cluster.device") -> None:
@@ -114,23 +198,42 @@ def check_device(name: str, field: str = "cluster.device") -> None:
 
 
 def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.at_least("max_new_tokens", 0, strict=True)
+    f.temperature("temperature")  # RL further needs > 0 (validate_experiment)
     f.need(0 < c.top_p <= 1, f"{f.name('top_p')} must lie in (0, 1], got {c.top_p}")
-    f.need(c.top_k == -1 or c.top_k >= 1, f"{f.name('top_k')} must be -1 (off) or >= 1, got {c.top_k}")
+    f.need(c.top_k == -1 or 1 <= c.top_k <= MAX_TOP_K,
+           f"{f.name('top_k')} must be -1 (off) or lie in [1, {MAX_TOP_K}], got {c.top_k}")
     f.need(0 <= c.min_new_tokens <= c.max_new_tokens,
            f"{f.name('min_new_tokens')} must lie in [0, {f.name('max_new_tokens')}={c.max_new_tokens}], got {c.min_new_tokens}")
     f.need(all(t >= 0 for t in c.stop_token_ids), f"{f.name('stop_token_ids')} must be token ids >= 0, got {c.stop_token_ids}")
+    # The generation client adds the tokenizer's EOS to the list; the server takes MAX_STOP_TOKEN_IDS.
+    f.need(len(c.stop_token_ids) < MAX_STOP_TOKEN_IDS,
+           f"{f.name('stop_token_ids')} has {len(c.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS - 1} (the "
+           f"generation server takes {MAX_STOP_TOKEN_IDS} stop ids per request, one of them the tokenizer's EOS)")
 
 
 def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native") -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.choice("kind", choices.NATIVE_ENGINE_KINDS)
     f.choice("dtype", choices.DTYPES)
     f.choice("decode_attention", choices.DECODE_ATTENTION)
     f.at_least("n_threads", 1)
     f.at_least("max_running_requests", 1)
+    f.at_least("context_length", 0)  # and at most the model's (realhf.api.file_validation)
+
+
+def check_sglang(c: SGLangConfig, prefix: str = "gen_server.sglang") -> None:
+    f = _Fields(c, prefix)
+    f.need(0 < c.mem_fraction_static <= 1,
+           f"{f.name('mem_fraction_static')} must lie in (0, 1], got {c.mem_fraction_static}")
     f.at_least("context_length", 0)
+    f.at_least("max_running_requests", 0)
+    f.need(c.chunked_prefill_size == -1 or c.chunked_prefill_size >= 1,
+           f"{f.name('chunked_prefill_size')} must be -1 (SGLang's default) or >= 1, got {c.chunked_prefill_size}")
+    f.timeout("startup_timeout")
 
 
 def _check_class(f: _Fields, field: str, lookup) -> None:
@@ -152,6 +255,7 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
            f"{f.name('success_rate_lb')}={c.success_rate_lb} > {f.name('success_rate_ub')}={c.success_rate_ub}: "
            "every group would be dropped")
     f.at_least("num_turns", 0, strict=True)
+    f.at_least("reward_timeout", 0, strict=True)
     _check_class(f, "type", agent_class)
     if c.reward_fn:
         from realhf.impl.agent.math_single_step import load_reward_fn
@@ -165,9 +269,10 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
 def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
     from realhf.api.env import env_class
 
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.at_least("grader_workers", 0, strict=True)
-    f.at_least("grader_timeout", 0, strict=True)
+    f.timeout("grader_timeout")
     if c.type != "none":
         _check_class(f, "type", env_class)
 
@@ -180,6 +285,7 @@ def env_required_fields(c: EnvConfig) -> tuple:
 
 
 def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.choice("type", choices.OPTIMIZERS)
     f.choice("lr_scheduler_type", choices.LR_SCHEDULES)
@@ -197,6 +303,7 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
 
 
 def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.choice("dtype", choices.DTYPES)
     f.choice("reduce_dtype", choices.DTYPES)
@@ -226,6 +333,7 @@ def check_lora_reference(actor: ModelTrainEvalConfig, ref: ModelTrainEvalConfig,
 
 
 def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
     f.at_least("ppo_n_minibatches", 0, strict=True)
     f.at_least("micro_batch_tokens", 0)
@@ -249,6 +357,13 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
         f.need(c.kl_ctl > 0, f"{f.name('kl_target')}={c.kl_target} adapts the KL coefficient starting from "
                              f"{f.name('kl_ctl')}, which must then be > 0 (got {c.kl_ctl})")
         f.at_least("kl_horizon", 0, strict=True)
+    # Trainer-side shaping, (reward + bias) * scaling: a reward of 1 must stay within the bound
+    # every reward is held to (MAX_ABS_REWARD, realhf.api.trajectory), or float32 statistics overflow.
+    for name in ("reward_output_scaling", "reward_output_bias"):
+        f.need(abs(f.value(name)) <= MAX_ABS_REWARD, f"{f.name(name)} must lie in [-{MAX_ABS_REWARD:g}, "
+                                                     f"{MAX_ABS_REWARD:g}] (MAX_ABS_REWARD), got {f.value(name)}")
+    if c.max_reward_clip is not None:  # shape_reward refuses a clip <= 0 at the first train step
+        f.at_least("max_reward_clip", 0, strict=True)
     f.at_least("value_eps_clip", 0, strict=True)
     f.at_least("critic_warmup_steps", 0)
     f.within("discount", 0.0, 1.0)
@@ -257,9 +372,10 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
 
 
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
+    check_numbers(c, prefix)
     f = _Fields(c, prefix)
-    for name in ("benchmark_steps", "save_freq_steps", "keep_last_saves", "ckpt_freq_steps", "ckpt_freq_secs",
-                 "eval_freq_steps", "max_train_seconds"):
+    for name in ("total_train_epochs", "benchmark_steps", "save_freq_steps", "keep_last_saves", "ckpt_freq_steps",
+                 "ckpt_freq_secs", "eval_freq_steps", "max_train_seconds"):
         f.at_least(name, 0)
     if c.benchmark_steps == 0:
         f.at_least("total_train_epochs", 0, strict=True)
@@ -270,7 +386,7 @@ def check_evaluation_during(c: EvaluationConfig, prefix: str = "evaluation") -> 
     f = _Fields(c, prefix)
     for name in ("during_n_prompts", "during_samples", "during_n_threads", "max_new_tokens", "batch_size"):
         f.at_least(name, 1)
-    f.at_least("sampled_temperature", 0)
+    f.temperature("sampled_temperature")  # the evaluator samples on the native engine
     f.within("during_nice", 0, 19)
 
 
@@ -318,7 +434,10 @@ def check_known_keys(obj: Any, prefix: str = "") -> None:
 def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     """Raise ConfigError naming the first field that cannot work; return the parsed allocation."""
     check_known_keys(cfg)
+    check_numbers(cfg)  # first: NaN, +-inf and wrong types anywhere in the tree, named
     f = _Fields(cfg)
+    f.at_least("cluster.n_nodes", 1)
+    f.at_least("cluster.n_gpus_per_node", 0)
     try:
         alloc = AllocationMode.parse(cfg.allocation_mode)
         alloc.validate(cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node)
@@ -335,7 +454,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
     f.at_least("cluster.max_request_bytes", 1024)
     f.at_least("cluster.max_message_bytes", 1024)
-    f.at_least("cluster.collective_timeout", 0, strict=True)
+    f.timeout("cluster.collective_timeout")
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)
@@ -347,8 +466,8 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
     f.choice("recover_mode", choices.RECOVER_MODES)
     for name in ("rollout.request_timeout", "stall_timeout"):
-        f.at_least(name, 0, strict=True)
-    f.at_least("rollout.episode_timeout", 0)
+        f.timeout(name)
+    f.timeout("rollout.episode_timeout", zero_is_off=True)
     check_agent(cfg.rollout.agent)
     check_env(cfg.rollout.env)
 
@@ -361,6 +480,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     check_model(cfg.critic, "critic")
     check_lora_reference(cfg.actor, cfg.ref, cfg.ppo)
     check_native_engine(cfg.gen_server.native)
+    check_sglang(cfg.gen_server.sglang)
     f.need(cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
            f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
            "puts the engine on a GPU; use 'auto' or 'torch'")
@@ -371,7 +491,7 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     if cfg.evaluation.n_prompts > 0:
         ev.at_least("max_new_tokens", 0, strict=True)
         ev.at_least("batch_size", 0, strict=True)
-        ev.at_least("sampled_temperature", 0)
+        ev.temperature("sampled_temperature")
     if cfg.exp_ctrl.eval_freq_steps > 0:  # the evaluator during training
         check_evaluation_during(cfg.evaluation)
 

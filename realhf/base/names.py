@@ -23,6 +23,16 @@ def worker(experiment: str, trial: str, worker_type: str, index: int) -> str:
     return f"{worker_root(experiment, trial)}/{_check(worker_type, 'worker type')}/{int(index)}"
 
 
+def loop_blocked_root(experiment: str, trial: str) -> str:
+    return f"{trial_root(experiment, trial)}/loop_blocked"
+
+
+def loop_blocked(experiment: str, trial: str, worker_type: str, index: int) -> str:
+    """JSON `{blocked_for_s, where}` while an async worker's event loop is blocked (keep-alive; deleted
+    when it runs again): `where` is "file:line in function" of the code that holds it."""
+    return f"{loop_blocked_root(experiment, trial)}/{_check(worker_type, 'worker type')}/{int(index)}"
+
+
 def experiment_status(experiment: str, trial: str) -> str:
     """RUNNING / COMPLETE / ABORTED, written by the launcher and the master."""
     return f"{trial_root(experiment, trial)}/experiment_status"

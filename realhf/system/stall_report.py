@@ -11,6 +11,8 @@ short timeouts so that reporting never becomes the next hang:
                 rejections by reason, servers
     servers     GET /health of every registered generation server
     workers     heartbeats present per worker type, and which indices are missing
+    loops       each async worker whose event loop is blocked now: for how long, and where
+                (its heartbeat comes from a thread, so a frozen loop still looks alive)
 """
 
 from __future__ import annotations
@@ -95,12 +97,29 @@ def worker_line(experiment: str, trial: str, expected: Dict[str, int]) -> str:
     return "workers: " + (", ".join(described) or "no heartbeat registered")
 
 
+def blocked_loop_lines(experiment: str, trial: str) -> List[str]:
+    root = names.loop_blocked_root(experiment, trial) + "/"
+    out = []
+    for key in name_resolve.find_subtree(names.loop_blocked_root(experiment, trial)):
+        try:
+            v = json.loads(name_resolve.get(key))
+            what = f"blocked for at least {v['blocked_for_s']}s at {v['where']}"
+        except name_resolve.NameEntryNotFoundError:
+            continue  # it ran again meanwhile
+        except (ValueError, KeyError, TypeError):
+            what = "blocked (unreadable report)"
+        out.append(f"{key[len(root):]}: event loop {what}; nothing else on it runs meanwhile "
+                   "(its log has the stack)")
+    return out
+
+
 def stall_report(experiment: str, trial: str, replies: Sequence[dict], shares: Sequence[int],
                  expected_workers: Optional[Dict[str, int]] = None, secret: str = "") -> List[str]:
     """One line per fact; never raises (a broken probe becomes a line saying so)."""
     lines = data_lines(replies, shares)
     for probe in (lambda: [manager_line(experiment, trial, secret)], lambda: server_lines(experiment, trial, secret),
-                  lambda: [worker_line(experiment, trial, expected_workers or {})]):
+                  lambda: [worker_line(experiment, trial, expected_workers or {})],
+                  lambda: blocked_loop_lines(experiment, trial)):
         try:
             lines.extend(probe())
         except Exception as e:  # noqa: BLE001 - e.g. name resolve unreachable

@@ -20,6 +20,7 @@ from typing import Any
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
 from realhf.base.network import redact_url
+from realhf.system.loop_watchdog import LoopWatchdog
 
 logger = logging.getLogger("worker")
 
@@ -166,7 +167,17 @@ class Worker:
 
 
 class AsyncWorker(Worker):
-    """A worker whose loop is a coroutine (rollout workers): `_poll_async` runs repeatedly."""
+    """A worker whose loop is a coroutine (rollout workers): `_poll_async` runs repeatedly.
+
+    Its event loop is watched (`LoopWatchdog`): blocked for `loop_block_warn_s` s, it is logged
+    with the stack that blocks it and shown in the master's stall report."""
+
+    # Class attributes, not config fields: a field would have to be threaded through every async
+    # worker's config, and the threshold is a property of asyncio code (nothing on a loop should
+    # hold it for seconds), not of a run. 10 s: far above any honest step (a record write, a
+    # tokenization), far below the episode and data timeouts whose silence it explains.
+    loop_block_warn_s: float = 10.0
+    loop_block_remind_s: float = 60.0
 
     async def _poll_async(self) -> bool:
         await asyncio.sleep(0.05)
@@ -178,11 +189,22 @@ class AsyncWorker(Worker):
     def _loop(self):
         asyncio.run(self._aloop())
 
+    def _make_watchdog(self) -> LoopWatchdog:
+        ctx = self.ctx
+        key = names.loop_blocked(ctx.experiment_name, ctx.trial_name, ctx.worker_type, ctx.worker_index) \
+            if ctx.experiment_name and ctx.trial_name and ctx.worker_type else None
+        return LoopWatchdog(self.name, self.logger, key, self.loop_block_warn_s, self.loop_block_remind_s,
+                            ctx.name_resolve.keepalive_ttl)
+
     async def _aloop(self):
+        watchdog = self._make_watchdog()
+        watchdog.start()
         try:
             while not self._stop_requested and not self._status_says_stop():
                 if not await self._poll_async():
                     await asyncio.sleep(0.005)
         finally:
-            await self._exit_hook_async()
-
+            try:
+                await self._exit_hook_async()
+            finally:
+                watchdog.stop()

@@ -1,5 +1,5 @@
-"""User plug-ins that misbehave on purpose (issue 14, items 3-5), named in a run's config as
-`rollout.env.type=helpers.faulty_plugins:NanRewardEnv` etc.
+"""User plug-ins that misbehave on purpose (issue 14, items 3-5; issue 27, item 1), named in a
+run's config as `rollout.env.type=helpers.faulty_plugins:NanRewardEnv` etc.
 
 Which prompts misbehave is a function of the prompt's query_id (crc32), so every process and
 every incarnation of a worker agrees, and a test can recompute it."""
@@ -9,10 +9,13 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import time
 import zlib
 
 from realhf.impl.agent.math_single_step import MathSingleStepAgent
 from realhf.impl.environment.math_env import MathEnv
+
+from helpers.user_agents import answer_matches
 
 
 def bucket(query_id: str, n: int) -> int:
@@ -69,3 +72,12 @@ class RaisingAgent(MathSingleStepAgent):
         if bucket(row["query_id"], 3) == 1:
             raise ValueError(f"RaisingAgent: no answer for {row['query_id']} (on purpose)")
         return await super().run_episode(row, gen, env)
+
+
+def blocking_reward(prompt, completion, *, query_id, solutions, **row):
+    """A synchronous reward function (`rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward`)
+    that blocks for an hour on a third of the prompts (bucket 2 of 3) — a stuck HTTP call, a lock
+    never released — and otherwise grades like `helpers.user_agents:answer_matches`."""
+    if bucket(query_id, 3) == 2:
+        time.sleep(3600)
+    return answer_matches(prompt, completion, solutions)

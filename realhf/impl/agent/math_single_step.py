@@ -5,16 +5,40 @@
 Graded by the episode's environment (`rollout.env.type=math`), or, when `rollout.agent.reward_fn`
 names a function `module:function`, by `reward_fn(prompt, completion, **row)` (the row's other
 fields as keywords; may be async): a number is the reward, True/False mean ±1.
+
+User code never blocks the rollout worker's event loop: a synchronous reward_fn runs in one of
+the agent's `reward_threads` daemon threads, an async one on the loop; both are bounded by
+`rollout.agent.reward_timeout`, past which the episode fails with `RewardTimeout` naming the
+function, the prompt and the timeout (the rollout worker counts it failed and frees its slot).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import math
+import time
 from typing import Any, Callable, Dict, Optional
 
 from realhf.api.agent import Agent, EpisodeResult, Outcome, register_agent
+from realhf.base.daemon_threads import DaemonThreads
 from realhf.base.importing import import_object
+
+DEFAULT_REWARD_TIMEOUT_S = 60.0
+
+
+# Why threads (realhf.base.daemon_threads) and not realhf.base.hard_timeout_pool (subprocesses that
+# can be killed): a reward_fn gets the row's values and returns whatever it likes (numpy bools,
+# objects of the user's module); a subprocess pool takes and gives JSON only, and would re-import
+# the user's module (and any model it loads) in every worker, losing its in-process state.
+
+
+class RewardTimeout(Exception):
+    """A reward_fn did not return within rollout.agent.reward_timeout.
+
+    Not a TimeoutError: the rollout worker reads a TimeoutError out of an episode as its own
+    rollout.episode_timeout, and this is another limit with another remedy."""
 
 
 def load_reward_fn(path: str) -> Optional[Callable]:
@@ -26,10 +50,66 @@ def load_reward_fn(path: str) -> Optional[Callable]:
     return fn
 
 
-async def call_reward_fn(fn: Callable, row: Dict[str, Any], completion: str) -> Any:
+def _is_async(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _name_of(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+class _Overran(Exception):
+    pass
+
+
+async def _within(future: asyncio.Future, timeout: float) -> Any:
+    """`future`'s result, or _Overran after `timeout` s (the future cancelled). Not wait_for: a
+    TimeoutError the user's function raises itself (a socket timeout) must pass through as such,
+    not be read as ours."""
+    try:
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+    except asyncio.CancelledError:  # the episode was cancelled: so is the call
+        future.cancel()
+        raise
+    if not done:
+        future.cancel()
+        raise _Overran
+    return future.result()
+
+
+async def call_reward_fn(fn: Callable, row: Dict[str, Any], completion: str, *,
+                         timeout: float = DEFAULT_REWARD_TIMEOUT_S, threads: Optional[DaemonThreads] = None,
+                         name: str = "") -> Any:
+    """`fn(prompt, completion, **row)` within `timeout` s: a synchronous fn in one of `threads`
+    (the event loop goes on meanwhile), an async one on the loop (cancelled at the timeout).
+    RewardTimeout names the function (`name`, default its module:qualname) and the prompt."""
     others = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
-    value = fn(row.get("prompt", ""), completion, **others)
-    return await value if inspect.isawaitable(value) else value
+    call = functools.partial(fn, row.get("prompt", ""), completion, **others)
+    deadline = time.monotonic() + timeout
+    # A caller without an agent (a script, a test) gets a thread of its own for this call.
+    threads = None if _is_async(fn) else threads or DaemonThreads(1, name="reward")
+    try:
+        if threads is None:
+            return await _within(asyncio.ensure_future(call()), timeout)
+        value = await _within(asyncio.wrap_future(threads.submit(call)), timeout)
+        if inspect.isawaitable(value):  # a sync callable that returned a coroutine: the rest of the time
+            value = await _within(asyncio.ensure_future(value), max(0.0, deadline - time.monotonic()))
+        return value
+    except _Overran:
+        raise _timeout_error(name or _name_of(fn), row, timeout, threads) from None
+
+
+def _timeout_error(name: str, row: Dict[str, Any], timeout: float, threads: Optional[DaemonThreads]) -> RewardTimeout:
+    where = f"rollout.agent.reward_fn={name} did not return within rollout.agent.reward_timeout={timeout:g}s " \
+            f"for prompt {row.get('query_id', '?')!r}"
+    if threads is None:
+        return RewardTimeout(f"{where}; the coroutine was cancelled. Make it faster or raise the timeout.")
+    stuck = f"{threads.busy}/{threads.size} reward threads are busy in calls that have not returned"
+    if threads.busy >= threads.size:
+        return RewardTimeout(f"{where}: no free reward thread ({stuck}); the function blocks — make it return "
+                             "(or make it async), or raise the timeout.")
+    return RewardTimeout(f"{where}; its thread stays busy until the call returns ({stuck}). Make it faster, "
+                         "make it async, or raise the timeout.")
 
 
 def graded(env_reward: float) -> Outcome:
@@ -42,13 +122,23 @@ def graded(env_reward: float) -> Outcome:
 
 @register_agent("math-single-step")
 class MathSingleStepAgent(Agent):
+    # Threads a synchronous reward_fn may hold at once (realhf.base.daemon_threads: a stuck call keeps
+    # its thread). The pool only grows to the calls in flight together (at most the worker's
+    # running episodes), so a generous bound costs nothing until calls get stuck, and lets a
+    # slow but honest function run concurrently; a subclass may change it.
+    reward_threads = 128
+
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self.reward_fn = load_reward_fn(getattr(config, "reward_fn", ""))
+        self.reward_fn_name = getattr(config, "reward_fn", "")
+        self.reward_fn = load_reward_fn(self.reward_fn_name)
+        self.reward_timeout = float(getattr(config, "reward_timeout", DEFAULT_REWARD_TIMEOUT_S))
+        self._threads = DaemonThreads(self.reward_threads, name="reward") if self.reward_fn is not None else None
 
     async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:
         answer = await gen()
         if self.reward_fn is not None:
-            return await call_reward_fn(self.reward_fn, row, answer.text)
+            return await call_reward_fn(self.reward_fn, row, answer.text, timeout=self.reward_timeout,
+                                        threads=self._threads, name=self.reward_fn_name)
         _, reward, _, _ = await env.step(answer.text)
         return graded(reward)

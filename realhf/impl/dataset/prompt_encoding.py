@@ -40,11 +40,12 @@ def render_chat(tokenizer: Any, messages: List[Dict[str, Any]], add_generation_p
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_prompt(tokenizer: Any, row: Dict[str, Any], chat: bool,
-                  tools: Optional[List[Dict[str, Any]]] = None) -> List[int]:
-    """The token ids an episode of `row` starts from: its `messages` through the chat template,
-    or its `prompt` text — through the template as one user message when `chat` is on. `tools`
-    (function schemas) need the template: without one they cannot be shown to the model."""
+def prompt_text(tokenizer: Any, row: Dict[str, Any], chat: bool,
+                tools: Optional[List[Dict[str, Any]]] = None) -> str:
+    """The text an episode of `row` starts from, before tokenisation (`encode_prompt`): its
+    `messages` through the chat template, or its `prompt` text — through the template as one
+    user message when `chat` is on. `tools` (function schemas) need the template: without one
+    they cannot be shown to the model."""
     if tools and not (chat or row.get("messages") is not None):
         raise PromptEncodingError(f"the agent offers tools ({', '.join(t['function']['name'] for t in tools)}) but "
                                   "prompts are not chat-templated (dataset.chat_template, or a tokenizer without a "
@@ -53,8 +54,16 @@ def encode_prompt(tokenizer: Any, row: Dict[str, Any], chat: bool,
         if not has_chat_template(tokenizer):
             raise PromptEncodingError(f"row {row.get('query_id')!r} has chat 'messages' but the tokenizer has no "
                                       "chat template; give the row a 'prompt' text, or use a model with a template")
-        return render_chat(tokenizer, list(row["messages"]), add_generation_prompt=True, tools=tools)
-    if chat:
-        return render_chat(tokenizer, [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
-                           tools=tools)
-    return list(tokenizer(row["prompt"], add_special_tokens=False)["input_ids"])
+        messages = list(row["messages"])
+    elif chat:
+        messages = [{"role": "user", "content": row["prompt"]}]
+    else:
+        return row["prompt"]
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompt(tokenizer: Any, row: Dict[str, Any], chat: bool,
+                  tools: Optional[List[Dict[str, Any]]] = None) -> List[int]:
+    """The token ids an episode of `row` starts from (`prompt_text`, encoded as is: a template's
+    own special tokens stay, none are added)."""
+    return list(tokenizer(prompt_text(tokenizer, row, chat, tools), add_special_tokens=False)["input_ids"])

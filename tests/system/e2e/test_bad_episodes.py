@@ -5,7 +5,13 @@ another third (each such group is refused by the
 trainer, or earlier by its rollout worker: either way its admission slot must come back, or the
 staleness budget drains and the run stalls for ever), and one whose step hangs for a quarter of
 the prompts (each such episode must be cancelled after rollout.episode_timeout and free its
-slot). Both runs finish their steps, and the logs name the episodes that went wrong."""
+slot). Both runs finish their steps, and the logs name the episodes that went wrong.
+
+Issue 27, item 1: a synchronous reward function that blocks for an hour on a third of the prompts
+used to freeze its rollout worker's event loop (no episode timeout could fire, every heartbeat
+stayed alive, the run stalled until the master's one-hour data timeout). Now each call runs in a
+thread under `rollout.agent.reward_timeout`: the blocked episodes fail naming the function, their
+slots come back, and the run finishes."""
 
 import os
 import re
@@ -59,3 +65,20 @@ def test_episodes_whose_env_hangs_time_out_free_their_slots_and_are_named(tmp_pa
     hung = [qid for qid in timed_out if bucket(qid.split("@")[0], 4) == 0]
     # More hung and were cancelled than one worker has slots (4), and the run still went on.
     assert len(hung) > 4, _logs(log_dir)[-3000:]
+
+
+@pytest.mark.e2e
+def test_a_run_whose_reward_fn_blocks_for_a_third_of_the_prompts_finishes_naming_the_function(
+        tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(tmp_path, "blocking", "exp_ctrl.benchmark_steps=4", *SMALL_RUN,
+                                          "max_head_offpolicyness=1", "rollout.env.type=none",
+                                          "rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward",
+                                          "rollout.agent.reward_timeout=2", timeout=300, env=ENV)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]  # and it exited: the stuck threads did not hold the workers
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    logs = _logs(log_dir)
+    blocked = re.findall(r"rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward did not return within "
+                         r"rollout.agent.reward_timeout=2s for prompt '([^']+)'", logs)
+    assert blocked, logs[-3000:]
+    assert all(bucket(query_id, 3) == 2 for query_id in blocked)
