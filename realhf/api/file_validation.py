@@ -65,6 +65,12 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
         need(cfg.ppo.gen.max_new_tokens < context,
              f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} leaves no room for a prompt in the generation "
              f"servers' context of {context} tokens ({context_field}, 0: the model's max_position_embeddings)")
+        largest = largest_group_bytes(cfg.group_size, context)
+        need(largest <= cfg.cluster.max_message_bytes,
+             f"cluster.max_message_bytes={cfg.cluster.max_message_bytes} is smaller than the largest prompt group this "
+             f"config can produce (~{largest} bytes: group_size={cfg.group_size} samples filling the servers' context "
+             f"of {context} tokens): such groups could never reach the trainer; raise cluster.max_message_bytes "
+             f"to at least {largest}")
     vocab = _hf_config("actor.path", cfg.actor.path).get("vocab_size")
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else 0
     if vocab:
@@ -87,6 +93,18 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
          f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context,
                   vocab)
+
+
+# A group's message (Trajectory.to_msg, msgpack with raw arrays): per token an int32 id, a float32
+# behaviour log-prob, an int32 version and an int32 loss mask (measured 15.9 bytes per token for
+# 8 x 2048 tokens); per sample its keys and scalars; the prompt's int32 ids; metadata and the tag.
+_MESSAGE_BYTES_PER_TOKEN, _MESSAGE_BYTES_PER_SAMPLE, _MESSAGE_SLACK = 16, 256, 64 << 10
+
+
+def largest_group_bytes(group_size: int, context: int) -> int:
+    """An upper bound on one prompt group's message: a sample's prompt and output fit in the
+    servers' context (a multi-turn sample included), so its outputs hold at most `context` tokens."""
+    return 4 * context + group_size * (_MESSAGE_BYTES_PER_TOKEN * context + _MESSAGE_BYTES_PER_SAMPLE) + _MESSAGE_SLACK
 
 
 def server_context(cfg: AsyncPPOMATHConfig) -> tuple:

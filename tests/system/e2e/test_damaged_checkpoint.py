@@ -16,6 +16,7 @@ COMMON = ["exp_ctrl.benchmark_steps=4", "exp_ctrl.ckpt_freq_steps=2", "allocatio
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI time: verify/choose/fallback and the launcher's choice are unit-tested
 def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_previous_one(tmp_path,
                                                                                        no_leftover_processes):
     trial = "damaged"

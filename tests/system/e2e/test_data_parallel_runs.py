@@ -46,7 +46,7 @@ def test_grpo_as_shipped_trains_at_dp2_on_balanced_ranks(tmp_path, no_leftover_p
 
 @pytest.mark.e2e
 def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path, no_leftover_processes):
-    steps, warmup = 100, 5
+    steps, warmup = 80, 5  # the critic's step is the slowest; measured 0.216 -> 0.305 over 100 steps
     proc, metrics, log_dir = run_training(tmp_path, "critic", f"exp_ctrl.benchmark_steps={steps}", *CRITIC_RUN,
                                           f"ppo.critic_warmup_steps={warmup}", DP2, f"max_head_offpolicyness={ETA}")
     check_finished_run(proc, metrics, steps, ETA, tmp_path)

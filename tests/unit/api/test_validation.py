@@ -287,3 +287,11 @@ def test_a_multi_node_ray_config_with_pinned_workers_is_accepted():
 def test_a_key_added_with_plus_that_is_no_field_is_refused(override, field):
     with pytest.raises(ConfigError, match=f"{field}: no such field"):
         check_config(load(override))
+
+
+def test_a_message_limit_below_the_largest_group_the_config_can_make_is_refused_with_the_size_it_needs():
+    # 8 samples that fill the tiny model's 256-token context: ~101 KB (realhf.api.file_validation).
+    with pytest.raises(ConfigError, match=r"cluster.max_message_bytes=3000 is smaller than the largest prompt group "
+                                          r"this config can produce \(~101376 bytes.*at least 101376"):
+        check_config(load("cluster.max_message_bytes=3000"))
+    check_config(load("cluster.max_message_bytes=101376"))
