@@ -84,10 +84,17 @@ _FLOOD = """
 import sys, time, zmq
 sock = zmq.Context.instance().socket(zmq.PUSH)
 sock.setsockopt(zmq.LINGER, 0)
+# A PUSH socket whose handshake is refused has no peer, and its send would wait forever.
+sock.setsockopt(zmq.SNDTIMEO, 10000)
 sock.connect(sys.argv[1])
 part = b"x" * (10 << 20)
-sock.send_multipart([part] * 30)  # 300 MB in parts of 10 MB, each under the per-part cap
-time.sleep(3)  # time for libzmq to move it (when it has a connection)
+try:
+    sock.send_multipart([part] * 30)  # 300 MB in parts of 10 MB, each under the per-part cap
+    print("queued")
+    time.sleep(3)  # time for libzmq to move it (when it has a connection)
+except zmq.Again:
+    print("no peer took it")
+sock.close()
 """
 
 

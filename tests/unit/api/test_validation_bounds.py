@@ -24,7 +24,7 @@ import pytest
 
 from realhf.api import file_validation
 from realhf.api.cli_args import AsyncPPOMATHConfig
-from realhf.api.file_validation import check_prompts, load_rows
+from realhf.api.file_validation import check_prompts, largest_group_bytes, load_rows
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.api.validation import MAX_TIMEOUT_SECONDS, ConfigError, validate_experiment
 from realhf.experiments.config_loading import compose_config
@@ -303,7 +303,9 @@ ACCEPTED = [
     ("cluster.name_resolve.keepalive_ttl", 0.001), ("cluster.name_resolve.keepalive_ttl", MAX_TIMEOUT_SECONDS),
     ("cluster.restart_policy.max_restarts", 0), ("cluster.restart_policy.restart_window", 0.0),
     ("cluster.restart_policy.backoff", 0.0),
-    ("cluster.max_request_bytes", 1024), ("cluster.max_message_bytes", 1024),
+    ("cluster.max_request_bytes", 1024),
+    # the static floor is 1024; the embedded config's real floor is its largest group (8 samples, 256 tokens)
+    ("cluster.max_message_bytes", largest_group_bytes(8, 256)),
     ("cluster.n_nodes", 1), ("cluster.n_gpus_per_node", 0),
     ("cluster.collective_timeout", 0.001), ("cluster.collective_timeout", MAX_TIMEOUT_SECONDS),
     ("actor.n_threads", 1), ("critic.n_threads", 1),
