@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -37,6 +38,7 @@ from realhf.base.trial_files import (
     published_weights_dir,
     read_metrics,
 )
+from realhf.base.trial_lease import TrialLeaseError, TrialLeaseHeldError, trial_lease
 from realhf.base.trial_lock import TrialLock, TrialLockedError
 from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.experiments.async_ppo_math import (
@@ -162,10 +164,33 @@ def run(cfg: AsyncPPOMATHConfig) -> int:
     except TrialLockedError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    lease = None
+    try:
+        # Then the lease in a Redis shared with launches on other machines (other file systems,
+        # other locks), before the launcher clears the trial's keys there.
+        lease = trial_lease(cfg.cluster.name_resolve, cfg.experiment_name, cfg.trial_name, on_lost=stop_this_run)
+        if lease is not None:
+            lease.acquire()
+    except TrialLeaseError as e:
+        if lease is not None:
+            lease.store.close()
+        lock.release()
+        held = isinstance(e, TrialLeaseHeldError)
+        print(f"config error: {e}" if held else f"run failed (exit 1): {e}", file=sys.stderr)
+        return 2 if held else 1
     try:
         return run_trial(cfg, specs)
     finally:
+        if lease is not None:
+            lease.release()
         lock.release()
+
+
+def stop_this_run(why: str) -> None:
+    """The trial's lease went to another launch, which clears and reuses the trial's keys: stop
+    (SIGTERM: the launcher stops every worker and exits 143) rather than fight over them."""
+    print(f"stopping this run: {why}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:

@@ -56,7 +56,7 @@ class RestartPolicyConfig:
 
     generation_server: bool = _f(True, "Restart a generation server that dies; it rejoins with the current weights.")
     rollout_worker: bool = _f(True, "Restart a rollout worker that dies; its in-flight prompts are re-admitted.")
-    gserver_manager: bool = _f(False, "Restart the manager (off: its admission counters live in memory).")
+    gserver_manager: bool = _f(True, "Restart the manager that dies; it continues from its admission ledger in Redis, rollout workers wait for it (rollout.manager_wait_timeout).")
     model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
     master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
     evaluator: bool = _f(True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need.")

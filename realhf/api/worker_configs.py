@@ -121,6 +121,7 @@ class RolloutWorkerConfig:
     pending: str = _f("", "JSON [[query_id, qid], ...] of prompts pending at the recovery checkpoint (set on recovery; "
                           "every worker's: each runs those of its shard first); empty: none.")
     manager_timeout: float = _f(30.0, "Seconds allowed for one call to the GserverManager.")
+    manager_wait_timeout: float = _f(120.0, "Seconds a call keeps retrying while the manager is unreachable (killed, being restarted) before it fails.")
     discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
     push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
     max_consecutive_failures: int = _f(20, "Episodes failing in a row before the worker gives up.")

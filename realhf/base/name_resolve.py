@@ -86,6 +86,13 @@ class NameRecordRepository(ABC):
     def _touch(self, name: str, ttl: float) -> bool:
         """Extend a key's time to live; False when it no longer exists."""
 
+    @abstractmethod
+    def _update_record(self, name: str, put: Dict[str, str], remove: List[str], incr: Dict[str, int]) -> None:
+        """Apply all three changes to record `name` at once (a Redis hash; MULTI/EXEC)."""
+
+    @abstractmethod
+    def _get_record(self, name: str) -> Dict[str, str]: ...
+
     # ---- API ------------------------------------------------------------------------------
     def add(self, name: str, value, replace: bool = False, keepalive_ttl: Optional[float] = None,
             delete_on_exit: bool = True) -> None:
@@ -108,6 +115,23 @@ class NameRecordRepository(ABC):
         sub = f"{_norm_prefix(name)}/{uuid.uuid4().hex}"
         self.add(sub, value, replace=False, keepalive_ttl=keepalive_ttl, delete_on_exit=delete_on_exit)
         return sub
+
+    def update_record(self, name: str, put: Optional[Dict[str, object]] = None, remove: Optional[List[str]] = None,
+                      incr: Optional[Dict[str, int]] = None) -> None:
+        """A record is a key holding named fields (a Redis hash), changed field by field and
+        atomically: a reader, or a process that dies in between, sees all of one update or none.
+        Written for state that changes many times a second in small pieces (the manager's
+        admission ledger), where rewriting one JSON value whole would grow with the state.
+        A record is deleted like a key (`delete`, `clear_subtree`); read it with `get_record`."""
+        put = {str(k): str(v) for k, v in (put or {}).items()}
+        incr = {str(k): int(v) for k, v in (incr or {}).items()}
+        remove = [str(k) for k in (remove or [])]
+        if put or incr or remove:
+            self._update_record(name, put, remove, incr)
+
+    def get_record(self, name: str) -> Dict[str, str]:
+        """Every field of record `name` ({} if there is none)."""
+        return dict(self._get_record(name))
 
     def get(self, name: str) -> str:
         value = self._get(name)
@@ -257,6 +281,30 @@ class MemoryNameRecordRepository(NameRecordRepository):
             self._store[name] = (value, time.monotonic() + ttl)
             return True
 
+    # A record is stored as a dict in place of the value string (records never expire).
+    def _update_record(self, name, put, remove, incr):
+        with self._store_lock:
+            fields = self._live(name)
+            if fields is not None and not isinstance(fields, dict):
+                raise NameResolveError(f"name-resolve key {name!r} holds a value, not a record")
+            fields = dict(fields or {})
+            fields.update(put)
+            for k in remove:
+                fields.pop(k, None)
+            for k, n in incr.items():
+                fields[k] = str(int(fields.get(k, 0)) + n)
+            if fields:
+                self._store[name] = (fields, None)
+            else:
+                self._store.pop(name, None)
+
+    def _get_record(self, name):
+        with self._store_lock:
+            fields = self._live(name)
+            if fields is not None and not isinstance(fields, dict):
+                raise NameResolveError(f"name-resolve key {name!r} holds a value, not a record")
+            return dict(fields or {})
+
 
 def _safe_redact(url: str) -> str:
     try:
@@ -331,6 +379,19 @@ class RedisNameRecordRepository(NameRecordRepository):
     def _touch(self, name, ttl):
         return bool(self._redis.pexpire(name, max(1, int(ttl * 1000))))
 
+    def _update_record(self, name, put, remove, incr):
+        with self._redis.pipeline(transaction=True) as p:
+            if put:
+                p.hset(name, mapping=put)
+            if remove:
+                p.hdel(name, *remove)
+            for k, n in incr.items():
+                p.hincrby(name, k, n)
+            p.execute()
+
+    def _get_record(self, name):
+        return self._redis.hgetall(name)
+
     def close(self):
         super().close()
         self._redis.close()
@@ -402,6 +463,14 @@ def clear_subtree(prefix):
 
 def reset():
     return _default.reset()
+
+
+def update_record(name, put=None, remove=None, incr=None):
+    return _default.update_record(name, put=put, remove=remove, incr=incr)
+
+
+def get_record(name):
+    return _default.get_record(name)
 
 
 @atexit.register

@@ -14,6 +14,12 @@ def trial_root(experiment: str, trial: str) -> str:
     return f"{_check(experiment, 'experiment_name')}/{_check(trial, 'trial_name')}"
 
 
+def trial_lease(experiment: str, trial: str) -> str:
+    """JSON `{host, pid, started, cmdline}` of the launch that runs the trial (realhf.base.trial_lease;
+    TTL, renewed while it lives). The one key the launcher keeps when it clears the trial's keys."""
+    return f"{trial_root(experiment, trial)}/lease"
+
+
 def worker_root(experiment: str, trial: str) -> str:
     return f"{trial_root(experiment, trial)}/worker"
 
@@ -95,3 +101,11 @@ def rollout_record_ack(experiment: str, trial: str, index: int) -> str:
     """The `seq` of rollout worker `index`'s record the master last read (after every step; it
     keeps the pending prompts from then on): the worker forgets older pushed/consumed entries."""
     return f"{trial_root(experiment, trial)}/rollout_record_ack/{int(index)}"
+
+
+def admission_ledger(experiment: str, trial: str) -> str:
+    """A record (Redis hash) of the manager's admissions: each running rollout and its DP rank,
+    accepted groups per rank, rollouts ended without a group by reason, abandoned ones, and how
+    many times a manager started. Written before every admission answer, so that a restarted
+    manager continues exactly and the master can account for every group (realhf.system.admission_ledger)."""
+    return f"{trial_root(experiment, trial)}/admission_ledger"

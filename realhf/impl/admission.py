@@ -208,6 +208,13 @@ class StalenessManager:
         with self._lock:
             return frozenset(self._running)
 
+    def rank_of(self, qid: Hashable) -> int:
+        """The DP rank running rollout `qid` was admitted for (KeyError if it is not running)."""
+        with self._lock:
+            if qid not in self._running:
+                raise KeyError(f"{qid!r}: no running rollout with this qid (never allocated, or already ended)")
+            return self._running[qid]
+
     def is_running(self, qid: Hashable) -> bool:
         with self._lock:
             return qid in self._running

@@ -125,8 +125,15 @@ class Supervisor:
             raise LauncherError("cluster.name_resolve.type=memory works within one process only; "
                                 f"the {self.launcher_name} launcher needs 'redis'")
         name_resolve.reconfigure(cfg)
-        # A previous trial of the same name may have left keys behind (e.g. after a SIGKILL).
-        name_resolve.clear_subtree(names.trial_root(self.experiment_name, self.trial_name))
+        # A previous trial of the same name may have left keys behind (e.g. after a SIGKILL). The
+        # trial's lease stays: this launch took it before starting us (realhf/base/trial_lease.py).
+        lease = names.trial_lease(self.experiment_name, self.trial_name)
+        for key in name_resolve.find_subtree(names.trial_root(self.experiment_name, self.trial_name)):
+            if key != lease:
+                try:
+                    name_resolve.delete(key)
+                except name_resolve.NameEntryNotFoundError:  # expired meanwhile
+                    pass
         name_resolve.add(names.experiment_status(self.experiment_name, self.trial_name), STATUS_RUNNING, replace=True)
         self._install_signal_handlers()
         self._echo.start()

@@ -38,7 +38,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import aiohttp
 
@@ -77,7 +77,11 @@ class GenerationClient:
 
     def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
                  manager_timeout: float = 30.0, eos_token_id: Optional[int] = None,
-                 server_wait_timeout: float = 300.0, secret: str = ""):
+                 server_wait_timeout: float = 300.0, secret: str = "",
+                 manager_resolve: Optional[Callable[[], str]] = None, manager_wait_timeout: float = 0.0,
+                 stopped: Callable[[], bool] = lambda: False):
+        """`manager_resolve`, `manager_wait_timeout`, `stopped`: how the ManagerClient finds a
+        restarted manager (realhf.system.manager_client)."""
         if new_tokens_per_chunk < 0:
             raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
         self.new_tokens_per_chunk = new_tokens_per_chunk
@@ -86,7 +90,8 @@ class GenerationClient:
         self.server_wait_timeout = server_wait_timeout
         self._headers = auth_headers(secret)  # the run's secret, on every call to the manager and servers
         self._session: Optional[aiohttp.ClientSession] = None
-        self.manager = ManagerClient(manager_url, self.session, manager_timeout)
+        self.manager = ManagerClient(manager_url, self.session, manager_timeout, resolve=manager_resolve,
+                                     wait_timeout=manager_wait_timeout, stopped=stopped)
         self._routes: Dict[str, _Route] = {}
         self._rids = itertools.count()
         self._rid_prefix = f"{os.getpid()}-{id(self):x}"

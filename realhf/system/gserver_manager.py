@@ -8,7 +8,9 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
     POST /schedule_request {qid, prompt_len, group_size, new_token_budget,
                             previous_server_url, previous_version}  → {url, version}; 409 for a
                                                          qid that is not an allocated, running rollout
-    POST /finish_rollout   {qid, accepted, n_tokens}   → {success}
+    POST /finish_rollout   {qid, accepted, n_tokens, reason} → {success}; `reason`: why a rollout
+                                                         that is not accepted ended without a group
+                                                         (admission_ledger.ENDED_REASONS)
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
                                                          rollouts whose worker died (no count)
     GET  /status                                       → version, running, accepted, rejections,
@@ -48,6 +50,7 @@ from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging, name_resolve, names
 from realhf.base.body_limit import BodySizeLimit
 from realhf.base.secret import auth_headers, require_secret
+from realhf.system.admission_ledger import AdmissionLedger
 from realhf.system.http_thread import HttpServerThread
 from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
 from realhf.system.manager_service import ManagerService
@@ -82,6 +85,7 @@ class FinishRequest(BaseModel):
     qid: str = Field(min_length=1, max_length=_MAX_QID)
     accepted: bool
     n_tokens: int = Field(0, ge=0, le=_MAX_COUNT)
+    reason: str = Field("filtered", max_length=32)
 
 
 class AbandonRequest(BaseModel):
@@ -129,9 +133,11 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
     @app.post("/finish_rollout")
     async def finish_rollout(req: FinishRequest):
         try:
-            return service.finish(req.qid, req.accepted, req.n_tokens)
+            return service.finish(req.qid, req.accepted, req.n_tokens, req.reason)
         except KeyError as e:
             raise HTTPException(404, str(e.args[0]) if e.args else str(e))
+        except ValueError as e:  # an unknown reason
+            raise HTTPException(422, f"invalid request body: {e}")
 
     @app.post("/abandon_rollouts")
     async def abandon_rollouts(req: AbandonRequest):
@@ -252,7 +258,8 @@ def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
     static = list(server_urls or [])
     if server_urls is None:
         server_urls = wait_for_servers(experiment, trial, config.n_servers, config.discovery_timeout)
-    service = ManagerService(config, server_urls)
+    ledger = AdmissionLedger(names.admission_ledger(experiment, trial), config.n_trainer_ranks)
+    service = ManagerService(config, server_urls, ledger)
     version_key = names.model_version(experiment, trial, config.model_role)
     stale_key = names.stale_dropped(experiment, trial)
     servers_key = names.gen_servers(experiment, trial)

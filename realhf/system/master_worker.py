@@ -21,8 +21,9 @@ from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import metrics_path, read_metrics
 from realhf.impl import dp_balance
-from realhf.impl.admission import dp_shares
+from realhf.impl.admission import dp_shares, resumed_accepted
 from realhf.system import stall_report
+from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
 from realhf.system.request_reply_stream import MasterStream
 from realhf.system.stats_logger import TRAINED_QIDS_FILE, StatsLogger, TrainedQidsLog, step_metrics, truncate_metrics
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
@@ -88,6 +89,10 @@ class MasterWorker(Worker):
         # A version is a completed step (docs/architecture.md §4): a recovered trainer resumes the step count.
         self.step = self.version
         self.training_samples = self.version * cfg.groups_per_step
+        # The manager's record of every admission; with the DP heads' counts, where every group is.
+        self._ledger = AdmissionLedger(names.admission_ledger(self.ctx.experiment_name, self.ctx.trial_name),
+                                       len(self.shares))
+        self._accepted_at_start = resumed_accepted(self.shares, self.training_samples)
         self.stale_dropped = 0  # the total over DP ranks, for metrics and the checkpoint
         self.rejected = 0  # malformed groups the DP heads refused, total over ranks
         self._stale_dropped_per_rank: Optional[List[int]] = None  # what was last published
@@ -208,6 +213,7 @@ class MasterWorker(Worker):
         self._t_last_step = now
         metrics["rejected"] = self.rejected
         metrics.update(balance)
+        metrics.update(self._admission_metrics())
         self._stats.log(metrics)
         qids = [q for r in fetched for q in r["batch"].get("qids", [])]
         self._qids_log.write(self.step, qids)
@@ -305,10 +311,43 @@ class MasterWorker(Worker):
         for i, seq in seqs.items():
             name_resolve.add(names.rollout_record_ack(exp, trial, i), str(seq), replace=True, delete_on_exit=False)
 
+    def _admission_metrics(self) -> Dict[str, int]:
+        """What the manager's ledger says so far: admissions, and rollouts that ended without a
+        group by reason (a group too large to send, a timeout, ...), counted where users look."""
+        try:
+            state = self._ledger.load()
+        except Exception as e:  # noqa: BLE001 - metrics must not end a run; the log says why they are missing
+            self.logger.warning(f"admission ledger unreadable: {e}")
+            return {}
+        out = {"groups_admitted": state.admitted - sum(self._accepted_at_start),
+               "groups_abandoned": state.abandoned, "manager_starts": state.starts}
+        out.update({f"groups_ended_{r}": state.ended.get(r, 0) for r in ENDED_REASONS})
+        return out
+
+    def _account(self) -> None:
+        """At the end: where every admitted group went (realhf.system.admission_ledger), logged
+        and written to accounting.json. The ledger is read first, then the DP heads, which have
+        get a moment to receive what was pushed before."""
+        try:
+            state = self._ledger.load()
+            # A group counted accepted was pushed before: allow its last hop (ZMQ, then the
+            # head's pull thread, which polls every 0.1 s) before asking where it is.
+            time.sleep(1.0)
+            heads = self._stream.call_all("fetch", {"take": 0}, timeout=self.config.request_timeout)
+        except Exception as e:  # noqa: BLE001 - the run itself is done; say what could not be counted
+            self.logger.warning(f"no final group accounting: {type(e).__name__}: {e}")
+            return
+        a = accounting(state, heads, self._accepted_at_start)
+        with open(os.path.join(self.config.log_dir, "accounting.json"), "w") as f:
+            json.dump(a, f, indent=1)
+        (self.logger.info if a["holds"] else self.logger.error)(
+            accounting_line(a) + ("" if a["holds"] else " — ACCOUNTING DOES NOT HOLD"))
+
     def _finish(self, reason: str) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:
             self._checkpoint()  # so that a longer rerun with recover_mode=auto continues from here
         path = self._stream.call_all("save", timeout=self.config.request_timeout)[0]["path"]
+        self._account()
         elapsed = time.monotonic() - self._t_start
         self.logger.info(f"done ({reason}): {self.step} steps, version {self.version}, {self.training_samples} groups "
                          f"trained, {self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}")

@@ -241,7 +241,9 @@ class ModelWorker(Worker):
                  # Malformed groups (refused by Trajectory.from_msg) were admitted and reported
                  # accepted: the master hands them back to admission like stale drops.
                  "rejected": self._dataset.n_invalid, "invalid": self._dataset.n_invalid,
-                 "duplicates": self._buffer.n_duplicates, "dropped_qids": self._dropped_qids}
+                 "duplicates": self._buffer.n_duplicates, "dropped_qids": self._dropped_qids,
+                 # The master's accounting (realhf.system.admission_ledger): added = taken + stale + buffered.
+                 "added": self._buffer.n_added, "taken": self._buffer.n_taken}
         self._dropped_qids = []  # the master keeps them (they are not pending at a checkpoint)
         take = int(data.get("take", 0))
         if take > 0:
@@ -252,7 +254,7 @@ class ModelWorker(Worker):
             reply["batch"] = summary
             # What the master balances the ranks by (realhf.impl.dp_balance).
             reply["group_costs"] = [group_exchange.group_cost(g, self.config.ppo.shared_prompt) for g in groups]
-            reply["buffered"] = len(self._buffer)
+            reply["buffered"], reply["taken"] = len(self._buffer), self._buffer.n_taken
             self.logger.info(f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
                              f"{summary['gen_tokens']} trained tokens, head staleness max "
                              f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered")

@@ -11,7 +11,7 @@ Its loop, in one asyncio event loop:
 
 An episode runs the agent (generation through the manager and servers, rewards from the
 environment), pushes the finished group to this worker's DP head over ZMQ (a blocking send, so in
-a thread), then reports POST /finish_rollout {qid, accepted, n_tokens}. A refused prompt is
+a thread), then reports POST /finish_rollout {qid, accepted, n_tokens, reason}. A refused prompt is
 retried first, so no row of the shard is skipped. An episode that runs past
 `episode_timeout` is cancelled, or whose group the trainer would refuse (a non-finite reward,
 no samples: `Trajectory.problem`), fails: its slot is freed unaccepted and it is logged by qid,
@@ -156,7 +156,8 @@ class RolloutWorker(AsyncWorker):
         self.previous_inflight = self._load_record()
         if self.previous_inflight is None:
             self._load_checkpoint_state(cfg)
-        self.manager_url = name_resolve.wait(names.gserver_manager(exp, trial), timeout=cfg.discovery_timeout)
+        self.manager_key = names.gserver_manager(exp, trial)
+        self.manager_url = name_resolve.wait(self.manager_key, timeout=cfg.discovery_timeout)
         self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
                                              discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout,
                                              secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
@@ -179,7 +180,8 @@ class RolloutWorker(AsyncWorker):
                 self.manager_url, new_tokens_per_chunk=self.config.new_tokens_per_chunk,
                 request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
                 eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout,
-                secret=self.ctx.secret)
+                secret=self.ctx.secret, manager_wait_timeout=self.config.manager_wait_timeout,
+                manager_resolve=lambda: name_resolve.get(self.manager_key), stopped=self._experiment_ended)
             self.manager = self.client.manager
             # What the environment's episodes share (a grader pool, an MCP server) opens now, in
             # this loop: if it cannot, the worker fails at once, not episode after episode.
@@ -273,7 +275,7 @@ class RolloutWorker(AsyncWorker):
                                  f"and was cancelled ({self.stats['timed_out']} timed out so far)") from None
 
     async def _episode(self, row: PromptRow, qid: str) -> None:
-        accepted, n_tokens, cancelled, push, traj = False, 0, False, None, None
+        accepted, n_tokens, cancelled, push, traj, reason = False, 0, False, None, None, "filtered"
         try:
             traj = await self._collect(row, qid)
             if traj is not None:
@@ -293,6 +295,8 @@ class RolloutWorker(AsyncWorker):
                 raise
             self.stats["failed"] += 1
             self.stats["too_large"] += isinstance(e, MessageTooLarge)
+            reason = ("too_large" if isinstance(e, MessageTooLarge) else "timed_out" if isinstance(e, EpisodeTimeout)
+                      else "malformed" if isinstance(e, MalformedGroup) else "failed")
             self.consecutive_failures += 1
             named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
             what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
@@ -306,7 +310,7 @@ class RolloutWorker(AsyncWorker):
             raise
         finally:
             self.client.forget(qid)
-            await self._settle(row, qid, accepted, n_tokens, cancelled and not accepted)
+            await self._settle(row, qid, accepted, n_tokens, cancelled and not accepted, reason)
         self._maybe_log()
 
     def _pushed(self, row: PromptRow, qid: str, traj: Trajectory) -> tuple:
@@ -321,7 +325,8 @@ class RolloutWorker(AsyncWorker):
         await asyncio.wait({push}, timeout=timeout)
         return push.done() and not push.cancelled() and push.exception() is None
 
-    async def _settle(self, row: PromptRow, qid: str, accepted: bool, n_tokens: int, rerun: bool) -> None:
+    async def _settle(self, row: PromptRow, qid: str, accepted: bool, n_tokens: int, rerun: bool,
+                      reason: str = "filtered") -> None:
         """Report the episode's end to the manager and drop it from the in-flight record. A
         cancelled, unpushed episode (`rerun`) is abandoned instead and stays in the record, so the
         next incarnation runs it again. If the report fails, the record keeps the group (marked
@@ -334,7 +339,7 @@ class RolloutWorker(AsyncWorker):
                 if rerun:
                     await self.manager.abandon_rollouts([qid])
                 else:
-                    await self.manager.finish_rollout(qid, accepted, n_tokens)
+                    await self.manager.finish_rollout(qid, accepted, n_tokens, reason)
                 break
             except (ServerUnavailableError, TimeoutError) as e:  # unreachable or overloaded: retry
                 if self._experiment_ended():

@@ -21,6 +21,8 @@ def manager_config(n_trainer_ranks: int = 1, **fields) -> GserverManagerConfig:
 def running_manager(urls, **overrides):
     """The real manager app (HTTP server + watcher) on 127.0.0.1, over the given server URLs."""
     config = manager_config(**{"poll_interval": 0.05, "n_servers": len(urls), **overrides})
+    # A new run's manager: not the restart of an earlier test's (the launcher clears this at start).
+    name_resolve.clear_subtree(names.admission_ledger(EXP, TRIAL))
     server = serve_manager(config, EXP, TRIAL, server_urls=list(urls))
     try:
         yield server

@@ -5,6 +5,7 @@ left: its metrics (read with `realhf.base.trial_files.read_metrics`), its logs, 
 it goes (kill workers, read the manager's /status), then check that nothing it started is left.
 """
 
+import json
 import os
 import re
 import signal
@@ -71,7 +72,19 @@ def check_finished_run(proc, metrics, steps, eta, tmp_path) -> None:
     assert "reward curve" in proc.stdout
     # Piped output: the curves PNG is saved, and no progress bar is drawn (test_watching_a_run.py: a terminal).
     assert "reward and accuracy curves (PNG): " in proc.stdout and " ETA " not in proc.stdout
+    check_accounting(tmp_path, out)
     assert trial_processes(str(tmp_path)) == []
+
+
+def check_accounting(tmp_path, out: str = "") -> List[dict]:
+    """Every run under tmp_path accounted for every admitted group (realhf.system.admission_ledger):
+    each one the manager counted accepted reached the trainer, and the trainer's counts balance."""
+    found = [json.loads(p.read_text()) for p in sorted(Path(tmp_path).rglob("accounting.json"))]
+    assert found, f"no accounting.json under {tmp_path}:\n{out[-3000:]}"
+    for a in found:
+        assert a["holds"] and a["lost"] == 0, a
+        assert a["admissions"] == a["accepted"] + sum(a["ended"].values()) + a["abandoned"] + a["running"], a
+    return found
 
 
 def reward_gain(metrics, n=20):
@@ -170,9 +183,9 @@ class Run:
         self.wait_for(f"{n} train steps", lambda: len(self.metrics()) >= n, timeout)
 
     def manager_url(self) -> str:
-        m = re.search(r"serving on (http://\S+):", self.log("gserver_manager-0"))
-        assert m, "the manager never logged its URL"
-        return m.group(1)
+        urls = re.findall(r"serving on (http://\S+):", self.log("gserver_manager-0"))
+        assert urls, "the manager never logged its URL"
+        return urls[-1]  # the latest incarnation
 
     def secret(self) -> str:
         """The trial's shared secret, as the launcher handed it to its workers (their config files)."""

@@ -21,7 +21,7 @@ import pytest
 
 from helpers.faulty_plugins import bucket
 from helpers.paths import TESTS_DIR
-from helpers.training_runs import SMALL_RUN, run_training
+from helpers.training_runs import SMALL_RUN, check_accounting, run_training
 
 STEPS = 10
 ETA = "max_head_offpolicyness=1"  # little slack: leaked slots would stall the run within a few steps
@@ -49,6 +49,11 @@ def test_a_run_whose_agent_raises_and_env_returns_nan_for_two_thirds_of_the_prom
     assert raised, _logs(log_dir)[-3000:]
     assert all(bucket(qid.split("@")[0], 3) == 1 for qid in raised)
     assert all(m["reward_mean"] == m["reward_mean"] for m in metrics)  # nothing NaN was trained
+    # Every admitted group is accounted for, the failed ones by reason (realhf.system.admission_ledger).
+    (a,) = check_accounting(tmp_path, out)
+    # (The logs also hold episodes that ended after the master's last read of the ledger.)
+    assert 0 < a["ended"].get("malformed", 0) <= len(set(failed)) and 0 < a["ended"].get("failed", 0) <= len(set(raised)), a
+    assert metrics[-1]["groups_ended_malformed"] > 0 and metrics[-1]["groups_ended_failed"] > 0
 
 
 @pytest.mark.e2e
@@ -65,6 +70,8 @@ def test_episodes_whose_env_hangs_time_out_free_their_slots_and_are_named(tmp_pa
     hung = [qid for qid in timed_out if bucket(qid.split("@")[0], 4) == 0]
     # More hung and were cancelled than one worker has slots (4), and the run still went on.
     assert len(hung) > 4, _logs(log_dir)[-3000:]
+    (a,) = check_accounting(tmp_path, out)
+    assert a["ended"].get("timed_out", 0) > 4, a
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers.training_runs import SMALL_RUN, Run
+from helpers.training_runs import SMALL_RUN, Run, check_accounting
 
 # Long enough that the run outlasts the restart (backoff, process start, health check: ~8 s)
 # with room to spare: a step of this small run takes ~0.2 s on a quiet 2-core machine.
@@ -57,6 +57,7 @@ def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
     rollout_logs = run.log("rollout_worker-0") + run.log("rollout_worker-1")
     assert "resubmitting in" in rollout_logs
     assert not re.search(r"episode \S+ failed", rollout_logs), rollout_logs[-3000:]
+    check_accounting(run.tmp_path, out)
     assert run.leftovers() == []
 
 

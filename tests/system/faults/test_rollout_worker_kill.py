@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers.training_runs import SMALL_RUN, Run
+from helpers.training_runs import SMALL_RUN, Run, check_accounting
 
 # Long enough that the run outlasts the restart: a step of this small run takes ~0.2 s, and the
 # other rollout worker alone keeps the trainer fed while worker 0 restarts.
@@ -54,4 +54,6 @@ def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_read
     assert status["running"] <= 8  # max_concurrent_rollouts: no slot held by the dead incarnation
     assert [m["step"] for m in run.metrics()] == list(range(1, STEPS + 1))
     assert f"'rollout_worker/0': {kills}" in out
+    (a,) = check_accounting(tmp_path, out)
+    assert a["abandoned"] >= released, a
     assert run.leftovers() == []

@@ -77,6 +77,9 @@ class ManagerAndServer(RuleBasedStateMachine):
         config = manager_config(max_concurrent_rollouts=MAX_CONCURRENT, groups_per_step=GROUPS_PER_STEP,
                                 max_head_offpolicyness=ETA, poll_interval=0.05, n_servers=1,
                                 schedule_policy="least_token_usage")
+        from realhf.base import name_resolve, names
+
+        name_resolve.clear_subtree(names.admission_ledger(EXP, TRIAL))  # each example is a new run
         self.manager = serve_manager(config, EXP, TRIAL, server_urls=[self.native_url])
         self.base = self.manager.url
         self.n_new = 0

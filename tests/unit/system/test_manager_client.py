@@ -59,3 +59,71 @@ def test_finishing_an_unknown_rollout_raises_naming_the_endpoint():
 def test_an_unreachable_manager_is_reported_as_unavailable_naming_the_url():
     with pytest.raises(ServerUnavailableError, match="127.0.0.1:9/allocate_rollout"):
         _run("http://127.0.0.1:9/", lambda manager: manager.allocate_rollout("q", 0), timeout=2)
+
+
+def _reconnecting(url, calls, wait_timeout, stopped=lambda: False):
+    from realhf.base import name_resolve, names
+
+    from helpers.manager_harness import EXP, TRIAL
+
+    key = names.gserver_manager(EXP, TRIAL)
+
+    async def main():
+        async with aiohttp.ClientSession() as session:
+            return await calls(ManagerClient(url, lambda: session, 2.0, resolve=lambda: name_resolve.get(key),
+                                             wait_timeout=wait_timeout, stopped=stopped))
+
+    return asyncio.run(main())
+
+
+def test_a_call_waits_for_a_restarted_manager_at_its_new_address():
+    """The launcher restarts a dead manager, which may listen on another port: the call retries,
+    re-reading the registered address, and reaches the new one."""
+    import threading
+    import time
+
+    from realhf.base import name_resolve, names
+
+    from helpers.manager_harness import EXP, TRIAL
+
+    key = names.gserver_manager(EXP, TRIAL)
+    with fake_servers(1) as (server,):
+        with running_manager([server.url]) as old:
+            dead_url = old.url
+        name_resolve.add(key, dead_url, replace=True)
+        restarted = {}
+
+        def restart_later():
+            time.sleep(1.0)
+            restarted["cm"] = running_manager([server.url])
+            m = restarted["cm"].__enter__()
+            name_resolve.add(key, m.url, replace=True)
+            restarted["m"] = m
+
+        t = threading.Thread(target=restart_later)
+        t.start()
+        try:
+            t0 = time.monotonic()
+            result = _reconnecting(dead_url, lambda manager: manager.allocate_rollout("q", 0), wait_timeout=30)
+            waited = time.monotonic() - t0
+        finally:
+            t.join()
+        try:
+            assert result == (True, "ok") and waited >= 1.0
+            assert restarted["m"].service.status()["running"] == 1
+        finally:
+            restarted["cm"].__exit__(None, None, None)
+
+
+def test_a_manager_gone_longer_than_the_wait_fails_naming_the_setting():
+    from realhf.base import name_resolve, names
+
+    from helpers.manager_harness import EXP, TRIAL
+
+    name_resolve.add(names.gserver_manager(EXP, TRIAL), "http://127.0.0.1:9", replace=True)
+    with pytest.raises(ServerUnavailableError, match=r"longer than rollout.manager_wait_timeout=1s"):
+        _reconnecting("http://127.0.0.1:9", lambda manager: manager.allocate_rollout("q", 0), wait_timeout=1)
+    # At the end of a run (stopped) nothing is retried.
+    with pytest.raises(ServerUnavailableError, match="127.0.0.1:9/allocate_rollout failed"):
+        _reconnecting("http://127.0.0.1:9", lambda manager: manager.allocate_rollout("q", 0), wait_timeout=60,
+                      stopped=lambda: True)

@@ -21,6 +21,7 @@ def test_stall_report_names_manager_state_dead_servers_and_missing_workers(redis
     from helpers.manager_harness import manager_config
 
     config = manager_config(n_trainer_ranks=2, groups_per_step=4, max_concurrent_rollouts=8, max_head_offpolicyness=0)
+    name_resolve.clear_subtree(names.admission_ledger("stall", "t"))
     manager = serve_manager(config, "stall", "t", server_urls=[server.url, dead])
     try:
         name_resolve.add(names.gserver_manager("stall", "t"), manager.url, replace=True)
