@@ -49,6 +49,10 @@ from realhf.system.manager_client import ManagerClient
 
 logger = logging.getLogger("generation_client")
 
+# How often a request still waiting for its answer checks that its server is routed (one read of
+# the manager per client per period, shared by all its requests).
+ROUTE_CHECK_S = 2.0
+
 
 @dataclass
 class GenerationResult:
@@ -98,6 +102,9 @@ class GenerationClient:
         self.n_generate_calls = 0
         self.n_aborts = 0
         self.n_unavailable = 0  # requests resubmitted because their server or the manager was unavailable
+        self.n_dropped = 0  # requests given up because the manager dropped their server from routing
+        self._routed_cache: Optional[Tuple[float, frozenset]] = None
+        self._routed_read: Optional[asyncio.Future] = None
         self.n_timeouts = 0  # /generate calls that got no answer within request_timeout (hung server)
         self.n_shared_routes = 0  # requests that went by a sibling's route, without a scheduling call
         self._warned: Dict[str, int] = {}  # qid -> highest unavailable attempt logged
@@ -247,13 +254,52 @@ class GenerationClient:
                 "return_logprob": True, "rid": rid}
         self.n_generate_calls += 1
         try:
-            r = await post_json(self.session(), f"{url}/generate", body, self.request_timeout)
+            r = await self._unless_dropped(url, post_json(self.session(), f"{url}/generate", body, self.request_timeout))
         except TimeoutError as e:
             # Alive but hung (engine stuck, process stopped): like a dead server, resubmit
             # elsewhere; the manager drops it once its health checks time out.
             self.n_timeouts += 1
             raise ServerUnavailableError(f"{e} (request_timeout; treating the server as hung)") from None
         return parse_generate_response(url, r)
+
+
+    async def _unless_dropped(self, url: str, call):
+        """Await `call` (a request to `url`) unless the manager drops `url` from routing first
+        (its health checks failed: dead, partitioned, stopped); then give it up with a
+        ServerUnavailableError, so the sample is resubmitted elsewhere with its tokens now, not
+        after `request_timeout` (300 s: a partitioned server used to hold every rollout slot
+        that long)."""
+        task = asyncio.ensure_future(call)
+        missing = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=ROUTE_CHECK_S)
+                if done:
+                    return task.result()
+                routed = await self._routed()
+                missing = missing + 1 if routed is not None and url not in routed else 0
+                if missing >= 2:  # twice in a row: not a moment between a drop and a rejoin
+                    self.n_dropped += 1
+                    raise ServerUnavailableError(f"POST {url}/generate given up: the manager dropped {url} from "
+                                                 "routing (failed health checks)")
+        finally:
+            if not task.done():
+                task.cancel()
+
+    async def _routed(self) -> Optional[frozenset]:
+        """The manager's routed servers, read at most once per ROUTE_CHECK_S for all requests;
+        None if it cannot be read now (then nothing is given up)."""
+        now = time.monotonic()
+        if self._routed_cache is not None and now - self._routed_cache[0] < ROUTE_CHECK_S:
+            return self._routed_cache[1]
+        if self._routed_read is None or self._routed_read.done():
+            self._routed_read = asyncio.ensure_future(self.manager.routed_servers())
+        try:
+            urls = frozenset(await asyncio.shield(self._routed_read))
+        except (GenerationError, TimeoutError):
+            return None
+        self._routed_cache = (time.monotonic(), urls)
+        return urls
 
 
 def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], List[float], str, Optional[int]]:

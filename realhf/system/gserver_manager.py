@@ -11,6 +11,9 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
     POST /finish_rollout   {qid, accepted, n_tokens, reason} → {success}; `reason`: why a rollout
                                                          that is not accepted ended without a group
                                                          (admission_ledger.ENDED_REASONS)
+    POST /routed_servers   {}                          → {servers}: the URLs routed now (a client
+                                                         gives up a request on a server dropped
+                                                         from routing instead of waiting it out)
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
                                                          rollouts whose worker died (no count)
     GET  /status                                       → version, running, accepted, rejections,
@@ -138,6 +141,10 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
             raise HTTPException(404, str(e.args[0]) if e.args else str(e))
         except ValueError as e:  # an unknown reason
             raise HTTPException(422, f"invalid request body: {e}")
+
+    @app.post("/routed_servers")
+    async def routed_servers():
+        return {"servers": service.routed_servers()}
 
     @app.post("/abandon_rollouts")
     async def abandon_rollouts(req: AbandonRequest):

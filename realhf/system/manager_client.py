@@ -4,6 +4,7 @@
     url, version = await manager.schedule_request(qid, ...)   # a server for the next chunk
     await manager.finish_rollout(qid, accepted, n_tokens, reason)  # frees the slot; counts if accepted
     r = await manager.abandon_rollouts(qids)                  # a dead incarnation's slots
+    urls = await manager.routed_servers()                     # servers routed now
 
 Every call has the same timeout (`timeout` s), and its errors name the URL: a refused or dropped
 connection and HTTP 502/503 raise `ServerUnavailableError`, any other non-200 answer (404 for a
@@ -100,6 +101,15 @@ class ManagerClient:
         (realhf.system.admission_ledger.ENDED_REASONS); ignored when accepted."""
         await self._post("finish_rollout", {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens),
                                             "reason": reason})
+
+    async def routed_servers(self) -> List[str]:
+        """The generation servers the manager routes to now (one it dropped after failed health
+        checks is not among them)."""
+        r, _ = await self._post("routed_servers", {})
+        servers = r.get("servers")
+        if not isinstance(servers, list):
+            raise GenerationError(f"{self.url}/routed_servers answered {r!r}; expected {{servers: [...]}}")
+        return [str(u) for u in servers]
 
     async def abandon_rollouts(self, qids: List[str]) -> dict:
         """Free the slots of rollouts whose worker died; answers {abandoned, unknown}."""

@@ -159,6 +159,10 @@ class ManagerService:
         return {"abandoned": len(done), "unknown": len(set(qids)) - len(done)}
 
     @_locked
+    def routed_servers(self) -> List[str]:
+        return list(self.router.servers())
+
+    @_locked
     def status(self) -> dict:
         s = self.admission.status()
         loads = self.router.loads()

@@ -11,14 +11,25 @@ Only one server is paused at any moment, so the others keep generating, and the 
 admission and routing (same event loop, other coroutines) keep answering throughout. A server
 that fails is left at its old version and retried, after 1 s, then 2, 4, … up to 30 s while it
 keeps failing; its log lines say for how long and how often it has failed (the first failure,
-then at each doubling of the attempts), not one line per second.
+then at each doubling of the attempts), not one line per second. The wait is per server: a dead
+server that is still registered (its key lives until its TTL ends; a restarted manager lists it)
+must not hold the live ones at old weights, where everything they generate arrives too stale to
+train (measured in the chaos run before this: 70 groups dropped as stale in one second).
+
+A server that leaves routing while the round is at it (the manager dropped it after failed
+health checks: partitioned, stopped, hung) is given up at once — the round goes on to the others
+instead of waiting up to `update_timeout` on a server that does not answer, which would leave
+every other server on old weights (their groups stale) for that long. Such a server may hold a
+pause that never got its continue, so when it is routed again its next round sends
+/continue_generation even if it needs no new weights.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Set
 
 import aiohttp
 
@@ -31,10 +42,18 @@ logger = logging.getLogger("weight_update")
 
 RETRY_DELAY_S = 1.0  # a failed server is retried after this, not at every poll
 MAX_RETRY_DELAY_S = 30.0  # ... doubling per consecutive failure up to this
+ROUTED_CHECK_S = 0.25  # while updating a server, how often the round checks it is still routed
 
 
 class WeightUpdateError(RuntimeError):
     pass
+
+
+class LeftRouting(Exception):
+    """The server being updated was dropped from routing meanwhile."""
+
+
+LEFT_ROUTING = "the server left routing"  # the message of the cancellation of its update
 
 
 async def served_version(session: aiohttp.ClientSession, url: str, timeout: float) -> Optional[int]:
@@ -61,8 +80,17 @@ async def update_server(session: aiohttp.ClientSession, url: str, model_path: st
                             {"model_path": model_path, "weight_version": int(version)}, timeout)
         if not r.get("success", False):
             raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")
-    finally:
+    except asyncio.CancelledError as e:
+        if e.args and e.args[0] == LEFT_ROUTING:
+            # Given up because the server left routing: a continue sent now could overtake the
+            # pause still in flight to it; the round sends one when the server is back.
+            raise
+        await post_json(session, f"{url}/continue_generation", {}, timeout)  # the manager stops
+        raise
+    except BaseException:
         await post_json(session, f"{url}/continue_generation", {}, timeout)
+        raise
+    await post_json(session, f"{url}/continue_generation", {}, timeout)
     return time.monotonic() - t0
 
 
@@ -77,8 +105,11 @@ class WeightUpdater:
         self.n_updates = 0
         self.n_failures = 0
         self.last_error = ""
-        self.retry_at = 0.0  # monotonic time before which a failed round is not retried
+        self.retry_at: Dict[str, float] = {}  # url -> monotonic time before which it is not retried
         self._failing: Dict[str, list] = {}  # url -> [monotonic time of the first failure, attempts]
+        self.owes_continue: Set[str] = set()  # left routing mid-update: may still be paused
+        self.n_abandoned = 0  # updates given up because their server left routing
+        self.n_superseded = 0  # updates whose version was pruned before the server loaded it
 
     def set_servers(self, urls: Iterable[str]) -> None:
         # A server we have not updated yet is assumed to hold the initial weights.
@@ -86,11 +117,32 @@ class WeightUpdater:
         self.versions = {u: self.versions.get(u, self.initial_version) for u in urls}
 
     def behind(self, target: int) -> list:
-        return [u for u, v in self.versions.items() if v < target]
+        return [u for u, v in self.versions.items() if v < target or u in self.owes_continue]
+
+    def _ready(self, url: str) -> bool:
+        return time.monotonic() >= self.retry_at.get(url, 0.0)
 
     def due(self, target: int) -> bool:
-        """Some server is behind and no failure asks to wait."""
-        return bool(self.behind(target)) and time.monotonic() >= self.retry_at
+        """Some server is behind (or owes a continue) and not waiting out an earlier failure."""
+        return any(self._ready(u) for u in self.behind(target))
+
+    async def _while_routed(self, url: str, coro):
+        """Await `coro` (a call to `url`) unless `url` leaves routing first: then cancel it and
+        raise LeftRouting."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=ROUTED_CHECK_S)
+                if done:
+                    return task.result()
+                if url not in self.versions:
+                    raise LeftRouting(url)
+        finally:
+            if not task.done():
+                left = url not in self.versions
+                task.cancel(LEFT_ROUTING if left else None)
+                if not left:  # the round itself is cancelled (the manager stops): the update still
+                    await asyncio.gather(task, return_exceptions=True)  # ends with its continue
 
     async def run_round(self, session: aiohttp.ClientSession, target_version) -> None:
         """Update every server that is behind, one at a time, to the newest version at its turn
@@ -98,18 +150,42 @@ class WeightUpdater:
         already outdated)."""
         for url in list(self.versions):
             version = int(target_version())
-            if url not in self.versions or self.versions[url] >= version:
+            if url not in self.versions or (self.versions[url] >= version and url not in self.owes_continue):
+                continue
+            if not self._ready(url):
                 continue
             path = str(published_version_dir(self.run_dir, self.role, version))
             self.updating = url
+            t0 = time.monotonic()
             try:
-                current = await served_version(session, url, self.timeout)
+                current = await self._while_routed(url, served_version(session, url, self.timeout))
                 if current is not None and current >= version:  # already there (or beyond): never go back
+                    if url in self.owes_continue:
+                        await self._while_routed(url, post_json(session, f"{url}/continue_generation", {},
+                                                                self.timeout))
+                        self.owes_continue.discard(url)
                     if url in self.versions:
                         self.versions[url] = current
                     continue
-                seconds = await update_server(session, url, path, version, self.timeout)
+                seconds = await self._while_routed(url, update_server(session, url, path, version, self.timeout))
+                self.owes_continue.discard(url)  # update_server ends with a continue
+            except LeftRouting:
+                self.owes_continue.add(url)
+                self.n_abandoned += 1
+                logger.warning(f"weight update of {url} to version {version} given up after "
+                               f"{time.monotonic() - t0:.1f}s: the server left routing (failed health checks); "
+                               "going on with the others (it gets a /continue_generation when it is back)")
+                continue
             except Exception as e:  # noqa: BLE001 - reported, retried next round
+                if not os.path.isdir(path) and int(target_version()) > version:
+                    # The trainer pruned this version while the server was on its way to it (it
+                    # was paused, say): not the server's fault, and waiting out a back-off at old
+                    # weights would make everything it generates too stale. The next round (the
+                    # watcher's next poll) loads the newest version.
+                    self.n_superseded += 1
+                    logger.info(f"server {url}: version {version} was pruned before it loaded it; loading the "
+                                f"newest ({int(target_version())}) next")
+                    continue
                 self._failed(url, version, e)
                 continue
             finally:
@@ -117,6 +193,7 @@ class WeightUpdater:
             if url in self.versions:
                 self.versions[url] = version
             self.n_updates += 1
+            self.retry_at.pop(url, None)
             since = self._failing.pop(url, None)
             recovered = (f" after {since[1]} failed attempts over {time.monotonic() - since[0]:.0f}s"
                          if since else "")
@@ -129,8 +206,8 @@ class WeightUpdater:
         attempts = since[1]
         self.n_failures += 1
         self.last_error = f"{url}: {error}"
-        self.retry_at = now + min(RETRY_DELAY_S * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
+        self.retry_at[url] = now + min(RETRY_DELAY_S * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
         if attempts & (attempts - 1) == 0:  # 1, 2, 4, 8, ...: the log says it without flooding
             logger.error(f"weight update of {url} to version {version} failed ({attempts} attempts over "
                          f"{now - since[0]:.0f}s; it keeps generating with version {self.versions.get(url)}; "
-                         f"next try in {self.retry_at - now:.0f}s): {error}")
+                         f"next try in {self.retry_at[url] - now:.0f}s): {error}")

@@ -193,6 +193,14 @@ class Run:
 
         return str(OmegaConf.load(self.log_dir / "configs" / "gserver_manager-0.yaml").context.secret)
 
+    def redis(self):
+        """A client of the run's Redis (its name resolve), from the URL the launcher handed its workers."""
+        import redis
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.load(self.log_dir / "configs" / "gserver_manager-0.yaml")
+        return redis.Redis.from_url(str(config.context.name_resolve.redis_url), decode_responses=True)
+
     def auth(self) -> dict:
         """Headers that authenticate a request to the run's manager or servers."""
         from realhf.base.secret import auth_headers

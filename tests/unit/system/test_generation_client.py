@@ -147,3 +147,29 @@ def test_a_server_that_preempts_every_request_still_yields_the_whole_answer():
         assert r.n_requests == 7 and n_aborts == 6 and r.finish_reason == "length"
         assert r.output_ids == expected_continuation([9, 8], [0] * 32)
         assert [req["input_len"] for req in server.requests] == [2 + 5 * i for i in range(7)]
+
+
+def test_a_request_on_a_server_the_manager_drops_is_resubmitted_at_once_not_after_request_timeout():
+    """A partitioned server (its connections hang) used to hold its requests for the whole
+    request_timeout; now the client gives them up once the manager has dropped the server."""
+    from helpers.tcp_proxy import TcpProxy
+
+    gconfig = GenerationHyperparameters(max_new_tokens=8)
+    with fake_servers(2, token_delay=0.05) as (a, b):
+        host, port = a.url.rsplit("/", 1)[-1].split(":")
+        with TcpProxy(host, int(port)) as proxy, running_manager(
+                [proxy.url, b.url], schedule_policy="round_robin", health_check_interval=0.2) as m:
+            async def main():
+                async with GenerationClient(m.url, request_timeout=120) as client:
+                    for q in ("q0", "q1"):  # round robin: one group starts on each server
+                        assert (await client.manager.allocate_rollout(q, 0))[0]
+                    results = asyncio.gather(*(client.generate_group(q, [5, 6], gconfig, n=2) for q in ("q0", "q1")))
+                    await asyncio.sleep(0.1)
+                    proxy.cut("blackhole")
+                    t0 = time.monotonic()
+                    done = await results
+                    return done, time.monotonic() - t0, client.n_dropped
+
+            groups, took, n_dropped = asyncio.run(main())
+    assert all(len(r.output_ids) == 8 for g in groups for r in g)
+    assert n_dropped >= 1 and took < 30, (n_dropped, took)

@@ -325,9 +325,23 @@ def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up
     for _ in range(7):
         t0 = time.monotonic()
         up._failed("http://s", 3, RuntimeError("refused"))
-        delays.append(round(up.retry_at - t0))
+        delays.append(round(up.retry_at["http://s"] - t0))
     assert delays == [1, 2, 4, 8, 16, 30, 30] and MAX_RETRY_DELAY_S == 30
     assert up.n_failures == 7 and "refused" in up.last_error
+
+
+def test_a_failing_server_waits_alone_while_the_others_are_updated_at_once():
+    """A dead server still registered (until its key's TTL ends) used to hold every server at
+    old weights for up to 30 s; their groups then arrived too stale to train."""
+    from realhf.system.weight_update import WeightUpdater
+
+    up = WeightUpdater("/nonexistent", "actor", timeout=1.0)
+    up.set_servers(["http://dead", "http://live"])
+    up._failed("http://dead", 3, RuntimeError("cannot connect"))
+    up.versions["http://live"] = 3
+    assert not up.due(3)  # only the dead one is behind, and it waits
+    assert up.due(4)  # the live one falls behind: it is updated now
+    assert not up._ready("http://dead") and up._ready("http://live")
 
 
 def test_a_body_over_max_request_bytes_gets_413_and_admission_keeps_answering():

@@ -4,7 +4,6 @@ says when the loop runs again. In-process, with the memory name-resolve backend.
 
 import json
 import logging
-import sys
 import time
 
 from realhf.api.cli_args import NameResolveConfig

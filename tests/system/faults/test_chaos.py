@@ -1,0 +1,76 @@
+"""Issue 27 item 10: a chaos run. A real training run on this machine while, every few seconds,
+a random fault hits a random worker: SIGKILL of a worker type the launcher restarts (generation
+server, rollout worker, manager), or SIGSTOP of any worker (trainer and master included) for a
+few seconds, then SIGCONT. The run must finish with every step, account for every admitted group
+(none lost in transit: realhf.system.admission_ledger) and leave no process behind. What it saw
+is printed and recorded in docs/benchmarks.md ("Chaos run")."""
+
+import collections
+import json
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from helpers.training_runs import SMALL_RUN, Run, check_accounting
+
+STEPS = 300
+FAULTS_UNTIL_STEP = 260  # then the run finishes undisturbed
+KILLABLE = ["generation_server-0", "rollout_worker-0", "rollout_worker-1", "gserver_manager-0"]
+STOPPABLE = KILLABLE + ["model_worker-0", "master_worker-0"]
+# A pause shorter than the heartbeat TTL (10 s) heals without the launcher stepping in.
+PAUSE_S = (1.0, 6.0)
+GAP_S = (2.0, 6.0)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, seed, no_leftover_processes):
+    rng = random.Random(seed)
+    run = Run(tmp_path, f"chaos{seed}", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
+              "cluster.restart_policy.max_restarts=50")
+    faults = collections.Counter()
+    log = []
+    try:
+        run.wait_steps(5)
+        while len(run.metrics()) < FAULTS_UNTIL_STEP:
+            time.sleep(rng.uniform(*GAP_S))
+            if run.proc.poll() is not None:
+                break
+            if rng.random() < 0.5:
+                worker = rng.choice(KILLABLE)
+                try:
+                    run.kill_worker(worker)
+                except (AssertionError, ProcessLookupError):  # between its death and its restart
+                    continue
+                faults[f"kill {worker}"] += 1
+                log.append((len(run.metrics()), "kill", worker))
+            else:
+                worker, pause = rng.choice(STOPPABLE), rng.uniform(*PAUSE_S)
+                try:
+                    pid = run.kill_worker(worker, signal.SIGSTOP)
+                except (AssertionError, ProcessLookupError):
+                    continue
+                time.sleep(pause)
+                try:
+                    os.kill(pid, signal.SIGCONT)  # the same process: not a restarted one's pid
+                except ProcessLookupError:
+                    pass
+                faults[f"pause {worker}"] += 1
+                log.append((len(run.metrics()), f"pause {pause:.1f}s", worker))
+        code = run.finish()
+    finally:
+        run.stop()
+    out = run.output()
+    print(f"seed {seed}: {sum(faults.values())} faults: {dict(sorted(faults.items()))}")
+    for step, what, worker in log:
+        print(f"  at step {step}: {what} {worker}")
+    assert code == 0, out[-6000:]
+    assert [m["step"] for m in run.metrics()] == list(range(1, STEPS + 1))
+    (a,) = check_accounting(tmp_path, out)
+    print("accounting: " + json.dumps(a))
+    assert a["lost"] == 0
+    assert run.leftovers() == []
