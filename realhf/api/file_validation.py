@@ -25,8 +25,9 @@ logger = logging.getLogger("file_validation")
 # SCAN_MAX_ROWS rows or SCAN_MAX_PROMPT_BYTES of prompt text, whichever comes first, so that the
 # scan adds at most ~3 s at start. Measured on this 2-core machine: ~30 us per short prompt (the
 # 10,000 tiny-math prompts, 1.1 MB, in ~0.4 s; 193k of them in 6.3 s) and ~3 MB/s of text. A larger
-# file gets its first part scanned and a warning naming how many rows were not; among those a bad
-# row still fails only when an episode sends it (the rollout workers do not drop such rows yet).
+# file gets its first part scanned and a warning naming how many rows were not; among those a
+# prompt no server can answer is dropped by the rollout worker that draws it, once, and counted
+# (`bad_prompt`: RolloutWorkerConfig.context_tokens).
 SCAN_MAX_ROWS = 100_000
 SCAN_MAX_PROMPT_BYTES = 8 * 2**20
 # A prompt longer than this (UTF-8 bytes of its text, or of its messages' contents) is refused
@@ -185,7 +186,7 @@ def check_prompts(field: str, rows: Sequence[Any], tokenizer_path: str, chat_tem
     if n_scan < len(rows):
         logger.warning(f"{field}: tokenised the first {n_scan} of {len(rows)} prompts (SCAN_MAX_ROWS={SCAN_MAX_ROWS}, "
                        f"SCAN_MAX_PROMPT_BYTES={SCAN_MAX_PROMPT_BYTES}); a prompt too long for the context among the "
-                       "other rows fails only when an episode sends it")
+                       "other rows is dropped, once and counted, by the rollout worker that draws it")
     return n_scan
 
 

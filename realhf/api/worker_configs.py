@@ -125,6 +125,7 @@ class RolloutWorkerConfig:
     discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
     push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
     max_consecutive_failures: int = _f(20, "Episodes failing in a row before the worker gives up.")
+    context_tokens: int = _f(0, "Tokens a generation server holds per request (prompt + output; validation's server_context): a prompt that is empty or leaves no room for gconfig.max_new_tokens is dropped once and counted. 0: not checked.")
     server_wait_timeout: float = _f(300.0, "Seconds a request keeps retrying while its generation server is down (killed, restarting) before the episode fails.")
     log_every_groups: int = _f(20, "Log one line per this many finished groups.")
 

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
+from realhf.api.file_validation import server_context
 from realhf.api.worker_validation import validate_worker_config
 from realhf.api.worker_configs import (
     EvaluatorConfig,
@@ -145,6 +146,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         max_concurrent_rollouts=rollouts_per_worker(cfg), new_tokens_per_chunk=cfg.new_tokens_per_chunk,
         n_pullers=alloc.train.dp, request_timeout=cfg.rollout.request_timeout,
         episode_timeout=cfg.rollout.episode_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
+        context_tokens=server_context(cfg)[0],
     )
     model = ModelWorkerConfig(
         actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,

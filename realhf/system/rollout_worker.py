@@ -81,6 +81,10 @@ class MalformedGroup(Exception):
     """An agent's group the trainer would refuse (Trajectory.problem)."""
 
 
+class BadPrompt(Exception):
+    """A prompt no server can answer: empty, or leaving no room for max_new_tokens in the context."""
+
+
 class _PushThread:
     """Pushes trajectories from one daemon thread: ZMQ sockets are not thread-safe, a push may
     block (back-pressure from a full trainer queue), and the event loop must not."""
@@ -167,7 +171,8 @@ class RolloutWorker(AsyncWorker):
         self.tasks: Dict[str, asyncio.Task] = {}
         self.backoff = _MIN_BACKOFF_S
         self.consecutive_failures = 0
-        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "too_large": 0, "tokens": 0,
+        self.bad_prompts: set = set()  # query ids no server can answer (dropped once)
+        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "too_large": 0, "bad_prompts": 0, "tokens": 0,
                       "reward_sum": 0.0, "samples": 0, "refused": 0, "gen_calls": 0}
         self.t_log, self.groups_at_log, self.tokens_at_log = time.monotonic(), 0, 0
         self.logger.info(f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
@@ -227,6 +232,8 @@ class RolloutWorker(AsyncWorker):
                 self.pending = self.rerun.popleft()  # still in the record (todo -> refused): no write
             if self.pending is None:
                 row = self.sampler.next()
+                if row.query_id in self.bad_prompts:
+                    continue  # dropped once already (_check_prompt)
                 self.pending = (row, f"{row.query_id}@{self.sampler.epoch}")
                 self._write_record()  # the new position and the drawn prompt, together
             row, qid = self.pending
@@ -261,7 +268,9 @@ class RolloutWorker(AsyncWorker):
         cfg, fields = self.config, row.as_dict()
         tools = {**self.agent.tools, **await self.envs.tools()}
         schemas = [t.schema() for t in tools.values()] or None
-        coro = run_group(self.agent, fields, encode_prompt(self.tokenizer, fields, self.chat, tools=schemas), qid=qid,
+        prompt = encode_prompt(self.tokenizer, fields, self.chat, tools=schemas)
+        self._check_prompt(row, prompt)
+        coro = run_group(self.agent, fields, prompt, qid=qid,
                          client=self.client, envs=self.envs, gconfig=cfg.gconfig, tokenizer=self.tokenizer,
                          agent_config=cfg.agent, group_size=cfg.group_size)
         limit = self.config.episode_timeout
@@ -273,6 +282,28 @@ class RolloutWorker(AsyncWorker):
             self.stats["timed_out"] += 1
             raise EpisodeTimeout(f"{self._names(qid)} ran longer than rollout.episode_timeout={limit:g}s "
                                  f"and was cancelled ({self.stats['timed_out']} timed out so far)") from None
+
+    def _check_prompt(self, row: PromptRow, prompt) -> None:
+        """Validation tokenises only the first part of a large dataset (file_validation.SCAN_MAX_ROWS):
+        a prompt beyond it that no server can answer is dropped here, once — its query id is not
+        drawn again in later epochs — and counted (`bad_prompt`), instead of failing every epoch."""
+        limit = self.config.context_tokens - self.config.gconfig.max_new_tokens
+        if self.config.context_tokens > 0 and (not prompt or len(prompt) > limit):
+            self.bad_prompts.add(row.query_id)
+            raise BadPrompt(f"prompt {row.query_id!r} ({row.source}) has {len(prompt)} tokens; with "
+                            f"max_new_tokens={self.config.gconfig.max_new_tokens} the servers' context of "
+                            f"{self.config.context_tokens} leaves {'no room' if prompt else 'nothing to answer'}: "
+                            f"dropped, not drawn again ({len(self.bad_prompts)} such prompts so far)")
+
+    def _failed(self, qid: str, e: Exception) -> None:
+        self.stats["failed"] += 1
+        self.stats["too_large"] += isinstance(e, MessageTooLarge)
+        self.consecutive_failures += 1
+        named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
+        what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
+        self.logger.error(f"failed ({self.consecutive_failures} in a row): {what}")
+        if self.consecutive_failures >= self.config.max_consecutive_failures:
+            raise RuntimeError(f"{self.consecutive_failures} episodes failed in a row; last: {e}") from e
 
     async def _episode(self, row: PromptRow, qid: str) -> None:
         accepted, n_tokens, cancelled, push, traj, reason = False, 0, False, None, None, "filtered"
@@ -293,16 +324,14 @@ class RolloutWorker(AsyncWorker):
                 # At the end of a trial the manager and servers leave first: not a failure.
                 self.logger.info(f"episode {qid} left unfinished: the experiment ended ({type(e).__name__})")
                 raise
-            self.stats["failed"] += 1
-            self.stats["too_large"] += isinstance(e, MessageTooLarge)
-            reason = ("too_large" if isinstance(e, MessageTooLarge) else "timed_out" if isinstance(e, EpisodeTimeout)
-                      else "malformed" if isinstance(e, MalformedGroup) else "failed")
-            self.consecutive_failures += 1
-            named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
-            what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
-            self.logger.error(f"failed ({self.consecutive_failures} in a row): {what}")
-            if self.consecutive_failures >= self.config.max_consecutive_failures:
-                raise RuntimeError(f"{self.consecutive_failures} episodes failed in a row; last: {e}") from e
+            if isinstance(e, BadPrompt):  # the data's fault, not the episode's: no failure streak
+                reason = "bad_prompt"
+                self.stats["bad_prompts"] += 1
+                self.logger.warning(str(e))
+            else:
+                reason = ("too_large" if isinstance(e, MessageTooLarge) else "timed_out"
+                          if isinstance(e, EpisodeTimeout) else "malformed" if isinstance(e, MalformedGroup) else "failed")
+                self._failed(qid, e)  # raises after max_consecutive_failures in a row
         except BaseException:  # cancelled at exit, or an error that ends the worker: run it again
             if not accepted and push is not None and await self._went_out(push):
                 accepted, n_tokens = self._pushed(row, qid, traj)  # not to be run twice

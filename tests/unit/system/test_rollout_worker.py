@@ -37,6 +37,10 @@ MODEL = os.path.join(TINY_MATH, "sft")
 DATA = os.path.join(TINY_MATH, "data", "train.jsonl")
 EOS = 2
 B, ETA, GROUP, MAX_NEW = 2, 1, 4, 24
+# The servers' context as the workers are told it: prompts over 30 tokens (tiny-math's run from 24
+# to 33) leave no room for MAX_NEW and are dropped once, counted (what validation would have
+# refused, for rows beyond its scan of a large file).
+MAX_PROMPT = 30
 
 
 def start_native_server(log_path: str):
@@ -101,6 +105,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
         launcher.submit(WorkerSpec("rollout_worker", 2, [RolloutWorkerConfig(
             dataset_path=DATA, tokenizer_path=MODEL, group_size=GROUP, max_concurrent_rollouts=4,
             new_tokens_per_chunk=8, gconfig=GenerationHyperparameters(max_new_tokens=MAX_NEW), log_every_groups=1,
+            context_tokens=MAX_NEW + MAX_PROMPT,
         ) for _ in range(2)]))
         # The launcher supervises from this (main) thread; the trainer's part runs beside it and
         # ends the trial by marking it COMPLETE.
@@ -127,6 +132,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
     groups = v0 + v1 + v2
     assert len({t.qid for t in groups}) == len(groups)
     assert status["accepted"] == len(groups) and status["version"] == 2
+    assert status["ended"]["bad_prompt"] > 0 and all(len(t.prompt_ids) <= MAX_PROMPT for t in groups), status
     assert {t.version_end for t in v0} == {0} and all(t.version_end <= 1 for t in v1)
     assert all(t.version_start >= 1 and t.version_end <= 2 for t in v2)
 
