@@ -1,4 +1,5 @@
-"""Every closed list of values a config field may take, defined once.
+"""Every closed list of values a config field may take, defined once (the open ones, policy losses
+and advantage estimators, are menus of realhf.api.algorithms).
 
 Hydra/OmegaConf cannot express `Literal`, so choice fields are plain `str`; `realhf.api.validation`
 checks them against these tuples and the code that acts on a choice imports the same tuple.
@@ -14,8 +15,6 @@ DECODE_ATTENTION = ("auto", "kernel", "torch")
 DTYPES = DTYPE_NAMES
 SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
 KL_ESTIMATORS = ("k1", "k2", "k3")
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "batch_norm", "gae", "reinforce")
-POLICY_LOSSES = ("ppo", "gspo", "cpgd", "gpg")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 OPTIMIZERS = ("adam",)
 LR_SCHEDULES = ("constant", "cosine")

@@ -12,6 +12,7 @@ import logging
 import os
 from typing import Any, List, Sequence
 
+from realhf.api.algorithms import adv_estimator
 from realhf.api.cli_args import AsyncPPOMATHConfig, DatasetColumnsConfig, GenerationHyperparameters
 from realhf.api.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.base.allocation_mode import AllocationMode
@@ -56,7 +57,7 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
     if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
         need(os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
              f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)")
-    if cfg.ppo.adv_estimator == "gae":
+    if adv_estimator(cfg.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
     if cfg.evaluation.n_prompts > 0:
         need(os.path.exists(cfg.dataset.test_path),

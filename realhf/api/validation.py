@@ -18,7 +18,7 @@ import threading
 import typing
 from typing import Any, Iterable, Optional
 
-from realhf.api import choices
+from realhf.api import algorithms, choices
 from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, EvaluationConfig,
                                  ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig,
                                  NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters,
@@ -75,6 +75,14 @@ class _Fields:
     def within(self, field: str, low: float, high: float) -> None:
         v = self.value(field)
         self.need(low <= v <= high, f"{self.name(field)} must lie in [{low}, {high}], got {v}")
+
+    def plugin(self, field: str, menu) -> Any:
+        """What `field` chooses from an open menu (realhf.api.algorithms): a built-in, a registered
+        name or a `module:function` that imports here as it will in the workers."""
+        try:
+            return menu.get(self.value(field))
+        except ValueError as e:
+            raise ConfigError(str(e).replace(menu.field, self.name(field), 1)) from None
 
     def choice(self, field: str, options: Iterable[str]) -> None:
         v = self.value(field)
@@ -346,11 +354,12 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
         f.at_least("behav_imp_weight_cap", 1)
     f.at_least("kl_ctl", 0)
     f.choice("kl_estimator", choices.KL_ESTIMATORS)
-    f.choice("adv_estimator", choices.ADV_ESTIMATORS)
-    f.choice("policy_loss", choices.POLICY_LOSSES)
+    f.plugin("adv_estimator", algorithms.ADV_ESTIMATORS)
+    loss = f.plugin("policy_loss", algorithms.POLICY_LOSSES)
     f.choice("loss_agg_mode", choices.LOSS_AGG_MODES)
-    f.need(c.c_clip is None or c.policy_loss != "gpg",
-           f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and {f.name('policy_loss')}=gpg has none")
+    f.need(c.c_clip is None or loss.clipped,
+           f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and "
+           f"{f.name('policy_loss')}={c.policy_loss} has none")
     f.at_least("entropy_coef", 0)
     f.at_least("kl_target", 0)
     if c.kl_target > 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from realhf.api.algorithms import adv_estimator
 from realhf.api import choices
 from realhf.api.file_validation import check_critic_matches_actor, check_dataset_columns
 from realhf.api.validation import (
@@ -78,7 +79,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_lora_reference(c.actor, c.ref, c.ppo)
     check_ppo(c.ppo)
     check_device(c.device, f.name("device"))
-    if c.ppo.adv_estimator == "gae":
+    if adv_estimator(c.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(c.critic.path, c.actor.path)
     f.at_least("max_head_offpolicyness", 0)
     f.at_least("total_train_steps", 0)

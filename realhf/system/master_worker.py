@@ -22,6 +22,7 @@ from realhf.base import name_resolve, names
 from realhf.base.trial_files import metrics_path, read_metrics
 from realhf.impl import dp_balance
 from realhf.impl.admission import dp_shares, resumed_accepted
+from realhf.impl.model.step_calls import step_calls
 from realhf.system import stall_report
 from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
 from realhf.system.request_reply_stream import MasterStream
@@ -30,15 +31,8 @@ from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
 def train_call_names(ppo) -> List[str]:
-    """The model calls of one train step, in order (what `MasterWorker._train_calls` runs)."""
-    names_ = []
-    if ppo.recompute_logprob or ppo.use_decoupled_loss:
-        names_.append("actor_inf")
-    if ppo.kl_ctl > 0:
-        names_.append("ref_inf")
-    if ppo.adv_estimator == "gae":
-        names_ += ["critic_inf", "critic_train"]
-    return names_ + ["actor_train"]
+    """The model calls of one train step, in order (realhf.impl.model.step_calls)."""
+    return [c.name for c in step_calls(ppo)]
 
 
 class MasterWorker(Worker):
@@ -105,7 +99,8 @@ class MasterWorker(Worker):
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
             f"training {self.total_steps} steps of B={cfg.groups_per_step} groups (shares {self.shares}) "
-            f"from version {self.version}; calls {' -> '.join(train_call_names(cfg.ppo))}; metrics in {self.metrics_path}"
+            f"from version {self.version}; calls {' -> '.join(train_call_names(cfg.ppo))}; policy loss "
+            f"{cfg.ppo.policy_loss}, advantages {cfg.ppo.adv_estimator}; metrics in {self.metrics_path}"
         )
 
     @staticmethod
@@ -234,24 +229,22 @@ class MasterWorker(Worker):
                 "dp_tokens_moved_fraction": plan.moved_cost / total, "dp_tokens_max": max(plan.rank_costs)}
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
-        """One train step on the batch the model workers took: (inference replies per model,
-        actor_train replies, carrying the critic's stats too). Reads as the dataflow it is
-        (docs/architecture.md §10); `train_call_names` lists the same calls."""
-        ppo, timeout = self.config.ppo, self.config.request_timeout
-
-        def call(handler: str, data: Optional[dict] = None) -> List[Any]:
-            return self._stream.call_all(handler, data, timeout=timeout)
-
+        """One train step on the batch the model workers took: the calls of
+        `realhf.impl.model.step_calls`, in order, on every DP rank. Returns (inference replies
+        per model, actor_train replies, carrying the critic's stats too: global, the same on
+        every rank)."""
         inference: Dict[str, List[Any]] = {}
-        if ppo.recompute_logprob or ppo.use_decoupled_loss:
-            inference["actor"] = call("inference", {"model": "actor"})  # proximal log-probs
-        if ppo.kl_ctl > 0:
-            inference["ref"] = call("inference", {"model": "ref"})  # reference log-probs
         critic_stats: Dict[str, Any] = {}
-        if ppo.adv_estimator == "gae":
-            inference["critic"] = call("inference", {"model": "critic"})  # values for GAE
-            critic_stats = call("critic_train")[0]["stats"]  # global stats, the same on every rank
-        train = call("train_step")  # advantages (once, shared with critic_train), PPO, version + 1, publish
+        train: List[Any] = []
+        for c in step_calls(self.config.ppo):
+            data = {"model": c.model} if c.handler == "inference" else None
+            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)
+            if c.handler == "inference":
+                inference[c.model] = replies
+            elif c.name == "critic_train":
+                critic_stats = replies[0]["stats"]
+            else:
+                train = replies
         train[0]["stats"].update(critic_stats)
         return inference, train
 

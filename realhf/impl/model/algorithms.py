@@ -1,14 +1,17 @@
 """The algorithm menu: what `ppo.adv_estimator`, `ppo.loss_agg_mode` and `ppo.kl_target` name.
 
-    ADVANTAGE_ESTIMATORS  name → how a step's scores become advantages, and where the KL goes
+    GRPO, DR_GRPO, ...    the built-in advantage estimators: how a step's scores become
+                          advantages, and where the KL goes
     LOSS_AGGREGATIONS     name → how per-token losses become a micro-batch's loss sum, and the
                           weight the engine divides the minibatch's sum by
     KLController          the KL coefficient: fixed (`kl_ctl`) or adapted toward `kl_target`
 
 The policy losses (`ppo.policy_loss`) are the surrogates of
-realhf.impl.model.utils.ppo_functional (`SURROGATES`), beside the loss they plug into. Each
-registry is keyed by the tuple of realhf.api.choices that validation checks the config against;
-`lookup` refuses an unknown name naming the field and the choices.
+realhf.impl.model.utils.ppo_functional, beside the loss they plug into. Policy losses and
+advantage estimators are open menus (realhf.api.algorithms: a built-in, a registered name or a
+user's `module:function`); the aggregations are a closed one, keyed by the tuple of
+realhf.api.choices that validation checks the config against (`lookup` refuses an unknown name
+naming the field and the choices).
 
 Aggregations keep the engine's contract (docs/architecture.md §7): the loss of a minibatch is
 Σ_ranks Σ_micro-batches loss_sum / Σ_ranks Σ_micro-batches weight. Every mode's sum and weight
@@ -19,11 +22,12 @@ micro-batching give the update DP=1 gives on the whole minibatch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, TypeVar
+from typing import Any, Callable, Dict, Mapping, TypeVar
 
 import torch
 
-from realhf.api.choices import ADV_ESTIMATORS, LOSS_AGG_MODES
+from realhf.api.algorithms import AdvantageEstimator, adv_estimator
+from realhf.api.choices import LOSS_AGG_MODES
 from realhf.impl.model.utils import ppo_functional as F
 
 T = TypeVar("T")
@@ -40,32 +44,22 @@ def lookup(registry: Mapping[str, T], name: str, field: str) -> T:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AdvantageEstimator:
-    # scores [N], group ids [N] → one advantage per sample, the same on each of its tokens;
-    # None: per-token rewards through GAE (realhf.impl.model.actor._gae).
-    per_sample: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
-    kl_in_reward: bool  # the KL to the reference is subtracted from the reward, not added to the loss
-    needs_critic: bool
-
-
 def batch_norm_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """`(r − mean) / sqrt(var + 1e-5)` over every sample of the step on all DP ranks (a collective)."""
     return F.masked_normalization(scores, all_reduce=True)
 
 
-ADVANTAGE_ESTIMATORS: Dict[str, AdvantageEstimator] = {
-    "grpo": AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=True), False, False),
-    "dr_grpo": AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=False), False, False),
-    "batch_norm": AdvantageEstimator(batch_norm_advantages, False, False),
-    "gae": AdvantageEstimator(None, True, True),
-    "reinforce": AdvantageEstimator(None, True, False),  # GAE with zero values
-}
-assert tuple(ADVANTAGE_ESTIMATORS) == ADV_ESTIMATORS, "every ppo.adv_estimator choice needs an entry"
+# The built-in choices of ppo.adv_estimator (realhf.api.algorithms names them by these paths).
+GRPO = AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=True))
+DR_GRPO = AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=False))
+BATCH_NORM = AdvantageEstimator(batch_norm_advantages)
+GAE = AdvantageEstimator(None, kl_in_reward=True, needs_critic=True)  # realhf.impl.model.actor._gae
+REINFORCE = AdvantageEstimator(None, kl_in_reward=True)  # GAE with zero values
 
 
 def estimator(name: str) -> AdvantageEstimator:
-    return lookup(ADVANTAGE_ESTIMATORS, name, "ppo.adv_estimator")
+    """A built-in, registered or `module:function` estimator (realhf.api.algorithms)."""
+    return adv_estimator(name)
 
 
 # ---------------------------------------------------------------------------------------------

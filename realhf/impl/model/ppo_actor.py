@@ -39,6 +39,7 @@ from realhf.impl.model.actor import (
     token_values,
 )
 from realhf.impl.model.algorithms import KLController, estimator
+from realhf.impl.model.step_calls import step_models
 from realhf.impl.model.batching import TrainBatch, minibatch_rows
 from realhf.impl.model.lora import BaseModelView
 
@@ -63,9 +64,8 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
 
 
 def roles_of(ppo: PPOHyperparameters) -> list:
-    """The engines a trainer with these hyper-parameters holds."""
-    critic = estimator(ppo.adv_estimator).needs_critic
-    return ["actor"] + (["ref"] if ppo.kl_ctl > 0 else []) + (["critic"] if critic else [])
+    """The engines a trainer with these hyper-parameters holds (those its step's calls name)."""
+    return step_models(ppo)
 
 
 def build_engines(cfg: ModelWorkerConfig, local_rank: int, io_group=None) -> Dict[str, FSDPEngine]:

@@ -4,10 +4,19 @@ judged like the default's run (tests/system/e2e/test_async_ppo_run.py): the succ
 last steps must beat that of the first steps by a margin a run that does not learn does not
 reach. Slow (about three minutes each on two loaded cores), so not in CI."""
 
+import math
+import os
+
 import pytest
 
-from helpers.training_runs import run_training
+from helpers.paths import TESTS_DIR
+from helpers.training_runs import SMALL_RUN, check_finished_run, run_training
 from helpers.training_runs import trial_processes as _trial_processes
+
+# The workers import a user's own module (tests/helpers/user_algorithms.py) by its import path.
+ENV = dict(os.environ, PYTHONPATH=TESTS_DIR)
+USER_ALGORITHMS = ["ppo.policy_loss=helpers.user_algorithms:sigmoid_ratio",
+                   "ppo.adv_estimator=helpers.user_algorithms:rloo"]
 
 # Why 100 steps and not fewer: in eight earlier 150-step runs of the default (lr 1e-4) the mean
 # success rate of steps 31-40 was only 0.00-0.04 above that of steps 1-10, while steps 81-100
@@ -30,6 +39,8 @@ CHOICES = {
     "adaptive_kl": ["ppo.kl_ctl=0.1", "ppo.kl_target=0.005", "ppo.kl_horizon=10000"],
     "entropy_bonus": ["ppo.entropy_coef=0.01"],
     "seq_mean_token_mean": ["ppo.loss_agg_mode=seq-mean-token-mean"],
+    # A user's own surrogate and estimator, from their own module (realhf.api.algorithms).
+    "user_loss_and_estimator": USER_ALGORITHMS,
 }
 
 
@@ -46,7 +57,7 @@ def _check_choice(name, metrics):
 @pytest.mark.parametrize("name", list(CHOICES))
 def test_menu_choice_trains(name, tmp_path, no_leftover_processes):
     proc, metrics, _ = run_training(tmp_path, f"menu-{name.replace('_', '-')}", *COMMON, *CHOICES[name],
-                                    timeout=1200)
+                                    timeout=1200, env=ENV)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), out[-3000:]
@@ -57,3 +68,16 @@ def test_menu_choice_trains(name, tmp_path, no_leftover_processes):
     print(f"{name}: success rate first {WINDOW} steps {first:.3f}, last {WINDOW} {final:.3f}")
     assert final >= first + MARGIN, f"{name} did not learn: first {WINDOW} steps {first:.3f}, last {WINDOW} {final:.3f}"
     assert _trial_processes(str(tmp_path)) == []
+
+
+@pytest.mark.e2e
+def test_a_users_own_loss_and_estimator_train_in_the_whole_system(tmp_path, no_leftover_processes):
+    """Item 4 of issue 28: a policy loss and an advantage estimator written in the user's own
+    module, chosen by one config line each, run in every worker that needs them (validation at
+    start, the trainer's loss); whether they learn is the slow menu test above."""
+    steps = 8
+    proc, metrics, _ = run_training(tmp_path, "user-algorithms", f"exp_ctrl.benchmark_steps={steps}", *SMALL_RUN,
+                                    *USER_ALGORITHMS, timeout=600, env=ENV)
+    check_finished_run(proc, metrics, steps, 4, tmp_path)
+    assert "policy loss helpers.user_algorithms:sigmoid_ratio, advantages helpers.user_algorithms:rloo" in proc.stdout
+    assert all(math.isfinite(m["loss"]) and m["clip_fraction"] == 0.0 for m in metrics)  # the user's never clips

@@ -16,7 +16,9 @@ from typing import Dict, Literal, Optional, Tuple
 
 import torch
 
-from realhf.api.choices import KL_ESTIMATORS, POLICY_LOSSES
+from realhf.api.algorithms import PolicyLoss
+from realhf.api.algorithms import policy_loss as get_policy_loss
+from realhf.api.choices import KL_ESTIMATORS
 from realhf.base.device import all_reduce_sum
 
 Stats = Dict[str, torch.Tensor]
@@ -75,13 +77,15 @@ def _clipped_log_ratio(log_ratio, adv, eps_low, eps_high):
 # (per-token loss, where the clip was the active term). `gpg`'s −A·logp is written on the
 # log-ratio like the others: the denominator is a constant, so the gradient is the same and the
 # logged loss starts near 0 instead of at an arbitrary −A·logp.
-SURROGATES = {
-    "ppo": _clipped_ratio,
-    "gspo": _clipped_ratio,  # on sequence_log_ratio
-    "cpgd": _clipped_log_ratio,
-    "gpg": lambda log_ratio, adv, lo, hi: (-adv * log_ratio, torch.zeros_like(log_ratio, dtype=torch.bool)),
-}
-assert tuple(SURROGATES) == POLICY_LOSSES, "every ppo.policy_loss choice needs its surrogate"
+def _no_clip(log_ratio, adv, eps_low, eps_high):
+    return -adv * log_ratio, torch.zeros_like(log_ratio, dtype=torch.bool)
+
+
+# The built-in choices of ppo.policy_loss (realhf.api.algorithms names them by these paths).
+PPO = PolicyLoss(_clipped_ratio)
+GSPO = PolicyLoss(_clipped_ratio, sequence_level=True)
+CPGD = PolicyLoss(_clipped_log_ratio)
+GPG = PolicyLoss(_no_clip, clipped=False)
 
 
 def actor_loss_fn(
@@ -151,8 +155,7 @@ def actor_loss_fn(
         )
     if reduce not in ("mean", "sum", "none"):
         raise ValueError(f"reduce must be 'mean', 'sum' or 'none', got {reduce!r}")
-    if policy_loss not in SURROGATES:
-        raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}")
+    spec = get_policy_loss(policy_loss)  # ValueError naming ppo.policy_loss and the choices
 
     # Compute in float32 at least; only `logprobs` carries gradient.
     dtype = torch.promote_types(logprobs.dtype, torch.float32)
@@ -164,9 +167,9 @@ def actor_loss_fn(
     den = old if prox is None else prox
 
     log_ratio = logp - den
-    if policy_loss == "gspo":
+    if spec.sequence_level:
         log_ratio = sequence_log_ratio(log_ratio, mask)
-    loss, clip_active = SURROGATES[policy_loss](log_ratio, adv, eps_clip, eps_clip_high)
+    loss, clip_active = spec.surrogate(log_ratio, adv, eps_clip, eps_clip_high)
 
     # Dual clip: bound the loss of negative-advantage tokens by c·|A|.
     dual_active = torch.zeros_like(mask)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from realhf.api import choices
+from realhf.api.algorithms import ADV_ESTIMATORS as ADV_ESTIMATORS_MENU
 from realhf.api.cli_args import PPOHyperparameters
 from realhf.api.validation import ConfigError, check_ppo
 from realhf.impl.model import actor, algorithms
@@ -29,8 +30,11 @@ def _batch(rewards, group_ids, width: int = 6, seed: int = 0) -> TrainBatch:
 # ---- registries ---------------------------------------------------------------------------------
 
 
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "batch_norm", "gae", "reinforce")  # the built-ins
+
+
 def test_every_choice_has_a_registry_entry_and_an_unknown_name_is_refused_naming_the_field():
-    assert tuple(algorithms.ADVANTAGE_ESTIMATORS) == choices.ADV_ESTIMATORS
+    assert ADV_ESTIMATORS_MENU.names()[:5] == list(ADV_ESTIMATORS)
     assert tuple(algorithms.LOSS_AGGREGATIONS) == choices.LOSS_AGG_MODES
     with pytest.raises(ValueError, match=r"ppo.adv_estimator='grpoo': choose one of \['grpo', 'dr_grpo'"):
         algorithms.estimator("grpoo")
@@ -40,7 +44,7 @@ def test_every_choice_has_a_registry_entry_and_an_unknown_name_is_refused_naming
 
 def test_the_kl_is_a_loss_term_for_per_sample_estimators_and_a_reward_term_for_gae_and_reinforce():
     in_loss = {name: actor.kl_in_loss(PPOHyperparameters(adv_estimator=name, kl_ctl=0.1))
-               for name in choices.ADV_ESTIMATORS}
+               for name in ADV_ESTIMATORS}
     assert in_loss == {"grpo": True, "dr_grpo": True, "batch_norm": True, "gae": False, "reinforce": False}
     assert not actor.kl_in_loss(PPOHyperparameters(adv_estimator="batch_norm", kl_ctl=0.0))
 
@@ -177,10 +181,56 @@ def test_menu_values_that_cannot_run_are_refused_naming_the_field(fields, messag
 
 
 def test_every_menu_choice_passes_the_rules():
-    for name in choices.POLICY_LOSSES:
+    for name in ("ppo", "gspo", "cpgd", "gpg"):
         check_ppo(PPOHyperparameters(policy_loss=name))
     for name in choices.LOSS_AGG_MODES:
         check_ppo(PPOHyperparameters(loss_agg_mode=name))
-    for name in choices.ADV_ESTIMATORS:
+    for name in ADV_ESTIMATORS:
         check_ppo(PPOHyperparameters(adv_estimator=name))
     check_ppo(PPOHyperparameters(kl_ctl=0.1, kl_target=0.02, entropy_coef=0.01, policy_loss="gspo", c_clip=3.0))
+
+
+# ---- a user's own loss and estimator (realhf.api.algorithms) -------------------------------------
+
+
+def test_a_users_own_policy_loss_from_their_module_is_wrapped_like_the_built_ins():
+    from realhf.impl.model.utils.ppo_functional import actor_loss_fn
+
+    from helpers.user_algorithms import sigmoid_ratio
+
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(3, 5, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.2 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    prox = logp.detach() + 0.1 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    for name in ("helpers.user_algorithms:sigmoid_ratio", "helpers.user_algorithms:SIGMOID", "sigmoid"):
+        loss, stats = actor_loss_fn(logp, old, adv, 0.2, mask, proximal_logprobs=prox, policy_loss=name)
+        # The trainer's wrapping: the behaviour weight exp(prox - old), the mask, the token mean.
+        per_token = sigmoid_ratio(logp - prox, adv, 0.2, 0.2)[0] * torch.exp(prox - old)
+        want = per_token[mask].sum() / mask.sum()
+        assert torch.allclose(loss, want), name
+        assert float(stats["clip_fraction"]) == 0.0
+    (grad,) = torch.autograd.grad(loss, logp)
+    (want_grad,) = torch.autograd.grad(want, logp)
+    assert torch.allclose(grad, want_grad)
+
+
+def test_a_users_policy_loss_and_estimator_pass_validation_and_bad_ones_are_refused_naming_the_field():
+    check_ppo(PPOHyperparameters(policy_loss="helpers.user_algorithms:sigmoid_ratio",
+                                 adv_estimator="helpers.user_algorithms:rloo"))
+    with pytest.raises(ConfigError, match=r"ppo.c_clip=3.0: .*ppo.policy_loss=helpers.user_algorithms:SIGMOID has none"):
+        check_ppo(PPOHyperparameters(policy_loss="helpers.user_algorithms:SIGMOID", c_clip=3.0))
+    with pytest.raises(ConfigError, match=r"cannot import module 'no_such_pkg.losses' for ppo.policy_loss"):
+        check_ppo(PPOHyperparameters(policy_loss="no_such_pkg.losses:mine"))
+    with pytest.raises(ConfigError, match=r"module 'helpers.user_algorithms' has no attribute 'nope'"):
+        check_ppo(PPOHyperparameters(adv_estimator="helpers.user_algorithms:nope"))
+
+
+def test_a_users_estimator_gives_one_advantage_per_sample():
+    from helpers.user_algorithms import rloo
+
+    est = algorithms.estimator("helpers.user_algorithms:rloo")
+    assert est.per_sample is rloo and not est.needs_critic and not est.kl_in_reward
+    adv = est.per_sample(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 0, 1, 1]))
+    assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0]))
