@@ -16,9 +16,20 @@ setup(
     extras_require={
         # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the stats sinks'
         # tests read tensorboard events and an offline wandb run back.
-        "test": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "schemathesis>=4,<5", "tensorboard>=2.15",
-                 "openai>=1.30", "mcp>=1.0", "peft>=0.17", "wandb>=0.19", "datasets>=2.14",
-                 "gguf>=0.10"],
+        "test": [
+            "pytest>=8",
+            "pytest-timeout",
+            "hypothesis>=6",
+            "schemathesis>=4,<5",
+            "tensorboard>=2.15",
+            "openai>=1.30",
+            "mcp>=1.0",
+            "peft>=0.17",
+            "wandb>=0.19",
+            "datasets>=2.14",
+            "gguf>=0.10",
+            "ruff==0.17.6",
+        ],
         # rollout.agent.type=openai-agent: agent code written against the openai client.
         "openai": ["openai>=1.30"],
         # cluster.launcher=ray (realhf/scheduler/ray.py), imported only when chosen.

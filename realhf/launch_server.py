@@ -36,8 +36,12 @@ from realhf.base.model_source import ModelPathError, resolve_model_path
 _ENGINE_CHOICES = {"dtype": DTYPE_NAMES, "kind": NATIVE_ENGINE_KINDS, "decode_attention": DECODE_ATTENTION}
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, cls: type, choices: Optional[Dict[str, Sequence]] = None,
-                          aliases: Optional[Dict[str, Sequence[str]]] = None) -> None:
+def add_dataclass_options(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    choices: Optional[Dict[str, Sequence]] = None,
+    aliases: Optional[Dict[str, Sequence[str]]] = None,
+) -> None:
     """One `--field-name` option per field of the flat dataclass `cls`: its type, default and
     `metadata["help"]`; `choices` and extra spellings (`aliases`) by field name."""
     choices, aliases = choices or {}, aliases or {}
@@ -65,20 +69,37 @@ def dataclass_from_args(cls: type, args: argparse.Namespace):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m realhf.launch_server", description=__doc__.split("\n")[0])
-    p.add_argument("--model-path", required=True, help="HF model directory (config.json + safetensors) or a hub repo id")
+    p.add_argument(
+        "--model-path", required=True, help="HF model directory (config.json + safetensors) or a hub repo id"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=30000, help="0: a free port")
-    add_dataclass_options(p.add_argument_group("engine (NativeEngineConfig)"), NativeEngineConfig,
-                          choices=_ENGINE_CHOICES, aliases={"seed": ["--random-seed"]})
+    add_dataclass_options(
+        p.add_argument_group("engine (NativeEngineConfig)"),
+        NativeEngineConfig,
+        choices=_ENGINE_CHOICES,
+        aliases={"seed": ["--random-seed"]},
+    )
     p.add_argument("--weight-version", type=int, default=0, help="version reported until the first weight update")
-    p.add_argument("--device", default="auto", choices=DEVICE_NAMES,
-                   help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=DEVICE_NAMES,
+        help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU",
+    )
     p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
-    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="largest request body accepted; a larger one is answered 413 (cluster.max_request_bytes)")
-    p.add_argument("--secret-file", default="",
-                   help="file holding the secret every request must send as 'Authorization: Bearer <secret>'; "
-                        "empty: no authentication")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body accepted; a larger one is answered 413 (cluster.max_request_bytes)",
+    )
+    p.add_argument(
+        "--secret-file",
+        default="",
+        help="file holding the secret every request must send as 'Authorization: Bearer <secret>'; "
+        "empty: no authentication",
+    )
     p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
     p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
@@ -126,8 +147,9 @@ def main(argv=None) -> int:
         return 2
     engine_config = dataclass_from_args(NativeEngineConfig, args)
     bind_device(args.engine_device)
-    engine = create_engine_from_config(args.model_path, engine_config, weight_version=args.weight_version,
-                                       name="engine", device=args.engine_device)
+    engine = create_engine_from_config(
+        args.model_path, engine_config, weight_version=args.weight_version, name="engine", device=args.engine_device
+    )
     sock = listening_socket(args.host, args.port, "realhf.launch_server")
     try:
         port = sock.getsockname()[1]

@@ -22,10 +22,16 @@ def main(argv=None) -> int:
     ap.add_argument("--digits", type=int, default=1, help="digits per operand (1: 1..9)")
     ap.add_argument("--max-operand", type=int, default=0, help="largest operand; 0: largest with --digits")
     ap.add_argument("--steps", type=int, default=2, help="maximum number of add/subtract operations")
-    ap.add_argument("--chat", action="store_true",
-                    help="rows as one chat user message (the story and --instruction) for an instruct model")
-    ap.add_argument("--instruction", default="Give only the final number as your answer.",
-                    help="with --chat: the sentence after the story")
+    ap.add_argument(
+        "--chat",
+        action="store_true",
+        help="rows as one chat user message (the story and --instruction) for an instruct model",
+    )
+    ap.add_argument(
+        "--instruction",
+        default="Give only the final number as your answer.",
+        help="with --chat: the sentence after the story",
+    )
     args = ap.parse_args(argv)
 
     cfg = GeneratorConfig(digits=args.digits, max_operand=args.max_operand, steps=args.steps)

@@ -46,10 +46,18 @@ def main(argv=None) -> int:
     save_model_dir(build_model(tokenizer, seed=args.seed), tokenizer, args.out / "base")
     print(f"wrote {args.out}/data ({len(train)} + {len(test)} rows) and {args.out}/base", flush=True)
 
-    sft = [sys.executable, str(REPO / "training" / "main_sft.py"), f"model_path={args.out / 'base'}",
-           f"output_path={args.out / 'sft'}", f"train_path={args.out / 'data' / 'train.jsonl'}",
-           f"test_path={args.out / 'data' / 'test.jsonl'}", f"steps={args.sft_steps}", "eval_n=-1",
-           f"seed={args.seed}", "log_interval=50"]
+    sft = [
+        sys.executable,
+        str(REPO / "training" / "main_sft.py"),
+        f"model_path={args.out / 'base'}",
+        f"output_path={args.out / 'sft'}",
+        f"train_path={args.out / 'data' / 'train.jsonl'}",
+        f"test_path={args.out / 'data' / 'test.jsonl'}",
+        f"steps={args.sft_steps}",
+        "eval_n=-1",
+        f"seed={args.seed}",
+        "log_interval=50",
+    ]
     return subprocess.run(sft, cwd=REPO).returncode
 
 

@@ -49,9 +49,8 @@ def redis_name_resolve(redis_url):
 @pytest.fixture
 def nr(redis_name_resolve):
     """Real Redis name resolve with the manager harness's trial cleared before and after."""
-    from realhf.base import name_resolve, names
-
     from helpers.manager_harness import EXP, TRIAL
+    from realhf.base import name_resolve, names
 
     name_resolve.clear_subtree(names.trial_root(EXP, TRIAL))
     yield
@@ -175,8 +174,12 @@ def manager_server(tmp_path_factory):
     from realhf.system.http_thread import HttpServerThread
     from realhf.system.manager_service import ManagerService
 
-    config = GserverManagerConfig(max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1,
-                                  run_dir=str(tmp_path_factory.mktemp("manager_root")))
+    config = GserverManagerConfig(
+        max_concurrent_rollouts=8,
+        groups_per_step=2,
+        max_head_offpolicyness=1,
+        run_dir=str(tmp_path_factory.mktemp("manager_root")),
+    )
     service = ManagerService(config, ["http://127.0.0.1:9"])
     server = HttpServerThread(create_app(service), host="127.0.0.1", name="manager-under-test").start()
     try:

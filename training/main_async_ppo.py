@@ -40,7 +40,6 @@ from realhf.base.trial_files import (
 )
 from realhf.base.trial_lease import TrialLeaseError, TrialLeaseHeldError, trial_lease
 from realhf.base.trial_lock import TrialLock, TrialLockedError
-from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.experiments.async_ppo_math import (
     ConfigError,
     initial_setup,
@@ -48,6 +47,7 @@ from realhf.experiments.async_ppo_math import (
     trial_files_of,
 )
 from realhf.experiments.config_loading import compose_config, register_schema
+from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.progress_view import RunProgress
 from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError, WorkerSpec
@@ -85,11 +85,11 @@ def prune_run_dir(run_dir: str, keep_last_saves: int) -> None:
     halves of saves a killed writer left, and the saves beyond exp_ctrl.keep_last_saves."""
     prune_leftovers(Path(run_dir))
     for parent in (Path(run_dir) / "published_weights", Path(run_dir) / "checkpoints"):
-        for role in (parent.iterdir() if parent.is_dir() else []):
+        for role in parent.iterdir() if parent.is_dir() else []:
             if role.is_dir():
                 prune_leftovers(role)
     saves = Path(run_dir) / "checkpoints"
-    for role in (saves.iterdir() if saves.is_dir() else []):
+    for role in saves.iterdir() if saves.is_dir() else []:
         if role.is_dir():
             prune_saves(checkpoints_dir(run_dir, role.name), keep_last_saves)
 
@@ -110,7 +110,9 @@ def reward_curve(metrics: List[dict], n_rows: int = 10) -> str:
         success = sum(m["success_rate"] for m in window) / len(window)
         stale = max(m["head_offpolicyness_max"] for m in window)
         bar = "#" * int(round(success * 40))
-        lines.append(f"  {window[0]['step']:>4}-{window[-1]['step']:<4} {reward:+7.3f}  {success:6.3f}  {stale:>6}  {bar}")
+        lines.append(
+            f"  {window[0]['step']:>4}-{window[-1]['step']:<4} {reward:+7.3f}  {success:6.3f}  {stale:>6}  {bar}"
+        )
     return "\n".join(lines)
 
 
@@ -134,16 +136,21 @@ def claim_trial(cfg: AsyncPPOMATHConfig) -> Optional[str]:
     """Make sure starting this trial deletes nothing that was not asked for; returns why it may
     not start, or None. Without a trial_name the run has a fresh one (FRESH_TRIAL_NAME)."""
     if cfg.trial_name == FRESH_TRIAL_NAME:
-        print(f"trial_name not given: this run is trial_name={cfg.trial_name} (pass it with recover_mode=auto "
-              "to resume it later)", flush=True)
+        print(
+            f"trial_name not given: this run is trial_name={cfg.trial_name} (pass it with recover_mode=auto "
+            "to resume it later)",
+            flush=True,
+        )
     paths = trial_files_of(cfg)
     existing = [d for d in (paths.log_dir, paths.run_dir) if _has_files(d)]
     if not existing or cfg.recover_mode != "disabled":
         return None
     if not cfg.overwrite:
-        return (f"trial_name={cfg.trial_name} already has files ({', '.join(existing)}). Pass overwrite=true to "
-                "delete them and start afresh, recover_mode=auto to resume it, or another trial_name (or none: "
-                "a fresh one per run)")
+        return (
+            f"trial_name={cfg.trial_name} already has files ({', '.join(existing)}). Pass overwrite=true to "
+            "delete them and start afresh, recover_mode=auto to resume it, or another trial_name (or none: "
+            "a fresh one per run)"
+        )
     print(f"overwrite=true: deleting the files of the earlier run of trial {cfg.trial_name}", flush=True)
     for d in existing:
         shutil.rmtree(d)
@@ -204,16 +211,22 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
     point = resumed_from(specs)
     if point is not None:
         path, resumed = point
-        print(f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
-              f"(version {resumed['version']}) from {path}", flush=True)
+        print(
+            f"resuming {cfg.experiment_name}/{cfg.trial_name} after step {resumed.get('step', resumed['version'])} "
+            f"(version {resumed['version']}) from {path}",
+            flush=True,
+        )
     os.makedirs(paths.run_dir, exist_ok=True)
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
 
     before = {}
     if cfg.evaluation.n_prompts > 0:
         before = evaluate(cfg.actor.path, cfg)
-        print(f"before training: greedy accuracy {before['greedy']:.3f}, sampled accuracy {before['sampled']:.3f} "
-              f"({cfg.evaluation.n_prompts} held-out prompts)", flush=True)
+        print(
+            f"before training: greedy accuracy {before['greedy']:.3f}, sampled accuracy {before['sampled']:.3f} "
+            f"({cfg.evaluation.n_prompts} held-out prompts)",
+            flush=True,
+        )
 
     launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name)
     total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
@@ -243,22 +256,31 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
     metrics = read_metrics(paths.log_dir)
     print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
     if cfg.exp_ctrl.eval_freq_steps > 0:
-        print("\naccuracy curve (evaluations during training, exp_ctrl.eval_freq_steps="
-              f"{cfg.exp_ctrl.eval_freq_steps}):\n" + accuracy_curve(read_eval_metrics(paths.log_dir)), flush=True)
+        print(
+            "\naccuracy curve (evaluations during training, exp_ctrl.eval_freq_steps="
+            f"{cfg.exp_ctrl.eval_freq_steps}):\n" + accuracy_curve(read_eval_metrics(paths.log_dir)),
+            flush=True,
+        )
     png = write_curves_png(paths.log_dir, metrics, read_eval_metrics(paths.log_dir))
     if png is not None:
         print(f"\nreward and accuracy curves (PNG): {png}", flush=True)
     final = latest_weights(paths)
     if cfg.evaluation.n_prompts > 0 and final is not None:
         after = evaluate(final, cfg)
-        print(f"after training:  greedy accuracy {after['greedy']:.3f} ({after['greedy'] - before['greedy']:+.3f}), "
-              f"sampled accuracy {after['sampled']:.3f} ({after['sampled'] - before['sampled']:+.3f})", flush=True)
+        print(
+            f"after training:  greedy accuracy {after['greedy']:.3f} ({after['greedy'] - before['greedy']:+.3f}), "
+            f"sampled accuracy {after['sampled']:.3f} ({after['sampled'] - before['sampled']:+.3f})",
+            flush=True,
+        )
         with open(os.path.join(paths.log_dir, "accuracy.json"), "w") as f:
             json.dump({"before": before, "after": after, "weights": final, "steps": len(metrics)}, f)
     print(f"logs and metrics.jsonl: {paths.log_dir}\nfinal weights (HF format): {final}", flush=True)
     restarted = {name: n for name, n in launcher.restarts().items() if n}
-    print(f"run complete (exit 0): {len(metrics)} train steps"
-          + (f"; workers restarted: {restarted}" if restarted else ""), flush=True)
+    print(
+        f"run complete (exit 0): {len(metrics)} train steps"
+        + (f"; workers restarted: {restarted}" if restarted else ""),
+        flush=True,
+    )
     return 0
 
 

@@ -30,8 +30,8 @@ from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from realhf.api.cli_args import SFTConfig
-from realhf.api.validation import ConfigError, check_sft
 from realhf.api.prompt import PromptRow
+from realhf.api.validation import ConfigError, check_sft
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
 from realhf.impl.evaluation import evaluate_math_accuracy
@@ -74,12 +74,18 @@ def encode_trace(tokenizer: PreTrainedTokenizerBase, row: PromptRow) -> Example:
     from realhf.system.episode import Gen
 
     async def build() -> Example:
-        gen = Gen(None, row.query_id, encode_prompt(tokenizer, row.as_dict(), chat=True), GenerationHyperparameters(),
-                  tokenizer)
+        gen = Gen(
+            None,
+            row.query_id,
+            encode_prompt(tokenizer, row.as_dict(), chat=True),
+            GenerationHyperparameters(),
+            tokenizer,
+        )
         for turn in row.fields["sft_trace"]:
             if turn["role"] == "assistant":
-                gen._client = _Replay(tokenizer.encode(turn["content"], add_special_tokens=False)
-                                      + [tokenizer.eos_token_id])
+                gen._client = _Replay(
+                    tokenizer.encode(turn["content"], add_special_tokens=False) + [tokenizer.eos_token_id]
+                )
                 await gen()
             else:
                 gen.append([turn])

@@ -2,12 +2,11 @@
 
 import asyncio
 
+from examples.custom_agent.agent import RetryAgent
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
 from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationResult
-
-from examples.custom_agent.agent import RetryAgent
 
 ROW = {"query_id": "q1", "prompt": "Q: 2+3?\nA:", "solutions": [" 2+3=5\n#### 5"]}
 
@@ -34,9 +33,18 @@ class CharTokenizer:
 def rewards(answers, group_size):
     async def main():
         envs = EnvFactory(EnvConfig(type="examples.custom_agent.agent:ExactAnswerEnv"))
-        traj = await run_group(RetryAgent(AgentConfig()), ROW, [1, 2], qid="q1@0", client=Model(answers), envs=envs,
-                               gconfig=GenerationHyperparameters(), tokenizer=CharTokenizer(),
-                               agent_config=AgentConfig(), group_size=group_size)
+        traj = await run_group(
+            RetryAgent(AgentConfig()),
+            ROW,
+            [1, 2],
+            qid="q1@0",
+            client=Model(answers),
+            envs=envs,
+            gconfig=GenerationHyperparameters(),
+            tokenizer=CharTokenizer(),
+            agent_config=AgentConfig(),
+            group_size=group_size,
+        )
         return [s.reward for s in traj.samples], traj
 
     return asyncio.run(main())

@@ -5,13 +5,12 @@ import asyncio
 
 from transformers import AutoTokenizer
 
+from examples.custom_agent.tool_agent import CarefulToolAgent, calculator
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
 from realhf.impl.dataset.prompt_encoding import encode_prompt
 from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationResult
-
-from examples.custom_agent.tool_agent import CarefulToolAgent, calculator
 
 ROW = {"query_id": "q1", "prompt": "Q: Max has 5 shells. He finds 2 more. How many?\nA:", "solutions": [" #### 7"]}
 TOKENIZER = AutoTokenizer.from_pretrained("assets/tiny-tools/sft")
@@ -38,9 +37,18 @@ def episode(answers):
 
     async def main():
         prompt = encode_prompt(TOKENIZER, ROW, True, tools=[t.schema() for t in agent.tools.values()])
-        traj = await run_group(agent, ROW, prompt, qid="q1@0", client=model, envs=EnvFactory(EnvConfig()),
-                               gconfig=GenerationHyperparameters(), tokenizer=TOKENIZER, agent_config=AgentConfig(),
-                               group_size=1)
+        traj = await run_group(
+            agent,
+            ROW,
+            prompt,
+            qid="q1@0",
+            client=model,
+            envs=EnvFactory(EnvConfig()),
+            gconfig=GenerationHyperparameters(),
+            tokenizer=TOKENIZER,
+            agent_config=AgentConfig(),
+            group_size=1,
+        )
         return traj.samples[0], model
 
     return asyncio.run(main())

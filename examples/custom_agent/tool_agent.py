@@ -1,15 +1,14 @@
 """A tool-using agent of your own: a plain function becomes a tool, and a wrong call costs reward.
 
-    bash examples/run_tool_agent.sh rollout.agent.type=examples.custom_agent.tool_agent:CarefulToolAgent
+bash examples/run_tool_agent.sh rollout.agent.type=examples.custom_agent.tool_agent:CarefulToolAgent
 """
 
 import ast
 import operator
 
+from examples.custom_agent.agent import final_number
 from realhf.api.agent import Agent, Outcome
 from realhf.api.tools import call_tools, tool
-
-from examples.custom_agent.agent import final_number
 
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 

@@ -98,8 +98,10 @@ def as_outcome(result: EpisodeResult, agent: str) -> Optional[Outcome]:
         return Outcome(1.0 if result else -1.0, success=result)
     if isinstance(result, (int, float)):
         return Outcome(float(result))
-    raise TypeError(f"agent {agent!r} returned {type(result).__name__}; run_episode must return a reward (a "
-                    "number or bool), an Outcome, or None to drop the sample")
+    raise TypeError(
+        f"agent {agent!r} returned {type(result).__name__}; run_episode must return a reward (a "
+        "number or bool), an Outcome, or None to drop the sample"
+    )
 
 
 def keep_group(successes: List[bool], success_rate_lb: float, success_rate_ub: float) -> bool:

@@ -96,11 +96,24 @@ def _as_estimator(obj: Any) -> Any:
 
 _F = "realhf.impl.model.utils.ppo_functional"
 _A = "realhf.impl.model.algorithms"
-POLICY_LOSSES = _Menu("ppo.policy_loss", PolicyLoss, _as_policy_loss, {
-    "ppo": f"{_F}:PPO", "gspo": f"{_F}:GSPO", "cpgd": f"{_F}:CPGD", "gpg": f"{_F}:GPG"})
-ADV_ESTIMATORS = _Menu("ppo.adv_estimator", AdvantageEstimator, _as_estimator, {
-    "grpo": f"{_A}:GRPO", "dr_grpo": f"{_A}:DR_GRPO", "batch_norm": f"{_A}:BATCH_NORM",
-    "gae": f"{_A}:GAE", "reinforce": f"{_A}:REINFORCE"})
+POLICY_LOSSES = _Menu(
+    "ppo.policy_loss",
+    PolicyLoss,
+    _as_policy_loss,
+    {"ppo": f"{_F}:PPO", "gspo": f"{_F}:GSPO", "cpgd": f"{_F}:CPGD", "gpg": f"{_F}:GPG"},
+)
+ADV_ESTIMATORS = _Menu(
+    "ppo.adv_estimator",
+    AdvantageEstimator,
+    _as_estimator,
+    {
+        "grpo": f"{_A}:GRPO",
+        "dr_grpo": f"{_A}:DR_GRPO",
+        "batch_norm": f"{_A}:BATCH_NORM",
+        "gae": f"{_A}:GAE",
+        "reinforce": f"{_A}:REINFORCE",
+    },
+)
 
 
 def register_policy_loss(name: str, *, sequence_level: bool = False, clipped: bool = True):

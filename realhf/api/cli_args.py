@@ -17,7 +17,6 @@ from typing import Any, Dict, List, Optional
 
 from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_REQUEST_BYTES
 
-
 # The default trial_name, fresh per process (one run of the entry point): a rerun without a
 # trial_name never reuses, and so never deletes, an earlier run's files.
 FRESH_TRIAL_NAME = time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
@@ -56,12 +55,22 @@ class RestartPolicyConfig:
 
     generation_server: bool = _f(True, "Restart a generation server that dies; it rejoins with the current weights.")
     rollout_worker: bool = _f(True, "Restart a rollout worker that dies; its in-flight prompts are re-admitted.")
-    gserver_manager: bool = _f(True, "Restart the manager that dies; it continues from its admission ledger in Redis, rollout workers wait for it (rollout.manager_wait_timeout).")
+    gserver_manager: bool = _f(
+        True,
+        "Restart the manager that dies; it continues from its admission ledger in Redis, rollout workers wait for it (rollout.manager_wait_timeout).",
+    )
     model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
     master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
-    evaluator: bool = _f(True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need.")
-    max_restarts: int = _f(3, "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run.")
-    restart_window: float = _f(600.0, "Seconds over which max_restarts is counted (restarts older than this no longer count); 0: over the whole run.")
+    evaluator: bool = _f(
+        True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need."
+    )
+    max_restarts: int = _f(
+        3, "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run."
+    )
+    restart_window: float = _f(
+        600.0,
+        "Seconds over which max_restarts is counted (restarts older than this no longer count); 0: over the whole run.",
+    )
     backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).")
 
 
@@ -82,28 +91,61 @@ class RayResourcesConfig:
 class RayClusterConfig:
     """The Ray cluster of `cluster.launcher=ray` (realhf/scheduler/ray.py)."""
 
-    address: str = _f("", "Address of an existing Ray cluster (host:port of its head, or 'auto'); the run joins it and leaves it running. Empty: the launcher starts a Ray cluster on this machine for the run and stops exactly that at the end.")
+    address: str = _f(
+        "",
+        "Address of an existing Ray cluster (host:port of its head, or 'auto'); the run joins it and leaves it running. Empty: the launcher starts a Ray cluster on this machine for the run and stops exactly that at the end.",
+    )
     num_cpus: int = _f(0, "CPUs of the cluster the launcher starts (no address); 0: this machine's.")
     num_gpus: int = _f(0, "GPUs of the cluster the launcher starts (no address).")
-    resources: RayResourcesConfig = _sub(RayResourcesConfig, "Custom Ray resources per worker type (CPUs and GPUs come from threads and allocation_mode).")
-    placement_strategy: str = _f("PACK", "Placement-group strategy for trainer ranks and generation servers: PACK (fill a node, spill to the next: a DP group may span nodes), SPREAD, STRICT_PACK or STRICT_SPREAD.")
-    placement_timeout: float = _f(120.0, "Seconds to wait for the workers' placement (and the shared-fileroot check) before the run fails naming what could not be placed.")
+    resources: RayResourcesConfig = _sub(
+        RayResourcesConfig,
+        "Custom Ray resources per worker type (CPUs and GPUs come from threads and allocation_mode).",
+    )
+    placement_strategy: str = _f(
+        "PACK",
+        "Placement-group strategy for trainer ranks and generation servers: PACK (fill a node, spill to the next: a DP group may span nodes), SPREAD, STRICT_PACK or STRICT_SPREAD.",
+    )
+    placement_timeout: float = _f(
+        120.0,
+        "Seconds to wait for the workers' placement (and the shared-fileroot check) before the run fails naming what could not be placed.",
+    )
 
 
 @dataclass
 class ClusterSpecConfig:
-    launcher: str = _f("local", "How workers are started: 'local' (subprocesses of this machine) or 'ray' (Ray actors on the nodes of a Ray cluster; pip install 'realhf[ray]').")
+    launcher: str = _f(
+        "local",
+        "How workers are started: 'local' (subprocesses of this machine) or 'ray' (Ray actors on the nodes of a Ray cluster; pip install 'realhf[ray]').",
+    )
     ray: RayClusterConfig = _sub(RayClusterConfig, "The Ray cluster (cluster.launcher=ray).")
-    fileroot: str = _f("./runs", "Root directory for logs, checkpoints and published weights; on several nodes, one directory every node shares.")
+    fileroot: str = _f(
+        "./runs",
+        "Root directory for logs, checkpoints and published weights; on several nodes, one directory every node shares.",
+    )
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve service.")
     restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
-    max_request_bytes: int = _f(DEFAULT_MAX_REQUEST_BYTES, "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.")
-    max_message_bytes: int = _f(DEFAULT_MAX_MESSAGE_BYTES, "Largest ZMQ message (trajectory group, master/worker request or reply) a socket accepts; libzmq drops a larger one and disconnects its sender.")
-    n_nodes: int = _f(1, "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode is checked against n_nodes * n_gpus_per_node.")
+    max_request_bytes: int = _f(
+        DEFAULT_MAX_REQUEST_BYTES,
+        "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.",
+    )
+    max_message_bytes: int = _f(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        "Largest ZMQ message (trajectory group, master/worker request or reply) a socket accepts; libzmq drops a larger one and disconnects its sender.",
+    )
+    n_nodes: int = _f(
+        1,
+        "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode is checked against n_nodes * n_gpus_per_node.",
+    )
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
-    device: str = _f("auto", "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.")
-    collective_timeout: float = _f(60.0, "Seconds one collective of the trainer's DP ranks (an FSDP all-gather or reduce-scatter, an all-reduce) may wait for the other ranks before the run fails naming the rank, the engine (actor, ref, critic), the call (forward, train, save) and the step. Raise it only if one layer's forward or backward takes longer than this. Waits on another rank's disk writes are not bounded by it.")
+    device: str = _f(
+        "auto",
+        "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.",
+    )
+    collective_timeout: float = _f(
+        60.0,
+        "Seconds one collective of the trainer's DP ranks (an FSDP all-gather or reduce-scatter, an all-reduce) may wait for the other ranks before the run fails naming the rank, the engine (actor, ref, critic), the call (forward, train, save) and the step. Raise it only if one layer's forward or backward takes longer than this. Waits on another rank's disk writes are not bounded by it.",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,15 +221,23 @@ class AgentConfig:
         "math-single-step",
         "Agent: 'math-single-step', 'math-multi-turn' or a user class 'module.path:ClassName'.",
     )
-    reward_scaling: float = _f(1.0, "Trained reward = (agent's reward - reward_bias) * reward_scaling (the math agents' rewards are +1/-1).")
+    reward_scaling: float = _f(
+        1.0, "Trained reward = (agent's reward - reward_bias) * reward_scaling (the math agents' rewards are +1/-1)."
+    )
     reward_bias: float = _f(0.0, "Subtracted from the agent's reward before scaling.")
     success_rate_lb: float = _f(0.0, "Drop a group whose success rate is strictly below this (dynamic sampling).")
     success_rate_ub: float = _f(1.0, "Drop a group whose success rate is strictly above this (dynamic sampling).")
     num_turns: int = _f(4, "math-multi-turn: attempts per answer (a feedback turn after each wrong one).")
     turn_level_discount: float = _f(1.0, "math-multi-turn: reward multiplied by this per extra turn taken.")
     feedback: str = _f("\nWrong. Try again.\nA:", "math-multi-turn: text appended after a wrong answer.")
-    reward_fn: str = _f("", "math-single-step: 'module:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.")
-    reward_timeout: float = _f(60.0, "math-single-step: seconds a reward_fn call may take (a sync one runs in a thread, off the event loop); past it the episode fails naming the function and the prompt.")
+    reward_fn: str = _f(
+        "",
+        "math-single-step: 'module:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.",
+    )
+    reward_timeout: float = _f(
+        60.0,
+        "math-single-step: seconds a reward_fn call may take (a sync one runs in a thread, off the event loop); past it the episode fails naming the function and the prompt.",
+    )
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user agent class.")
 
 
@@ -195,10 +245,16 @@ class AgentConfig:
 class EnvConfig:
     """The environment of each episode (realhf.api.env): one per episode, resources shared per worker."""
 
-    type: str = _f("math", "Environment: 'math', a user class 'module.path:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).")
+    type: str = _f(
+        "math",
+        "Environment: 'math', a user class 'module.path:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).",
+    )
     grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).")
     grader_timeout: float = _f(5.0, "math: seconds before a math-verify check is killed and graded wrong.")
-    check_work: bool = _f(False, "math: an answer counts only if every worked line 'a+b=c' / 'a-b=c' in it is also right (a right answer reached by wrong steps teaches wrong facts).")
+    check_work: bool = _f(
+        False,
+        "math: an answer counts only if every worked line 'a+b=c' / 'a-b=c' in it is also right (a right answer reached by wrong steps teaches wrong facts).",
+    )
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user environment class.")
 
 
@@ -208,7 +264,10 @@ class RolloutSetupConfig:
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")
     request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
-    episode_timeout: float = _f(600.0, "Seconds one episode (agent + environment) may run before it is cancelled, its slot freed and it is logged by qid; 0: no limit.")
+    episode_timeout: float = _f(
+        600.0,
+        "Seconds one episode (agent + environment) may run before it is cancelled, its slot freed and it is logged by qid; 0: no limit.",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,16 +287,25 @@ class OptimizerConfig:
     lr_scheduler_type: str = _f("constant", "LR schedule after warm-up: 'constant' or 'cosine'.")
     warmup_steps_proportion: float = _f(0.0, "Fraction of all optimizer steps spent in linear warm-up.")
     gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this value; 0 disables it.")
-    max_nonfinite_steps: int = _f(3, "Optimizer steps in a row that may be skipped for a non-finite loss or gradient norm (the weights stay as they were); one more fails the run.")
+    max_nonfinite_steps: int = _f(
+        3,
+        "Optimizer steps in a row that may be skipped for a non-finite loss or gradient norm (the weights stay as they were); one more fails the run.",
+    )
 
 
 @dataclass
 class LoRAConfig:
     """PEFT LoRA adapters on the actor (realhf.impl.model.lora; pip install 'realhf[lora]')."""
 
-    r: int = _f(0, "LoRA rank: > 0 trains low-rank adapters on target_modules with every base weight frozen (the optimizer holds only the adapters; the frozen base is the reference for ppo.kl_ctl > 0; the generation servers load the merged model); 0: off (every weight trains). Actor only.")
+    r: int = _f(
+        0,
+        "LoRA rank: > 0 trains low-rank adapters on target_modules with every base weight frozen (the optimizer holds only the adapters; the frozen base is the reference for ppo.kl_ctl > 0; the generation servers load the merged model); 0: off (every weight trains). Actor only.",
+    )
     alpha: float = _f(16.0, "LoRA alpha: an adapter adds (alpha / r) * B @ A to its module's weight.")
-    target_modules: List[str] = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "Names (the last part) of the linear modules that get adapters; the default is every projection of a Llama/Qwen2 decoder layer. Checked against the model when it loads.")
+    target_modules: List[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Names (the last part) of the linear modules that get adapters; the default is every projection of a Llama/Qwen2 decoder layer. Checked against the model when it loads.",
+    )
     dropout: float = _f(0.0, "Dropout on each adapter's input during training, in [0, 1).")
 
 
@@ -248,7 +316,10 @@ class ModelTrainEvalConfig:
     dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.")
     n_threads: int = _f(1, "torch threads of the model worker.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
-    param_dtype: str = _f("", "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.")
+    param_dtype: str = _f(
+        "",
+        "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
+    )
     reduce_dtype: str = _f("float32", "Mixed precision (FSDP2): the dtype gradients are reduced across DP ranks in.")
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and LR schedule (trained models only).")
     lora: LoRAConfig = _sub(LoRAConfig, "LoRA adapters instead of full fine-tuning (actor.lora.r > 0).")
@@ -258,42 +329,84 @@ class ModelTrainEvalConfig:
 class PPOHyperparameters:
     gen: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling parameters of the rollouts.")
     ppo_n_minibatches: int = _f(2, "Optimizer steps per train step; each takes 1/n of the step's samples.")
-    micro_batch_tokens: int = _f(1024, "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.")
-    shared_prompt: bool = _f(True, "Trainer forwards compute each prompt once for all the rows of its group in a micro-batch (rows then attend to its keys and values); the same logits and gradients as one forward per row, to float rounding. Off, or with gradient_checkpointing (HF keeps no keys and values then): one full forward per row.")
+    micro_batch_tokens: int = _f(
+        1024,
+        "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.",
+    )
+    shared_prompt: bool = _f(
+        True,
+        "Trainer forwards compute each prompt once for all the rows of its group in a micro-batch (rows then attend to its keys and values); the same logits and gradients as one forward per row, to float rounding. Off, or with gradient_checkpointing (HF keeps no keys and values then): one full forward per row.",
+    )
     eps_clip: float = _f(0.2, "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
     eps_clip_high: Optional[float] = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
     c_clip: Optional[float] = _f(None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.")
-    policy_loss: str = _f("ppo", "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight. Your own: 'module.path:function' (a surrogate, realhf.api.algorithms) or a name registered with @register_policy_loss.")
-    loss_agg_mode: str = _f("token-mean", "How per-token losses become the minibatch loss: 'token-mean' (every trained token weighs the same), 'seq-mean-token-mean' (mean over sequences of each one's token mean) or 'seq-mean-token-sum' (mean over sequences of each one's token sum).")
-    entropy_coef: float = _f(0.0, "Entropy bonus: subtract this times the current policy's token entropy from the loss; 0: off.")
-    kl_ctl: float = _f(0.0, "KL-to-reference coefficient (the starting one when kl_target > 0); > 0 loads a reference model.")
-    kl_target: float = _f(0.0, "Adaptive KL: target KL to the reference per token; each step scales the coefficient by 1 + clip(kl/kl_target - 1, -0.2, 0.2) * samples / kl_horizon. 0: fixed kl_ctl.")
-    kl_horizon: float = _f(10000.0, "Adaptive KL: samples over which the coefficient may change by about e^0.2 (kl_target > 0).")
-    use_decoupled_loss: bool = _f(True, "Decoupled PPO loss: clip against recomputed proximal log-probs, weight by pi_prox/pi_behav.")
+    policy_loss: str = _f(
+        "ppo",
+        "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight. Your own: 'module.path:function' (a surrogate, realhf.api.algorithms) or a name registered with @register_policy_loss.",
+    )
+    loss_agg_mode: str = _f(
+        "token-mean",
+        "How per-token losses become the minibatch loss: 'token-mean' (every trained token weighs the same), 'seq-mean-token-mean' (mean over sequences of each one's token mean) or 'seq-mean-token-sum' (mean over sequences of each one's token sum).",
+    )
+    entropy_coef: float = _f(
+        0.0, "Entropy bonus: subtract this times the current policy's token entropy from the loss; 0: off."
+    )
+    kl_ctl: float = _f(
+        0.0, "KL-to-reference coefficient (the starting one when kl_target > 0); > 0 loads a reference model."
+    )
+    kl_target: float = _f(
+        0.0,
+        "Adaptive KL: target KL to the reference per token; each step scales the coefficient by 1 + clip(kl/kl_target - 1, -0.2, 0.2) * samples / kl_horizon. 0: fixed kl_ctl.",
+    )
+    kl_horizon: float = _f(
+        10000.0, "Adaptive KL: samples over which the coefficient may change by about e^0.2 (kl_target > 0)."
+    )
+    use_decoupled_loss: bool = _f(
+        True, "Decoupled PPO loss: clip against recomputed proximal log-probs, weight by pi_prox/pi_behav."
+    )
     recompute_logprob: bool = _f(True, "Recompute the log-probs of the current weights before training (actor_inf).")
-    behav_imp_weight_cap: Optional[float] = _f(None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap.")
+    behav_imp_weight_cap: Optional[float] = _f(
+        None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap."
+    )
     reward_output_scaling: float = _f(1.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     reward_output_bias: float = _f(0.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.")
-    adv_estimator: str = _f("grpo", "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward. Your own: 'module.path:function' (scores, group ids -> one advantage per sample; realhf.api.algorithms) or a name registered with @register_adv_estimator.")
+    adv_estimator: str = _f(
+        "grpo",
+        "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward. Your own: 'module.path:function' (scores, group ids -> one advantage per sample; realhf.api.algorithms) or a name registered with @register_adv_estimator.",
+    )
     discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).")
     gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).")
     adv_norm: bool = _f(False, "Normalise advantages over all trained tokens of the step (global across DP).")
-    value_eps_clip: float = _f(0.2, "Critic: clipped value loss, the new value may move at most this far from the one critic_inf computed before the step.")
-    critic_warmup_steps: int = _f(0, "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).")
+    value_eps_clip: float = _f(
+        0.2,
+        "Critic: clipped value loss, the new value may move at most this far from the one critic_inf computed before the step.",
+    )
+    critic_warmup_steps: int = _f(
+        0,
+        "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).",
+    )
     kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.")
 
 
 @dataclass
 class ExperimentSaveEvalControl:
-    total_train_epochs: int = _f(1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps).")
+    total_train_epochs: int = _f(
+        1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps)."
+    )
     benchmark_steps: int = _f(0, "> 0: stop after this many train steps instead (wins over total_train_epochs).")
-    max_train_seconds: float = _f(0.0, "> 0: also stop (final save, clean end) after the first train step at which the training time since the start of step 1 reaches this many seconds; 0: off.")
+    max_train_seconds: float = _f(
+        0.0,
+        "> 0: also stop (final save, clean end) after the first train step at which the training time since the start of step 1 reaches this many seconds; 0: off.",
+    )
     save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.")
     keep_last_saves: int = _f(3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.")
     ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.")
     ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")
-    eval_freq_steps: int = _f(0, "Evaluate the published weights on held-out prompts every N versions (train steps), in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.")
+    eval_freq_steps: int = _f(
+        0,
+        "Evaluate the published weights on held-out prompts every N versions (train steps), in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,21 +419,39 @@ class DatasetColumnsConfig:
     """Which column (JSONL: field) of the user's data holds each fact realhf reads; a row reaches the
     agent and environment with these renamed to the names below, its other columns as they are."""
 
-    query_id: str = _f("query_id", "Column of the row's unique id; empty: the data has none, ids are '<file name>-<row>' (the JSONL line or the table row index), stable while the file is unchanged.")
+    query_id: str = _f(
+        "query_id",
+        "Column of the row's unique id; empty: the data has none, ids are '<file name>-<row>' (the JSONL line or the table row index), stable while the file is unchanged.",
+    )
     prompt: str = _f("prompt", "Column of the prompt text.")
-    messages: str = _f("messages", "Column of the chat messages ([{role, content}, ...]), used instead of a prompt text.")
+    messages: str = _f(
+        "messages", "Column of the chat messages ([{role, content}, ...]), used instead of a prompt text."
+    )
     solutions: str = _f("solutions", "Column of the reference answers: a list of strings, or one string.")
     task: str = _f("task", "Column of the task name (optional in every row).")
 
 
 @dataclass
 class DatasetConfig:
-    path: str = _f("assets/tiny-math/data/train.jsonl", "Training prompts: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk (the last two need the datasets extra). Rows: an id, a prompt text or chat messages, and any columns the agent and environment use (math: solutions); see dataset.columns.")
-    test_path: str = _f("assets/tiny-math/data/test.jsonl", "Held-out prompts for the before/after accuracy report and the evaluator, in any format dataset.path accepts.")
+    path: str = _f(
+        "assets/tiny-math/data/train.jsonl",
+        "Training prompts: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk (the last two need the datasets extra). Rows: an id, a prompt text or chat messages, and any columns the agent and environment use (math: solutions); see dataset.columns.",
+    )
+    test_path: str = _f(
+        "assets/tiny-math/data/test.jsonl",
+        "Held-out prompts for the before/after accuracy report and the evaluator, in any format dataset.path accepts.",
+    )
     columns: DatasetColumnsConfig = _sub(DatasetColumnsConfig, "Column names of dataset.path and dataset.test_path.")
-    split: str = _f("train", "Split of dataset.path when it is a saved DatasetDict directory (ignored for other formats).")
-    test_split: str = _f("test", "Split of dataset.test_path when it is a saved DatasetDict directory (ignored for other formats).")
-    chat_template: str = _f("auto", "How a row's prompt is encoded: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.")
+    split: str = _f(
+        "train", "Split of dataset.path when it is a saved DatasetDict directory (ignored for other formats)."
+    )
+    test_split: str = _f(
+        "test", "Split of dataset.test_path when it is a saved DatasetDict directory (ignored for other formats)."
+    )
+    chat_template: str = _f(
+        "auto",
+        "How a row's prompt is encoded: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.",
+    )
 
 
 @dataclass
@@ -328,11 +459,21 @@ class EvaluationConfig:
     n_prompts: int = _f(500, "Held-out prompts for the greedy and sampled accuracy before and after training; 0: skip.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
     batch_size: int = _f(128, "Prompts per generate call during evaluation.")
-    sampled_temperature: float = _f(1.0, "Temperature of the 'sampled' accuracy (independent of the rollout temperature, so runs compare).")
-    during_n_prompts: int = _f(100, "Held-out prompts of each evaluation during training (exp_ctrl.eval_freq_steps > 0).")
-    during_samples: int = _f(4, "k: answers sampled per prompt at sampled_temperature in each evaluation during training; logs their accuracy and pass@k.")
+    sampled_temperature: float = _f(
+        1.0, "Temperature of the 'sampled' accuracy (independent of the rollout temperature, so runs compare)."
+    )
+    during_n_prompts: int = _f(
+        100, "Held-out prompts of each evaluation during training (exp_ctrl.eval_freq_steps > 0)."
+    )
+    during_samples: int = _f(
+        4,
+        "k: answers sampled per prompt at sampled_temperature in each evaluation during training; logs their accuracy and pass@k.",
+    )
     during_n_threads: int = _f(1, "torch threads of the evaluator process.")
-    during_nice: int = _f(10, "Niceness the evaluator adds to itself (0-19): it takes only the CPU the trainer and the servers leave idle.")
+    during_nice: int = _f(
+        10,
+        "Niceness the evaluator adds to itself (0-19): it takes only the CPU the trainer and the servers leave idle.",
+    )
 
 
 @dataclass
@@ -340,8 +481,14 @@ class StatsLoggingConfig:
     tensorboard_path: str = _f("", "Directory for tensorboard event files (needs the tensorboard extra); empty: off.")
     wandb_project: str = _f("", "Weights & Biases project to log every step to (needs the wandb extra); empty: off.")
     wandb_mode: str = _f("offline", "wandb mode: 'offline' (files only, no network) or 'online'.")
-    progress_bar: bool = _f(True, "A live progress bar (step/total, ETA, reward, accuracy, samples/s, staleness) in the launcher's terminal; never drawn when stdout is not a terminal.")
-    prometheus_port: int = _f(0, "Port of the master's Prometheus /metrics endpoint of the training metrics (latest step), bound to cluster.bind_host without authentication; 0: off.")
+    progress_bar: bool = _f(
+        True,
+        "A live progress bar (step/total, ETA, reward, accuracy, samples/s, staleness) in the launcher's terminal; never drawn when stdout is not a terminal.",
+    )
+    prometheus_port: int = _f(
+        0,
+        "Port of the master's Prometheus /metrics endpoint of the training metrics (latest step), bound to cluster.bind_host without authentication; 0: off.",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -354,32 +501,58 @@ class AsyncPPOMATHConfig:
     """Asynchronous PPO/GRPO on math prompts: the root of training/configs/async-ppo.yaml."""
 
     experiment_name: str = _f("async-ppo-math", "Name of the experiment; keys, logs and weights live under it.")
-    trial_name: str = _f(FRESH_TRIAL_NAME, "Name of this run of the experiment. Default: a fresh name per run (run-<date>-<time>-<pid>). A name whose files exist is refused unless overwrite=true or recover_mode=auto/resume.")
-    overwrite: bool = _f(False, "Delete the files of an earlier run of the same trial_name and start afresh (recover_mode=disabled only).")
+    trial_name: str = _f(
+        FRESH_TRIAL_NAME,
+        "Name of this run of the experiment. Default: a fresh name per run (run-<date>-<time>-<pid>). A name whose files exist is refused unless overwrite=true or recover_mode=auto/resume.",
+    )
+    overwrite: bool = _f(
+        False,
+        "Delete the files of an earlier run of the same trial_name and start afresh (recover_mode=disabled only).",
+    )
     seed: int = _f(1, "Seed of every worker (each adds its own index where it needs distinct streams).")
     allocation_mode: str = _f(
         "native.d1m1p1+d1m1p1",
         "'<engine>.d<dp>m<tp>p<pp>+d<dp>m<tp>p<pp>': generation servers, then the trainer (engine native or sglang).",
     )
     cluster: ClusterSpecConfig = _sub(ClusterSpecConfig, "Where files go, how processes find each other.")
-    actor: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "The trained policy; its path is also the generation servers' initial weights.")
-    ref: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "Reference policy for the KL term (used only when ppo.kl_ctl > 0; empty path: actor.path).")
-    critic: ModelTrainEvalConfig = _sub(ModelTrainEvalConfig, "Critic for ppo.adv_estimator=gae: a value head on the actor's architecture, initialised from this path (empty: actor.path; the head itself starts random).")
+    actor: ModelTrainEvalConfig = _sub(
+        ModelTrainEvalConfig, "The trained policy; its path is also the generation servers' initial weights."
+    )
+    ref: ModelTrainEvalConfig = _sub(
+        ModelTrainEvalConfig,
+        "Reference policy for the KL term (used only when ppo.kl_ctl > 0; empty path: actor.path).",
+    )
+    critic: ModelTrainEvalConfig = _sub(
+        ModelTrainEvalConfig,
+        "Critic for ppo.adv_estimator=gae: a value head on the actor's architecture, initialised from this path (empty: actor.path; the head itself starts random).",
+    )
     dataset: DatasetConfig = _sub(DatasetConfig, "Training and held-out prompts.")
     groups_per_step: int = _f(16, "B: prompt groups per train step, summed over DP ranks (the admission unit).")
     group_size: int = _f(8, "Answers sampled per prompt (one prompt group).")
     ppo: PPOHyperparameters = _sub(PPOHyperparameters, "PPO/GRPO and sampling hyper-parameters.")
-    max_head_offpolicyness: int = _f(4, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO.")
+    max_head_offpolicyness: int = _f(
+        4, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO."
+    )
     max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.")
     new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")
     schedule_policy: str = _f("round_robin", "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.")
     exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
-    recover_mode: str = _f("disabled", "'disabled': start afresh (a trial_name with files is refused unless overwrite=true); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.")
-    stall_timeout: float = _f(120.0, "After N seconds without a completed train step the master logs who waits for what.")
+    recover_mode: str = _f(
+        "disabled",
+        "'disabled': start afresh (a trial_name with files is refused unless overwrite=true); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.",
+    )
+    stall_timeout: float = _f(
+        120.0, "After N seconds without a completed train step the master logs who waits for what."
+    )
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
-    evaluation: EvaluationConfig = _sub(EvaluationConfig, "Accuracy report before and after training, and evaluations during it (exp_ctrl.eval_freq_steps).")
-    stats: StatsLoggingConfig = _sub(StatsLoggingConfig, "Where per-step metrics go besides the console and metrics.jsonl.")
+    evaluation: EvaluationConfig = _sub(
+        EvaluationConfig,
+        "Accuracy report before and after training, and evaluations during it (exp_ctrl.eval_freq_steps).",
+    )
+    stats: StatsLoggingConfig = _sub(
+        StatsLoggingConfig, "Where per-step metrics go besides the console and metrics.jsonl."
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -406,4 +579,3 @@ class SFTConfig:
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
     n_threads: int = _f(1, "torch threads.")
-

@@ -50,7 +50,7 @@ class Environment(abc.ABC):
     async def step(self, action: Any) -> Tuple[Any, float, bool, Dict[str, Any]]:
         """Apply `action`; returns (observation, reward, done, info)."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook: nothing to do by default
         """End of the episode (also after an error or a timeout)."""
 
     @classmethod
@@ -59,7 +59,7 @@ class Environment(abc.ABC):
         (`self.shared`). May be async."""
         return None
 
-    @classmethod
+    @classmethod  # noqa: B027 - an optional hook: nothing to release by default
     async def close_shared(cls, shared: Any) -> None:
         """When the worker exits: release what open_shared made."""
 

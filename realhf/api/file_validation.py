@@ -17,8 +17,12 @@ from realhf.api.cli_args import AsyncPPOMATHConfig, DatasetColumnsConfig, Genera
 from realhf.api.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.model_source import ModelPathError, resolve_model_path
-from realhf.impl.dataset.prompt_encoding import (CHAT_TEMPLATE_SETTINGS, PromptEncodingError, chat_template_on,
-                                                 prompt_text)
+from realhf.impl.dataset.prompt_encoding import (
+    CHAT_TEMPLATE_SETTINGS,
+    PromptEncodingError,
+    chat_template_on,
+    prompt_text,
+)
 
 logger = logging.getLogger("file_validation")
 
@@ -52,27 +56,37 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
         path = _Fields(cfg).value(name)
         need(bool(path), f"{name} is empty")
         need(os.path.exists(path), f"{name}={path!r} does not exist (relative paths are from {os.getcwd()})")
-    need(os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
-         f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)")
+    need(
+        os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
+        f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)",
+    )
     if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
-        need(os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
-             f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)")
+        need(
+            os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
+            f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)",
+        )
     if adv_estimator(cfg.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
     if cfg.evaluation.n_prompts > 0:
-        need(os.path.exists(cfg.dataset.test_path),
-             f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)")
+        need(
+            os.path.exists(cfg.dataset.test_path),
+            f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)",
+        )
     context, context_field = server_context(cfg)
     if context:
-        need(cfg.ppo.gen.max_new_tokens < context,
-             f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} leaves no room for a prompt in the generation "
-             f"servers' context of {context} tokens ({context_field}, 0: the model's max_position_embeddings)")
+        need(
+            cfg.ppo.gen.max_new_tokens < context,
+            f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} leaves no room for a prompt in the generation "
+            f"servers' context of {context} tokens ({context_field}, 0: the model's max_position_embeddings)",
+        )
         largest = largest_group_bytes(cfg.group_size, context)
-        need(largest <= cfg.cluster.max_message_bytes,
-             f"cluster.max_message_bytes={cfg.cluster.max_message_bytes} is smaller than the largest prompt group this "
-             f"config can produce (~{largest} bytes: group_size={cfg.group_size} samples filling the servers' context "
-             f"of {context} tokens): such groups could never reach the trainer; raise cluster.max_message_bytes "
-             f"to at least {largest}")
+        need(
+            largest <= cfg.cluster.max_message_bytes,
+            f"cluster.max_message_bytes={cfg.cluster.max_message_bytes} is smaller than the largest prompt group this "
+            f"config can produce (~{largest} bytes: group_size={cfg.group_size} samples filling the servers' context "
+            f"of {context} tokens): such groups could never reach the trainer; raise cluster.max_message_bytes "
+            f"to at least {largest}",
+        )
     vocab = _hf_config("actor.path", cfg.actor.path).get("vocab_size")
     vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0 else 0
     if vocab:
@@ -85,16 +99,24 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
     if cfg.evaluation.n_prompts > 0:  # math accuracy: solutions needed
         load_rows("dataset.test_path", ds.test_path, columns=ds.columns, split=ds.test_split)
     if cfg.exp_ctrl.eval_freq_steps > 0:
-        need(os.path.exists(ds.test_path), f"dataset.test_path={ds.test_path!r} does not exist "
-             "(the evaluator of exp_ctrl.eval_freq_steps reads it; set exp_ctrl.eval_freq_steps=0 to turn it off)")
+        need(
+            os.path.exists(ds.test_path),
+            f"dataset.test_path={ds.test_path!r} does not exist "
+            "(the evaluator of exp_ctrl.eval_freq_steps reads it; set exp_ctrl.eval_freq_steps=0 to turn it off)",
+        )
         load_rows("dataset.test_path", ds.test_path, columns=ds.columns, split=ds.test_split)
     _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
-    need(cfg.rollout.env.type != "none" or cfg.rollout.agent.type != "math-single-step" or bool(cfg.rollout.agent.reward_fn),
-         "rollout.env.type=none: the math-single-step agent then needs rollout.agent.reward_fn to grade its answers")
-    need(n_rows >= cfg.groups_per_step,
-         f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})")
-    check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context,
-                  vocab)
+    need(
+        cfg.rollout.env.type != "none"
+        or cfg.rollout.agent.type != "math-single-step"
+        or bool(cfg.rollout.agent.reward_fn),
+        "rollout.env.type=none: the math-single-step agent then needs rollout.agent.reward_fn to grade its answers",
+    )
+    need(
+        n_rows >= cfg.groups_per_step,
+        f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})",
+    )
+    check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
 
 
 # A group's message (Trajectory.to_msg, msgpack with raw arrays): per token an int32 id, a float32
@@ -117,21 +139,28 @@ def server_context(cfg: AsyncPPOMATHConfig) -> tuple:
     field = f"gen_server.{engine}.context_length"
     own = getattr(cfg.gen_server, engine).context_length
     model = _max_positions(cfg.actor.path)
-    _Fields.need(engine != "native" or not model or own <= model,
-                 f"{field}={own} exceeds the model's max_position_embeddings {model} (actor.path={cfg.actor.path!r}); "
-                 f"the generation server would refuse to start (0: the model's {model})")
+    _Fields.need(
+        engine != "native" or not model or own <= model,
+        f"{field}={own} exceeds the model's max_position_embeddings {model} (actor.path={cfg.actor.path!r}); "
+        f"the generation server would refuse to start (0: the model's {model})",
+    )
     return own or model, field
 
 
 def check_generation_vocab(c: GenerationHyperparameters, vocab_size: int, prefix: str = "ppo.gen") -> None:
     """Sampling values that name tokens, against the actor's vocabulary (its config.json)."""
     f = _Fields(c, prefix)
-    f.need(c.top_k <= vocab_size,
-           f"{f.name('top_k')}={c.top_k} exceeds the vocabulary of {vocab_size} tokens (actor.path's config.json "
-           "vocab_size): it would keep every token; use -1 to turn top-k off")
+    f.need(
+        c.top_k <= vocab_size,
+        f"{f.name('top_k')}={c.top_k} exceeds the vocabulary of {vocab_size} tokens (actor.path's config.json "
+        "vocab_size): it would keep every token; use -1 to turn top-k off",
+    )
     bad = [t for t in c.stop_token_ids if t >= vocab_size]
-    f.need(not bad, f"{f.name('stop_token_ids')} has ids beyond the vocabulary of {vocab_size} tokens (actor.path's "
-                    f"config.json vocab_size): {bad[:5]}; the generation server refuses every request with them")
+    f.need(
+        not bad,
+        f"{f.name('stop_token_ids')} has ids beyond the vocabulary of {vocab_size} tokens (actor.path's "
+        f"config.json vocab_size): {bad[:5]}; the generation server refuses every request with them",
+    )
 
 
 def _prompt_texts(row: Any) -> List[str]:
@@ -143,8 +172,15 @@ def _utf8_len(text: str) -> int:
     return len(text) if len(text) * 4 <= MAX_PROMPT_BYTES else len(text.encode("utf-8", "surrogatepass"))
 
 
-def check_prompts(field: str, rows: Sequence[Any], tokenizer_path: str, chat_template: str, max_new_tokens: int,
-                  context: int, vocab_size: int = 0) -> int:
+def check_prompts(
+    field: str,
+    rows: Sequence[Any],
+    tokenizer_path: str,
+    chat_template: str,
+    max_new_tokens: int,
+    context: int,
+    vocab_size: int = 0,
+) -> int:
     """Refuse, naming the field and `file:line` (or `file row i`), a prompt that would fail every
     time an episode sends it: an empty one, one over MAX_PROMPT_BYTES (every row, before anything is
     tokenised), and, in tokens as the rollout workers encode it (`encode_prompt`: the tokenizer of
@@ -158,9 +194,11 @@ def check_prompts(field: str, rows: Sequence[Any], tokenizer_path: str, chat_tem
         texts = _prompt_texts(row)
         n_bytes = sum(map(_utf8_len, texts))
         _Fields.need(n_bytes > 0, f"{field}: {row.source}: empty prompt")
-        _Fields.need(n_bytes <= MAX_PROMPT_BYTES,
-                     f"{field}: {row.source}: prompt has {n_bytes} bytes, more than MAX_PROMPT_BYTES="
-                     f"{MAX_PROMPT_BYTES} (realhf/api/file_validation.py); refused without tokenising it")
+        _Fields.need(
+            n_bytes <= MAX_PROMPT_BYTES,
+            f"{field}: {row.source}: prompt has {n_bytes} bytes, more than MAX_PROMPT_BYTES="
+            f"{MAX_PROMPT_BYTES} (realhf/api/file_validation.py); refused without tokenising it",
+        )
         if i < n_scan:
             scanned_bytes += n_bytes
             if i + 1 >= SCAN_MAX_ROWS or scanned_bytes >= SCAN_MAX_PROMPT_BYTES:
@@ -172,22 +210,28 @@ def check_prompts(field: str, rows: Sequence[Any], tokenizer_path: str, chat_tem
         raise ConfigError(str(e)) from None
     room = context - max_new_tokens
     for start in range(0, n_scan, _TOKENIZE_BATCH):
-        batch = rows[start:min(start + _TOKENIZE_BATCH, n_scan)]
+        batch = rows[start : min(start + _TOKENIZE_BATCH, n_scan)]
         texts = [_render(tokenizer, row, chat, field) for row in batch]
         ids = _encode(tokenizer, texts, batch, field)
         for row, tokens in zip(batch, ids):
             n = len(tokens)
             _Fields.need(n > 0, f"{field}: {row.source}: empty prompt (no tokens)")
-            _Fields.need(not context or n <= room,
-                         f"{field}: {row.source}: prompt has {n} tokens; with ppo.gen.max_new_tokens={max_new_tokens} "
-                         f"it exceeds the server's context of {context} tokens")
-            _Fields.need(not vocab_size or max(tokens) < vocab_size,
-                         f"{field}: {row.source}: prompt has token id {max(tokens)}, outside the model's vocabulary of "
-                         f"{vocab_size} tokens (actor.path's tokenizer is larger than its config.json vocab_size)")
+            _Fields.need(
+                not context or n <= room,
+                f"{field}: {row.source}: prompt has {n} tokens; with ppo.gen.max_new_tokens={max_new_tokens} "
+                f"it exceeds the server's context of {context} tokens",
+            )
+            _Fields.need(
+                not vocab_size or max(tokens) < vocab_size,
+                f"{field}: {row.source}: prompt has token id {max(tokens)}, outside the model's vocabulary of "
+                f"{vocab_size} tokens (actor.path's tokenizer is larger than its config.json vocab_size)",
+            )
     if n_scan < len(rows):
-        logger.warning(f"{field}: tokenised the first {n_scan} of {len(rows)} prompts (SCAN_MAX_ROWS={SCAN_MAX_ROWS}, "
-                       f"SCAN_MAX_PROMPT_BYTES={SCAN_MAX_PROMPT_BYTES}); a prompt too long for the context among the "
-                       "other rows is dropped, once and counted, by the rollout worker that draws it")
+        logger.warning(
+            f"{field}: tokenised the first {n_scan} of {len(rows)} prompts (SCAN_MAX_ROWS={SCAN_MAX_ROWS}, "
+            f"SCAN_MAX_PROMPT_BYTES={SCAN_MAX_PROMPT_BYTES}); a prompt too long for the context among the "
+            "other rows is dropped, once and counted, by the rollout worker that draws it"
+        )
     return n_scan
 
 
@@ -199,8 +243,9 @@ def _encode(tokenizer: Any, texts: List[str], rows: Sequence[Any], field: str) -
             try:
                 tokenizer(text, add_special_tokens=False)
             except Exception as e:  # noqa: BLE001
-                raise ConfigError(f"{field}: {row.source}: the tokenizer cannot encode the prompt "
-                                  f"({type(e).__name__}: {e})") from None
+                raise ConfigError(
+                    f"{field}: {row.source}: the tokenizer cannot encode the prompt ({type(e).__name__}: {e})"
+                ) from None
         raise
 
 
@@ -211,7 +256,9 @@ def _render(tokenizer: Any, row: Any, chat: bool, field: str) -> str:
     except PromptEncodingError as e:
         raise ConfigError(f"{field}: {row.source}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a template may raise on what it is given (jinja's raise_exception)
-        raise ConfigError(f"{field}: {row.source}: the chat template fails on the row ({type(e).__name__}: {e})") from None
+        raise ConfigError(
+            f"{field}: {row.source}: the chat template fails on the row ({type(e).__name__}: {e})"
+        ) from None
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -235,12 +282,17 @@ def check_critic_matches_actor(critic_path: str, actor_path: str) -> None:
     if not critic_path:
         return  # initialised from the actor's own directory
     critic = _hf_config("critic.path", critic_path)
-    differ = [f"{key}={critic.get(key)!r} (actor: {actor.get(key)!r})"
-              for key in CRITIC_ARCH_KEYS if critic.get(key) != actor.get(key)]
-    _Fields.need(not differ,
-                 f"critic.path={critic_path!r} has {', '.join(differ)} in its config.json, unlike actor.path="
-                 f"{actor_path!r}: the critic is a value head on the actor's architecture, so it must share the "
-                 f"actor's {', '.join(CRITIC_ARCH_KEYS)} (leave critic.path empty to start from the actor)")
+    differ = [
+        f"{key}={critic.get(key)!r} (actor: {actor.get(key)!r})"
+        for key in CRITIC_ARCH_KEYS
+        if critic.get(key) != actor.get(key)
+    ]
+    _Fields.need(
+        not differ,
+        f"critic.path={critic_path!r} has {', '.join(differ)} in its config.json, unlike actor.path="
+        f"{actor_path!r}: the critic is a value head on the actor's architecture, so it must share the "
+        f"actor's {', '.join(CRITIC_ARCH_KEYS)} (leave critic.path empty to start from the actor)",
+    )
 
 
 def _hf_config(field: str, path: str) -> dict:
@@ -275,8 +327,10 @@ def check_dataset_columns(c: DatasetColumnsConfig, prefix: str = "dataset.column
     for name, column in named.items():
         _Fields.need(bool(column) or name == "query_id", f"{prefix}.{name} is empty: name the column that holds it")
     for a, b in itertools.combinations(named, 2):
-        _Fields.need(not named[a] or named[a] != named[b],
-                     f"{prefix}.{a} and {prefix}.{b} both name column {named[a]!r}; each needs its own")
+        _Fields.need(
+            not named[a] or named[a] != named[b],
+            f"{prefix}.{a} and {prefix}.{b} both name column {named[a]!r}; each needs its own",
+        )
 
 
 def _max_positions(model_path: str) -> int:

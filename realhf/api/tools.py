@@ -83,8 +83,10 @@ class Tool:
     timeout: float = 10.0
 
     def schema(self) -> Dict[str, Any]:
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     async def call(self, arguments: Dict[str, Any]) -> ToolResult:
         """Run the tool on `arguments`; a bad argument, an exception or a timeout is a result too
@@ -110,8 +112,11 @@ class Tool:
         missing = [k for k in required if k not in arguments]
         unknown = [k for k in arguments if k not in props]
         if missing or unknown:
-            return (f"{self.name} takes ({', '.join(props)})" + (f"; missing {missing}" if missing else "")
-                    + (f"; unknown {unknown}" if unknown else ""))
+            return (
+                f"{self.name} takes ({', '.join(props)})"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {unknown}" if unknown else "")
+            )
         return ""
 
 
@@ -131,8 +136,9 @@ def tool(fn: Optional[Callable] = None, *, name: str = "", timeout: float = 10.0
             props[p.name] = prop
             if p.default is p.empty:
                 required.append(p.name)
-        return Tool(name or f.__name__, description, {"type": "object", "properties": props, "required": required},
-                    f, timeout)
+        return Tool(
+            name or f.__name__, description, {"type": "object", "properties": props, "required": required}, f, timeout
+        )
 
     return make(fn) if fn is not None else make
 
@@ -153,7 +159,7 @@ def parse_tool_calls(text: str) -> Tuple[List[ToolCall], List[str]]:
             errors.append(f"Error: a tool call is not valid JSON ({e.msg} at column {e.colno}): {raw.strip()[:200]}")
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            errors.append(f"Error: a tool call needs {{\"name\": ..., \"arguments\": {{...}}}}, got: {raw.strip()[:200]}")
+            errors.append(f'Error: a tool call needs {{"name": ..., "arguments": {{...}}}}, got: {raw.strip()[:200]}')
             continue
         args = obj.get("arguments", {})
         if isinstance(args, str):  # some models send the arguments as a JSON string

@@ -110,12 +110,14 @@ class Sample:
         n = len(self.output_ids)
         self.logprobs = _float_array(self.logprobs, "sample.logprobs")
         self.versions = _int_array(self.versions, "sample.versions")
-        self.loss_mask = (np.ones(n, dtype=np.int32) if self.loss_mask is None
-                          else _int_array(self.loss_mask, "sample.loss_mask"))
+        self.loss_mask = (
+            np.ones(n, dtype=np.int32) if self.loss_mask is None else _int_array(self.loss_mask, "sample.loss_mask")
+        )
         for name in ("logprobs", "versions", "loss_mask"):
             if len(getattr(self, name)) != n:
                 raise TrajectoryFormatError(
-                    f"trajectory sample.{name}: {len(getattr(self, name))} entries for {n} output tokens")
+                    f"trajectory sample.{name}: {len(getattr(self, name))} entries for {n} output tokens"
+                )
 
     @classmethod
     def _checked(cls, output_ids, logprobs, versions, reward, no_eos, loss_mask) -> "Sample":
@@ -194,6 +196,7 @@ class Trajectory:
     def from_msg(cls, msg: Any) -> "Trajectory":
         """Validate a received message (arrays from `to_msg`, or plain lists from other senders).
         Arrays of the right dtype are kept as they are (read-only views of the message)."""
+
         def need(obj: Any, key: str, types, where: str):
             if not isinstance(obj, dict) or key not in obj:
                 raise TrajectoryFormatError(f"trajectory {where}: missing field {key!r}")
@@ -218,39 +221,54 @@ class Trajectory:
             output_ids = _int_array(need(s, "output_ids", (list, np.ndarray), sw), f"{sw}.output_ids", strict=True)
             logprobs = _float_array(need(s, "logprobs", (list, np.ndarray), sw), f"{sw}.logprobs", strict=True)
             versions = _int_array(need(s, "versions", (list, np.ndarray), sw), f"{sw}.versions", strict=True)
-            loss_mask = (_int_array(need(s, "loss_mask", (list, np.ndarray), sw), f"{sw}.loss_mask", strict=True)
-                         if "loss_mask" in s else None)
+            loss_mask = (
+                _int_array(need(s, "loss_mask", (list, np.ndarray), sw), f"{sw}.loss_mask", strict=True)
+                if "loss_mask" in s
+                else None
+            )
             n = len(output_ids)
             for name, seq in (("logprobs", logprobs), ("versions", versions), ("loss_mask", loss_mask)):
                 if seq is not None and len(seq) != n:
-                    raise TrajectoryFormatError(
-                        f"trajectory {sw}.{name}: {len(seq)} entries for {n} output tokens"
-                    )
+                    raise TrajectoryFormatError(f"trajectory {sw}.{name}: {len(seq)} entries for {n} output tokens")
             reward = need(s, "reward", (int, float), sw)
             bad = reward_problem(reward)
             if bad is not None:
-                raise TrajectoryFormatError(f"trajectory {sw}.reward: must be a finite number within "
-                                            f"±{MAX_ABS_REWARD:g}; it {bad}")
+                raise TrajectoryFormatError(
+                    f"trajectory {sw}.reward: must be a finite number within ±{MAX_ABS_REWARD:g}; it {bad}"
+                )
             if not n:
                 raise TrajectoryFormatError(f"trajectory {sw}.output_ids: empty (a sample without generated tokens)")
             no_eos = bool(s.get("no_eos", False))
             samples.append(Sample._checked(output_ids, logprobs, versions, float(reward), no_eos, loss_mask))
         birth_time = msg.get("birth_time", 0.0)
         if not isinstance(birth_time, (int, float)) or isinstance(birth_time, bool) or not math.isfinite(birth_time):
-            raise TrajectoryFormatError(f"trajectory {where}.birth_time: must be a finite number, got {birth_time!r:.80}")
+            raise TrajectoryFormatError(
+                f"trajectory {where}.birth_time: must be a finite number, got {birth_time!r:.80}"
+            )
         metadata = msg.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise TrajectoryFormatError(f"trajectory {where}.metadata: must be a map, got {type(metadata).__name__}")
         task = msg.get("task", "math")
         if not isinstance(task, str):
             raise TrajectoryFormatError(f"trajectory {where}.task: must be a string, got {type(task).__name__}")
-        return cls(qid=qid, prompt_ids=prompt_ids, samples=samples, task=task, birth_time=float(birth_time),
-                   metadata=dict(metadata))  # prompt_ids is int32 already: no conversion
+        return cls(
+            qid=qid,
+            prompt_ids=prompt_ids,
+            samples=samples,
+            task=task,
+            birth_time=float(birth_time),
+            metadata=dict(metadata),
+        )  # prompt_ids is int32 already: no conversion
 
 
 def _sample_msg(s: Sample) -> Dict[str, Any]:
-    msg = {"output_ids": s.output_ids, "logprobs": s.logprobs, "versions": s.versions, "no_eos": bool(s.no_eos),
-           "reward": float(s.reward)}
+    msg = {
+        "output_ids": s.output_ids,
+        "logprobs": s.logprobs,
+        "versions": s.versions,
+        "no_eos": bool(s.no_eos),
+        "reward": float(s.reward),
+    }
     if not s.loss_mask.all():
         msg["loss_mask"] = s.loss_mask
     return msg

@@ -19,10 +19,24 @@ import typing
 from typing import Any, Iterable, Optional
 
 from realhf.api import algorithms, choices
-from realhf.api.cli_args import (AgentConfig, AsyncPPOMATHConfig, EnvConfig, EvaluationConfig,
-                                 ExperimentSaveEvalControl, GenerationHyperparameters, ModelTrainEvalConfig,
-                                 NameResolveConfig, NativeEngineConfig, OptimizerConfig, PPOHyperparameters,
-                                 RayClusterConfig, RestartPolicyConfig, SFTConfig, SGLangConfig, StatsLoggingConfig)
+from realhf.api.cli_args import (
+    AgentConfig,
+    AsyncPPOMATHConfig,
+    EnvConfig,
+    EvaluationConfig,
+    ExperimentSaveEvalControl,
+    GenerationHyperparameters,
+    ModelTrainEvalConfig,
+    NameResolveConfig,
+    NativeEngineConfig,
+    OptimizerConfig,
+    PPOHyperparameters,
+    RayClusterConfig,
+    RestartPolicyConfig,
+    SFTConfig,
+    SGLangConfig,
+    StatsLoggingConfig,
+)
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
@@ -96,8 +110,10 @@ class _Fields:
     def temperature(self, field: str) -> None:
         """A sampling temperature the native generation server accepts (its request check's range)."""
         v, (lo, hi) = self.value(field), TEMPERATURE_RANGE
-        self.need(v == 0 or lo <= v <= hi, f"{self.name(field)} must be 0 (greedy) or lie in [{lo}, {hi}] "
-                                            f"(the generation server's range), got {v}")
+        self.need(
+            v == 0 or lo <= v <= hi,
+            f"{self.name(field)} must be 0 (greedy) or lie in [{lo}, {hi}] (the generation server's range), got {v}",
+        )
 
 
 # ---- every number of a config tree -------------------------------------------------------------
@@ -122,8 +138,7 @@ def _check_number(name: str, v: Any, kind: type, optional: bool) -> None:
     if v is None and optional:
         return
     # bool is an int to Python, but true/false in a numeric field is a mistake
-    _Fields.need(isinstance(v, (int, float)) and not isinstance(v, bool),
-                 f"{name} must be a number, got {v!r}")
+    _Fields.need(isinstance(v, (int, float)) and not isinstance(v, bool), f"{name} must be a number, got {v!r}")
     _Fields.need(not isinstance(v, float) or math.isfinite(v), f"{name} must be a finite number, got {v}")
     if kind is int:
         _Fields.need(isinstance(v, int), f"{name} must be an integer, got {v}")
@@ -189,8 +204,10 @@ def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
     for worker_type in WORKER_TYPES:
         for name, amount in getattr(c.resources, worker_type).items():
             if name in ("CPU", "GPU", "memory"):
-                raise ConfigError(f"{prefix}.resources.{worker_type}.{name}: CPUs and GPUs come from the workers' "
-                                  "threads and allocation_mode; list custom resources only")
+                raise ConfigError(
+                    f"{prefix}.resources.{worker_type}.{name}: CPUs and GPUs come from the workers' "
+                    "threads and allocation_mode; list custom resources only"
+                )
             if not 0 <= amount < math.inf:
                 raise ConfigError(f"{prefix}.resources.{worker_type}.{name}={amount}: must be >= 0 and finite")
 
@@ -211,15 +228,24 @@ def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> N
     f.at_least("max_new_tokens", 0, strict=True)
     f.temperature("temperature")  # RL further needs > 0 (validate_experiment)
     f.need(0 < c.top_p <= 1, f"{f.name('top_p')} must lie in (0, 1], got {c.top_p}")
-    f.need(c.top_k == -1 or 1 <= c.top_k <= MAX_TOP_K,
-           f"{f.name('top_k')} must be -1 (off) or lie in [1, {MAX_TOP_K}], got {c.top_k}")
-    f.need(0 <= c.min_new_tokens <= c.max_new_tokens,
-           f"{f.name('min_new_tokens')} must lie in [0, {f.name('max_new_tokens')}={c.max_new_tokens}], got {c.min_new_tokens}")
-    f.need(all(t >= 0 for t in c.stop_token_ids), f"{f.name('stop_token_ids')} must be token ids >= 0, got {c.stop_token_ids}")
+    f.need(
+        c.top_k == -1 or 1 <= c.top_k <= MAX_TOP_K,
+        f"{f.name('top_k')} must be -1 (off) or lie in [1, {MAX_TOP_K}], got {c.top_k}",
+    )
+    f.need(
+        0 <= c.min_new_tokens <= c.max_new_tokens,
+        f"{f.name('min_new_tokens')} must lie in [0, {f.name('max_new_tokens')}={c.max_new_tokens}], got {c.min_new_tokens}",
+    )
+    f.need(
+        all(t >= 0 for t in c.stop_token_ids),
+        f"{f.name('stop_token_ids')} must be token ids >= 0, got {c.stop_token_ids}",
+    )
     # The generation client adds the tokenizer's EOS to the list; the server takes MAX_STOP_TOKEN_IDS.
-    f.need(len(c.stop_token_ids) < MAX_STOP_TOKEN_IDS,
-           f"{f.name('stop_token_ids')} has {len(c.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS - 1} (the "
-           f"generation server takes {MAX_STOP_TOKEN_IDS} stop ids per request, one of them the tokenizer's EOS)")
+    f.need(
+        len(c.stop_token_ids) < MAX_STOP_TOKEN_IDS,
+        f"{f.name('stop_token_ids')} has {len(c.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS - 1} (the "
+        f"generation server takes {MAX_STOP_TOKEN_IDS} stop ids per request, one of them the tokenizer's EOS)",
+    )
 
 
 def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native") -> None:
@@ -235,12 +261,16 @@ def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native"
 
 def check_sglang(c: SGLangConfig, prefix: str = "gen_server.sglang") -> None:
     f = _Fields(c, prefix)
-    f.need(0 < c.mem_fraction_static <= 1,
-           f"{f.name('mem_fraction_static')} must lie in (0, 1], got {c.mem_fraction_static}")
+    f.need(
+        0 < c.mem_fraction_static <= 1,
+        f"{f.name('mem_fraction_static')} must lie in (0, 1], got {c.mem_fraction_static}",
+    )
     f.at_least("context_length", 0)
     f.at_least("max_running_requests", 0)
-    f.need(c.chunked_prefill_size == -1 or c.chunked_prefill_size >= 1,
-           f"{f.name('chunked_prefill_size')} must be -1 (SGLang's default) or >= 1, got {c.chunked_prefill_size}")
+    f.need(
+        c.chunked_prefill_size == -1 or c.chunked_prefill_size >= 1,
+        f"{f.name('chunked_prefill_size')} must be -1 (SGLang's default) or >= 1, got {c.chunked_prefill_size}",
+    )
     f.timeout("startup_timeout")
 
 
@@ -256,12 +286,16 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
     from realhf.api.agent import agent_class
 
     f = _Fields(c, prefix)
-    f.need(0.0 <= c.success_rate_lb <= 1.0 and 0.0 <= c.success_rate_ub <= 1.0,
-           f"{f.name('success_rate_lb')}={c.success_rate_lb} and {f.name('success_rate_ub')}={c.success_rate_ub} "
-           "must lie in [0, 1]")
-    f.need(c.success_rate_lb <= c.success_rate_ub,
-           f"{f.name('success_rate_lb')}={c.success_rate_lb} > {f.name('success_rate_ub')}={c.success_rate_ub}: "
-           "every group would be dropped")
+    f.need(
+        0.0 <= c.success_rate_lb <= 1.0 and 0.0 <= c.success_rate_ub <= 1.0,
+        f"{f.name('success_rate_lb')}={c.success_rate_lb} and {f.name('success_rate_ub')}={c.success_rate_ub} "
+        "must lie in [0, 1]",
+    )
+    f.need(
+        c.success_rate_lb <= c.success_rate_ub,
+        f"{f.name('success_rate_lb')}={c.success_rate_lb} > {f.name('success_rate_ub')}={c.success_rate_ub}: "
+        "every group would be dropped",
+    )
     f.at_least("num_turns", 0, strict=True)
     f.at_least("reward_timeout", 0, strict=True)
     _check_class(f, "type", agent_class)
@@ -306,8 +340,10 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
     for name in ("beta1", "beta2"):
         f.need(0 <= f.value(name) < 1, f"{f.name(name)} must lie in [0, 1), got {f.value(name)}")
     f.within("min_lr_ratio", 0.0, 1.0)
-    f.need(0 <= c.warmup_steps_proportion < 1,
-           f"{f.name('warmup_steps_proportion')} must lie in [0, 1), got {c.warmup_steps_proportion}")
+    f.need(
+        0 <= c.warmup_steps_proportion < 1,
+        f"{f.name('warmup_steps_proportion')} must lie in [0, 1), got {c.warmup_steps_proportion}",
+    )
 
 
 def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
@@ -315,29 +351,40 @@ def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
     f = _Fields(c, prefix)
     f.choice("dtype", choices.DTYPES)
     f.choice("reduce_dtype", choices.DTYPES)
-    f.need(c.param_dtype == "" or c.param_dtype in choices.DTYPES,
-           f"{f.name('param_dtype')}={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}")
+    f.need(
+        c.param_dtype == "" or c.param_dtype in choices.DTYPES,
+        f"{f.name('param_dtype')}={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
+    )
     f.choice("backend", choices.TRAINER_BACKENDS)
     f.at_least("n_threads", 1)
     check_optimizer(c.optimizer, f.name("optimizer"))
     lora = _Fields(c.lora, f.name("lora"))
     lora.at_least("r", 0)
     if c.lora.r > 0:  # the target modules are checked against the model when it loads (realhf.impl.model.lora)
-        lora.need(prefix == "actor", f"{lora.name('r')}={c.lora.r}: only the actor trains LoRA adapters "
-                                     "(with actor.lora the reference is the actor's base, adapters disabled)")
+        lora.need(
+            prefix == "actor",
+            f"{lora.name('r')}={c.lora.r}: only the actor trains LoRA adapters "
+            "(with actor.lora the reference is the actor's base, adapters disabled)",
+        )
         lora.at_least("alpha", 0, strict=True)
         lora.need(0 <= c.lora.dropout < 1, f"{lora.name('dropout')} must lie in [0, 1), got {c.lora.dropout}")
-        lora.need(bool(c.lora.target_modules), f"{lora.name('target_modules')} is empty: name the linear modules "
-                                               "to adapt (e.g. q_proj, v_proj)")
-        lora.need(importlib.util.find_spec("peft") is not None,
-                  f"{lora.name('r')}={c.lora.r} but peft is not installed: pip install 'realhf[lora]'")
+        lora.need(
+            bool(c.lora.target_modules),
+            f"{lora.name('target_modules')} is empty: name the linear modules to adapt (e.g. q_proj, v_proj)",
+        )
+        lora.need(
+            importlib.util.find_spec("peft") is not None,
+            f"{lora.name('r')}={c.lora.r} but peft is not installed: pip install 'realhf[lora]'",
+        )
 
 
 def check_lora_reference(actor: ModelTrainEvalConfig, ref: ModelTrainEvalConfig, ppo: PPOHyperparameters) -> None:
     """With actor.lora the reference (ppo.kl_ctl > 0) is the actor's frozen base, so no other one may be named."""
-    _Fields.need(actor.lora.r == 0 or ppo.kl_ctl == 0 or ref.path in ("", actor.path),
-                 f"ref.path={ref.path!r}: with actor.lora.r={actor.lora.r} the reference is the actor's base "
-                 f"({actor.path!r}) with its adapters disabled; leave ref.path empty")
+    _Fields.need(
+        actor.lora.r == 0 or ppo.kl_ctl == 0 or ref.path in ("", actor.path),
+        f"ref.path={ref.path!r}: with actor.lora.r={actor.lora.r} the reference is the actor's base "
+        f"({actor.path!r}) with its adapters disabled; leave ref.path empty",
+    )
 
 
 def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
@@ -357,20 +404,28 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
     f.plugin("adv_estimator", algorithms.ADV_ESTIMATORS)
     loss = f.plugin("policy_loss", algorithms.POLICY_LOSSES)
     f.choice("loss_agg_mode", choices.LOSS_AGG_MODES)
-    f.need(c.c_clip is None or loss.clipped,
-           f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and "
-           f"{f.name('policy_loss')}={c.policy_loss} has none")
+    f.need(
+        c.c_clip is None or loss.clipped,
+        f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and "
+        f"{f.name('policy_loss')}={c.policy_loss} has none",
+    )
     f.at_least("entropy_coef", 0)
     f.at_least("kl_target", 0)
     if c.kl_target > 0:
-        f.need(c.kl_ctl > 0, f"{f.name('kl_target')}={c.kl_target} adapts the KL coefficient starting from "
-                             f"{f.name('kl_ctl')}, which must then be > 0 (got {c.kl_ctl})")
+        f.need(
+            c.kl_ctl > 0,
+            f"{f.name('kl_target')}={c.kl_target} adapts the KL coefficient starting from "
+            f"{f.name('kl_ctl')}, which must then be > 0 (got {c.kl_ctl})",
+        )
         f.at_least("kl_horizon", 0, strict=True)
     # Trainer-side shaping, (reward + bias) * scaling: a reward of 1 must stay within the bound
     # every reward is held to (MAX_ABS_REWARD, realhf.api.trajectory), or float32 statistics overflow.
     for name in ("reward_output_scaling", "reward_output_bias"):
-        f.need(abs(f.value(name)) <= MAX_ABS_REWARD, f"{f.name(name)} must lie in [-{MAX_ABS_REWARD:g}, "
-                                                     f"{MAX_ABS_REWARD:g}] (MAX_ABS_REWARD), got {f.value(name)}")
+        f.need(
+            abs(f.value(name)) <= MAX_ABS_REWARD,
+            f"{f.name(name)} must lie in [-{MAX_ABS_REWARD:g}, "
+            f"{MAX_ABS_REWARD:g}] (MAX_ABS_REWARD), got {f.value(name)}",
+        )
     if c.max_reward_clip is not None:  # shape_reward refuses a clip <= 0 at the first train step
         f.at_least("max_reward_clip", 0, strict=True)
     f.at_least("value_eps_clip", 0, strict=True)
@@ -383,8 +438,16 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
     check_numbers(c, prefix)
     f = _Fields(c, prefix)
-    for name in ("total_train_epochs", "benchmark_steps", "save_freq_steps", "keep_last_saves", "ckpt_freq_steps",
-                 "ckpt_freq_secs", "eval_freq_steps", "max_train_seconds"):
+    for name in (
+        "total_train_epochs",
+        "benchmark_steps",
+        "save_freq_steps",
+        "keep_last_saves",
+        "ckpt_freq_steps",
+        "ckpt_freq_secs",
+        "eval_freq_steps",
+        "max_train_seconds",
+    ):
         f.at_least(name, 0)
     if c.benchmark_steps == 0:
         f.at_least("total_train_epochs", 0, strict=True)
@@ -402,9 +465,14 @@ def check_evaluation_during(c: EvaluationConfig, prefix: str = "evaluation") -> 
 def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
     f = _Fields(c, prefix)
     f.choice("wandb_mode", choices.WANDB_MODES)
-    for field, module, extra in (("wandb_project", "wandb", "wandb"), ("tensorboard_path", "tensorboard", "tensorboard")):
-        f.need(not f.value(field) or importlib.util.find_spec(module) is not None,
-               f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'")
+    for field, module, extra in (
+        ("wandb_project", "wandb", "wandb"),
+        ("tensorboard_path", "tensorboard", "tensorboard"),
+    ):
+        f.need(
+            not f.value(field) or importlib.util.find_spec(module) is not None,
+            f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'",
+        )
     f.within("prometheus_port", 0, 65535)
 
 
@@ -434,8 +502,10 @@ def check_known_keys(obj: Any, prefix: str = "") -> None:
     for key in vars(obj):
         if key not in names:
             where = f"{prefix}.{key}" if prefix else key
-            raise ConfigError(f"{where}: no such field (a '+' override adds keys the schema does not know; "
-                              f"the fields here are {', '.join(sorted(names))})")
+            raise ConfigError(
+                f"{where}: no such field (a '+' override adds keys the schema does not know; "
+                f"the fields here are {', '.join(sorted(names))})"
+            )
     for name in names:
         check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name)
 
@@ -453,13 +523,17 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     except ValueError as e:
         raise ConfigError(f"allocation_mode: {e}") from None
     f.choice("cluster.launcher", LAUNCHERS)
-    f.need(cfg.cluster.n_nodes == 1 or cfg.cluster.launcher != "local",
-           f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node; use cluster.launcher=ray")
+    f.need(
+        cfg.cluster.n_nodes == 1 or cfg.cluster.launcher != "local",
+        f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node; use cluster.launcher=ray",
+    )
     check_ray_cluster(cfg.cluster.ray)
     for name in ("experiment_name", "trial_name"):
         value = f.value(name)  # both become name-resolve key prefixes and directory names
-        f.need(bool(value) and set(value) <= _NAME_CHARS and not value.startswith("."),
-               f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty")
+        f.need(
+            bool(value) and set(value) <= _NAME_CHARS and not value.startswith("."),
+            f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty",
+        )
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
     f.at_least("cluster.max_request_bytes", 1024)
     f.at_least("cluster.max_message_bytes", 1024)
@@ -481,18 +555,22 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     check_env(cfg.rollout.env)
 
     check_ppo(cfg.ppo)
-    f.need(cfg.ppo.gen.temperature > 0,
-           f"ppo.gen.temperature must be > 0 for RL (got {cfg.ppo.gen.temperature}): greedy rollouts give every "
-           "answer of a group the same reward")
+    f.need(
+        cfg.ppo.gen.temperature > 0,
+        f"ppo.gen.temperature must be > 0 for RL (got {cfg.ppo.gen.temperature}): greedy rollouts give every "
+        "answer of a group the same reward",
+    )
     check_model(cfg.actor, "actor")
     check_model(cfg.ref, "ref")
     check_model(cfg.critic, "critic")
     check_lora_reference(cfg.actor, cfg.ref, cfg.ppo)
     check_native_engine(cfg.gen_server.native)
     check_sglang(cfg.gen_server.sglang)
-    f.need(cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
-           f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
-           "puts the engine on a GPU; use 'auto' or 'torch'")
+    f.need(
+        cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
+        f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
+        "puts the engine on a GPU; use 'auto' or 'torch'",
+    )
     check_exp_ctrl(cfg.exp_ctrl)
     check_stats(cfg.stats)
     ev = _Fields(cfg.evaluation, "evaluation")
@@ -518,26 +596,34 @@ def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
     need = _Fields.need
     dp, B = alloc.train.dp, cfg.groups_per_step
     # Checked before divisibility: "16 % 32" would blame groups_per_step for what is a DP size too large.
-    need(dp <= B,
-         f"allocation_mode={cfg.allocation_mode!r} trains on {dp} DP ranks, more than groups_per_step={B} groups per "
-         f"step: every DP rank needs at least one group; lower the trainer part's d<N> to at most {B} or raise "
-         "groups_per_step")
+    need(
+        dp <= B,
+        f"allocation_mode={cfg.allocation_mode!r} trains on {dp} DP ranks, more than groups_per_step={B} groups per "
+        f"step: every DP rank needs at least one group; lower the trainer part's d<N> to at most {B} or raise "
+        "groups_per_step",
+    )
     need(B % dp == 0, f"groups_per_step={B} must be divisible by the trainer's DP size {dp} (allocation_mode)")
-    need(cfg.rollout.n_workers >= dp,
-         f"rollout.n_workers={cfg.rollout.n_workers} < trainer DP size {dp}: every DP rank needs a rollout worker")
+    need(
+        cfg.rollout.n_workers >= dp,
+        f"rollout.n_workers={cfg.rollout.n_workers} < trainer DP size {dp}: every DP rank needs a rollout worker",
+    )
     samples_per_rank = B * cfg.group_size // dp
-    need(cfg.ppo.ppo_n_minibatches <= samples_per_rank,
-         f"ppo.ppo_n_minibatches={cfg.ppo.ppo_n_minibatches} exceeds the {samples_per_rank} samples a DP rank trains on "
-         "per step (groups_per_step x group_size / DP): some minibatches would be empty")
+    need(
+        cfg.ppo.ppo_n_minibatches <= samples_per_rank,
+        f"ppo.ppo_n_minibatches={cfg.ppo.ppo_n_minibatches} exceeds the {samples_per_rank} samples a DP rank trains on "
+        "per step (groups_per_step x group_size / DP): some minibatches would be empty",
+    )
     # Starvation: a DP rank waits for B/dp groups, all of which come from its own rollout
     # workers; if those may not keep that many in flight, the step never fills.
     share, per_worker = B // dp, rollouts_per_worker(cfg)
     for rank, senders in grouping(cfg.rollout.n_workers, dp).items():
         room = per_worker * len(senders)
-        need(room >= share,
-             f"max_concurrent_rollouts={cfg.max_concurrent_rollouts} over {cfg.rollout.n_workers} rollout workers lets "
-             f"DP rank {rank} have only {room} groups in flight, but each train step needs {share} from it: "
-             f"raise max_concurrent_rollouts to at least {share * math.ceil(cfg.rollout.n_workers / len(senders))}")
+        need(
+            room >= share,
+            f"max_concurrent_rollouts={cfg.max_concurrent_rollouts} over {cfg.rollout.n_workers} rollout workers lets "
+            f"DP rank {rank} have only {room} groups in flight, but each train step needs {share} from it: "
+            f"raise max_concurrent_rollouts to at least {share * math.ceil(cfg.rollout.n_workers / len(senders))}",
+        )
 
 
 def rollouts_per_worker(cfg: AsyncPPOMATHConfig) -> int:

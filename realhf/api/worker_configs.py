@@ -61,15 +61,31 @@ class GenerationServerConfig:
     native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (backend=native).")
     sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (backend=sglang).")
     tp_size: int = _f(1, "Tensor parallelism of the sglang backend (native: must be 1).")
-    base_gpu_id: int = _f(0, "This server's first GPU on its node (sglang: its first tensor-parallel GPU; native: its device). Unused on the CPU.")
+    base_gpu_id: int = _f(
+        0,
+        "This server's first GPU on its node (sglang: its first tensor-parallel GPU; native: its device). Unused on the CPU.",
+    )
     seed: int = same_as("seed", "Sampler seed; server i uses seed + i (overrides native.seed).")
     weight_version: int = _f(0, "Weight version reported until the first update_weights_from_disk.")
-    startup_timeout: float = _f(120.0, "Seconds the native backend may take to serve /health (sglang: sglang.startup_timeout).")
-    health_check_interval: float = _f(2.0, "Seconds between liveness checks of the backend; a dead backend fails the worker.")
-    health_timeout: float = _f(10.0, "Seconds one liveness check may take: /health of the sglang backend, a no-op command through the native engine thread.")
-    max_health_failures: int = _f(3, "Consecutive liveness checks that timed out (a hung engine or server) before the worker exits non-zero, so the launcher restarts it.")
+    startup_timeout: float = _f(
+        120.0, "Seconds the native backend may take to serve /health (sglang: sglang.startup_timeout)."
+    )
+    health_check_interval: float = _f(
+        2.0, "Seconds between liveness checks of the backend; a dead backend fails the worker."
+    )
+    health_timeout: float = _f(
+        10.0,
+        "Seconds one liveness check may take: /health of the sglang backend, a no-op command through the native engine thread.",
+    )
+    max_health_failures: int = _f(
+        3,
+        "Consecutive liveness checks that timed out (a hung engine or server) before the worker exits non-zero, so the launcher restarts it.",
+    )
     keepalive_ttl: float = _f(10.0, "Seconds before this server's gen_servers/ entry expires if the process dies.")
-    weights_root: str = _f("", "The role's published-weights directory: on start, serve the version named by model_version/<role> from here (a restarted server rejoins current); empty: model_path.")
+    weights_root: str = _f(
+        "",
+        "The role's published-weights directory: on start, serve the version named by model_version/<role> from here (a restarted server rejoins current); empty: model_path.",
+    )
     model_role: str = _f("actor", "Role whose model_version a (re)starting server loads from weights_root.")
 
 
@@ -84,24 +100,35 @@ class GserverManagerConfig:
     max_head_offpolicyness: int = same_as("max_head_offpolicyness")
     n_servers: int = _f(1, "Generation servers to wait for under gen_servers/ before serving (allocation_mode).")
     max_request_bytes: int = same_as("cluster.max_request_bytes")
-    n_trainer_ranks: int = _f(1, "Trainer DP ranks (the DP heads rollout workers push to); admission gives each rank its own budget of its share of groups_per_step.")
+    n_trainer_ranks: int = _f(
+        1,
+        "Trainer DP ranks (the DP heads rollout workers push to); admission gives each rank its own budget of its share of groups_per_step.",
+    )
     model_role: str = _f("actor", "Role whose model_version the manager watches and loads.")
-    run_dir: str = _f("", "The trial's run directory; published weights are read from its published_weights/<role>/<version>.")
+    run_dir: str = _f(
+        "", "The trial's run directory; published weights are read from its published_weights/<role>/<version>."
+    )
     poll_interval: float = _f(0.25, "Seconds between reads of model_version and stale_dropped (<= 0.5).")
     discovery_timeout: float = _f(300.0, "Seconds to wait for n_servers generation servers to register.")
     update_timeout: float = _f(300.0, "Seconds allowed for one server's pause/update/continue.")
     log_interval: float = _f(10.0, "Seconds between status log lines.")
     health_check_interval: float = _f(1.0, "Seconds between GET /health of every registered generation server.")
     health_timeout: float = _f(5.0, "Seconds one /health may take before it counts as a failure.")
-    max_health_failures: int = _f(2, "Consecutive failed health checks that drop a server from routing (until it answers again).")
-    trained_groups_at_start: int = _f(0, "Groups already trained when the run resumes from a checkpoint; admission counts them as accepted.")
+    max_health_failures: int = _f(
+        2, "Consecutive failed health checks that drop a server from routing (until it answers again)."
+    )
+    trained_groups_at_start: int = _f(
+        0, "Groups already trained when the run resumes from a checkpoint; admission counts them as accepted."
+    )
 
 
 @dataclass
 class RolloutWorkerConfig:
     """One rollout worker: many concurrent agent episodes over its shard of the prompts."""
 
-    dataset_path: str = same_as("dataset.path", "Prompts (JSONL, parquet or a datasets directory); each worker takes a disjoint shard.")
+    dataset_path: str = same_as(
+        "dataset.path", "Prompts (JSONL, parquet or a datasets directory); each worker takes a disjoint shard."
+    )
     dataset_columns: DatasetColumnsConfig = same_as("dataset.columns")
     dataset_split: str = same_as("dataset.split")
     chat_template: str = same_as("dataset.chat_template")
@@ -111,22 +138,41 @@ class RolloutWorkerConfig:
     env: EnvConfig = same_as("rollout.env")
     gconfig: GenerationHyperparameters = same_as("ppo.gen")
     group_size: int = same_as("group_size")
-    max_concurrent_rollouts: int = _f(16, "This worker's share of the root max_concurrent_rollouts (groups it keeps in flight).")
+    max_concurrent_rollouts: int = _f(
+        16, "This worker's share of the root max_concurrent_rollouts (groups it keeps in flight)."
+    )
     new_tokens_per_chunk: int = same_as("new_tokens_per_chunk")
     n_pullers: int = _f(1, "Trainer DP heads receiving trajectories (pushers are grouped over them).")
-    max_message_bytes: int = same_as("cluster.max_message_bytes", "The trainer's limit on one group's message: a larger group is refused here, its episode failed and counted, instead of vanishing in transit.")
+    max_message_bytes: int = same_as(
+        "cluster.max_message_bytes",
+        "The trainer's limit on one group's message: a larger group is refused here, its episode failed and counted, instead of vanishing in transit.",
+    )
     request_timeout: float = same_as("rollout.request_timeout")
     episode_timeout: float = same_as("rollout.episode_timeout")
-    sampler_state: str = _f("", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start.")
-    pending: str = _f("", "JSON [[query_id, qid], ...] of prompts pending at the recovery checkpoint (set on recovery; "
-                          "every worker's: each runs those of its shard first); empty: none.")
+    sampler_state: str = _f(
+        "", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start."
+    )
+    pending: str = _f(
+        "",
+        "JSON [[query_id, qid], ...] of prompts pending at the recovery checkpoint (set on recovery; "
+        "every worker's: each runs those of its shard first); empty: none.",
+    )
     manager_timeout: float = _f(30.0, "Seconds allowed for one call to the GserverManager.")
-    manager_wait_timeout: float = _f(120.0, "Seconds a call keeps retrying while the manager is unreachable (killed, being restarted) before it fails.")
+    manager_wait_timeout: float = _f(
+        120.0,
+        "Seconds a call keeps retrying while the manager is unreachable (killed, being restarted) before it fails.",
+    )
     discovery_timeout: float = _f(300.0, "Seconds to wait for the manager and the trajectory puller.")
     push_timeout: float = _f(300.0, "Seconds a push may block on a full trainer queue.")
     max_consecutive_failures: int = _f(20, "Episodes failing in a row before the worker gives up.")
-    context_tokens: int = _f(0, "Tokens a generation server holds per request (prompt + output; validation's server_context): a prompt that is empty or leaves no room for gconfig.max_new_tokens is dropped once and counted. 0: not checked.")
-    server_wait_timeout: float = _f(300.0, "Seconds a request keeps retrying while its generation server is down (killed, restarting) before the episode fails.")
+    context_tokens: int = _f(
+        0,
+        "Tokens a generation server holds per request (prompt + output; validation's server_context): a prompt that is empty or leaves no room for gconfig.max_new_tokens is dropped once and counted. 0: not checked.",
+    )
+    server_wait_timeout: float = _f(
+        300.0,
+        "Seconds a request keeps retrying while its generation server is down (killed, restarting) before the episode fails.",
+    )
     log_every_groups: int = _f(20, "Log one line per this many finished groups.")
 
 
@@ -139,20 +185,31 @@ class ModelWorkerConfig:
     critic: ModelTrainEvalConfig = same_as("critic")
     ppo: PPOHyperparameters = same_as("ppo")
     device: str = same_as("cluster.device")
-    first_gpu: int = _f(0, "GPU index of DP rank 0 on its node (rank r takes first_gpu + r); on one node the generation servers hold the GPUs before it. Unused on the CPU.")
+    first_gpu: int = _f(
+        0,
+        "GPU index of DP rank 0 on its node (rank r takes first_gpu + r); on one node the generation servers hold the GPUs before it. Unused on the CPU.",
+    )
     run_dir: str = _f("./runs", "The trial's run directory: published_weights/, checkpoints/ and recover/ go under it.")
     bind_host: str = same_as("cluster.bind_host")
     max_message_bytes: int = same_as("cluster.max_message_bytes")
     max_head_offpolicyness: int = same_as("max_head_offpolicyness")
-    total_train_steps: int = _f(0, "Planned train steps (the LR schedule's horizon is this x ppo_n_minibatches); 0: constant LR.")
+    total_train_steps: int = _f(
+        0, "Planned train steps (the LR schedule's horizon is this x ppo_n_minibatches); 0: constant LR."
+    )
     seed: int = same_as("seed")
     stream_queue_size: int = _f(4096, "Prompt groups buffered by this DP head before pushers block.")
     keep_last_versions: int = _f(2, "Published weight versions kept per role (older ones are deleted).")
     keep_last_saves: int = same_as("exp_ctrl.keep_last_saves")
     recover: bool = _f(False, "On initialize, resume from the trial's recovery checkpoint if one exists.")
-    recover_path: str = _f("", "The recovery checkpoint to resume from, verified and chosen by the launcher so that every rank loads the same one (set on recovery); empty: <run_dir>/recover when `recover`.")
+    recover_path: str = _f(
+        "",
+        "The recovery checkpoint to resume from, verified and chosen by the launcher so that every rank loads the same one (set on recovery); empty: <run_dir>/recover when `recover`.",
+    )
     collective_timeout: float = same_as("cluster.collective_timeout")
-    distributed_timeout: float = _f(300.0, "Seconds to wait for the torch.distributed rendezvous, and for another rank's disk writes (HF saves, recovery checkpoints).")
+    distributed_timeout: float = _f(
+        300.0,
+        "Seconds to wait for the torch.distributed rendezvous, and for another rank's disk writes (HF saves, recovery checkpoints).",
+    )
     master_discovery_timeout: float = _f(300.0, "Seconds to wait for the master's request socket in name resolve.")
 
 
@@ -165,7 +222,10 @@ class MasterWorkerConfig:
     ppo: PPOHyperparameters = same_as("ppo")
     exp_ctrl: ExperimentSaveEvalControl = same_as("exp_ctrl")
     stats: StatsLoggingConfig = same_as("stats")
-    run_config: Dict[str, Any] = _f({}, "The experiment's whole config as a plain dict, attached to the wandb run (set only when stats.wandb_project is).")
+    run_config: Dict[str, Any] = _f(
+        {},
+        "The experiment's whole config as a plain dict, attached to the wandb run (set only when stats.wandb_project is).",
+    )
     log_dir: str = _f("./runs/logs", "The trial's log directory: metrics.jsonl goes there.")
     bind_host: str = same_as("cluster.bind_host")
     max_message_bytes: int = same_as("cluster.max_message_bytes")
@@ -196,14 +256,30 @@ class EvaluatorConfig:
     n_threads: int = same_as("evaluation.during_n_threads")
     nice: int = same_as("evaluation.during_nice")
     model_path: str = same_as("actor.path", "HF directory of the tokenizer and of the engine's initial weights.")
-    native: NativeEngineConfig = same_as("gen_server.native", "The built-in engine the evaluator generates with (its n_threads and max_running_requests are set from n_threads and batch_size).")
+    native: NativeEngineConfig = same_as(
+        "gen_server.native",
+        "The built-in engine the evaluator generates with (its n_threads and max_running_requests are set from n_threads and batch_size).",
+    )
     device: str = same_as("cluster.device")
     seed: int = same_as("seed")
     stats: StatsLoggingConfig = same_as("stats")
     model_role: str = _f("actor", "Role whose model_version and published weights are evaluated.")
-    run_dir: str = _f("", "The trial's run directory: versions are taken from its published_weights/<role>/ and hard-linked under its evaluator/.")
+    run_dir: str = _f(
+        "",
+        "The trial's run directory: versions are taken from its published_weights/<role>/ and hard-linked under its evaluator/.",
+    )
     metrics_path: str = _f("", "Where each evaluation's row is appended (the trial's eval_metrics.jsonl).")
-    wandb_run_name: str = _f("", "wandb run of the evaluations (stats.wandb_project set): a run of its own beside the master's.")
-    resumed_version: int = _f(0, "The version the run resumed from (set on recovery): rows of later versions in metrics_path belong to steps trained again, and are dropped.")
-    answer_timeout: float = _f(600.0, "Seconds one answer of an evaluation may take in the evaluator's engine before the evaluation fails naming it.")
-    poll_interval: float = _f(0.25, "Seconds between reads of model_version/<role> (a version must be taken before the trainer prunes it).")
+    wandb_run_name: str = _f(
+        "", "wandb run of the evaluations (stats.wandb_project set): a run of its own beside the master's."
+    )
+    resumed_version: int = _f(
+        0,
+        "The version the run resumed from (set on recovery): rows of later versions in metrics_path belong to steps trained again, and are dropped.",
+    )
+    answer_timeout: float = _f(
+        600.0,
+        "Seconds one answer of an evaluation may take in the evaluator's engine before the evaluation fails naming it.",
+    )
+    poll_interval: float = _f(
+        0.25, "Seconds between reads of model_version/<role> (a version must be taken before the trainer prunes it)."
+    )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from realhf.api.algorithms import adv_estimator
 from realhf.api import choices
+from realhf.api.algorithms import adv_estimator
 from realhf.api.file_validation import check_critic_matches_actor, check_dataset_columns
 from realhf.api.validation import (
     _Fields,
@@ -38,8 +38,10 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
     check_device(c.device, f.name("device"))
     f.at_least("max_request_bytes", 1024)
     check_native_engine(c.native, "generation_server.native")
-    f.need(c.backend != "native" or c.tp_size == 1,
-           f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}")
+    f.need(
+        c.backend != "native" or c.tp_size == 1,
+        f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}",
+    )
     f.within("port", 0, 65535)
     for name in ("startup_timeout", "health_check_interval", "health_timeout", "keepalive_ttl"):
         f.at_least(name, 0, strict=True)
@@ -52,9 +54,11 @@ def _check_manager(c: GserverManagerConfig) -> None:
     f.at_least("max_request_bytes", 1024)
     for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
         f.at_least(name, 0, strict=True)
-    f.need(c.groups_per_step >= c.n_trainer_ranks,
-           f"gserver_manager.groups_per_step={c.groups_per_step} < n_trainer_ranks={c.n_trainer_ranks}: "
-           "every trainer DP rank takes at least one group per step")
+    f.need(
+        c.groups_per_step >= c.n_trainer_ranks,
+        f"gserver_manager.groups_per_step={c.groups_per_step} < n_trainer_ranks={c.n_trainer_ranks}: "
+        "every trainer DP rank takes at least one group per step",
+    )
     f.at_least("max_head_offpolicyness", 0)
     f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
 
@@ -90,9 +94,11 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
 def _check_master(c: MasterWorkerConfig) -> None:
     f = _Fields(c, "master_worker")
     f.at_least("n_model_workers", 1)
-    f.need(c.groups_per_step >= c.n_model_workers,
-           f"groups_per_step ({c.groups_per_step}) must be >= the number of model workers ({c.n_model_workers}): "
-           "every DP rank trains at least one group per step")
+    f.need(
+        c.groups_per_step >= c.n_model_workers,
+        f"groups_per_step ({c.groups_per_step}) must be >= the number of model workers ({c.n_model_workers}): "
+        "every DP rank trains at least one group per step",
+    )
     f.at_least("total_train_steps", 0, strict=True)
     check_exp_ctrl(c.exp_ctrl)
     check_ppo(c.ppo)

@@ -55,6 +55,11 @@ class BodySizeLimit:
 
     async def _refuse(self, send) -> None:
         body = json.dumps({"detail": f"request body larger than max_request_bytes={self.max_bytes}"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -32,7 +32,8 @@ class CollectiveTimeoutError(RuntimeError):
         within = f" within {int(ms.group(1)) / 1000:g}s (cluster.collective_timeout)" if ms else ""
         super().__init__(
             f"{where}: a collective did not complete{within}: another rank is in a different collective or "
-            f"in none (it skipped this call, failed, or hangs); backend: {cause.strip()[:300]}")
+            f"in none (it skipped this call, failed, or hangs); backend: {cause.strip()[:300]}"
+        )
 
     def at(self, step_label: str) -> "CollectiveTimeoutError":
         """The same error with the train step (known to the caller, not the engine) in its text."""
@@ -42,8 +43,9 @@ class CollectiveTimeoutError(RuntimeError):
 def is_timeout(e: BaseException) -> bool:
     """Whether `e` is a collective backend's timeout: gloo raises RuntimeError("... Timed out
     waiting <n>ms ..."); NCCL's watchdog aborts the process itself (after its flight recorder dump)."""
-    return isinstance(e, RuntimeError) and ("Timed out waiting" in str(e) or
-                                            (isinstance(e, dist.DistBackendError) and "timeout" in str(e).lower()))
+    return isinstance(e, RuntimeError) and (
+        "Timed out waiting" in str(e) or (isinstance(e, dist.DistBackendError) and "timeout" in str(e).lower())
+    )
 
 
 @contextmanager

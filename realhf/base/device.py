@@ -23,14 +23,18 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         raise ValueError(f"cluster.device must be one of {', '.join(DEVICE_NAMES)}, got {name!r}")
     has_gpu = gpu_available()
     if name == _GPU and not has_gpu:
-        raise ValueError(f"cluster.device={_GPU} but torch sees no GPU on this machine "
-                         f"(torch {torch.__version__}); set cluster.device=cpu or auto")
+        raise ValueError(
+            f"cluster.device={_GPU} but torch sees no GPU on this machine "
+            f"(torch {torch.__version__}); set cluster.device=cpu or auto"
+        )
     if name == "cpu" or not has_gpu:
         return torch.device("cpu")
     n_gpus = torch.cuda.device_count()
     if not 0 <= local_rank < n_gpus:
-        raise ValueError(f"GPU index {local_rank} does not exist: this node has {n_gpus} GPUs "
-                         f"(cluster.device={name}); allocation_mode places more processes on it than it has GPUs")
+        raise ValueError(
+            f"GPU index {local_rank} does not exist: this node has {n_gpus} GPUs "
+            f"(cluster.device={name}); allocation_mode places more processes on it than it has GPUs"
+        )
     return torch.device(_GPU, local_rank)
 
 

@@ -47,7 +47,9 @@ class ClassRegistry:
 
         def deco(cls):
             if name in self._classes and self._classes[name] is not cls:
-                raise ValueError(f"{self.kind} name {name!r} is already registered to {self._classes[name].__qualname__}")
+                raise ValueError(
+                    f"{self.kind} name {name!r} is already registered to {self._classes[name].__qualname__}"
+                )
             self._classes[name] = cls
             return cls
 
@@ -56,6 +58,8 @@ class ClassRegistry:
     def get(self, name: str):
         cls = resolve(name, self._classes, self.field, self._builtin_paths)
         if not (isinstance(cls, type) and issubclass(cls, self.base)):
-            raise ValueError(f"{self.field}={name!r} names {cls!r}, which is not a subclass of "
-                             f"{self.base.__module__}.{self.base.__qualname__}")
+            raise ValueError(
+                f"{self.field}={name!r} names {cls!r}, which is not a subclass of "
+                f"{self.base.__module__}.{self.base.__qualname__}"
+            )
         return cls

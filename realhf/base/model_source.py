@@ -48,9 +48,11 @@ def resolve_model_path(field: str, path: str) -> str:
     try:
         return snapshot_download(path, allow_patterns=HUB_FILES, etag_timeout=HUB_TIMEOUT_S, local_files_only=offline)
     except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as e:
-        raise ModelPathError(f"{field}={path!r} is neither a local directory nor a model the hub serves "
-                             f"({type(e).__name__}); {_FIX}") from None
+        raise ModelPathError(
+            f"{field}={path!r} is neither a local directory nor a model the hub serves ({type(e).__name__}); {_FIX}"
+        ) from None
     except Exception as e:  # noqa: BLE001 - every other failure is the hub being out of reach
         why = "the hub is offline (HF_HUB_OFFLINE=1)" if offline else f"the hub is unreachable ({type(e).__name__})"
-        raise ModelPathError(f"{field}={path!r} is not a local directory, {why} and no copy is cached; "
-                             f"{_FIX}") from None
+        raise ModelPathError(
+            f"{field}={path!r} is not a local directory, {why} and no copy is cached; {_FIX}"
+        ) from None

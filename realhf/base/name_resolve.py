@@ -94,8 +94,14 @@ class NameRecordRepository(ABC):
     def _get_record(self, name: str) -> Dict[str, str]: ...
 
     # ---- API ------------------------------------------------------------------------------
-    def add(self, name: str, value, replace: bool = False, keepalive_ttl: Optional[float] = None,
-            delete_on_exit: bool = True) -> None:
+    def add(
+        self,
+        name: str,
+        value,
+        replace: bool = False,
+        keepalive_ttl: Optional[float] = None,
+        delete_on_exit: bool = True,
+    ) -> None:
         value = str(value)
         if keepalive_ttl is not None and keepalive_ttl <= 0:
             raise ValueError(f"keepalive_ttl must be > 0, got {keepalive_ttl} for key {name!r}")
@@ -110,14 +116,18 @@ class NameRecordRepository(ABC):
             else:
                 self._keepalive.pop(name, None)
 
-    def add_subentry(self, name: str, value, keepalive_ttl: Optional[float] = None,
-                     delete_on_exit: bool = True) -> str:
+    def add_subentry(self, name: str, value, keepalive_ttl: Optional[float] = None, delete_on_exit: bool = True) -> str:
         sub = f"{_norm_prefix(name)}/{uuid.uuid4().hex}"
         self.add(sub, value, replace=False, keepalive_ttl=keepalive_ttl, delete_on_exit=delete_on_exit)
         return sub
 
-    def update_record(self, name: str, put: Optional[Dict[str, object]] = None, remove: Optional[List[str]] = None,
-                      incr: Optional[Dict[str, int]] = None) -> None:
+    def update_record(
+        self,
+        name: str,
+        put: Optional[Dict[str, object]] = None,
+        remove: Optional[List[str]] = None,
+        incr: Optional[Dict[str, int]] = None,
+    ) -> None:
         """A record is a key holding named fields (a Redis hash), changed field by field and
         atomically: a reader, or a process that dies in between, sees all of one update or none.
         Written for state that changes many times a second in small pieces (the manager's
@@ -230,7 +240,7 @@ class NameRecordRepository(ABC):
             return "unknown"
         try:
             root = f"{parts[0]}/{parts[1]}/worker/"
-            workers = [k[len(root):] for k in self.find_subtree(root)]
+            workers = [k[len(root) :] for k in self.find_subtree(root)]
         except Exception as e:
             return f"unknown ({e})"
         return ", ".join(workers) if workers else "none"
@@ -323,8 +333,12 @@ class RedisNameRecordRepository(NameRecordRepository):
         self._url = url
         try:
             self._redis = redis.Redis.from_url(
-                url, decode_responses=True, socket_timeout=30, socket_connect_timeout=5,
-                health_check_interval=30, retry_on_timeout=True,
+                url,
+                decode_responses=True,
+                socket_timeout=30,
+                socket_connect_timeout=5,
+                health_check_interval=30,
+                retry_on_timeout=True,
             )
         except ValueError as e:  # its message may quote the URL, password included
             raise NameResolveError(
@@ -373,7 +387,7 @@ class RedisNameRecordRepository(NameRecordRepository):
     def _del(self, names):
         total = 0
         for i in range(0, len(names), 1000):
-            total += self._redis.delete(*names[i:i + 1000])
+            total += self._redis.delete(*names[i : i + 1000])
         return total
 
     def _touch(self, name, ttl):

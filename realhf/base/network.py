@@ -60,5 +60,7 @@ def bind_gloo_to(bind_host: str) -> str:
         if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
             os.environ["GLOO_SOCKET_IFNAME"] = name
             return name
-    raise ValueError(f"cluster.bind_host={bind_host!r} ({ip}) is the address of no network interface of this "
-                     "host; gloo could not listen on it")
+    raise ValueError(
+        f"cluster.bind_host={bind_host!r} ({ip}) is the address of no network interface of this "
+        "host; gloo could not listen on it"
+    )

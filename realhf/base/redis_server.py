@@ -25,8 +25,15 @@ class RedisServerError(RuntimeError):
 class RedisServer:
     """`with RedisServer() as r: r.url` — a redis-server that lives as long as the block."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, password: Optional[str] = None,
-                 startup_timeout: float = 15.0, binary: str = "redis-server", work_dir: Optional[str] = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        password: Optional[str] = None,
+        startup_timeout: float = 15.0,
+        binary: str = "redis-server",
+        work_dir: Optional[str] = None,
+    ):
         """`work_dir`: Redis's working directory (it writes nothing there: no snapshots, no AOF).
         Default: a temporary directory removed by `stop` — which a SIGKILLed owner leaves behind,
         so long-lived owners pass a directory of their own (the launcher: the trial's log dir)."""
@@ -63,14 +70,37 @@ class RedisServer:
             os.makedirs(self._work_dir, exist_ok=True)
         else:
             self._dir = tempfile.mkdtemp(prefix="realhf-redis-")
-        cmd = [exe, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
-               "--dir", self._work_dir or self._dir, "--daemonize", "no", "--loglevel", "warning", "--logfile", ""]
+        cmd = [
+            exe,
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._work_dir or self._dir,
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            "",
+        ]
         if self.password:
             cmd += ["--requirepass", self.password]
         # Its own session: a Ctrl-C to the terminal's process group must not kill Redis before
         # the launcher has stopped the workers that use it (they would die with tracebacks).
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+            start_new_session=True,
+        )
         self._wait_ready()
         logger.info(f"redis-server started on {self.host}:{self.port} (pid {self._proc.pid})")
         return self
@@ -85,7 +115,9 @@ class RedisServer:
                 if self._proc.poll() is not None:
                     out = self._proc.stdout.read().decode(errors="replace")[-2000:]
                     self.stop()
-                    raise RedisServerError(f"redis-server on port {self.port} exited with code {self._proc.returncode}: {out}")
+                    raise RedisServerError(
+                        f"redis-server on port {self.port} exited with code {self._proc.returncode}: {out}"
+                    )
                 try:
                     if client.ping():
                         return
@@ -93,7 +125,9 @@ class RedisServer:
                     pass
                 if time.monotonic() >= deadline:
                     self.stop()
-                    raise RedisServerError(f"redis-server on port {self.port} did not answer PING within {self._startup_timeout:.0f}s")
+                    raise RedisServerError(
+                        f"redis-server on port {self.port} did not answer PING within {self._startup_timeout:.0f}s"
+                    )
                 time.sleep(0.05)
         finally:
             client.close()

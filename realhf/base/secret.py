@@ -110,19 +110,27 @@ class RequireSecret:
         else:
             self.counters.wrong += 1
             status, message = 403, "wrong secret in the Authorization header"
-        self.log.event(f"refused {scope.get('method', '?')} {scope.get('path', '?')[:200]} from "
-                       f"{(scope.get('client') or ('?',))[0]} with HTTP {status}")
+        self.log.event(
+            f"refused {scope.get('method', '?')} {scope.get('path', '?')[:200]} from "
+            f"{(scope.get('client') or ('?',))[0]} with HTTP {status}"
+        )
         body = json.dumps({"error": {"message": message, "code": status}}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
 def require_secret(app, secret: str, logger, what: str) -> AuthCounters:
     """Add `RequireSecret` to a FastAPI/Starlette `app`; returns its counters."""
     counters = AuthCounters()
-    app.add_middleware(RequireSecret, secret=secret, counters=counters,
-                       log=RateLimitedLog(logger, f"{what}: unauthenticated request"))
+    app.add_middleware(
+        RequireSecret, secret=secret, counters=counters, log=RateLimitedLog(logger, f"{what}: unauthenticated request")
+    )
     return counters
 
 

@@ -99,7 +99,7 @@ def dumps(obj: Any) -> bytes:
     """Encode `obj`; raises TypeError naming where in `obj` an unsupported value sits."""
     try:
         return msgpack.packb(obj, default=_default, use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as e:
+    except (TypeError, ValueError, OverflowError):
         where = _find_unsupported(obj, "obj") or "obj"
         raise TypeError(f"cannot serialize {where}") from None
 
@@ -142,7 +142,9 @@ def _to_array(dtype_str: str, shape: List[int], data: bytes, writable: bool = Fa
     dtype = _dtype(dtype_str)
     n = math.prod(shape)
     if n * dtype.itemsize != len(data):
-        raise DeserializationError(f"array of shape {shape} and dtype {dtype_str} needs {n * dtype.itemsize} bytes, got {len(data)}")
+        raise DeserializationError(
+            f"array of shape {shape} and dtype {dtype_str} needs {n * dtype.itemsize} bytes, got {len(data)}"
+        )
     # np.frombuffer over bytes is a read-only view; bytearray (a copy) makes it writable.
     return np.frombuffer(bytearray(data) if writable else data, dtype=dtype).reshape(shape)
 

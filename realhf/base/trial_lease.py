@@ -59,8 +59,10 @@ class _RedisStore:
         try:
             self._r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5)
         except ValueError as e:  # its message may quote the URL, password included
-            raise TrialLeaseError(f"cluster.name_resolve.redis_url is not a Redis URL "
-                                  f"(redis://[:password@]host:port/db): {str(e).replace(url, redact_url(url))}") from None
+            raise TrialLeaseError(
+                f"cluster.name_resolve.redis_url is not a Redis URL "
+                f"(redis://[:password@]host:port/db): {str(e).replace(url, redact_url(url))}"
+            ) from None
         self._renew, self._drop = self._r.register_script(_RENEW), self._r.register_script(_DROP)
 
     def take(self, key: str, value: str, ttl: float) -> bool:
@@ -147,8 +149,14 @@ class TrialLease:
         if not ttl > 0:
             raise ValueError(f"the trial lease's TTL (cluster.name_resolve.keepalive_ttl) must be > 0, got {ttl}")
         self.store, self.key, self.ttl, self.on_lost = store, key, float(ttl), on_lost
-        self.value = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                                 "cmdline": _redacted(shlex.join([sys.executable, *sys.argv]))})
+        self.value = json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": time.time(),
+                "cmdline": _redacted(shlex.join([sys.executable, *sys.argv])),
+            }
+        )
         self._stop = threading.Event()
         self._renewer: Optional[threading.Thread] = None
 
@@ -159,8 +167,10 @@ class TrialLease:
         except TrialLeaseError:
             raise
         except Exception as e:  # redis.ConnectionError, AuthenticationError, …
-            raise TrialLeaseError(f"cannot take the trial's lease {self.key!r} in {self.store.where}: "
-                                  f"{type(e).__name__}: {_redacted(str(e))}") from None
+            raise TrialLeaseError(
+                f"cannot take the trial's lease {self.key!r} in {self.store.where}: "
+                f"{type(e).__name__}: {_redacted(str(e))}"
+            ) from None
         self._stop.clear()
         self._renewer = threading.Thread(target=self._renew_loop, name="trial-lease", daemon=True)
         self._renewer.start()
@@ -175,25 +185,35 @@ class TrialLease:
             if value is not None and not _dead_here(holder):
                 raise TrialLeaseHeldError(self._refusal(holder, left))
             if time.monotonic() > deadline and value is None:
-                raise TrialLeaseError(f"could not take the trial's lease {self.key!r} in {self.store.where} within "
-                                      f"{self.ttl + 1:.0f} s: SET NX failed, yet no record could be read")
+                raise TrialLeaseError(
+                    f"could not take the trial's lease {self.key!r} in {self.store.where} within "
+                    f"{self.ttl + 1:.0f} s: SET NX failed, yet no record could be read"
+                )
             if time.monotonic() > deadline:
-                raise TrialLeaseHeldError(self._refusal(holder, left) + (
-                    f" (pid {holder.get('pid')} is not alive on this host, yet its lease was renewed for "
-                    f"{self.ttl + 1:.0f} s: another machine with the same host name?)"))
+                raise TrialLeaseHeldError(
+                    self._refusal(holder, left)
+                    + (
+                        f" (pid {holder.get('pid')} is not alive on this host, yet its lease was renewed for "
+                        f"{self.ttl + 1:.0f} s: another machine with the same host name?)"
+                    )
+                )
             if value is not None and not told:
                 told = True
-                logger.info(f"the trial's lease {self.key!r} is held by pid {holder.get('pid')}, no longer alive on "
-                            f"this host: taking it over when it expires, in {left:.1f} s")
+                logger.info(
+                    f"the trial's lease {self.key!r} is held by pid {holder.get('pid')}, no longer alive on "
+                    f"this host: taking it over when it expires, in {left:.1f} s"
+                )
             time.sleep(min(0.2, max(left, 0.01)))
 
     def _refusal(self, holder: dict, left: float) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("started", 0))))
-        return (f"this trial is already running: pid {holder.get('pid')} on host {holder.get('host')}, started "
-                f"{started} ({holder.get('cmdline')}), holds its lease {self.key!r} in {self.store.where}; the "
-                f"lease expires in {left:.1f} s unless that launcher renews it (it does every {self.ttl / 3:.1f} s "
-                f"while it lives). Wait for that run to end, stop it (`kill {holder.get('pid')}` on "
-                f"{holder.get('host')}), or choose another trial_name")
+        return (
+            f"this trial is already running: pid {holder.get('pid')} on host {holder.get('host')}, started "
+            f"{started} ({holder.get('cmdline')}), holds its lease {self.key!r} in {self.store.where}; the "
+            f"lease expires in {left:.1f} s unless that launcher renews it (it does every {self.ttl / 3:.1f} s "
+            f"while it lives). Wait for that run to end, stop it (`kill {holder.get('pid')}` on "
+            f"{holder.get('host')}), or choose another trial_name"
+        )
 
     def _renew_loop(self) -> None:
         failing = False
@@ -204,15 +224,19 @@ class TrialLease:
                     continue
                 # Expired while this launcher stalled (or Redis lost it): take it again if it is free.
                 if self.store.take(self.key, self.value, self.ttl):
-                    logger.warning(f"the trial's lease {self.key!r} had expired (this launcher stalled longer "
-                                   f"than {self.ttl:g} s, or {self.store.where} lost it); taken again")
+                    logger.warning(
+                        f"the trial's lease {self.key!r} had expired (this launcher stalled longer "
+                        f"than {self.ttl:g} s, or {self.store.where} lost it); taken again"
+                    )
                     continue
                 value, _ = self.store.read(self.key)
                 holder = _record(value) if value else {}
-                message = (f"the trial's lease {self.key!r} in {self.store.where} was taken by pid "
-                           f"{holder.get('pid')} on host {holder.get('host')} ({holder.get('cmdline')}) after it "
-                           f"expired (this launcher stalled longer than {self.ttl:g} s?): this run no longer owns "
-                           "the trial's keys")
+                message = (
+                    f"the trial's lease {self.key!r} in {self.store.where} was taken by pid "
+                    f"{holder.get('pid')} on host {holder.get('host')} ({holder.get('cmdline')}) after it "
+                    f"expired (this launcher stalled longer than {self.ttl:g} s?): this run no longer owns "
+                    "the trial's keys"
+                )
                 logger.error(message)
                 if self.on_lost is not None:
                     self.on_lost(message)
@@ -231,8 +255,10 @@ class TrialLease:
         try:
             self.store.drop(self.key, self.value)
         except Exception as e:  # it expires after its TTL anyway
-            logger.warning(f"could not release the trial's lease {self.key!r} in {self.store.where} "
-                           f"(it expires in {self.ttl:g} s): {e}")
+            logger.warning(
+                f"could not release the trial's lease {self.key!r} in {self.store.where} "
+                f"(it expires in {self.ttl:g} s): {e}"
+            )
         finally:
             self.store.close()
 
@@ -251,8 +277,9 @@ def _record(value: str) -> dict:
         return {}
 
 
-def trial_lease(name_resolve_config, experiment: str, trial: str,
-                on_lost: Optional[Callable[[str], None]] = None) -> Optional[TrialLease]:
+def trial_lease(
+    name_resolve_config, experiment: str, trial: str, on_lost: Optional[Callable[[str], None]] = None
+) -> Optional[TrialLease]:
     """The (not yet taken) lease of a trial under `cluster.name_resolve`; None without a shared Redis."""
     if name_resolve_config.type == "memory":
         store = _MemoryStore()

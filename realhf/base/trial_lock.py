@@ -48,12 +48,19 @@ class TrialLock:
                 f"this trial is already running: pid {holder.get('pid')} on host {holder.get('host')}, started "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.get('started', 0)))} "
                 f"({holder.get('cmdline')}), holds its lock {self.path}. Wait for that run to end, stop it "
-                f"(`kill {holder.get('pid')}` on {holder.get('host')}), or choose another trial_name") from None
+                f"(`kill {holder.get('pid')}` on {holder.get('host')}), or choose another trial_name"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
-        data = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                           "cmdline": shlex.join([sys.executable, *sys.argv])}).encode()
+        data = json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": time.time(),
+                "cmdline": shlex.join([sys.executable, *sys.argv]),
+            }
+        ).encode()
         # Write, then cut: a reader in between sees this record and the old tail, and reads only
         # the first JSON value.
         os.pwrite(fd, data, 0)

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
-from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
 from realhf.api.file_validation import server_context
-from realhf.api.worker_validation import validate_worker_config
+from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
 from realhf.api.worker_configs import (
     EvaluatorConfig,
     GenerationServerConfig,
@@ -32,6 +31,7 @@ from realhf.api.worker_configs import (
     ModelWorkerConfig,
     RolloutWorkerConfig,
 )
+from realhf.api.worker_validation import validate_worker_config
 from realhf.base import trial_files
 from realhf.base.network import redact_url
 from realhf.base.trial_files import TrialFiles
@@ -68,10 +68,12 @@ def resume_point(cfg: AsyncPPOMATHConfig) -> Optional[Tuple[Path, Dict[str, Any]
     except recover_ckpt.DamagedCheckpointError as e:
         raise ConfigError(f"recover_mode={cfg.recover_mode}: {e}") from None
     if point is None and cfg.recover_mode == "resume":
-        raise ConfigError(f"recover_mode=resume but there is no recovery checkpoint at "
-                          f"{trial_files.recover_dir(run_dir)} (experiment_name={cfg.experiment_name!r}, trial_name="
-                          f"{cfg.trial_name!r}, cluster.fileroot={cfg.cluster.fileroot!r}); checkpoints are written "
-                          "every exp_ctrl.ckpt_freq_steps")
+        raise ConfigError(
+            f"recover_mode=resume but there is no recovery checkpoint at "
+            f"{trial_files.recover_dir(run_dir)} (experiment_name={cfg.experiment_name!r}, trial_name="
+            f"{cfg.trial_name!r}, cluster.fileroot={cfg.cluster.fileroot!r}); checkpoints are written "
+            "every exp_ctrl.ckpt_freq_steps"
+        )
     return point
 
 
@@ -96,14 +98,26 @@ def wandb_run_config(cfg: AsyncPPOMATHConfig) -> dict:
 def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
     ev = cfg.evaluation
     return EvaluatorConfig(
-        eval_freq_steps=cfg.exp_ctrl.eval_freq_steps, test_path=cfg.dataset.test_path,
-        columns=dataclasses.replace(cfg.dataset.columns), test_split=cfg.dataset.test_split,
-        chat_template=cfg.dataset.chat_template, n_prompts=ev.during_n_prompts, samples=ev.during_samples,
-        temperature=ev.sampled_temperature, max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
-        n_threads=ev.during_n_threads, nice=ev.during_nice, model_path=cfg.actor.path,
-        native=dataclasses.replace(cfg.gen_server.native), device=cfg.cluster.device, seed=cfg.seed,
-        stats=dataclasses.replace(cfg.stats), run_dir=files.run_dir,
-        metrics_path=os.path.join(files.log_dir, EVAL_METRICS_FILE), wandb_run_name=f"{cfg.trial_name}-eval",
+        eval_freq_steps=cfg.exp_ctrl.eval_freq_steps,
+        test_path=cfg.dataset.test_path,
+        columns=dataclasses.replace(cfg.dataset.columns),
+        test_split=cfg.dataset.test_split,
+        chat_template=cfg.dataset.chat_template,
+        n_prompts=ev.during_n_prompts,
+        samples=ev.during_samples,
+        temperature=ev.sampled_temperature,
+        max_new_tokens=ev.max_new_tokens,
+        batch_size=ev.batch_size,
+        n_threads=ev.during_n_threads,
+        nice=ev.during_nice,
+        model_path=cfg.actor.path,
+        native=dataclasses.replace(cfg.gen_server.native),
+        device=cfg.cluster.device,
+        seed=cfg.seed,
+        stats=dataclasses.replace(cfg.stats),
+        run_dir=files.run_dir,
+        metrics_path=os.path.join(files.log_dir, EVAL_METRICS_FILE),
+        wandb_run_name=f"{cfg.trial_name}-eval",
         resumed_version=resumed_version,
     )
 
@@ -121,65 +135,122 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
 
     gen_servers = [
         GenerationServerConfig(
-            backend=alloc.gen_engine, model_path=cfg.actor.path, host=host, device=cfg.cluster.device,
+            backend=alloc.gen_engine,
+            model_path=cfg.actor.path,
+            host=host,
+            device=cfg.cluster.device,
             max_request_bytes=cfg.cluster.max_request_bytes,
-            native=dataclasses.replace(cfg.gen_server.native), sglang=dataclasses.replace(cfg.gen_server.sglang),
-            tp_size=alloc.gen.tp, base_gpu_id=i * alloc.gen.tp * alloc.gen.pp, seed=cfg.seed,
+            native=dataclasses.replace(cfg.gen_server.native),
+            sglang=dataclasses.replace(cfg.gen_server.sglang),
+            tp_size=alloc.gen.tp,
+            base_gpu_id=i * alloc.gen.tp * alloc.gen.pp,
+            seed=cfg.seed,
             # a restarted server loads the current weights from here
             weights_root=str(trial_files.published_weights_dir(files.run_dir, "actor")),
         )
         for i in range(alloc.gen.dp)
     ]
     manager = GserverManagerConfig(
-        host=host, schedule_policy=cfg.schedule_policy, max_concurrent_rollouts=cfg.max_concurrent_rollouts,
-        groups_per_step=cfg.groups_per_step, max_head_offpolicyness=cfg.max_head_offpolicyness,
-        n_servers=alloc.gen.dp, n_trainer_ranks=alloc.train.dp, max_request_bytes=cfg.cluster.max_request_bytes,
-        model_role="actor", run_dir=files.run_dir,
+        host=host,
+        schedule_policy=cfg.schedule_policy,
+        max_concurrent_rollouts=cfg.max_concurrent_rollouts,
+        groups_per_step=cfg.groups_per_step,
+        max_head_offpolicyness=cfg.max_head_offpolicyness,
+        n_servers=alloc.gen.dp,
+        n_trainer_ranks=alloc.train.dp,
+        max_request_bytes=cfg.cluster.max_request_bytes,
+        model_role="actor",
+        run_dir=files.run_dir,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
     rollout = RolloutWorkerConfig(
-        dataset_path=cfg.dataset.path, dataset_columns=dataclasses.replace(cfg.dataset.columns),
-        dataset_split=cfg.dataset.split, chat_template=cfg.dataset.chat_template,
-        tokenizer_path=cfg.actor.path, seed=cfg.seed,
-        agent=dataclasses.replace(cfg.rollout.agent), env=dataclasses.replace(cfg.rollout.env),
-        gconfig=dataclasses.replace(cfg.ppo.gen), group_size=cfg.group_size,
-        max_concurrent_rollouts=rollouts_per_worker(cfg), new_tokens_per_chunk=cfg.new_tokens_per_chunk,
-        n_pullers=alloc.train.dp, request_timeout=cfg.rollout.request_timeout,
-        episode_timeout=cfg.rollout.episode_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
+        dataset_path=cfg.dataset.path,
+        dataset_columns=dataclasses.replace(cfg.dataset.columns),
+        dataset_split=cfg.dataset.split,
+        chat_template=cfg.dataset.chat_template,
+        tokenizer_path=cfg.actor.path,
+        seed=cfg.seed,
+        agent=dataclasses.replace(cfg.rollout.agent),
+        env=dataclasses.replace(cfg.rollout.env),
+        gconfig=dataclasses.replace(cfg.ppo.gen),
+        group_size=cfg.group_size,
+        max_concurrent_rollouts=rollouts_per_worker(cfg),
+        new_tokens_per_chunk=cfg.new_tokens_per_chunk,
+        n_pullers=alloc.train.dp,
+        request_timeout=cfg.rollout.request_timeout,
+        episode_timeout=cfg.rollout.episode_timeout,
+        max_message_bytes=cfg.cluster.max_message_bytes,
         context_tokens=server_context(cfg)[0],
     )
     model = ModelWorkerConfig(
-        actor=cfg.actor, ref=cfg.ref, critic=cfg.critic, ppo=cfg.ppo, device=cfg.cluster.device,
-        first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp, run_dir=files.run_dir, bind_host=host,
-        max_head_offpolicyness=cfg.max_head_offpolicyness, total_train_steps=total_steps, seed=cfg.seed,
-        recover=bool(resume), recover_path=str(point[0]) if point else "",
+        actor=cfg.actor,
+        ref=cfg.ref,
+        critic=cfg.critic,
+        ppo=cfg.ppo,
+        device=cfg.cluster.device,
+        first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp,
+        run_dir=files.run_dir,
+        bind_host=host,
+        max_head_offpolicyness=cfg.max_head_offpolicyness,
+        total_train_steps=total_steps,
+        seed=cfg.seed,
+        recover=bool(resume),
+        recover_path=str(point[0]) if point else "",
         keep_last_saves=cfg.exp_ctrl.keep_last_saves,
-        max_message_bytes=cfg.cluster.max_message_bytes, collective_timeout=cfg.cluster.collective_timeout,
+        max_message_bytes=cfg.cluster.max_message_bytes,
+        collective_timeout=cfg.cluster.collective_timeout,
     )
     master = MasterWorkerConfig(
-        n_model_workers=alloc.train.dp, groups_per_step=cfg.groups_per_step, group_size=cfg.group_size,
-        total_train_steps=total_steps, ppo=cfg.ppo, exp_ctrl=cfg.exp_ctrl, stats=cfg.stats, log_dir=files.log_dir,
-        bind_host=host, stall_timeout=cfg.stall_timeout, max_message_bytes=cfg.cluster.max_message_bytes,
-        expected_workers={"generation_server": alloc.gen.dp, "gserver_manager": 1, "model_worker": alloc.train.dp,
-                          "rollout_worker": cfg.rollout.n_workers},
+        n_model_workers=alloc.train.dp,
+        groups_per_step=cfg.groups_per_step,
+        group_size=cfg.group_size,
+        total_train_steps=total_steps,
+        ppo=cfg.ppo,
+        exp_ctrl=cfg.exp_ctrl,
+        stats=cfg.stats,
+        log_dir=files.log_dir,
+        bind_host=host,
+        stall_timeout=cfg.stall_timeout,
+        max_message_bytes=cfg.cluster.max_message_bytes,
+        expected_workers={
+            "generation_server": alloc.gen.dp,
+            "gserver_manager": 1,
+            "model_worker": alloc.train.dp,
+            "rollout_worker": cfg.rollout.n_workers,
+        },
         run_config=wandb_run_config(cfg) if cfg.stats.wandb_project else {},
     )
     samplers = resume.get("rollout_samplers", {})
     # Every worker gets the whole pending list and runs those of its own shard first.
     pending = json.dumps(resume["rollout_pending"]) if resume.get("rollout_pending") else ""
-    rollouts = [dataclasses.replace(rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "",
-                                    pending=pending)
-                for i in range(cfg.rollout.n_workers)]
+    rollouts = [
+        dataclasses.replace(
+            rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "", pending=pending
+        )
+        for i in range(cfg.rollout.n_workers)
+    ]
     # What each worker holds on a Ray cluster: its torch threads as CPUs, its GPUs; the others
     # (master, manager, rollout workers) mostly wait on sockets and hold none.
     gpus = cfg.cluster.n_gpus_per_node > 0 and cfg.cluster.device != "cpu"
     server_cpus = cfg.gen_server.native.n_threads if alloc.gen_engine == "native" else 1
     specs = [
-        WorkerSpec("generation_server", alloc.gen.dp, gen_servers, cpus=server_cpus,
-                   gpus=alloc.gen.tp * alloc.gen.pp if gpus else 0, placement_group=True),
+        WorkerSpec(
+            "generation_server",
+            alloc.gen.dp,
+            gen_servers,
+            cpus=server_cpus,
+            gpus=alloc.gen.tp * alloc.gen.pp if gpus else 0,
+            placement_group=True,
+        ),
         WorkerSpec("gserver_manager", 1, [manager]),
-        WorkerSpec("model_worker", alloc.train.dp, [model] * alloc.train.dp, cpus=cfg.actor.n_threads,
-                   gpus=1 if gpus else 0, placement_group=True),
+        WorkerSpec(
+            "model_worker",
+            alloc.train.dp,
+            [model] * alloc.train.dp,
+            cpus=cfg.actor.n_threads,
+            gpus=1 if gpus else 0,
+            placement_group=True,
+        ),
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]

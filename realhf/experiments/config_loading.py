@@ -26,8 +26,9 @@ def register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=AsyncPPOMATHConfig)
 
 
-def compose_config(overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR,
-                   config_name: str = CONFIG_NAME) -> AsyncPPOMATHConfig:
+def compose_config(
+    overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR, config_name: str = CONFIG_NAME
+) -> AsyncPPOMATHConfig:
     """The typed config a run with these command-line overrides would use."""
     register_schema()
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):

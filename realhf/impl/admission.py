@@ -40,7 +40,9 @@ def dp_shares(batch_size: int, dp_size: int) -> List[int]:
     if dp_size < 1:
         raise ValueError(f"dp_size (trainer DP ranks) must be >= 1, got {dp_size}")
     if batch_size < dp_size:
-        raise ValueError(f"batch_size {batch_size} < dp_size {dp_size}: every DP rank needs at least one group per step")
+        raise ValueError(
+            f"batch_size {batch_size} < dp_size {dp_size}: every DP rank needs at least one group per step"
+        )
     k, rest = divmod(batch_size, dp_size)
     return [k + (1 if r < rest else 0) for r in range(dp_size)]
 
@@ -50,8 +52,9 @@ def resumed_accepted(shares: Sequence[int], trained_groups: int) -> List[int]:
     step trained exactly share_r groups from rank r."""
     batch_size = sum(shares)
     if trained_groups < 0 or trained_groups % batch_size:
-        raise ValueError(f"trained_groups_at_start={trained_groups} is not a whole number of steps of "
-                         f"B={batch_size} groups")
+        raise ValueError(
+            f"trained_groups_at_start={trained_groups} is not a whole number of steps of B={batch_size} groups"
+        )
     return [trained_groups // batch_size * s for s in shares]
 
 
@@ -186,7 +189,9 @@ class StalenessManager:
         try:
             rank = self._running.pop(qid)
         except KeyError:
-            raise KeyError(f"{what}({qid!r}): no running rollout with this qid (never allocated, or already ended)") from None
+            raise KeyError(
+                f"{what}({qid!r}): no running rollout with this qid (never allocated, or already ended)"
+            ) from None
         self._running_r[rank] -= 1
         return rank
 

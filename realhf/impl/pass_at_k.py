@@ -22,10 +22,26 @@ def pass_at_k(correct_per_prompt: Sequence[int]) -> float:
     return sum(c > 0 for c in correct_per_prompt) / len(correct_per_prompt)
 
 
-def accuracy_and_pass_at_k(tokenizer_path: Union[str, Path], rows: Sequence[PromptRow], k: int, *,
-                           temperature: float, max_new_tokens: int, generate_fn: GenerateFn, grader: MathGrader,
-                           chat_template: str = "auto") -> Dict[str, float]:
+def accuracy_and_pass_at_k(
+    tokenizer_path: Union[str, Path],
+    rows: Sequence[PromptRow],
+    k: int,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    generate_fn: GenerateFn,
+    grader: MathGrader,
+    chat_template: str = "auto",
+) -> Dict[str, float]:
     """`evaluate_math_accuracy`'s result for k answers per prompt, plus "pass_at_k" and "k"."""
-    result = evaluate_math_accuracy(tokenizer_path, rows, temperature=temperature, n=k, max_new_tokens=max_new_tokens,
-                                    generate_fn=generate_fn, grader=grader, chat_template=chat_template)
+    result = evaluate_math_accuracy(
+        tokenizer_path,
+        rows,
+        temperature=temperature,
+        n=k,
+        max_new_tokens=max_new_tokens,
+        generate_fn=generate_fn,
+        grader=grader,
+        chat_template=chat_template,
+    )
     return {**result, "pass_at_k": pass_at_k(result["correct_per_prompt"]), "k": k}

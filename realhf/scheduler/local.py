@@ -19,9 +19,15 @@ from realhf.scheduler.worker_spec import (  # noqa: F401 - the launcher's public
     WorkerSpec,
 )
 
-
-__all__ = ["LauncherError", "LauncherInterrupted", "LocalLauncher", "RedisLostError", "WorkerFailedError",
-           "WorkerSpec", "log_tail"]
+__all__ = [
+    "LauncherError",
+    "LauncherInterrupted",
+    "LocalLauncher",
+    "RedisLostError",
+    "WorkerFailedError",
+    "WorkerSpec",
+    "log_tail",
+]
 
 
 class LocalLauncher(Supervisor):

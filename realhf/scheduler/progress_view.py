@@ -114,8 +114,14 @@ class RunProgress:
     """The bar of one trial (`<log_dir>/metrics.jsonl` growing to `total_steps` rows) and the
     sink of the launcher's echoed log lines (`print_lines`)."""
 
-    def __init__(self, log_dir: str, total_steps: int, enabled: bool = True, console: Optional[Console] = None,
-                 poll_interval: float = 0.5):
+    def __init__(
+        self,
+        log_dir: str,
+        total_steps: int,
+        enabled: bool = True,
+        console: Optional[Console] = None,
+        poll_interval: float = 0.5,
+    ):
         self.console = console or Console(highlight=False)
         self.total_steps = total_steps
         self.live = enabled and self.console.is_terminal and not self.console.is_dumb_terminal
@@ -128,8 +134,9 @@ class RunProgress:
         self._thread: Optional[threading.Thread] = None
         self._handlers: List[tuple] = []
         self.progress = make_progress(self.console)
-        self._task = self.progress.add_task("train", total=total_steps, eta=eta_text(None),
-                                            stats=stats_text(progress_fields([], [], total_steps)))
+        self._task = self.progress.add_task(
+            "train", total=total_steps, eta=eta_text(None), stats=stats_text(progress_fields([], [], total_steps))
+        )
 
     def refresh(self) -> Dict[str, Any]:
         """Read what the files gained and update the bar; returns the fields shown."""
@@ -138,8 +145,9 @@ class RunProgress:
             self._rows = [r for r in self._rows if r.get("step", 0) < row.get("step", 0)][-RECENT_STEPS:] + [row]
         self._eval_rows = (self._eval_rows + self._evals.read())[-1:]
         fields = progress_fields(self._rows, self._eval_rows, self.total_steps)
-        self.progress.update(self._task, completed=fields["step"], eta=eta_text(fields["eta_s"]),
-                             stats=stats_text(fields))
+        self.progress.update(
+            self._task, completed=fields["step"], eta=eta_text(fields["eta_s"]), stats=stats_text(fields)
+        )
         return fields
 
     def print_lines(self, text: str) -> None:

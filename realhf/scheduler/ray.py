@@ -57,8 +57,9 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise LauncherError("cluster.launcher=ray needs Ray, which is not installed: pip install 'realhf[ray]' "
-                            "(or: pip install ray)") from None
+        raise LauncherError(
+            "cluster.launcher=ray needs Ray, which is not installed: pip install 'realhf[ray]' (or: pip install ray)"
+        ) from None
     return ray
 
 
@@ -72,8 +73,11 @@ class ProcessHost:
     def node(self) -> Dict[str, str]:
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "hostname": socket.gethostname()}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+        }
 
     def start(self, config_path: str, log_path: str, env: Dict[str, str], cwd: str, banner: str = "") -> int:
         if self._proc is None:
@@ -138,8 +142,9 @@ class RayProcess:
     def _place(self) -> None:
         ray = self.launcher.ray
         options = self.launcher.actor_options(self.spec, self.p.index)
-        self.actor = ray.remote(ProcessHost).options(max_restarts=0, max_concurrency=1, **options).remote(
-            self.env[MARKER_ENV])
+        self.actor = (
+            ray.remote(ProcessHost).options(max_restarts=0, max_concurrency=1, **options).remote(self.env[MARKER_ENV])
+        )
         timeout = self.launcher.ray_config.placement_timeout
         try:
             self.node = ray.get(self.actor.node.remote(), timeout=timeout)
@@ -147,22 +152,26 @@ class RayProcess:
             raise LauncherError(
                 f"{self.name} could not be placed on the Ray cluster within {timeout:.0f}s "
                 f"(cluster.ray.placement_timeout): it needs {self.launcher.describe_needs(self.spec)}; the cluster "
-                f"has {self.launcher.resources(available=True)} available") from None
+                f"has {self.launcher.resources(available=True)} available"
+            ) from None
         if self.config is not None and self.launcher.node_addresses:
             fields = {f: self.node["ip"] for f in BIND_FIELDS if hasattr(self.config, f)}
             self.config = dataclasses.replace(self.config, **fields)
 
     @property
     def where(self) -> str:
-        return f" on node {self.node.get('hostname', '?')}/{self.node.get('ip', '?')} {self.node.get('node_id', '?')[:8]}"
+        return (
+            f" on node {self.node.get('hostname', '?')}/{self.node.get('ip', '?')} {self.node.get('node_id', '?')[:8]}"
+        )
 
     def _call(self, what: str, *args, timeout: float = CALL_TIMEOUT):
         ray = self.launcher.ray
         try:
             return ray.get(getattr(self.actor, what).remote(*args), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise LauncherError(f"{self.name}: its Ray actor{self.where} did not answer {what}() within "
-                                f"{timeout:.0f}s") from None
+            raise LauncherError(
+                f"{self.name}: its Ray actor{self.where} did not answer {what}() within {timeout:.0f}s"
+            ) from None
 
     def _actor_dead(self, e: Exception) -> None:
         logger.warning(f"{self.name}: its Ray actor{self.where} died ({type(e).__name__}); the worker is gone with it")
@@ -265,8 +274,9 @@ class RayLauncher(Supervisor):
         self.ray = import_ray()
         rc = self.ray_config
         if self.ray.is_initialized():
-            raise LauncherError("Ray is already initialized in this process; the Ray launcher connects (or starts "
-                                "a cluster) itself")
+            raise LauncherError(
+                "Ray is already initialized in this process; the Ray launcher connects (or starts a cluster) itself"
+            )
         if rc.address:
             logger.info(f"connecting to the Ray cluster at {rc.address}")
             self._init(address=rc.address)
@@ -275,8 +285,12 @@ class RayLauncher(Supervisor):
             # Supervisor.start) sweeps them if the launcher dies before ray.shutdown().
             os.environ[MARKER_ENV] = self.marker
             try:
-                self._init(address="local", num_cpus=rc.num_cpus or os.cpu_count(), num_gpus=rc.num_gpus,
-                           include_dashboard=False)
+                self._init(
+                    address="local",
+                    num_cpus=rc.num_cpus or os.cpu_count(),
+                    num_gpus=rc.num_gpus,
+                    include_dashboard=False,
+                )
             finally:
                 os.environ.pop(MARKER_ENV, None)
             self._own_cluster = True
@@ -286,9 +300,11 @@ class RayLauncher(Supervisor):
             if self.bind_host in LOOPBACK:
                 self.node_addresses = True
                 self.bind_host = self.ray.util.get_node_ip_address()  # Redis, reached from every node
-        logger.info(f"Ray cluster {'started for this run' if self._own_cluster else 'joined'}: {len(nodes)} node(s), "
-                    f"{self.resources()}; "
-                    + ("workers bind to their node's address" if self.node_addresses else f"binding {self.bind_host}"))
+        logger.info(
+            f"Ray cluster {'started for this run' if self._own_cluster else 'joined'}: {len(nodes)} node(s), "
+            f"{self.resources()}; "
+            + ("workers bind to their node's address" if self.node_addresses else f"binding {self.bind_host}")
+        )
         try:
             super().start()
         except BaseException:
@@ -316,22 +332,32 @@ class RayLauncher(Supervisor):
             f.write(token)
         try:
             reader = ray.remote(num_cpus=0)(read_probe)
-            refs = {n["NodeID"]: reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                    .remote(probe) for n in nodes}
+            refs = {
+                n["NodeID"]: reader.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                ).remote(probe)
+                for n in nodes
+            }
             try:
                 seen = dict(zip(refs, ray.get(list(refs.values()), timeout=self.ray_config.placement_timeout)))
             except ray.exceptions.GetTimeoutError:
-                raise LauncherError(f"the shared-fileroot check did not finish within "
-                                    f"{self.ray_config.placement_timeout:.0f}s (cluster.ray.placement_timeout)") from None
+                raise LauncherError(
+                    f"the shared-fileroot check did not finish within "
+                    f"{self.ray_config.placement_timeout:.0f}s (cluster.ray.placement_timeout)"
+                ) from None
         finally:
             os.unlink(probe)
-        blind = [f"{n['NodeManagerAddress']} ({n['NodeID'][:8]}): {seen[n['NodeID']][:120]}"
-                 for n in nodes if seen[n["NodeID"]] != token]
+        blind = [
+            f"{n['NodeManagerAddress']} ({n['NodeID'][:8]}): {seen[n['NodeID']][:120]}"
+            for n in nodes
+            if seen[n["NodeID"]] != token
+        ]
         if blind:
             raise LauncherError(
                 f"cluster.fileroot must be one directory shared by every node of the Ray cluster (published weights, "
                 f"checkpoints and logs travel through it), but {len(blind)} of {len(nodes)} nodes do not see {probe}, "
-                f"which the launcher just wrote: " + "; ".join(blind))
+                f"which the launcher just wrote: " + "; ".join(blind)
+            )
 
     def actor_options(self, spec: WorkerSpec, index: int) -> Dict[str, Any]:
         """Ray options of worker `index` of `spec`: its resources, or its placement-group bundle."""
@@ -358,8 +384,11 @@ class RayLauncher(Supervisor):
     def resources(self, available: bool = False) -> Dict[str, float]:
         """The cluster's resources as a user declared them (not Ray's per-placement-group entries)."""
         found = self.ray.available_resources() if available else self.ray.cluster_resources()
-        return {k: v for k, v in sorted(found.items())
-                if "_group_" not in k and not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+        return {
+            k: v
+            for k, v in sorted(found.items())
+            if "_group_" not in k and not k.startswith("node:") and k not in ("memory", "object_store_memory")
+        }
 
     def describe_needs(self, spec: WorkerSpec) -> str:
         return f"{self.bundle(spec)} (cluster.ray.resources.{spec.worker_type} adds custom ones)"
@@ -370,8 +399,11 @@ class RayLauncher(Supervisor):
         from ray.util.placement_group import placement_group
 
         strategy = self.ray_config.placement_strategy
-        group = placement_group([self.bundle(spec) for _ in range(spec.count)], strategy=strategy,
-                                name=f"{self.experiment_name}/{self.trial_name}/{spec.worker_type}")
+        group = placement_group(
+            [self.bundle(spec) for _ in range(spec.count)],
+            strategy=strategy,
+            name=f"{self.experiment_name}/{self.trial_name}/{spec.worker_type}",
+        )
         self._groups[spec.worker_type] = group
         timeout = self.ray_config.placement_timeout
         try:
@@ -380,7 +412,8 @@ class RayLauncher(Supervisor):
             raise LauncherError(
                 f"the placement group of {spec.count} {spec.worker_type} worker(s) ({strategy}, each "
                 f"{self.describe_needs(spec)}) was not placed within {timeout:.0f}s (cluster.ray.placement_timeout); "
-                f"the cluster has {self.resources()} in all, {self.resources(available=True)} available") from None
+                f"the cluster has {self.resources()} in all, {self.resources(available=True)} available"
+            ) from None
         return group
 
     def _new_process(self, p: _Proc, spec: WorkerSpec, config: Any, env: Dict[str, str]) -> RayProcess:

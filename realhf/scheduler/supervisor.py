@@ -46,6 +46,7 @@ from realhf.base.redis_server import RedisServer
 from realhf.base.secret import write_private
 from realhf.base.trial_files import TrialFiles
 from realhf.scheduler.log_echo import LogEcho, log_tail
+from realhf.scheduler.watchdog import MARKER_ENV, Watchdog
 from realhf.scheduler.worker_spec import (
     DEFAULT_WORKER_ENV,
     LauncherError,
@@ -54,7 +55,6 @@ from realhf.scheduler.worker_spec import (
     WorkerFailedError,
     WorkerSpec,
 )
-from realhf.scheduler.watchdog import MARKER_ENV, Watchdog
 from realhf.system.worker_base import STATUS_ABORTED, STATUS_COMPLETE, STATUS_RUNNING, WorkerContext
 
 logger = logging.getLogger("launcher")
@@ -88,10 +88,18 @@ class Supervisor:
     launcher_name = "launcher"
     assigns_gpus = False  # whether a worker's process sees only its own GPUs (WorkerContext.gpus_assigned)
 
-    def __init__(self, experiment_name: str, trial_name: str, fileroot: str,
-                 name_resolve_config: Optional[NameResolveConfig] = None, startup_timeout: float = 300.0,
-                 exit_grace: float = 10.0, poll_interval: float = 0.2, bind_host: str = "127.0.0.1",
-                 heartbeat_grace: float = 5.0):
+    def __init__(
+        self,
+        experiment_name: str,
+        trial_name: str,
+        fileroot: str,
+        name_resolve_config: Optional[NameResolveConfig] = None,
+        startup_timeout: float = 300.0,
+        exit_grace: float = 10.0,
+        poll_interval: float = 0.2,
+        bind_host: str = "127.0.0.1",
+        heartbeat_grace: float = 5.0,
+    ):
         self.experiment_name = experiment_name
         self.trial_name = trial_name
         self.log_dir = TrialFiles(fileroot, experiment_name, trial_name).log_dir
@@ -122,8 +130,10 @@ class Supervisor:
             self._watchdog.track(self._redis.pid)  # it leads its own session
             cfg.redis_url = self._redis.url
         if cfg.type == "memory":
-            raise LauncherError("cluster.name_resolve.type=memory works within one process only; "
-                                f"the {self.launcher_name} launcher needs 'redis'")
+            raise LauncherError(
+                "cluster.name_resolve.type=memory works within one process only; "
+                f"the {self.launcher_name} launcher needs 'redis'"
+            )
         name_resolve.reconfigure(cfg)
         # A previous trial of the same name may have left keys behind (e.g. after a SIGKILL). The
         # trial's lease stays: this launch took it before starting us (realhf/base/trial_lease.py).
@@ -188,15 +198,31 @@ class Supervisor:
 
     def _spawn(self, spec: WorkerSpec, index: int, config: Any, env: Dict[str, str]) -> None:
         ctx = WorkerContext(
-            experiment_name=self.experiment_name, trial_name=self.trial_name, worker_type=spec.worker_type,
-            worker_index=index, worker_count=spec.count, name_resolve=self.name_resolve_config,
-            log_dir=self.log_dir, secret=self.secret, gpus_assigned=self.assigns_gpus and spec.gpus > 0,
+            experiment_name=self.experiment_name,
+            trial_name=self.trial_name,
+            worker_type=spec.worker_type,
+            worker_index=index,
+            worker_count=spec.count,
+            name_resolve=self.name_resolve_config,
+            log_dir=self.log_dir,
+            secret=self.secret,
+            gpus_assigned=self.assigns_gpus and spec.gpus > 0,
         )
         config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
         log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")
         key = names.worker(self.experiment_name, self.trial_name, spec.worker_type, index)
-        p = _Proc(f"{spec.worker_type}/{index}", spec.worker_type, index, None, log_path, key, time.monotonic(),
-                  spec=spec, config_path=config_path, context=ctx)
+        p = _Proc(
+            f"{spec.worker_type}/{index}",
+            spec.worker_type,
+            index,
+            None,
+            log_path,
+            key,
+            time.monotonic(),
+            spec=spec,
+            config_path=config_path,
+            context=ctx,
+        )
         p.process = self._new_process(p, spec, config, env)
         # After _new_process: a launcher that places workers on nodes may adjust the config
         # (the address to bind) to the node it chose.
@@ -231,14 +257,18 @@ class Supervisor:
             name_resolve.delete(p.heartbeat_key)
         except Exception:  # noqa: BLE001 - already expired
             pass
-        p.process.start(banner=f"\n{'=' * 20} realhf launcher: restart {p.restarts} of {p.name} "
-                               f"(max_restarts={p.spec.max_restarts}) after: {p.last_death} {'=' * 20}\n")
+        p.process.start(
+            banner=f"\n{'=' * 20} realhf launcher: restart {p.restarts} of {p.name} "
+            f"(max_restarts={p.spec.max_restarts}) after: {p.last_death} {'=' * 20}\n"
+        )
         self._process_started(p)
         p.started = time.monotonic()
         p.heartbeat_seen, p.heartbeat_missing_since, p.exited, p.restart_at = False, None, None, None
-        logger.warning(f"restarted {p.name} (restart {p.restarts}; {len(p.restart_times)}/{p.spec.max_restarts} "
-                       f"within {self._window(p)}; pid {p.process.pid}) "
-                       f"after: {p.last_death}")
+        logger.warning(
+            f"restarted {p.name} (restart {p.restarts}; {len(p.restart_times)}/{p.spec.max_restarts} "
+            f"within {self._window(p)}; pid {p.process.pid}) "
+            f"after: {p.last_death}"
+        )
 
     def restarts(self) -> Dict[str, int]:
         """Restarts so far per worker name ("<type>/<index>")."""
@@ -266,7 +296,9 @@ class Supervisor:
                     complete_since = time.monotonic()
                 if complete_since is not None and time.monotonic() - complete_since > self.exit_grace:
                     left = [p.name for p in self._procs if p.exited is None]
-                    logger.warning(f"experiment COMPLETE but {left} still running after {self.exit_grace:.0f}s; stopping them")
+                    logger.warning(
+                        f"experiment COMPLETE but {left} still running after {self.exit_grace:.0f}s; stopping them"
+                    )
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise LauncherError(f"trial did not finish within {timeout:.0f}s")
@@ -287,8 +319,10 @@ class Supervisor:
     def _redis_call(self, what: str, fn, *args):
         """`fn(*args)` against name resolve; RedisLostError naming Redis if it cannot be reached."""
         if self._redis is not None and not pid_alive(self._redis.pid):
-            raise RedisLostError(f"the trial's redis-server (pid {self._redis.pid}, {self._redis_where()}) "
-                                 "died; every worker depends on it")
+            raise RedisLostError(
+                f"the trial's redis-server (pid {self._redis.pid}, {self._redis_where()}) "
+                "died; every worker depends on it"
+            )
         try:
             return fn(*args)
         except (name_resolve.NameEntryNotFoundError, LauncherError):
@@ -301,15 +335,22 @@ class Supervisor:
         try:
             return self._redis_call("reading the experiment status", name_resolve.get, key)
         except name_resolve.NameEntryNotFoundError:
-            raise RedisLostError(f"the experiment status key {key!r} is missing from {self._redis_where()} "
-                                 "(Redis restarted without its data, flushed or evicted?)") from None
+            raise RedisLostError(
+                f"the experiment status key {key!r} is missing from {self._redis_where()} "
+                "(Redis restarted without its data, flushed or evicted?)"
+            ) from None
 
     def _check_workers(self):
         """(proc, reason) of the first failed worker, or None. Restartable workers that died are
         scheduled for a restart (or restarted when it is due) instead."""
         now = time.monotonic()
-        heartbeats = set(self._redis_call("reading heartbeats", name_resolve.find_subtree,
-                                          names.worker_root(self.experiment_name, self.trial_name)))
+        heartbeats = set(
+            self._redis_call(
+                "reading heartbeats",
+                name_resolve.find_subtree,
+                names.worker_root(self.experiment_name, self.trial_name),
+            )
+        )
         running = self._status() == STATUS_RUNNING
         for p in self._procs:
             if p.restart_at is not None:
@@ -342,9 +383,11 @@ class Supervisor:
                 if p.heartbeat_missing_since is None:
                     p.heartbeat_missing_since = now
                 elif now - p.heartbeat_missing_since > self.heartbeat_grace:
-                    reason = (f"stopped heart-beating (key {p.heartbeat_key} gone for "
-                              f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive"
-                              f"{self._why_silent(p)}")
+                    reason = (
+                        f"stopped heart-beating (key {p.heartbeat_key} gone for "
+                        f"{now - p.heartbeat_missing_since:.0f}s) while its process is still alive"
+                        f"{self._why_silent(p)}"
+                    )
                     if self._restartable(p):
                         p.exited = p.process.kill_tree()
                         if p.exited is None:
@@ -362,8 +405,11 @@ class Supervisor:
         stopped = p.process.paused()
         if stopped is None:
             return ""
-        return (" and is stopped (SIGSTOP? paused longer than its heartbeat TTL + heartbeat_grace)" if stopped
-                else " (hung, or paused by SIGSTOP for longer than its heartbeat TTL + heartbeat_grace?)")
+        return (
+            " and is stopped (SIGSTOP? paused longer than its heartbeat TTL + heartbeat_grace)"
+            if stopped
+            else " (hung, or paused by SIGSTOP for longer than its heartbeat TTL + heartbeat_grace?)"
+        )
 
     @staticmethod
     def _recent_restarts(p: _Proc) -> int:
@@ -375,8 +421,12 @@ class Supervisor:
         return len(p.restart_times)
 
     def _restartable(self, p: _Proc) -> bool:
-        return (p.spec is not None and p.spec.restart and self._recent_restarts(p) < p.spec.max_restarts
-                and self._status() == STATUS_RUNNING)
+        return (
+            p.spec is not None
+            and p.spec.restart
+            and self._recent_restarts(p) < p.spec.max_restarts
+            and self._status() == STATUS_RUNNING
+        )
 
     def _schedule_restart(self, p: _Proc, reason: str, now: float) -> bool:
         if not self._restartable(p):
@@ -385,8 +435,10 @@ class Supervisor:
         p.process.kill_leftovers()  # children the dead worker left behind (same process group)
         self._process_forgotten(p)
         p.last_death, p.restart_at = reason, now + delay
-        logger.warning(f"{p.name} {reason}; restarting it in {delay:.1f}s (restart {p.restarts + 1}; "
-                       f"{self._recent_restarts(p) + 1} of at most {p.spec.max_restarts} within {self._window(p)})")
+        logger.warning(
+            f"{p.name} {reason}; restarting it in {delay:.1f}s (restart {p.restarts + 1}; "
+            f"{self._recent_restarts(p) + 1} of at most {p.spec.max_restarts} within {self._window(p)})"
+        )
         return True
 
     @staticmethod
@@ -398,16 +450,19 @@ class Supervisor:
             return reason
         if not (p.spec.restart and self._status() == STATUS_RUNNING):
             return f"{reason} after {p.restarts} restart(s)"
-        return (f"{reason} after {self._recent_restarts(p)} restarts within {self._window(p)} "
-                f"(cluster.restart_policy.max_restarts={p.spec.max_restarts}, restart_window={p.spec.restart_window:g}; "
-                f"{p.restarts} restart(s) in all)")
+        return (
+            f"{reason} after {self._recent_restarts(p)} restarts within {self._window(p)} "
+            f"(cluster.restart_policy.max_restarts={p.spec.max_restarts}, restart_window={p.spec.restart_window:g}; "
+            f"{p.restarts} restart(s) in all)"
+        )
 
     def _fail(self, proc: _Proc, reason: str):
         self._set_status(STATUS_ABORTED)
         self.stop_all()
         tail = log_tail(proc.log_path, 30)
-        message = (f"\n{'=' * 30} worker {proc.name} failed: {reason}\n"
-                   f"last 30 lines of {proc.log_path}:\n{tail}\n{'=' * 80}")
+        message = (
+            f"\n{'=' * 30} worker {proc.name} failed: {reason}\nlast 30 lines of {proc.log_path}:\n{tail}\n{'=' * 80}"
+        )
         print(message, file=sys.stderr, flush=True)
         raise WorkerFailedError(proc.name, reason, proc.log_path, tail)
 
@@ -449,8 +504,9 @@ class Supervisor:
         deadline = time.monotonic() + grace
         for p in self._procs:
             for pid in p.process.end_stop(deadline):
-                logger.warning(f"{p.name}: pid {pid}{self._where(p)} did not exit within {grace:.0f}s of SIGTERM; "
-                               "killed it")
+                logger.warning(
+                    f"{p.name}: pid {pid}{self._where(p)} did not exit within {grace:.0f}s of SIGTERM; killed it"
+                )
         for p in self._procs:
             if p.exited is None:
                 p.exited = p.process.wait(timeout=1)

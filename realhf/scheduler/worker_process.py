@@ -32,8 +32,14 @@ def kill_group(pgid: int) -> None:
 class LocalProcess:
     """A worker process on this machine. `start()` may be called again after it died (restart)."""
 
-    def __init__(self, config_path: str, log_path: str, env: Dict[str, str], python: str = sys.executable,
-                 cwd: Optional[str] = None):
+    def __init__(
+        self,
+        config_path: str,
+        log_path: str,
+        env: Dict[str, str],
+        python: str = sys.executable,
+        cwd: Optional[str] = None,
+    ):
         self.config_path, self.log_path, self.env, self.python, self.cwd = config_path, log_path, env, python, cwd
         self._popen: Optional[subprocess.Popen] = None
         self._stopping: List[psutil.Process] = []

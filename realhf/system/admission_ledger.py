@@ -35,7 +35,14 @@ from realhf.base import name_resolve
 # prompt no server can answer (dropped once: beyond what validation scanned).
 ENDED_REASONS = ("filtered", "failed", "timed_out", "malformed", "too_large", "bad_prompt")
 
-_ADMITTED, _RUN, _ACCEPTED, _ENDED, _ABANDONED, _STARTS = "admitted", "run/", "accepted/", "ended/", "abandoned", "starts"
+_ADMITTED, _RUN, _ACCEPTED, _ENDED, _ABANDONED, _STARTS = (
+    "admitted",
+    "run/",
+    "accepted/",
+    "ended/",
+    "abandoned",
+    "starts",
+)
 
 
 @dataclasses.dataclass
@@ -64,8 +71,13 @@ class AdmissionLedger:
         gets its predecessor's state back (starts > 1)."""
         state = self.load()
         if state.starts == 0:
-            name_resolve.update_record(self.key, put={**{f"{_ACCEPTED}{r}": int(n) for r, n in enumerate(accepted_at_start)},
-                                                      _ADMITTED: sum(int(n) for n in accepted_at_start)})
+            name_resolve.update_record(
+                self.key,
+                put={
+                    **{f"{_ACCEPTED}{r}": int(n) for r, n in enumerate(accepted_at_start)},
+                    _ADMITTED: sum(int(n) for n in accepted_at_start),
+                },
+            )
         name_resolve.update_record(self.key, incr={_STARTS: 1})
         return self.load()
 
@@ -92,11 +104,11 @@ def parse(fields: Dict[str, str], n_ranks: int, key: str = "admission ledger") -
         try:
             n = int(value)
             if field.startswith(_RUN):
-                state.running[field[len(_RUN):]] = n
+                state.running[field[len(_RUN) :]] = n
             elif field.startswith(_ACCEPTED):
-                state.accepted[int(field[len(_ACCEPTED):])] += n
+                state.accepted[int(field[len(_ACCEPTED) :])] += n
             elif field.startswith(_ENDED):
-                state.ended[field[len(_ENDED):]] = n
+                state.ended[field[len(_ENDED) :]] = n
             elif field == _ADMITTED:
                 state.admitted = n
             elif field == _ABANDONED:
@@ -106,11 +118,14 @@ def parse(fields: Dict[str, str], n_ranks: int, key: str = "admission ledger") -
             else:
                 raise ValueError("unknown field")
         except (ValueError, IndexError) as e:
-            raise ValueError(f"{key}: field {field!r}={value!r} does not parse for a trainer of {n_ranks} DP "
-                             f"ranks ({e})") from None
+            raise ValueError(
+                f"{key}: field {field!r}={value!r} does not parse for a trainer of {n_ranks} DP ranks ({e})"
+            ) from None
     bad = {q: r for q, r in state.running.items() if not 0 <= r < n_ranks}
     if bad:
-        raise ValueError(f"{key}: running rollouts with a DP rank outside [0, {n_ranks}): {dict(list(bad.items())[:3])}")
+        raise ValueError(
+            f"{key}: running rollouts with a DP rank outside [0, {n_ranks}): {dict(list(bad.items())[:3])}"
+        )
     return state
 
 
@@ -120,25 +135,37 @@ def accounting(state: LedgerState, trainer: Sequence[dict], accepted_at_start: S
     had its chance to arrive). `holds`: nothing vanished — each group the manager counted as
     accepted reached the trainer, and each that reached it was trained, dropped as stale or
     malformed, or is still buffered."""
-    total = {k: sum(int(r.get(k, 0)) for r in trainer)
-             for k in ("added", "taken", "stale_dropped", "invalid", "duplicates", "buffered")}
+    total = {
+        k: sum(int(r.get(k, 0)) for r in trainer)
+        for k in ("added", "taken", "stale_dropped", "invalid", "duplicates", "buffered")
+    }
     arrived = total["added"] + total["invalid"]  # distinct groups (a duplicate was accepted once)
     accepted = sum(state.accepted) - sum(accepted_at_start)  # this run's, not the resumed run's
     balanced = total["added"] == total["taken"] + total["stale_dropped"] + total["buffered"]
     return {
-        "admissions": state.admitted - sum(accepted_at_start), "accepted": accepted,
-        "ended": dict(sorted(state.ended.items())), "abandoned": state.abandoned, "running": len(state.running),
-        "manager_starts": state.starts, "arrived": arrived, "trained": total["taken"],
-        "stale_dropped": total["stale_dropped"], "malformed": total["invalid"], "duplicates": total["duplicates"],
-        "buffered": total["buffered"], "lost": max(0, accepted - arrived),
+        "admissions": state.admitted - sum(accepted_at_start),
+        "accepted": accepted,
+        "ended": dict(sorted(state.ended.items())),
+        "abandoned": state.abandoned,
+        "running": len(state.running),
+        "manager_starts": state.starts,
+        "arrived": arrived,
+        "trained": total["taken"],
+        "stale_dropped": total["stale_dropped"],
+        "malformed": total["invalid"],
+        "duplicates": total["duplicates"],
+        "buffered": total["buffered"],
+        "lost": max(0, accepted - arrived),
         "holds": state.balanced and balanced and arrived >= accepted,
     }
 
 
 def accounting_line(a: dict) -> str:
     ended = ", ".join(f"{n} {reason}" for reason, n in a["ended"].items()) or "0"
-    return (f"groups: {a['admissions']} admitted = {a['accepted']} accepted + {ended} ended without a group + "
-            f"{a['abandoned']} abandoned by a dead worker + {a['running']} still running; {a['arrived']} arrived at the "
-            f"trainer = {a['trained']} trained + {a['stale_dropped']} stale-dropped + {a['malformed']} malformed + "
-            f"{a['buffered']} buffered ({a['duplicates']} duplicates refused); lost in transit: {a['lost']}; "
-            f"manager starts: {a['manager_starts']}")
+    return (
+        f"groups: {a['admissions']} admitted = {a['accepted']} accepted + {ended} ended without a group + "
+        f"{a['abandoned']} abandoned by a dead worker + {a['running']} still running; {a['arrived']} arrived at the "
+        f"trainer = {a['trained']} trained + {a['stale_dropped']} stale-dropped + {a['malformed']} malformed + "
+        f"{a['buffered']} buffered ({a['duplicates']} duplicates refused); lost in transit: {a['lost']}; "
+        f"manager starts: {a['manager_starts']}"
+    )

@@ -54,8 +54,9 @@ class ChatEpisode:
         ids = list(self.tokenizer("".join(_content(m) for m in messages), add_special_tokens=False)["input_ids"])
         return ids if first else self.gen.append(ids)
 
-    async def complete(self, messages: List[Message], tools: Optional[List[dict]] = None,
-                       **sampling: Any) -> Tuple[Completion, Message, str]:
+    async def complete(
+        self, messages: List[Message], tools: Optional[List[dict]] = None, **sampling: Any
+    ) -> Tuple[Completion, Message, str]:
         """Generate the assistant's reply to `messages`; returns (completion, the reply as an
         OpenAI message, finish_reason)."""
         if not messages:
@@ -65,7 +66,8 @@ class ChatEpisode:
             if len(messages) <= known or not all(_same(a, b) for a, b in zip(messages[:known], self.messages)):
                 raise ConversationError(
                     f"the messages do not extend this episode's conversation: the first {known} must be the earlier "
-                    "request's messages and the reply it got, followed by at least one new message")
+                    "request's messages and the reply it got, followed by at least one new message"
+                )
             self._render(messages[known:], tools, first=False)
         else:
             self.gen.set_prompt(self._render(messages, tools, first=True))
@@ -81,8 +83,18 @@ class ChatEpisode:
         if not calls:
             return {"role": "assistant", "content": completion.text}, "length" if completion.no_eos else "stop"
         content = re.sub(TOOL_CALL, "", completion.text).strip() or None
-        return ({"role": "assistant", "content": content,
-                 "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                                for c in calls]},
-                "tool_calls")
+        return (
+            {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [
+                    {
+                        "id": f"call_{uuid.uuid4().hex[:12]}",
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                    }
+                    for c in calls
+                ],
+            },
+            "tool_calls",
+        )

@@ -36,8 +36,9 @@ class AgentError(ValueError):
 class Gen:
     """One episode's generation handle (see the module docstring)."""
 
-    def __init__(self, client: Any, qid: str, prompt_ids: Sequence[int], gconfig: Any, tokenizer: Any,
-                 group_size: int = 1):
+    def __init__(
+        self, client: Any, qid: str, prompt_ids: Sequence[int], gconfig: Any, tokenizer: Any, group_size: int = 1
+    ):
         self._client, self._qid, self._gconfig, self._group_size = client, qid, gconfig, group_size
         self.tokenizer = tokenizer
         self.prompt_ids: List[int] = list(prompt_ids)
@@ -78,9 +79,14 @@ class Gen:
         self.no_eos = r.no_eos
         self.n_calls += 1
         self.n_requests += r.n_requests
-        return Completion(output_ids=list(r.output_ids), logprobs=list(r.logprobs), versions=list(r.versions),
-                          text=self.tokenizer.decode(list(r.output_ids), skip_special_tokens=True),
-                          no_eos=r.no_eos, input_ids=input_ids)
+        return Completion(
+            output_ids=list(r.output_ids),
+            logprobs=list(r.logprobs),
+            versions=list(r.versions),
+            text=self.tokenizer.decode(list(r.output_ids), skip_special_tokens=True),
+            no_eos=r.no_eos,
+            input_ids=input_ids,
+        )
 
     def append(self, content: Union[str, Sequence[int], Messages]) -> List[int]:
         """Add tokens the model did not generate: a text (encoded without special tokens), token
@@ -111,18 +117,26 @@ class Gen:
         head = render_chat(self.tokenizer, base, add_generation_prompt=False)
         full = render_chat(self.tokenizer, base + messages, add_generation_prompt=True)
         if full[: len(head)] != head:
-            raise AgentError("gen.append(messages): the chat template renders earlier messages differently when "
-                             "more follow; append the turn as text instead")
-        ids = full[len(head):]
+            raise AgentError(
+                "gen.append(messages): the chat template renders earlier messages differently when "
+                "more follow; append the turn as text instead"
+            )
+        ids = full[len(head) :]
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if after_reply and eos is not None and self.output_ids[-1] == eos and eos in head:
             end = len(head) - 1 - head[::-1].index(eos)  # the template's own end of the assistant turn
-            ids = head[end + 1:] + ids
+            ids = head[end + 1 :] + ids
         return ids
 
     def sample(self, reward: float) -> Sample:
-        return Sample(output_ids=self.output_ids, logprobs=self.logprobs, versions=self.versions, reward=reward,
-                      no_eos=self.no_eos, loss_mask=self.loss_mask)
+        return Sample(
+            output_ids=self.output_ids,
+            logprobs=self.logprobs,
+            versions=self.versions,
+            reward=reward,
+            no_eos=self.no_eos,
+            loss_mask=self.loss_mask,
+        )
 
 
 async def _gather_or_cancel(coros) -> list:
@@ -137,8 +151,9 @@ async def _gather_or_cancel(coros) -> list:
         raise
 
 
-async def run_episode(agent: Agent, agent_name: str, row: Dict[str, Any], gen: Gen,
-                      envs: EnvFactory) -> Optional[Outcome]:
+async def run_episode(
+    agent: Agent, agent_name: str, row: Dict[str, Any], gen: Gen, envs: EnvFactory
+) -> Optional[Outcome]:
     """One episode: a fresh environment, reset, the agent, the environment closed in any case."""
     env = await envs.make(row)
     try:
@@ -154,9 +169,19 @@ async def run_episode(agent: Agent, agent_name: str, row: Dict[str, Any], gen: G
     return outcome
 
 
-async def run_group(agent: Agent, row: Dict[str, Any], prompt_ids: Sequence[int], *, qid: str, client: Any,
-                    envs: EnvFactory, gconfig: Any, tokenizer: Any, agent_config: Any,
-                    group_size: int) -> Optional[Trajectory]:
+async def run_group(
+    agent: Agent,
+    row: Dict[str, Any],
+    prompt_ids: Sequence[int],
+    *,
+    qid: str,
+    client: Any,
+    envs: EnvFactory,
+    gconfig: Any,
+    tokenizer: Any,
+    agent_config: Any,
+    group_size: int,
+) -> Optional[Trajectory]:
     """The agent run `group_size` times on `row`; the trajectory to push, or None when the
     group is filtered out (or every episode dropped its sample)."""
     birth = time.time()
@@ -171,15 +196,26 @@ async def run_group(agent: Agent, row: Dict[str, Any], prompt_ids: Sequence[int]
         return None
     prompt_ids = episodes[0][0].prompt_ids
     if any(g.prompt_ids != prompt_ids for g, _ in episodes):
-        raise AgentError(f"agent {name!r}: the episodes of one group started from different prompts; a group's "
-                         "samples must answer the same prompt")
+        raise AgentError(
+            f"agent {name!r}: the episodes of one group started from different prompts; a group's "
+            "samples must answer the same prompt"
+        )
     successes = [o.succeeded for _, o in episodes]
     if not keep_group(successes, agent_config.success_rate_lb, agent_config.success_rate_ub):
         return None
-    samples = [g.sample(shape_reward(o.reward, agent_config.reward_bias, agent_config.reward_scaling))
-               for g, o in episodes]
-    return Trajectory(qid=qid, prompt_ids=list(prompt_ids), samples=samples, task=str(row.get("task", "")),
-                      birth_time=birth,
-                      metadata={"query_id": row.get("query_id"), "success_rate": sum(successes) / len(successes),
-                                "n_requests": sum(g.n_requests for g, _ in episodes),
-                                "gen_calls": [g.n_calls for g, _ in episodes]})
+    samples = [
+        g.sample(shape_reward(o.reward, agent_config.reward_bias, agent_config.reward_scaling)) for g, o in episodes
+    ]
+    return Trajectory(
+        qid=qid,
+        prompt_ids=list(prompt_ids),
+        samples=samples,
+        task=str(row.get("task", "")),
+        birth_time=birth,
+        metadata={
+            "query_id": row.get("query_id"),
+            "success_rate": sum(successes) / len(successes),
+            "n_requests": sum(g.n_requests for g, _ in episodes),
+            "gen_calls": [g.n_calls for g, _ in episodes],
+        },
+    )

@@ -70,16 +70,25 @@ class Evaluator(Worker):
 
         self._rows = load_prompts(cfg.test_path, columns=cfg.columns, split=cfg.test_split)[: cfg.n_prompts]
         native = dataclasses.replace(cfg.native, n_threads=cfg.n_threads, max_running_requests=cfg.batch_size)
-        self._engine = create_engine_from_config(cfg.model_path, native, seed=cfg.seed, name=self.name,
-                                                 device=pick_device(cfg.device)).start()
+        self._engine = create_engine_from_config(
+            cfg.model_path, native, seed=cfg.seed, name=self.name, device=pick_device(cfg.device)
+        ).start()
         # Bounded: an engine that stopped answering fails this evaluation (and the worker, which restarts).
         self._generate = engine_generate_fn(self._engine, timeout=cfg.answer_timeout)
         self._grader = MathGrader(n_workers=1)
-        self._sink = StatsLogger(cfg.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
-                                 wandb_run_name=cfg.wandb_run_name, wandb_mode=cfg.stats.wandb_mode, echo=False)
-        self.logger.info(f"evaluating every {cfg.eval_freq_steps} versions from version {self._schedule.evaluated}: "
-                         f"{len(self._rows)} prompts x {cfg.samples} answers at T={cfg.temperature:g}, "
-                         f"nice {os.nice(0)}, {cfg.n_threads} thread(s); rows to {cfg.metrics_path}")
+        self._sink = StatsLogger(
+            cfg.metrics_path,
+            cfg.stats.tensorboard_path,
+            wandb_project=cfg.stats.wandb_project,
+            wandb_run_name=cfg.wandb_run_name,
+            wandb_mode=cfg.stats.wandb_mode,
+            echo=False,
+        )
+        self.logger.info(
+            f"evaluating every {cfg.eval_freq_steps} versions from version {self._schedule.evaluated}: "
+            f"{len(self._rows)} prompts x {cfg.samples} answers at T={cfg.temperature:g}, "
+            f"nice {os.nice(0)}, {cfg.n_threads} thread(s); rows to {cfg.metrics_path}"
+        )
 
     def _trainer_version(self) -> int:
         try:
@@ -114,8 +123,10 @@ class Evaluator(Worker):
             release_version(self._taken / str(version))
         if pick.skipped:
             # Due while an evaluation ran, while this evaluator was (re)starting, or pruned first.
-            self.logger.info(f"skipping versions {pick.skipped}: evaluating the newest due one, {pick.version}, "
-                             "instead (evaluations never queue behind training)")
+            self.logger.info(
+                f"skipping versions {pick.skipped}: evaluating the newest due one, {pick.version}, "
+                "instead (evaluations never queue behind training)"
+            )
         future: Future = Future()
 
         def evaluate():
@@ -133,9 +144,16 @@ class Evaluator(Worker):
 
         cfg = self.config
         self._engine.update_weights(str(self._taken / str(version)), weight_version=version)
-        return accuracy_and_pass_at_k(cfg.model_path, self._rows, cfg.samples, temperature=cfg.temperature,
-                                      max_new_tokens=cfg.max_new_tokens, generate_fn=self._generate,
-                                      grader=self._grader, chat_template=cfg.chat_template)
+        return accuracy_and_pass_at_k(
+            cfg.model_path,
+            self._rows,
+            cfg.samples,
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            generate_fn=self._generate,
+            grader=self._grader,
+            chat_template=cfg.chat_template,
+        )
 
     def _record(self, pick: Pick, future: Future, started: float) -> None:
         result = future.result()  # an evaluation that raised fails the worker (it is restarted)
@@ -143,17 +161,27 @@ class Evaluator(Worker):
         release_version(self._taken / str(pick.version))
         trainer = self._trainer_version()
         row = {
-            "step": pick.version, "version": pick.version, "time": time.time(),
-            "eval/accuracy": result["accuracy"], "eval/pass_at_k": result["pass_at_k"], "eval/k": result["k"],
-            "eval/n_prompts": result["n_prompts"], "eval/temperature": result["temperature"],
-            "eval/mean_new_tokens": result["mean_new_tokens"], "eval/truncated": result["truncated"],
-            "eval/seconds": seconds, "eval/trainer_version": trainer, "eval/skipped": pick.skipped,
+            "step": pick.version,
+            "version": pick.version,
+            "time": time.time(),
+            "eval/accuracy": result["accuracy"],
+            "eval/pass_at_k": result["pass_at_k"],
+            "eval/k": result["k"],
+            "eval/n_prompts": result["n_prompts"],
+            "eval/temperature": result["temperature"],
+            "eval/mean_new_tokens": result["mean_new_tokens"],
+            "eval/truncated": result["truncated"],
+            "eval/seconds": seconds,
+            "eval/trainer_version": trainer,
+            "eval/skipped": pick.skipped,
         }
         self._sink.log(row)
-        self.logger.info(f"evaluated version {pick.version} (step {pick.version}): accuracy {result['accuracy']:.3f}, "
-                         f"pass@{result['k']} {result['pass_at_k']:.3f} on {result['n_prompts']} prompts x "
-                         f"{result['k']} at T={result['temperature']:g} in {seconds:.1f}s (trainer now at version "
-                         f"{trainer})" + (f"; skipped {pick.skipped}" if pick.skipped else ""))
+        self.logger.info(
+            f"evaluated version {pick.version} (step {pick.version}): accuracy {result['accuracy']:.3f}, "
+            f"pass@{result['k']} {result['pass_at_k']:.3f} on {result['n_prompts']} prompts x "
+            f"{result['k']} at T={result['temperature']:g} in {seconds:.1f}s (trainer now at version "
+            f"{trainer})" + (f"; skipped {pick.skipped}" if pick.skipped else "")
+        )
 
     def _exit_hook(self) -> None:
         if getattr(self, "_engine", None) is not None:

@@ -79,11 +79,20 @@ class GenerationClient:
     """Generation for one worker's episodes. `.manager` is the `ManagerClient` it schedules
     through, on the same session; the worker admits and finishes rollouts with it."""
 
-    def __init__(self, manager_url: str, *, new_tokens_per_chunk: int = 0, request_timeout: float = 300.0,
-                 manager_timeout: float = 30.0, eos_token_id: Optional[int] = None,
-                 server_wait_timeout: float = 300.0, secret: str = "",
-                 manager_resolve: Optional[Callable[[], str]] = None, manager_wait_timeout: float = 0.0,
-                 stopped: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        manager_url: str,
+        *,
+        new_tokens_per_chunk: int = 0,
+        request_timeout: float = 300.0,
+        manager_timeout: float = 30.0,
+        eos_token_id: Optional[int] = None,
+        server_wait_timeout: float = 300.0,
+        secret: str = "",
+        manager_resolve: Optional[Callable[[], str]] = None,
+        manager_wait_timeout: float = 0.0,
+        stopped: Callable[[], bool] = lambda: False,
+    ):
         """`manager_resolve`, `manager_wait_timeout`, `stopped`: how the ManagerClient finds a
         restarted manager (realhf.system.manager_client)."""
         if new_tokens_per_chunk < 0:
@@ -94,8 +103,14 @@ class GenerationClient:
         self.server_wait_timeout = server_wait_timeout
         self._headers = auth_headers(secret)  # the run's secret, on every call to the manager and servers
         self._session: Optional[aiohttp.ClientSession] = None
-        self.manager = ManagerClient(manager_url, self.session, manager_timeout, resolve=manager_resolve,
-                                     wait_timeout=manager_wait_timeout, stopped=stopped)
+        self.manager = ManagerClient(
+            manager_url,
+            self.session,
+            manager_timeout,
+            resolve=manager_resolve,
+            wait_timeout=manager_wait_timeout,
+            stopped=stopped,
+        )
         self._routes: Dict[str, _Route] = {}
         self._rids = itertools.count()
         self._rid_prefix = f"{os.getpid()}-{id(self):x}"
@@ -134,8 +149,9 @@ class GenerationClient:
         self._routes.pop(qid, None)
         self._warned.pop(qid, None)
 
-    async def _schedule(self, qid: str, prompt_len: int, group_size: int, budget: int,
-                        seen_epoch: int) -> Tuple[str, int, int]:
+    async def _schedule(
+        self, qid: str, prompt_len: int, group_size: int, budget: int, seen_epoch: int
+    ) -> Tuple[str, int, int]:
         """(url, version, epoch) for a sample whose last request used the route of `seen_epoch`."""
         route = self._routes.setdefault(qid, _Route())
         async with route.lock:
@@ -143,13 +159,20 @@ class GenerationClient:
                 self.n_shared_routes += 1
                 return route.url, route.version, route.epoch
             route.url, route.version = await self.manager.schedule_request(
-                qid, prompt_len, group_size, budget, previous_url=route.url, previous_version=route.version)
+                qid, prompt_len, group_size, budget, previous_url=route.url, previous_version=route.version
+            )
             route.epoch += 1
             return route.url, route.version, route.epoch
 
     # ---- generation ---------------------------------------------------------------------------
-    async def generate(self, qid: str, input_ids: Sequence[int], gconfig: Any, group_size: int = 1,
-                       max_new_tokens: Optional[int] = None) -> GenerationResult:
+    async def generate(
+        self,
+        qid: str,
+        input_ids: Sequence[int],
+        gconfig: Any,
+        group_size: int = 1,
+        max_new_tokens: Optional[int] = None,
+    ) -> GenerationResult:
         """One sample of group `qid`: `max_new_tokens` (default `gconfig.max_new_tokens`) at most."""
         budget = int(gconfig.max_new_tokens if max_new_tokens is None else max_new_tokens)
         prompt = [int(t) for t in input_ids]
@@ -166,14 +189,16 @@ class GenerationClient:
             url = None
             try:
                 try:
-                    url, version, epoch = await self._schedule(qid, len(prompt) + len(result.output_ids),
-                                                               group_size, remaining, epoch)
+                    url, version, epoch = await self._schedule(
+                        qid, len(prompt) + len(result.output_ids), group_size, remaining, epoch
+                    )
                 except ServerUnavailableError as e:
                     if e.status != 503:  # the manager itself is gone: that is not a server to wait for
                         raise GenerationError(str(e)) from None
                     raise  # the manager has no live server right now
                 ids, logprobs, reason, weight_version = await self._generate_once(
-                    url, prompt + result.output_ids, gconfig, chunk, len(result.output_ids))
+                    url, prompt + result.output_ids, gconfig, chunk, len(result.output_ids)
+                )
             except ServerUnavailableError as e:
                 unavailable += 1
                 down_since = down_since if unavailable > 1 else time.monotonic()
@@ -196,8 +221,10 @@ class GenerationClient:
                 # for as long as one request may take (it stays paused?).
                 empty_aborts += 1
                 if time.monotonic() - progress_at > self.request_timeout:
-                    raise GenerationError(f"{url}/generate aborted {empty_aborts} times without a new token in "
-                                          f"{self.request_timeout:.0f}s for qid {qid!r} (server stuck paused?)")
+                    raise GenerationError(
+                        f"{url}/generate aborted {empty_aborts} times without a new token in "
+                        f"{self.request_timeout:.0f}s for qid {qid!r} (server stuck paused?)"
+                    )
                 await asyncio.sleep(min(0.5, 0.01 * 2 ** min(empty_aborts, 6)))
                 continue
             if reason == "length" and len(ids) < chunk:
@@ -205,15 +232,18 @@ class GenerationClient:
                 result.finish_reason = "length"
                 return result
 
-    async def _wait_for_server(self, qid: str, url: Optional[str], error: Exception, attempt: int,
-                               down_since: float) -> None:
+    async def _wait_for_server(
+        self, qid: str, url: Optional[str], error: Exception, attempt: int, down_since: float
+    ) -> None:
         """Back off before resubmitting a request whose server (or the manager) was unavailable;
         raise once the streak of failures lasted `server_wait_timeout` s."""
         self.n_unavailable += 1
         waited = time.monotonic() - down_since
         if waited > self.server_wait_timeout:
-            raise GenerationError(f"qid {qid!r}: no generation server reachable for {waited:.0f}s "
-                                  f"(server_wait_timeout={self.server_wait_timeout:.0f}s); last error: {error}")
+            raise GenerationError(
+                f"qid {qid!r}: no generation server reachable for {waited:.0f}s "
+                f"(server_wait_timeout={self.server_wait_timeout:.0f}s); last error: {error}"
+            )
         route = self._routes.get(qid)
         if route is not None and url is not None and route.url == url:
             route.url = None  # no affinity to a server that just failed
@@ -222,14 +252,19 @@ class GenerationClient:
         # group logs rarely.
         if attempt & (attempt - 1) == 0 and attempt > self._warned.get(qid, 0):
             self._warned[qid] = attempt
-            logger.warning(f"qid {qid!r}: {error}; resubmitting in {delay:.1f}s (attempt {attempt}, "
-                           f"{waited:.0f}s of server_wait_timeout={self.server_wait_timeout:.0f}s)")
+            logger.warning(
+                f"qid {qid!r}: {error}; resubmitting in {delay:.1f}s (attempt {attempt}, "
+                f"{waited:.0f}s of server_wait_timeout={self.server_wait_timeout:.0f}s)"
+            )
         await asyncio.sleep(delay)
 
-    async def generate_group(self, qid: str, input_ids: Sequence[int], gconfig: Any, n: int,
-                             max_new_tokens: Optional[int] = None) -> List[GenerationResult]:
+    async def generate_group(
+        self, qid: str, input_ids: Sequence[int], gconfig: Any, n: int, max_new_tokens: Optional[int] = None
+    ) -> List[GenerationResult]:
         """`n` samples of one prompt, concurrently, on the group's server."""
-        return list(await asyncio.gather(*(self.generate(qid, input_ids, gconfig, n, max_new_tokens) for _ in range(n))))
+        return list(
+            await asyncio.gather(*(self.generate(qid, input_ids, gconfig, n, max_new_tokens) for _ in range(n)))
+        )
 
     def _sampling_params(self, gconfig: Any, max_new_tokens: int, n_done: int) -> Dict[str, Any]:
         stop = [int(t) for t in getattr(gconfig, "stop_token_ids", [])]
@@ -247,21 +282,27 @@ class GenerationClient:
             params["min_new_tokens"] = min(min_new, int(max_new_tokens))
         return params
 
-    async def _generate_once(self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int,
-                             n_done: int) -> Tuple[List[int], List[float], str, Optional[int]]:
+    async def _generate_once(
+        self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int, n_done: int
+    ) -> Tuple[List[int], List[float], str, Optional[int]]:
         rid = f"{self._rid_prefix}-{next(self._rids)}"
-        body = {"input_ids": input_ids, "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
-                "return_logprob": True, "rid": rid}
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
+            "return_logprob": True,
+            "rid": rid,
+        }
         self.n_generate_calls += 1
         try:
-            r = await self._unless_dropped(url, post_json(self.session(), f"{url}/generate", body, self.request_timeout))
+            r = await self._unless_dropped(
+                url, post_json(self.session(), f"{url}/generate", body, self.request_timeout)
+            )
         except TimeoutError as e:
             # Alive but hung (engine stuck, process stopped): like a dead server, resubmit
             # elsewhere; the manager drops it once its health checks time out.
             self.n_timeouts += 1
             raise ServerUnavailableError(f"{e} (request_timeout; treating the server as hung)") from None
         return parse_generate_response(url, r)
-
 
     async def _unless_dropped(self, url: str, call):
         """Await `call` (a request to `url`) unless the manager drops `url` from routing first
@@ -280,8 +321,9 @@ class GenerationClient:
                 missing = missing + 1 if routed is not None and url not in routed else 0
                 if missing >= 2:  # twice in a row: not a moment between a drop and a rejoin
                     self.n_dropped += 1
-                    raise ServerUnavailableError(f"POST {url}/generate given up: the manager dropped {url} from "
-                                                 "routing (failed health checks)")
+                    raise ServerUnavailableError(
+                        f"POST {url}/generate given up: the manager dropped {url} from routing (failed health checks)"
+                    )
         finally:
             if not task.done():
                 task.cancel()
@@ -317,7 +359,8 @@ def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], Lis
     if not isinstance(entries, list) or len(entries) != len(ids):
         raise GenerationError(
             f"{where}: {len(entries) if isinstance(entries, list) else 'no'} output_token_logprobs "
-            f"for {len(ids)} output_ids (was return_logprob honoured?)")
+            f"for {len(ids)} output_ids (was return_logprob honoured?)"
+        )
     try:
         logprobs = [float(e[0]) for e in entries]
         ids = [int(t) for t in ids]
@@ -329,4 +372,3 @@ def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], Lis
     except (TypeError, ValueError):
         version = None  # SGLang's default version is a name such as "default"
     return ids, logprobs, reason, version
-

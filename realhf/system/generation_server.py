@@ -56,11 +56,14 @@ class GenerationServer(Worker):
             cfg = self.config = dataclasses.replace(cfg, model_path=model_path, weight_version=version)
             port = self._start_sglang(cfg, seed)
         self.url = f"http://{host_for_peers(cfg.host)}:{port}"
-        self._key = name_resolve.add_subentry(names.gen_servers(self.ctx.experiment_name, self.ctx.trial_name),
-                                              self.url, keepalive_ttl=cfg.keepalive_ttl)
-        self.logger.info(f"serving {self.config.model_path} (backend {cfg.backend}, weight version "
-                         f"{self.config.weight_version}) "
-                         f"at {self.url}; registered as {self._key}")
+        self._key = name_resolve.add_subentry(
+            names.gen_servers(self.ctx.experiment_name, self.ctx.trial_name), self.url, keepalive_ttl=cfg.keepalive_ttl
+        )
+        self.logger.info(
+            f"serving {self.config.model_path} (backend {cfg.backend}, weight version "
+            f"{self.config.weight_version}) "
+            f"at {self.url}; registered as {self._key}"
+        )
         self._last_check = self._last_log = time.monotonic()
 
     def _current_weights(self, cfg: GenerationServerConfig) -> Tuple[str, int]:
@@ -68,14 +71,17 @@ class GenerationServer(Worker):
         if not cfg.weights_root:
             return cfg.model_path, cfg.weight_version
         try:
-            version = int(name_resolve.get(names.model_version(self.ctx.experiment_name, self.ctx.trial_name,
-                                                               cfg.model_role)))
+            version = int(
+                name_resolve.get(names.model_version(self.ctx.experiment_name, self.ctx.trial_name, cfg.model_role))
+            )
         except name_resolve.NameEntryNotFoundError:
             return cfg.model_path, cfg.weight_version
         path, found = latest_published(cfg.weights_root, at_most=version)
         if path is None:
-            self.logger.warning(f"model_version/{cfg.model_role}={version} but nothing is published under "
-                                f"{cfg.weights_root}; serving {cfg.model_path} (the manager will update it)")
+            self.logger.warning(
+                f"model_version/{cfg.model_role}={version} but nothing is published under "
+                f"{cfg.weights_root}; serving {cfg.model_path} (the manager will update it)"
+            )
             return cfg.model_path, cfg.weight_version
         self.logger.info(f"trainer is at version {version}: loading published version {found} from {path}")
         return path, found
@@ -91,7 +97,9 @@ class GenerationServer(Worker):
             except Exception as e:  # noqa: BLE001 - re-raised unless the directory was pruned under us
                 if model_path == cfg.model_path or os.path.isdir(model_path) or attempt == attempts:
                     raise
-                self.logger.warning(f"published version {version} vanished while loading ({e}); trying the newest again")
+                self.logger.warning(
+                    f"published version {version} vanished while loading ({e}); trying the newest again"
+                )
                 if self._engine is not None:
                     self._engine.stop()
                     self._engine = None
@@ -105,20 +113,25 @@ class GenerationServer(Worker):
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
         bind_device(device)
-        self._engine = create_engine_from_config(cfg.model_path, cfg.native, weight_version=cfg.weight_version,
-                                                 seed=seed, name=self.name, device=device).start()
-        app = create_app(self._engine, max_request_bytes=cfg.max_request_bytes, secret=self.ctx.secret,
-                         weights_root=cfg.weights_root)
-        self._server = HttpServerThread(app, cfg.host, cfg.port,
-                                        name="generation server").start(timeout=cfg.startup_timeout)
+        self._engine = create_engine_from_config(
+            cfg.model_path, cfg.native, weight_version=cfg.weight_version, seed=seed, name=self.name, device=device
+        ).start()
+        app = create_app(
+            self._engine, max_request_bytes=cfg.max_request_bytes, secret=self.ctx.secret, weights_root=cfg.weights_root
+        )
+        self._server = HttpServerThread(app, cfg.host, cfg.port, name="generation server").start(
+            timeout=cfg.startup_timeout
+        )
         return self._server.port
 
     def _start_sglang(self, cfg: GenerationServerConfig, seed: int) -> int:
         from realhf.impl.inference.sglang_launcher import SGLangProcess, build_sglang_command, sglang_available
 
         if not sglang_available():
-            raise RuntimeError("backend=sglang needs the sglang package in this environment "
-                               "(pip install 'sglang[all]'); use backend=native on CPU machines")
+            raise RuntimeError(
+                "backend=sglang needs the sglang package in this environment "
+                "(pip install 'sglang[all]'); use backend=native on CPU machines"
+            )
         port = cfg.port or find_free_port(cfg.host)
         log_dir = self.ctx.log_dir or "."
         key_file = ""
@@ -126,13 +139,25 @@ class GenerationServer(Worker):
             key_file = os.path.join(log_dir, "configs", f"sglang-key-{self.ctx.worker_index}")
             os.makedirs(os.path.dirname(key_file), mode=0o700, exist_ok=True)
             write_private(key_file, self.ctx.secret)
-        cmd = build_sglang_command(cfg.model_path, cfg.host, port, cfg.sglang, tp_size=cfg.tp_size,
-                                   base_gpu_id=0 if self.ctx.gpus_assigned else cfg.base_gpu_id, seed=seed,
-                                   api_key_file=key_file)
+        cmd = build_sglang_command(
+            cfg.model_path,
+            cfg.host,
+            port,
+            cfg.sglang,
+            tp_size=cfg.tp_size,
+            base_gpu_id=0 if self.ctx.gpus_assigned else cfg.base_gpu_id,
+            seed=seed,
+            api_key_file=key_file,
+        )
         log_path = os.path.join(log_dir, f"sglang-{self.ctx.worker_index}.log")
-        self._sglang = SGLangProcess(cmd, f"http://{host_for_peers(cfg.host)}:{port}", log_path,
-                                     startup_timeout=cfg.sglang.startup_timeout, health_timeout=cfg.health_timeout,
-                                     headers=auth_headers(self.ctx.secret)).start()
+        self._sglang = SGLangProcess(
+            cmd,
+            f"http://{host_for_peers(cfg.host)}:{port}",
+            log_path,
+            startup_timeout=cfg.sglang.startup_timeout,
+            health_timeout=cfg.health_timeout,
+            headers=auth_headers(self.ctx.secret),
+        ).start()
         return port
 
     def _poll(self) -> bool:
@@ -143,9 +168,11 @@ class GenerationServer(Worker):
         if self._engine is not None and now - self._last_log >= _STATUS_LOG_INTERVAL:
             self._last_log = now
             s = self._engine.stats()
-            self.logger.info(f"running={s.running} queued={s.queued} paused={s.paused} version={s.weight_version} "
-                             f"gen={s.gen_throughput:.0f} tok/s tokens={s.generation_tokens_total} "
-                             f"requests={s.requests_total} aborted={s.aborted_total}")
+            self.logger.info(
+                f"running={s.running} queued={s.queued} paused={s.paused} version={s.weight_version} "
+                f"gen={s.gen_throughput:.0f} tok/s tokens={s.generation_tokens_total} "
+                f"requests={s.requests_total} aborted={s.aborted_total}"
+            )
         time.sleep(0.05)
         return True
 
@@ -157,8 +184,10 @@ class GenerationServer(Worker):
         if self._sglang is not None:
             code = self._sglang.exit_code()
             if code is not None:
-                raise RuntimeError(f"sglang server {self.url} exited with code {code}; last lines of "
-                                   f"{self._sglang.log_path}:\n{self._sglang.log_tail()}")
+                raise RuntimeError(
+                    f"sglang server {self.url} exited with code {code}; last lines of "
+                    f"{self._sglang.log_path}:\n{self._sglang.log_tail()}"
+                )
         self._check_answers()
 
     def _check_answers(self) -> None:
@@ -173,11 +202,15 @@ class GenerationServer(Worker):
             self._unanswered = 0
             return
         self._unanswered += 1
-        self.logger.warning(f"{self.url}: {problem} (liveness check {self._unanswered} of "
-                            f"max_health_failures={cfg.max_health_failures} in a row)")
+        self.logger.warning(
+            f"{self.url}: {problem} (liveness check {self._unanswered} of "
+            f"max_health_failures={cfg.max_health_failures} in a row)"
+        )
         if self._unanswered >= cfg.max_health_failures:
-            raise RuntimeError(f"generation server {self.url} is hung: {problem}, {self._unanswered} liveness "
-                               f"checks in a row (health_timeout={cfg.health_timeout:g}s); exiting so that it is restarted")
+            raise RuntimeError(
+                f"generation server {self.url} is hung: {problem}, {self._unanswered} liveness "
+                f"checks in a row (health_timeout={cfg.health_timeout:g}s); exiting so that it is restarted"
+            )
 
     def _unanswered_part(self, timeout: float) -> str:
         """What did not answer within `timeout` s ("" when everything did): the engine thread

@@ -121,26 +121,32 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
         try:
             return service.allocate(req.qid, req.rank)
         except ValueError as e:  # a rank beyond the trainer's DP size
-            raise HTTPException(422, f"invalid request body: {e}")
+            raise HTTPException(422, f"invalid request body: {e}") from None
 
     @app.post("/schedule_request")
     async def schedule_request(req: ScheduleRequest):
         try:
-            return service.schedule(req.qid, req.prompt_len, req.group_size, req.new_token_budget,
-                                    req.previous_server_url, req.previous_version)
+            return service.schedule(
+                req.qid,
+                req.prompt_len,
+                req.group_size,
+                req.new_token_budget,
+                req.previous_server_url,
+                req.previous_version,
+            )
         except KeyError as e:
-            raise HTTPException(409, str(e.args[0]) if e.args else str(e))
+            raise HTTPException(409, str(e.args[0]) if e.args else str(e)) from None
         except RuntimeError as e:  # no generation server registered
-            raise HTTPException(503, str(e))
+            raise HTTPException(503, str(e)) from None
 
     @app.post("/finish_rollout")
     async def finish_rollout(req: FinishRequest):
         try:
             return service.finish(req.qid, req.accepted, req.n_tokens, req.reason)
         except KeyError as e:
-            raise HTTPException(404, str(e.args[0]) if e.args else str(e))
+            raise HTTPException(404, str(e.args[0]) if e.args else str(e)) from None
         except ValueError as e:  # an unknown reason
-            raise HTTPException(422, f"invalid request body: {e}")
+            raise HTTPException(422, f"invalid request body: {e}") from None
 
     @app.post("/routed_servers")
     async def routed_servers():
@@ -162,9 +168,13 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
 
 
 # ---- the watcher ----------------------------------------------------------------------------
-async def run_watcher(service: ManagerService, read_version: Callable[[], int],
-                      read_stale_dropped: Callable[[], List[int]], list_servers: Callable[[], List[str]],
-                      secret: str = "") -> None:
+async def run_watcher(
+    service: ManagerService,
+    read_version: Callable[[], int],
+    read_stale_dropped: Callable[[], List[int]],
+    list_servers: Callable[[], List[str]],
+    secret: str = "",
+) -> None:
     """Poll versions and servers; run weight-update rounds and health checks in tasks of their
     own. Routed servers = registered under gen_servers/ (a dead server's keep-alive entry
     expires) ∩ answering /health (a SIGKILLed one stops at once)."""
@@ -252,13 +262,16 @@ def wait_for_servers(experiment: str, trial: str, n: int, timeout: float) -> Lis
         if len(urls) >= n:
             return urls
         if time.monotonic() > deadline:
-            raise TimeoutError(f"gserver_manager: {len(urls)} of {n} generation servers registered under "
-                               f"{key!r} within {timeout:.0f}s: {urls}")
+            raise TimeoutError(
+                f"gserver_manager: {len(urls)} of {n} generation servers registered under "
+                f"{key!r} within {timeout:.0f}s: {urls}"
+            )
         time.sleep(0.1)
 
 
-def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
-                  server_urls: Optional[List[str]] = None, secret: str = "") -> HttpServerThread:
+def serve_manager(
+    config: GserverManagerConfig, experiment: str, trial: str, server_urls: Optional[List[str]] = None, secret: str = ""
+) -> HttpServerThread:
     """Start the manager's HTTP server and watcher in a thread; `.service` is the ManagerService.
     The caller registers `.url` and calls `.stop()`. Servers passed in `server_urls` stay known
     (routed while they answer /health) besides those registered under gen_servers/."""
@@ -273,8 +286,13 @@ def serve_manager(config: GserverManagerConfig, experiment: str, trial: str,
 
     async def watch():
         n_ranks = service.admission.n_ranks
-        await run_watcher(service, lambda: _read_int(version_key), lambda: read_stale_dropped(stale_key, n_ranks),
-                          lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))), secret)
+        await run_watcher(
+            service,
+            lambda: _read_int(version_key),
+            lambda: read_stale_dropped(stale_key, n_ranks),
+            lambda: sorted(set(static) | set(name_resolve.get_subtree(servers_key))),
+            secret,
+        )
 
     thread = HttpServerThread(create_app(service, secret), host=config.host, name="gserver-manager", tasks=[watch])
     thread.service = service
@@ -295,7 +313,8 @@ class GserverManager(Worker):
             f"serving on {self._server.url}: {len(self._server.service.router.servers())} servers, policy "
             f"{cfg.schedule_policy}, B={cfg.groups_per_step} (per trainer rank "
             f"{self._server.service.admission.shares}), eta={cfg.max_head_offpolicyness}, "
-            f"max_concurrent_rollouts={cfg.max_concurrent_rollouts}")
+            f"max_concurrent_rollouts={cfg.max_concurrent_rollouts}"
+        )
 
     def _poll(self) -> bool:
         self._server.check()
@@ -307,7 +326,8 @@ class GserverManager(Worker):
                 f"v={s['version']} running={s['running']} accepted={s['accepted']} capacity={s['capacity']} "
                 f"(per rank {s['per_rank']['capacity']}) stale_dropped={s['stale_dropped']} "
                 f"rejections={s['rejections']} "
-                f"tok/s={s['throughput']['tokens_per_s']:.0f} servers: {servers}")
+                f"tok/s={s['throughput']['tokens_per_s']:.0f} servers: {servers}"
+            )
         time.sleep(0.1)
         return True
 

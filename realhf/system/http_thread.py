@@ -42,16 +42,29 @@ def listening_socket(host: str, port: int, name: str = "http") -> socket.socket:
 
 
 class HttpServerThread:
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, name: str = "http",
-                 tasks: Sequence[Callable[[], Awaitable[None]]] = (), log_level: str = "warning"):
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        name: str = "http",
+        tasks: Sequence[Callable[[], Awaitable[None]]] = (),
+        log_level: str = "warning",
+    ):
         self.app = app
         self.name = name
         self._tasks = list(tasks)
         self._sock = listening_socket(host, port, name)
         self.host, self.port = host, self._sock.getsockname()[1]
         self.url = f"http://{host_for_peers(host)}:{self.port}"
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, timeout_keep_alive=30)
+        config = uvicorn.Config(
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=30,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -93,8 +106,10 @@ class HttpServerThread:
             time.sleep(0.01)
         if not self._server.started:
             self.stop()
-            raise RuntimeError(f"{self.name}: HTTP server on {self.url} did not start within {timeout:.0f}s"
-                               + (f": {self.error}" if self.error else ""))
+            raise RuntimeError(
+                f"{self.name}: HTTP server on {self.url} did not start within {timeout:.0f}s"
+                + (f": {self.error}" if self.error else "")
+            )
         return self
 
     def is_alive(self) -> bool:

@@ -21,13 +21,14 @@ from realhf.base import name_resolve
 
 # Code that is not the user's: `where` names the innermost frame outside it (a blocking
 # `requests.get` is reported at the user's line, not in ssl.py).
-_LIBRARY_DIRS = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
-                       for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_LIBRARY_DIRS = tuple(
+    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
 _STACK_FRAMES = 8
 
 
 def _where(stack: List[traceback.FrameSummary]) -> str:
-    """"file:line in function" of the innermost frame of code outside the libraries."""
+    """ "file:line in function" of the innermost frame of code outside the libraries."""
     own = [f for f in stack if not os.path.realpath(f.filename).startswith(_LIBRARY_DIRS)]
     frame = (own or stack)[-1]
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
@@ -43,8 +44,9 @@ class LoopWatchdog:
     stall report; when the loop runs again, an INFO line says for how long, and the key goes.
     A thread is the only observer that still runs while the loop is blocked."""
 
-    def __init__(self, name: str, logger: Any, key: Optional[str], warn_s: float, remind_s: float,
-                 keepalive_ttl: Optional[float]):
+    def __init__(
+        self, name: str, logger: Any, key: Optional[str], warn_s: float, remind_s: float, keepalive_ttl: Optional[float]
+    ):
         self.name, self.logger, self.key = name, logger, key
         self.warn_s, self.remind_s, self.keepalive_ttl = warn_s, remind_s, keepalive_ttl
         self.interval = min(0.5, warn_s / 4)
@@ -89,8 +91,9 @@ class LoopWatchdog:
         if now - last >= self.warn_s:
             self._blocked(now, last)
         elif self.blocked_since is not None:
-            self.logger.info(f"event loop of {self.name} runs again after being blocked for "
-                             f"{last - self.blocked_since:.1f}s")
+            self.logger.info(
+                f"event loop of {self.name} runs again after being blocked for {last - self.blocked_since:.1f}s"
+            )
             self.blocked_since = None
             self._unpublish()
 
@@ -106,7 +109,8 @@ class LoopWatchdog:
                 f"event loop of {self.name} {'blocked' if first else 'still blocked'} for {blocked_for:.1f}s: "
                 "nothing else on it runs (episodes, their timeouts, the stop check) until the code below "
                 "returns; run blocking work in a thread (asyncio.to_thread) or make it async. The loop is in:\n"
-                + "".join(traceback.format_list(stack)).rstrip())
+                + "".join(traceback.format_list(stack)).rstrip()
+            )
         if now >= self._next_publish:
             self._next_publish = now + 5.0  # fresh enough for the stall report, cheap for Redis
             self._publish(blocked_for, _where(stack) if stack else "unknown")

@@ -35,9 +35,16 @@ _DUPLICATE_QID = "duplicate_qid"  # realhf.impl.admission.DUPLICATE_QID (not imp
 
 
 class ManagerClient:
-    def __init__(self, url: str, session: Callable[[], aiohttp.ClientSession], timeout: float = 30.0, *,
-                 resolve: Optional[Callable[[], str]] = None, wait_timeout: float = 0.0,
-                 stopped: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        url: str,
+        session: Callable[[], aiohttp.ClientSession],
+        timeout: float = 30.0,
+        *,
+        resolve: Optional[Callable[[], str]] = None,
+        wait_timeout: float = 0.0,
+        stopped: Callable[[], bool] = lambda: False,
+    ):
         """`session()` returns the kept-alive session to use (shared with the worker's other calls)."""
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -57,13 +64,17 @@ class ManagerClient:
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
-                    logger.warning(f"manager at {self.url} unreachable ({e}); retrying for up to "
-                                   f"{self._wait_timeout:.0f}s (rollout.manager_wait_timeout), re-reading its address")
+                    logger.warning(
+                        f"manager at {self.url} unreachable ({e}); retrying for up to "
+                        f"{self._wait_timeout:.0f}s (rollout.manager_wait_timeout), re-reading its address"
+                    )
                 elif now - down_since > self._wait_timeout:
-                    raise ServerUnavailableError(f"{e} — unreachable for {now - down_since:.0f}s, longer than "
-                                                 f"rollout.manager_wait_timeout={self._wait_timeout:g}s") from None
+                    raise ServerUnavailableError(
+                        f"{e} — unreachable for {now - down_since:.0f}s, longer than "
+                        f"rollout.manager_wait_timeout={self._wait_timeout:g}s"
+                    ) from None
                 attempt += 1
-                await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
                 try:
                     self.url = self._resolve().rstrip("/")
                 except Exception as re:  # noqa: BLE001 - not registered yet: keep the old one and retry
@@ -83,14 +94,28 @@ class ManagerClient:
             return True, "ok"  # only this worker allocates this qid: the lost answer had admitted it
         return ok, reason
 
-    async def schedule_request(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,
-                               previous_url: Optional[str] = None,
-                               previous_version: Optional[int] = None) -> Tuple[str, int]:
+    async def schedule_request(
+        self,
+        qid: str,
+        prompt_len: int,
+        group_size: int,
+        new_token_budget: int,
+        previous_url: Optional[str] = None,
+        previous_version: Optional[int] = None,
+    ) -> Tuple[str, int]:
         """(server url, trainer version) for the next request of group `qid`; the previous route
         keeps the group on its server while the version is unchanged."""
-        r, _ = await self._post("schedule_request", {
-            "qid": qid, "prompt_len": prompt_len, "group_size": group_size, "new_token_budget": new_token_budget,
-            "previous_server_url": previous_url, "previous_version": previous_version})
+        r, _ = await self._post(
+            "schedule_request",
+            {
+                "qid": qid,
+                "prompt_len": prompt_len,
+                "group_size": group_size,
+                "new_token_budget": new_token_budget,
+                "previous_server_url": previous_url,
+                "previous_version": previous_version,
+            },
+        )
         try:
             return str(r["url"]), int(r["version"])
         except (KeyError, TypeError, ValueError):
@@ -99,8 +124,9 @@ class ManagerClient:
     async def finish_rollout(self, qid: str, accepted: bool, n_tokens: int = 0, reason: str = "filtered") -> None:
         """`reason`: why a rollout that is not accepted ended without a group
         (realhf.system.admission_ledger.ENDED_REASONS); ignored when accepted."""
-        await self._post("finish_rollout", {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens),
-                                            "reason": reason})
+        await self._post(
+            "finish_rollout", {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens), "reason": reason}
+        )
 
     async def routed_servers(self) -> List[str]:
         """The generation servers the manager routes to now (one it dropped after failed health

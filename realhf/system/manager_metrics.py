@@ -61,30 +61,49 @@ class _StatusCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.s
-        yield GaugeMetricFamily("realhf_manager_version", "Trainer weight version admission counts against.",
-                                value=s["version"])
-        yield GaugeMetricFamily("realhf_manager_running_rollouts", "Admitted rollouts not finished yet.",
-                                value=s["running"])
-        yield CounterMetricFamily("realhf_manager_accepted_rollouts_total", "Rollouts finished and accepted.",
-                                  value=s["accepted"])
-        yield CounterMetricFamily("realhf_manager_stale_dropped_total", "Accepted rollouts the trainer dropped as stale.",
-                                  value=s["stale_dropped"])
+        yield GaugeMetricFamily(
+            "realhf_manager_version", "Trainer weight version admission counts against.", value=s["version"]
+        )
+        yield GaugeMetricFamily(
+            "realhf_manager_running_rollouts", "Admitted rollouts not finished yet.", value=s["running"]
+        )
+        yield CounterMetricFamily(
+            "realhf_manager_accepted_rollouts_total", "Rollouts finished and accepted.", value=s["accepted"]
+        )
+        yield CounterMetricFamily(
+            "realhf_manager_stale_dropped_total",
+            "Accepted rollouts the trainer dropped as stale.",
+            value=s["stale_dropped"],
+        )
         yield GaugeMetricFamily("realhf_manager_capacity", "Rollouts that may be admitted now.", value=s["capacity"])
-        per_rank = GaugeMetricFamily("realhf_manager_rank_capacity",
-                                     "Rollouts pushed to this trainer DP rank that may be admitted now.", labels=["rank"])
+        per_rank = GaugeMetricFamily(
+            "realhf_manager_rank_capacity",
+            "Rollouts pushed to this trainer DP rank that may be admitted now.",
+            labels=["rank"],
+        )
         for rank, capacity in enumerate(s["per_rank"]["capacity"]):
             per_rank.add_metric([str(rank)], capacity)
         yield per_rank
-        rejections = CounterMetricFamily("realhf_manager_rejections_total", "Refused allocations, by reason.",
-                                         labels=["reason"])
+        rejections = CounterMetricFamily(
+            "realhf_manager_rejections_total", "Refused allocations, by reason.", labels=["reason"]
+        )
         for reason, n in s["rejections"].items():
             rejections.add_metric([reason], n)
         yield rejections
-        yield CounterMetricFamily("realhf_manager_generated_tokens_total", "Tokens of finished rollouts.",
-                                  value=s["throughput"]["total_tokens"])
-        per_server = [("requests", "realhf_manager_server_requests", "Samples of in-flight groups routed to the server."),
-                      ("tokens", "realhf_manager_server_tokens", "KV-cache tokens that in-flight groups may occupy on the server."),
-                      ("version", "realhf_manager_server_version", "Weight version the server holds.")]
+        yield CounterMetricFamily(
+            "realhf_manager_generated_tokens_total",
+            "Tokens of finished rollouts.",
+            value=s["throughput"]["total_tokens"],
+        )
+        per_server = [
+            ("requests", "realhf_manager_server_requests", "Samples of in-flight groups routed to the server."),
+            (
+                "tokens",
+                "realhf_manager_server_tokens",
+                "KV-cache tokens that in-flight groups may occupy on the server.",
+            ),
+            ("version", "realhf_manager_server_version", "Weight version the server holds."),
+        ]
         for key, name, doc in per_server:
             family = GaugeMetricFamily(name, doc, labels=["url"])
             for server in s["servers"]:

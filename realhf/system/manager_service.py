@@ -66,16 +66,20 @@ class ManagerService:
     """Admission + routing + server health + weight versions + counters; no sockets.
     Every public method holds `self.lock`: callable from any thread."""
 
-    def __init__(self, config: GserverManagerConfig, server_urls: List[str],
-                 ledger: Optional[AdmissionLedger] = None):
+    def __init__(self, config: GserverManagerConfig, server_urls: List[str], ledger: Optional[AdmissionLedger] = None):
         """`ledger`: where admissions are recorded (None: in memory only, for tests of one
         component); a manager that finds its predecessor's record continues from it."""
         self.config = config
         self.version = _Version()
         shares = trainer_shares(config)
         self.accepted_at_start = resumed_accepted(shares, config.trained_groups_at_start)
-        self.admission = StalenessManager(config.max_concurrent_rollouts, shares, config.max_head_offpolicyness,
-                                          self.version, accepted=self.accepted_at_start)
+        self.admission = StalenessManager(
+            config.max_concurrent_rollouts,
+            shares,
+            config.max_head_offpolicyness,
+            self.version,
+            accepted=self.accepted_at_start,
+        )
         self.router = Router(config.schedule_policy, server_urls)
         self.updater = WeightUpdater(config.run_dir, config.model_role, config.update_timeout)
         self.updater.set_servers(server_urls)
@@ -94,13 +98,20 @@ class ManagerService:
         self.starts = state.starts
         if state.starts <= 1:
             return
-        self.admission.load_state_dict({"accepted": state.accepted, "stale_dropped": self.admission.stale_dropped(),
-                                        "running": sorted(state.running.items())})
+        self.admission.load_state_dict(
+            {
+                "accepted": state.accepted,
+                "stale_dropped": self.admission.stale_dropped(),
+                "running": sorted(state.running.items()),
+            }
+        )
         self.ended.update(state.ended)
         self.n_abandoned = state.abandoned
-        logger.info(f"restarted (start {state.starts} of this run): continuing from the admission ledger with "
-                    f"{len(state.running)} rollouts running, accepted per rank {state.accepted}, "
-                    f"{sum(state.ended.values())} ended without a group, {state.abandoned} abandoned")
+        logger.info(
+            f"restarted (start {state.starts} of this run): continuing from the admission ledger with "
+            f"{len(state.running)} rollouts running, accepted per rank {state.accepted}, "
+            f"{sum(state.ended.values())} ended without a group, {state.abandoned} abandoned"
+        )
 
     # ---- the endpoints ------------------------------------------------------------------------
     @_locked
@@ -116,15 +127,31 @@ class ManagerService:
         return {"success": d.success, "reason": d.reason}
 
     @_locked
-    def schedule(self, qid: str, prompt_len: int, group_size: int, new_token_budget: int,
-                 previous_url: Optional[str] = None, previous_version: Optional[int] = None) -> dict:
+    def schedule(
+        self,
+        qid: str,
+        prompt_len: int,
+        group_size: int,
+        new_token_budget: int,
+        previous_url: Optional[str] = None,
+        previous_version: Optional[int] = None,
+    ) -> dict:
         if not self.admission.is_running(qid):
             # Routing it would count load on a server until a /finish_rollout that never comes.
-            raise KeyError(f"schedule_request({qid!r}): no running rollout with this qid "
-                           "(call /allocate_rollout first, or it already finished)")
+            raise KeyError(
+                f"schedule_request({qid!r}): no running rollout with this qid "
+                "(call /allocate_rollout first, or it already finished)"
+            )
         version = self.version.value
-        url = self.router.schedule(qid, prompt_len, group_size, new_token_budget, previous_url=previous_url,
-                                   previous_version=previous_version, current_version=version)
+        url = self.router.schedule(
+            qid,
+            prompt_len,
+            group_size,
+            new_token_budget,
+            previous_url=previous_url,
+            previous_version=previous_version,
+            current_version=version,
+        )
         return {"url": url, "version": version}
 
     @_locked
@@ -167,8 +194,13 @@ class ManagerService:
         s = self.admission.status()
         loads = self.router.loads()
         s["servers"] = [
-            {"url": url, "requests": load.requests, "tokens": load.tokens,
-             "version": self.updater.versions.get(url), "updating": self.updater.updating == url}
+            {
+                "url": url,
+                "requests": load.requests,
+                "tokens": load.tokens,
+                "version": self.updater.versions.get(url),
+                "updating": self.updater.updating == url,
+            }
             for url, load in loads.items()
         ]
         s["schedule_policy"] = self.router.policy
@@ -177,8 +209,11 @@ class ManagerService:
         s["abandoned"] = self.n_abandoned
         s["ended"] = dict(self.ended)
         s["manager_starts"] = self.starts
-        s["weight_updates"] = {"done": self.updater.n_updates, "failed": self.updater.n_failures,
-                               "last_error": self.updater.last_error}
+        s["weight_updates"] = {
+            "done": self.updater.n_updates,
+            "failed": self.updater.n_failures,
+            "last_error": self.updater.last_error,
+        }
         s["throughput"] = self.throughput.summary()
         return s
 
@@ -193,8 +228,10 @@ class ManagerService:
             self.version.value = version
         current = self.admission.stale_dropped()
         if len(stale_dropped) != len(current):
-            raise ValueError(f"the trainer published stale_dropped for {len(stale_dropped)} DP ranks {stale_dropped}, "
-                             f"but this manager budgets {len(current)} (gserver_manager.n_trainer_ranks)")
+            raise ValueError(
+                f"the trainer published stale_dropped for {len(stale_dropped)} DP ranks {stale_dropped}, "
+                f"but this manager budgets {len(current)} (gserver_manager.n_trainer_ranks)"
+            )
         merged = [max(old, int(new)) for old, new in zip(current, stale_dropped)]
         if merged != current:
             self.admission.set_stale_dropped(merged)
@@ -213,19 +250,24 @@ class ManagerService:
         for url in set(urls) - set(old):
             if url in self.health.reported_versions:
                 self.updater.versions[url] = self.health.reported_versions[url]
-        logger.info(f"routed generation servers: {old} → {urls}"
-                    + ("" if urls else " (none alive: rollouts wait for a server to come back)"))
+        logger.info(
+            f"routed generation servers: {old} → {urls}"
+            + ("" if urls else " (none alive: rollouts wait for a server to come back)")
+        )
 
     @_locked
     def observe_health(self, url: str, ok: bool, weight_version: Optional[int] = None) -> None:
         """One /health check's result (`weight_version`: what a joining server reported)."""
         change = self.health.record(url, ok, weight_version)
         if change == UP:
-            logger.info(f"generation server {url} is up (weight version "
-                        f"{self.health.reported_versions.get(url, 'unknown')})")
+            logger.info(
+                f"generation server {url} is up (weight version {self.health.reported_versions.get(url, 'unknown')})"
+            )
         elif change == DROPPED:
-            logger.warning(f"generation server {url} failed {self.health.failures[url]} health checks in a row; "
-                           "dropped from routing")
+            logger.warning(
+                f"generation server {url} failed {self.health.failures[url]} health checks in a row; "
+                "dropped from routing"
+            )
 
     @_locked
     def is_joining(self, url: str) -> bool:

@@ -1,13 +1,13 @@
 """MasterWorker: drives the training steps over request/reply (docs/architecture.md §2, §7).
 
-    configure: bind the request socket → wait for the model workers → initialize them
-    each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
-               split them anew across the ranks by tokens (`balance`, realhf.impl.dp_balance) →
-               the model calls of `_train_calls`, top to bottom, each one request to every model
-               worker → publish training_samples → log the step's metrics
-    the end:   after total_train_steps (set by the experiment), or after the first step at which
-               the training time reaches exp_ctrl.max_train_seconds, save, set
-               experiment_status=COMPLETE (every worker then leaves its loop), exit
+configure: bind the request socket → wait for the model workers → initialize them
+each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
+           split them anew across the ranks by tokens (`balance`, realhf.impl.dp_balance) →
+           the model calls of `_train_calls`, top to bottom, each one request to every model
+           worker → publish training_samples → log the step's metrics
+the end:   after total_train_steps (set by the experiment), or after the first step at which
+           the training time reaches exp_ctrl.max_train_seconds, save, set
+           experiment_status=COMPLETE (every worker then leaves its loop), exit
 """
 
 from __future__ import annotations
@@ -51,8 +51,14 @@ class MasterWorker(Worker):
         self.total_steps = cfg.total_train_steps
         self.shares = dp_shares(cfg.groups_per_step, cfg.n_model_workers)
 
-        self._stream = MasterStream(exp, trial, cfg.n_model_workers, host=cfg.bind_host, secret=self.ctx.secret,
-                                    max_message_bytes=cfg.max_message_bytes)
+        self._stream = MasterStream(
+            exp,
+            trial,
+            cfg.n_model_workers,
+            host=cfg.bind_host,
+            secret=self.ctx.secret,
+            max_message_bytes=cfg.max_message_bytes,
+        )
         self.logger.info(f"waiting for {cfg.n_model_workers} model workers at {self._stream.address}")
         self._stream.wait_for_workers(cfg.worker_connect_timeout)
         replies = self._stream.call_all("initialize", timeout=cfg.request_timeout)
@@ -73,19 +79,28 @@ class MasterWorker(Worker):
         self._qids_log = TrainedQidsLog(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE), last_step=self.version)
         self._trained = self._read_trained(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE))
         if self.version > 0:
-            self.logger.info(f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps")
-        self._stats = StatsLogger(self.metrics_path, cfg.stats.tensorboard_path, wandb_project=cfg.stats.wandb_project,
-                                  wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
-                                  wandb_mode=cfg.stats.wandb_mode, wandb_config=cfg.run_config,
-                                  prometheus_port=cfg.stats.prometheus_port, prometheus_host=cfg.bind_host)
+            self.logger.info(
+                f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps"
+            )
+        self._stats = StatsLogger(
+            self.metrics_path,
+            cfg.stats.tensorboard_path,
+            wandb_project=cfg.stats.wandb_project,
+            wandb_run_name=f"{self.ctx.experiment_name}/{self.ctx.trial_name}",
+            wandb_mode=cfg.stats.wandb_mode,
+            wandb_config=cfg.run_config,
+            prometheus_port=cfg.stats.prometheus_port,
+            prometheus_host=cfg.bind_host,
+        )
         if self._stats.prometheus_url:
             self.logger.info(f"training metrics for Prometheus at {self._stats.prometheus_url}")
         # A version is a completed step (docs/architecture.md §4): a recovered trainer resumes the step count.
         self.step = self.version
         self.training_samples = self.version * cfg.groups_per_step
         # The manager's record of every admission; with the DP heads' counts, where every group is.
-        self._ledger = AdmissionLedger(names.admission_ledger(self.ctx.experiment_name, self.ctx.trial_name),
-                                       len(self.shares))
+        self._ledger = AdmissionLedger(
+            names.admission_ledger(self.ctx.experiment_name, self.ctx.trial_name), len(self.shares)
+        )
         self._accepted_at_start = resumed_accepted(self.shares, self.training_samples)
         self.stale_dropped = 0  # the total over DP ranks, for metrics and the checkpoint
         self.rejected = 0  # malformed groups the DP heads refused, total over ranks
@@ -130,8 +145,10 @@ class MasterWorker(Worker):
             stale, rejected = stale + int(r["stale_dropped"]), rejected + int(r.get("rejected", 0))
         if per_rank != self._stale_dropped_per_rank:
             if replies and rejected != self.rejected:
-                self.logger.warning(f"DP heads refused {rejected - self.rejected} malformed groups ({rejected} in "
-                                    f"total); their admission slots are handed back as dropped")
+                self.logger.warning(
+                    f"DP heads refused {rejected - self.rejected} malformed groups ({rejected} in "
+                    f"total); their admission slots are handed back as dropped"
+                )
             self._stale_dropped_per_rank = per_rank
             self.stale_dropped, self.rejected = stale, rejected
             key = names.stale_dropped(self.ctx.experiment_name, self.ctx.trial_name)
@@ -142,8 +159,10 @@ class MasterWorker(Worker):
         if self.step >= self.total_steps:
             self._finish(f"all {self.total_steps} train steps done")
         if self._out_of_time():
-            self._finish(f"training time {self._train_seconds():.1f}s reached exp_ctrl.max_train_seconds="
-                         f"{self.config.exp_ctrl.max_train_seconds:g} (step {self.step} of {self.total_steps})")
+            self._finish(
+                f"training time {self._train_seconds():.1f}s reached exp_ctrl.max_train_seconds="
+                f"{self.config.exp_ctrl.max_train_seconds:g} (step {self.step} of {self.total_steps})"
+            )
         self._run_step()
         return True
 
@@ -170,16 +189,26 @@ class MasterWorker(Worker):
             waited = now - t0
             if waited > cfg.data_timeout:
                 detail = "; ".join(stall_report.data_lines(short, self.shares))
-                raise TimeoutError(f"step {self.step + 1}: no full batch within {cfg.data_timeout:.0f}s at version "
-                                   f"{self.version}: {detail}")
+                raise TimeoutError(
+                    f"step {self.step + 1}: no full batch within {cfg.data_timeout:.0f}s at version "
+                    f"{self.version}: {detail}"
+                )
             # A stall counts from the last completed step: a slow trainer plus a slow wait is one.
             stalled = now - self._t_last_step
             if stalled > cfg.stall_timeout and now - reported_at > cfg.data_log_interval:
                 reported_at = last_log = now
-                report = stall_report.stall_report(self.ctx.experiment_name, self.ctx.trial_name, replies,
-                                                   self.shares, cfg.expected_workers, secret=self.ctx.secret)
-                self.logger.warning(f"stall: no train step completed for {stalled:.0f}s (step {self.step + 1}, "
-                                    f"version {self.version}); who waits for what:\n  " + "\n  ".join(report))
+                report = stall_report.stall_report(
+                    self.ctx.experiment_name,
+                    self.ctx.trial_name,
+                    replies,
+                    self.shares,
+                    cfg.expected_workers,
+                    secret=self.ctx.secret,
+                )
+                self.logger.warning(
+                    f"stall: no train step completed for {stalled:.0f}s (step {self.step + 1}, "
+                    f"version {self.version}); who waits for what:\n  " + "\n  ".join(report)
+                )
             elif now - last_log > cfg.data_log_interval:
                 last_log = now
                 have = sum(min(r["buffered"], self.shares[r["dp_rank"]]) for r in replies)
@@ -191,8 +220,9 @@ class MasterWorker(Worker):
     def _run_step(self) -> None:
         cfg = self.config
         wait_s = self._wait_for_data()
-        fetched = self._stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)},
-                                        timeout=cfg.request_timeout)
+        fetched = self._stream.call_all(
+            "fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)}, timeout=cfg.request_timeout
+        )
         self._update_stale_dropped(fetched)
         balance = self._balance(fetched)
         inference, train = self._train_calls()
@@ -225,8 +255,12 @@ class MasterWorker(Worker):
         plan = dp_balance.balance([r["group_costs"] for r in by_rank])
         self._stream.call_all("balance", {"assignment": plan.assignment}, timeout=self.config.request_timeout)
         total = max(sum(plan.rank_costs), 1)
-        return {"dp_token_imbalance": plan.imbalance, "dp_token_imbalance_before": plan.imbalance_before,
-                "dp_tokens_moved_fraction": plan.moved_cost / total, "dp_tokens_max": max(plan.rank_costs)}
+        return {
+            "dp_token_imbalance": plan.imbalance,
+            "dp_token_imbalance_before": plan.imbalance_before,
+            "dp_tokens_moved_fraction": plan.moved_cost / total,
+            "dp_tokens_max": max(plan.rank_costs),
+        }
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
         """One train step on the batch the model workers took: the calls of
@@ -270,13 +304,21 @@ class MasterWorker(Worker):
         the model workers' one atomic write (docs/architecture.md §12.3)."""
         cfg = self.config
         pending = [[query_id, qid] for qid, query_id in sorted(self._pending.items())]
-        extra = {"step": self.step, "training_samples": self.training_samples, "stale_dropped": self.stale_dropped,
-                 "rollout_samplers": self._samplers, "rollout_pending": pending, "saved_at": time.time()}
+        extra = {
+            "step": self.step,
+            "training_samples": self.training_samples,
+            "stale_dropped": self.stale_dropped,
+            "rollout_samplers": self._samplers,
+            "rollout_pending": pending,
+            "saved_at": time.time(),
+        }
         path = self._stream.call_all("checkpoint", {"extra": extra}, timeout=cfg.request_timeout)[0]["path"]
         self._t_last_ckpt = time.monotonic()
         self._ckpt_version = self.version
-        self.logger.info(f"step {self.step}: recovery checkpoint at version {self.version} in {path} "
-                         f"({len(self._samplers)} rollout sampler positions, {len(pending)} prompts pending)")
+        self.logger.info(
+            f"step {self.step}: recovery checkpoint at version {self.version} in {path} "
+            f"({len(self._samplers)} rollout sampler positions, {len(pending)} prompts pending)"
+        )
 
     def _sync_rollout_records(self) -> None:
         """After each step: read every rollout worker's record (one get each: its sampler position
@@ -299,8 +341,11 @@ class MasterWorker(Worker):
                 drawn += [[e["query_id"], q] for q, e in (rec.get(part) or {}).items()]
             self._pending.update({qid: str(query_id) for query_id, qid in drawn})
             consumed.update(rec.get("consumed") or {})
-        self._pending = {q: query_id for q, query_id in self._pending.items()
-                         if q not in consumed and q not in self._trained and q not in self._dropped}
+        self._pending = {
+            q: query_id
+            for q, query_id in self._pending.items()
+            if q not in consumed and q not in self._trained and q not in self._dropped
+        }
         for i, seq in seqs.items():
             name_resolve.add(names.rollout_record_ack(exp, trial, i), str(seq), replace=True, delete_on_exit=False)
 
@@ -312,8 +357,11 @@ class MasterWorker(Worker):
         except Exception as e:  # noqa: BLE001 - metrics must not end a run; the log says why they are missing
             self.logger.warning(f"admission ledger unreadable: {e}")
             return {}
-        out = {"groups_admitted": state.admitted - sum(self._accepted_at_start),
-               "groups_abandoned": state.abandoned, "manager_starts": state.starts}
+        out = {
+            "groups_admitted": state.admitted - sum(self._accepted_at_start),
+            "groups_abandoned": state.abandoned,
+            "manager_starts": state.starts,
+        }
         out.update({f"groups_ended_{r}": state.ended.get(r, 0) for r in ENDED_REASONS})
         return out
 
@@ -334,7 +382,8 @@ class MasterWorker(Worker):
         with open(os.path.join(self.config.log_dir, "accounting.json"), "w") as f:
             json.dump(a, f, indent=1)
         (self.logger.info if a["holds"] else self.logger.error)(
-            accounting_line(a) + ("" if a["holds"] else " — ACCOUNTING DOES NOT HOLD"))
+            accounting_line(a) + ("" if a["holds"] else " — ACCOUNTING DOES NOT HOLD")
+        )
 
     def _finish(self, reason: str) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:
@@ -342,10 +391,16 @@ class MasterWorker(Worker):
         path = self._stream.call_all("save", timeout=self.config.request_timeout)[0]["path"]
         self._account()
         elapsed = time.monotonic() - self._t_start
-        self.logger.info(f"done ({reason}): {self.step} steps, version {self.version}, {self.training_samples} groups "
-                         f"trained, {self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}")
-        name_resolve.add(names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name), STATUS_COMPLETE,
-                         replace=True, delete_on_exit=False)
+        self.logger.info(
+            f"done ({reason}): {self.step} steps, version {self.version}, {self.training_samples} groups "
+            f"trained, {self.stale_dropped} stale-dropped in {elapsed:.1f}s; final weights in {path}"
+        )
+        name_resolve.add(
+            names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name),
+            STATUS_COMPLETE,
+            replace=True,
+            delete_on_exit=False,
+        )
         raise WorkerExit("training complete")
 
     def _exit_hook(self) -> None:

@@ -64,10 +64,17 @@ class ModelWorker(Worker):
         self._batch: Optional[TrainBatch] = None
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
-        puller = NameResolvingZmqPuller(exp, trial, self.dp_rank, host=cfg.bind_host, secret=self.ctx.secret,
-                                        max_message_bytes=cfg.max_message_bytes)
-        self._dataset = StreamDataset(puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg,
-                                      name=f"dp{self.dp_rank}-stream")
+        puller = NameResolvingZmqPuller(
+            exp,
+            trial,
+            self.dp_rank,
+            host=cfg.bind_host,
+            secret=self.ctx.secret,
+            max_message_bytes=cfg.max_message_bytes,
+        )
+        self._dataset = StreamDataset(
+            puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg, name=f"dp{self.dp_rank}-stream"
+        )
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
         # On one node the generation servers hold the first GPUs; DP rank r takes first_gpu + r,
         # unless the launcher gave the process its own GPUs (Ray): then it is device 0.
@@ -94,21 +101,31 @@ class ModelWorker(Worker):
             self.logger.info(f"recovered version {self.version} from {resume_from}")
         sizes = ", ".join(f"{role} {e.n_params / 1e6:.2f}M" for role, e in self.engines.items())
         if cfg.actor.lora.r > 0:
-            sizes += (f" params (LoRA r={cfg.actor.lora.r}: {self.engines['actor'].n_trainable / 1e6:.3f}M trained"
-                      f"{'; ref: the actor with its adapters off' if 'ref' in self.engines else ''})")
+            sizes += (
+                f" params (LoRA r={cfg.actor.lora.r}: {self.engines['actor'].n_trainable / 1e6:.3f}M trained"
+                f"{'; ref: the actor with its adapters off' if 'ref' in self.engines else ''})"
+            )
         else:
             sizes += " params"
-        self.logger.info(f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} "
-                         f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
-                         f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}")
+        self.logger.info(
+            f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} "
+            f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
+            f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}"
+        )
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
             "initialize": self._initialize, "fetch": self._fetch, "balance": self._balance, "inference": self._inference,
             "critic_train": self._critic_train, "train_step": self._train_step, "save": self._save,
             "checkpoint": self._checkpoint, "ping": self._ping,
         }  # fmt: skip
-        self._stream = WorkerStream(exp, trial, self.dp_rank, discovery_timeout=cfg.master_discovery_timeout,
-                                    secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
+        self._stream = WorkerStream(
+            exp,
+            trial,
+            self.dp_rank,
+            discovery_timeout=cfg.master_discovery_timeout,
+            secret=self.ctx.secret,
+            max_message_bytes=cfg.max_message_bytes,
+        )
 
     def _init_distributed(self) -> None:
         """The process group every engine shards over (its timeout: `collective_timeout`), and two
@@ -137,8 +154,15 @@ class ModelWorker(Worker):
             # TCPStore given a host still listens on every interface; handing it a socket we
             # bound ourselves keeps the rendezvous on bind_host (loopback by default).
             self._store_socket = socket.create_server((cfg.bind_host, 0))
-            store = dist.TCPStore(cfg.bind_host, self._store_socket.getsockname()[1], self.dp_size, is_master=True,
-                                  timeout=timeout, wait_for_workers=False, master_listen_fd=self._store_socket.fileno())
+            store = dist.TCPStore(
+                cfg.bind_host,
+                self._store_socket.getsockname()[1],
+                self.dp_size,
+                is_master=True,
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=self._store_socket.fileno(),
+            )
             name_resolve.add(key, f"{host_for_peers(cfg.bind_host)}:{store.port}", replace=True)
         else:
             host, port = split_host_port(name_resolve.wait(key, timeout=cfg.distributed_timeout))
@@ -148,9 +172,11 @@ class ModelWorker(Worker):
         self._dist_initialized = True
         self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout)
         self._io_group = collectives.new_gloo_group(cfg.distributed_timeout)
-        self.logger.info(f"torch.distributed ({backend}) ready: rank {self.dp_rank}/{self.dp_size} "
-                         f"in {time.monotonic() - t0:.1f}s; collectives time out after {cfg.collective_timeout:g}s, "
-                         f"waits on another rank's disk writes after {cfg.distributed_timeout:g}s")
+        self.logger.info(
+            f"torch.distributed ({backend}) ready: rank {self.dp_rank}/{self.dp_size} "
+            f"in {time.monotonic() - t0:.1f}s; collectives time out after {cfg.collective_timeout:g}s, "
+            f"waits on another rank's disk writes after {cfg.distributed_timeout:g}s"
+        )
 
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
@@ -163,8 +189,11 @@ class ModelWorker(Worker):
         call = request.handle_name
         if call == "inference" and isinstance(request.data, dict):
             call = f"{request.data.get('model', 'actor')} inference"
-        at = (f"{call} at version {self.version}" if call in ("save", "checkpoint")
-              else f"{call} of step {self.version + 1}")
+        at = (
+            f"{call} at version {self.version}"
+            if call in ("save", "checkpoint")
+            else f"{call} of step {self.version + 1}"
+        )
         try:
             if handler is None:
                 raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(self._handlers)}")
@@ -207,8 +236,9 @@ class ModelWorker(Worker):
         if self.dp_rank != 0:
             return ""
         if weights:
-            checkpoint.prune_versions(trial_files.published_weights_dir(cfg.run_dir, "actor"),
-                                      cfg.keep_last_versions, current=self.version)
+            checkpoint.prune_versions(
+                trial_files.published_weights_dir(cfg.run_dir, "actor"), cfg.keep_last_versions, current=self.version
+            )
         key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, "actor")
         # Kept after exit: the last published version is part of the trial's record.
         name_resolve.add(key, str(self.version), replace=True, delete_on_exit=False)
@@ -216,14 +246,21 @@ class ModelWorker(Worker):
 
     def _initialize(self, data: Any) -> Dict[str, Any]:
         self._publish(weights=self.version > 0)  # recovered: servers must load these weights
-        return {"dp_rank": self.dp_rank, "dp_size": self.dp_size, "version": self.version,
-                "n_params": self.engines["actor"].n_params, "resume": self._resume}
+        return {
+            "dp_rank": self.dp_rank,
+            "dp_size": self.dp_size,
+            "version": self.version,
+            "n_params": self.engines["actor"].n_params,
+            "resume": self._resume,
+        }
 
     def _pull_into_buffer(self) -> None:
         for traj in self._dataset.get_available():  # parsed by the dataset's pull thread
             for dup in self._buffer.add([traj]):
-                self.logger.warning(f"refused group {dup.qid}: this DP head already received it "
-                                    f"({self._buffer.n_duplicates} duplicates in total)")
+                self.logger.warning(
+                    f"refused group {dup.qid}: this DP head already received it "
+                    f"({self._buffer.n_duplicates} duplicates in total)"
+                )
         dropped = self._buffer.drop_stale(self.version)
         if dropped:
             self._dropped_qids += [g.qid for g in dropped]
@@ -231,19 +268,28 @@ class ModelWorker(Worker):
             self.logger.warning(
                 f"dropped {len(dropped)} stale groups (version_start >= {oldest}, need >= "
                 f"{self.version - self._buffer.eta} at version {self.version}); {self._buffer.n_stale_dropped} in total; "
-                f"qids {' '.join(g.qid for g in dropped)}")
+                f"qids {' '.join(g.qid for g in dropped)}"
+            )
 
     def _fetch(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """`{take: n}`: move the n oldest trainable groups into this step's batch (n = 0: only report)."""
         self._pull_into_buffer()
-        reply = {"dp_rank": self.dp_rank, "version": self.version, "buffered": len(self._buffer),
-                 "stale_dropped": self._buffer.n_stale_dropped, "received": self._dataset.n_pulled,
-                 # Malformed groups (refused by Trajectory.from_msg) were admitted and reported
-                 # accepted: the master hands them back to admission like stale drops.
-                 "rejected": self._dataset.n_invalid, "invalid": self._dataset.n_invalid,
-                 "duplicates": self._buffer.n_duplicates, "dropped_qids": self._dropped_qids,
-                 # The master's accounting (realhf.system.admission_ledger): added = taken + stale + buffered.
-                 "added": self._buffer.n_added, "taken": self._buffer.n_taken}
+        reply = {
+            "dp_rank": self.dp_rank,
+            "version": self.version,
+            "buffered": len(self._buffer),
+            "stale_dropped": self._buffer.n_stale_dropped,
+            "received": self._dataset.n_pulled,
+            # Malformed groups (refused by Trajectory.from_msg) were admitted and reported
+            # accepted: the master hands them back to admission like stale drops.
+            "rejected": self._dataset.n_invalid,
+            "invalid": self._dataset.n_invalid,
+            "duplicates": self._buffer.n_duplicates,
+            "dropped_qids": self._dropped_qids,
+            # The master's accounting (realhf.system.admission_ledger): added = taken + stale + buffered.
+            "added": self._buffer.n_added,
+            "taken": self._buffer.n_taken,
+        }
         self._dropped_qids = []  # the master keeps them (they are not pending at a checkpoint)
         take = int(data.get("take", 0))
         if take > 0:
@@ -255,9 +301,11 @@ class ModelWorker(Worker):
             # What the master balances the ranks by (realhf.impl.dp_balance).
             reply["group_costs"] = [group_exchange.group_cost(g, self.config.ppo.shared_prompt) for g in groups]
             reply["buffered"], reply["taken"] = len(self._buffer), self._buffer.n_taken
-            self.logger.info(f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
-                             f"{summary['gen_tokens']} trained tokens, head staleness max "
-                             f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered")
+            self.logger.info(
+                f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
+                f"{summary['gen_tokens']} trained tokens, head staleness max "
+                f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered"
+            )
         return reply
 
     def _balance(self, data: Dict[str, Any]) -> Dict[str, Any]:
@@ -284,8 +332,10 @@ class ModelWorker(Worker):
         """`{model: actor|ref|critic}`: proximal log-probs, reference log-probs or values of the batch."""
         batch, role = self._need_batch("inference"), data.get("model", "actor")
         if role not in self.engines:
-            raise ValueError(f"inference on {role!r}, but this trainer holds {sorted(self.engines)} "
-                             "(ref needs ppo.kl_ctl > 0, critic ppo.adv_estimator=gae)")
+            raise ValueError(
+                f"inference on {role!r}, but this trainer holds {sorted(self.engines)} "
+                "(ref needs ppo.kl_ctl > 0, critic ppo.adv_estimator=gae)"
+            )
         if role == "actor":
             return self.actor.compute_logprobs(batch)
         if role == "critic":
@@ -313,17 +363,26 @@ class ModelWorker(Worker):
         published = self._publish(weights=True)
         publish_s = time.monotonic() - t0 - train_s
         if stats.get("skipped_steps"):
-            self.logger.warning(f"version {self.version}: {stats['skipped_steps']} of {cfg.ppo.ppo_n_minibatches} "
-                                f"optimizer steps skipped: non-finite loss ({stats['loss']}) or gradient norm "
-                                f"({stats['grad_norm']}); the weights stay as they were")
+            self.logger.warning(
+                f"version {self.version}: {stats['skipped_steps']} of {cfg.ppo.ppo_n_minibatches} "
+                f"optimizer steps skipped: non-finite loss ({stats['loss']}) or gradient norm "
+                f"({stats['grad_norm']}); the weights stay as they were"
+            )
         if "loss" in stats:
-            self.logger.info(f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
-                             f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
-                             f"publish {publish_s:.2f}s")
+            self.logger.info(
+                f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
+                f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
+                f"publish {publish_s:.2f}s"
+            )
         else:
             self.logger.info(f"version {self.version}: critic warm-up, actor not trained; publish {publish_s:.2f}s")
-        return {"version": self.version, "stats": stats, "published": published, "train_time_s": train_s,
-                "publish_time_s": publish_s}
+        return {
+            "version": self.version,
+            "stats": stats,
+            "published": published,
+            "train_time_s": train_s,
+            "publish_time_s": publish_s,
+        }
 
     def _save(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """Collective: an HF checkpoint at `path` (default `<run_dir>/checkpoints/actor/version<v>`)."""
@@ -338,8 +397,9 @@ class ModelWorker(Worker):
         """Collective: the recovery checkpoint (every trained engine's shards, LR schedules, each
         rank's RNG, the version and the master's `extra` counters) in one atomic write."""
         extra = {**(data.get("extra") or {}), "version": self.version, "actor_state": self.actor.state_dict()}
-        recover_checkpoint.save(self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra,
-                                self._io_group)
+        recover_checkpoint.save(
+            self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra, self._io_group
+        )
         return {"path": str(self._recover_path), "version": self.version}
 
     def _ping(self, data: Any) -> Dict[str, Any]:

@@ -148,12 +148,16 @@ class OpenAIServer:
             completion, reply, finish = await episode.complete(messages, body.get("tools"), **_sampling(body))
         except (ValueError, ConversationError, AgentError) as e:
             return _error(400, str(e))
-        return web.json_response({
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model") or MODEL_NAME,
-            "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
-            "usage": self._usage(completion),
-        })
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model") or MODEL_NAME,
+                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
+                "usage": self._usage(completion),
+            }
+        )
 
     async def _completions(self, request: web.Request) -> web.Response:
         episode, refused = self._find(request)
@@ -170,27 +174,40 @@ class OpenAIServer:
             else:
                 so_far = tok.decode(gen.ids)
                 if not prompt.startswith(so_far):
-                    raise ConversationError("the prompt must begin with this episode's text so far (the earlier "
-                                            "prompt and completion)")
-                if prompt[len(so_far):]:
-                    gen.append(prompt[len(so_far):])
+                    raise ConversationError(
+                        "the prompt must begin with this episode's text so far (the earlier prompt and completion)"
+                    )
+                if prompt[len(so_far) :]:
+                    gen.append(prompt[len(so_far) :])
             completion = await gen(**_sampling(body))
             episode.n_requests += 1
         except (ValueError, ConversationError, AgentError) as e:
             return _error(400, str(e))
-        return web.json_response({
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
-            "model": body.get("model") or MODEL_NAME,
-            "choices": [{"index": 0, "text": completion.text, "finish_reason": "length" if completion.no_eos else "stop",
-                         "logprobs": None}],
-            "usage": self._usage(completion),
-        })
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex[:24]}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or MODEL_NAME,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": completion.text,
+                        "finish_reason": "length" if completion.no_eos else "stop",
+                        "logprobs": None,
+                    }
+                ],
+                "usage": self._usage(completion),
+            }
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         _, refused = self._find(request)
         if refused is not None:
             return refused
-        return web.json_response({"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "realhf"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "realhf"}]}
+        )
 
     @staticmethod
     def _usage(completion) -> Dict[str, int]:

@@ -56,8 +56,14 @@ class ZMQPusher:
     `max_message_bytes` (the puller's limit) raises MessageTooLarge instead of being sent: the
     receiving libzmq would drop it without a word and disconnect this sender."""
 
-    def __init__(self, address: str, send_timeout: float = 60.0, hwm: int = 1000, secret: str = "",
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        address: str,
+        send_timeout: float = 60.0,
+        hwm: int = 1000,
+        secret: str = "",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self.address = address
         self._secret = secret
         self._max_bytes = int(max_message_bytes)
@@ -77,9 +83,11 @@ class ZMQPusher:
         frames = auth.tag_frames(self._secret, auth.TRAJECTORY_LABEL, data)
         size = sum(len(f) for f in frames)
         if size > self._max_bytes:
-            raise MessageTooLarge(f"a message of {size} bytes exceeds cluster.max_message_bytes={self._max_bytes} "
-                                  f"(the receiver's limit): not sent; raise cluster.max_message_bytes or shorten "
-                                  "the groups (ppo.gen.max_new_tokens, group_size)")
+            raise MessageTooLarge(
+                f"a message of {size} bytes exceeds cluster.max_message_bytes={self._max_bytes} "
+                f"(the receiver's limit): not sent; raise cluster.max_message_bytes or shorten "
+                "the groups (ppo.gen.max_new_tokens, group_size)"
+            )
         try:
             self._sock.send_multipart(frames, copy=len(data) < 65536)
         except zmq.Again:
@@ -99,8 +107,14 @@ class ZMQPuller:
     larger than `max_message_bytes` never arrives: libzmq drops it and disconnects the sender,
     whose socket reconnects by itself (docs/architecture.md, Authentication)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, hwm: int = 1000, secret: str = "",
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        hwm: int = 1000,
+        secret: str = "",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
@@ -117,8 +131,12 @@ class ZMQPuller:
         self.n_received = 0
         self.n_malformed = 0
         self.n_forged = 0
-        self._forged_log = RateLimitedLog(logger, f"puller {self.address} refused an unauthenticated message", level="error")
-        self._malformed_log = RateLimitedLog(logger, f"puller {self.address} dropped a malformed message", level="error")
+        self._forged_log = RateLimitedLog(
+            logger, f"puller {self.address} refused an unauthenticated message", level="error"
+        )
+        self._malformed_log = RateLimitedLog(
+            logger, f"puller {self.address} dropped a malformed message", level="error"
+        )
 
     def pull_bytes(self, timeout: Optional[float] = None) -> bytes:
         """Next authenticated raw message; TimeoutError after `timeout` s (None: wait forever)."""
@@ -176,9 +194,19 @@ class NameResolvingZmqPuller(ZMQPuller):
 class NameResolvingZmqPusher(ZMQPusher):
     """A rollout worker's pusher, connected to the puller `grouping` assigns it."""
 
-    def __init__(self, experiment: str, trial: str, pusher_index: int, pusher_cnt: int, n_pullers: int,
-                 discovery_timeout: float = 300.0, **kw):
+    def __init__(
+        self,
+        experiment: str,
+        trial: str,
+        pusher_index: int,
+        pusher_cnt: int,
+        n_pullers: int,
+        discovery_timeout: float = 300.0,
+        **kw,
+    ):
         self.puller_index = receiver_of(pusher_index, pusher_cnt, n_pullers)
-        address = name_resolve.wait(names.stream_puller(experiment, trial, self.puller_index), timeout=discovery_timeout)
+        address = name_resolve.wait(
+            names.stream_puller(experiment, trial, self.puller_index), timeout=discovery_timeout
+        )
         super().__init__(address, **kw)
         logger.debug(f"pusher {pusher_index}/{pusher_cnt} → puller {self.puller_index} at {address}")

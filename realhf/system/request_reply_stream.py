@@ -27,6 +27,8 @@ from realhf.base.secret import RateLimitedLog
 logger = logging.getLogger("request_reply")
 
 _HELLO = "__hello__"
+
+
 class RemoteError(RuntimeError):
     """An exception raised by a handler in a worker, re-raised on the master."""
 
@@ -50,8 +52,15 @@ def _identity(index: int) -> bytes:
 class MasterStream:
     """The master's end: `call(worker, name, data)` or `post(...)` then `wait([...])`."""
 
-    def __init__(self, experiment: str, trial: str, n_workers: int, host: str = "127.0.0.1", secret: str = "",
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        experiment: str,
+        trial: str,
+        n_workers: int,
+        host: str = "127.0.0.1",
+        secret: str = "",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self.n_workers = n_workers
         self._secret = secret
         self._ctx = zmq.Context.instance()
@@ -90,11 +99,14 @@ class MasterStream:
         request_id = uuid.uuid4().hex
         msg = {"request_id": request_id, "handler": int(worker), "handle_name": handle_name, "data": data}
         try:
-            self._sock.send_multipart([_identity(worker), *auth.tag_frames(self._secret, auth.REQUEST_REPLY_LABEL,
-                                                                           serialization.dumps(msg))])
+            self._sock.send_multipart(
+                [_identity(worker), *auth.tag_frames(self._secret, auth.REQUEST_REPLY_LABEL, serialization.dumps(msg))]
+            )
         except zmq.error.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
-                raise ConnectionError(f"model worker {worker} is not connected to the master (request {handle_name!r})") from None
+                raise ConnectionError(
+                    f"model worker {worker} is not connected to the master (request {handle_name!r})"
+                ) from None
             raise
         self._pending[request_id] = Request(request_id, int(worker), handle_name, None)
         return request_id
@@ -106,8 +118,11 @@ class MasterStream:
         while any(rid not in self._replies for rid in request_ids):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                waiting = [f"{self._pending[r].handle_name}@worker{self._pending[r].handler}"
-                           for r in request_ids if r not in self._replies and r in self._pending]
+                waiting = [
+                    f"{self._pending[r].handle_name}@worker{self._pending[r].handler}"
+                    for r in request_ids
+                    if r not in self._replies and r in self._pending
+                ]
                 raise TimeoutError(f"no reply within {timeout:.1f}s from: {', '.join(waiting)}")
             self._receive(min(remaining, 0.5))
         replies = [self._replies.pop(rid) for rid in request_ids]
@@ -117,15 +132,22 @@ class MasterStream:
             if reply.get("ok", False) is not True:
                 err = reply.get("error")
                 err = err if isinstance(err, dict) else {"type": "MalformedReply", "message": repr(reply)[:500]}
-                raise RemoteError(str(err.get("type", "Error")), str(err.get("message", "")), worker,
-                                  str(err.get("traceback", "")))
+                raise RemoteError(
+                    str(err.get("type", "Error")), str(err.get("message", "")), worker, str(err.get("traceback", ""))
+                )
         return [reply.get("data") for reply in replies]
 
     def call(self, worker: int, handle_name: str, data: Any = None, timeout: float = 300.0) -> Any:
         return self.wait([self.post(worker, handle_name, data)], timeout)[0]
 
-    def call_all(self, handle_name: str, data: Any = None, workers: Optional[Iterable[int]] = None,
-                 timeout: float = 300.0, per_worker_data: Optional[Dict[int, Any]] = None) -> List[Any]:
+    def call_all(
+        self,
+        handle_name: str,
+        data: Any = None,
+        workers: Optional[Iterable[int]] = None,
+        timeout: float = 300.0,
+        per_worker_data: Optional[Dict[int, Any]] = None,
+    ) -> List[Any]:
         workers = list(range(self.n_workers)) if workers is None else list(workers)
         ids = [self.post(w, handle_name, per_worker_data[w] if per_worker_data is not None else data) for w in workers]
         return self.wait(ids, timeout)
@@ -162,8 +184,9 @@ class MasterStream:
                     self._connected.add(index)
                 else:
                     self.n_malformed += 1
-                    self._malformed_log.event(f"hello from {identity[:64]!r}: not a model worker index "
-                                              f"in [0, {self.n_workers})")
+                    self._malformed_log.event(
+                        f"hello from {identity[:64]!r}: not a model worker index in [0, {self.n_workers})"
+                    )
                 continue
             rid = msg.get("request_id")
             # Accepted only from the worker the request went to (identity = its index).
@@ -184,8 +207,15 @@ class MasterStream:
 class WorkerStream:
     """A model worker's end: `poll()` a request, then `reply()` or `reply_error()`."""
 
-    def __init__(self, experiment: str, trial: str, worker_index: int, discovery_timeout: float = 300.0,
-                 secret: str = "", max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(
+        self,
+        experiment: str,
+        trial: str,
+        worker_index: int,
+        discovery_timeout: float = 300.0,
+        secret: str = "",
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ):
         self.index = worker_index
         self._secret = secret
         address = name_resolve.wait(names.request_reply_master(experiment, trial), timeout=discovery_timeout)
@@ -198,10 +228,12 @@ class WorkerStream:
         self._sock.connect(f"tcp://{address}")
         self.n_malformed = 0
         self.n_forged = 0
-        self._forged_log = RateLimitedLog(logger, f"model worker {worker_index} refused an unauthenticated message",
-                                          level="error")
-        self._malformed_log = RateLimitedLog(logger, f"model worker {worker_index} dropped a malformed request",
-                                             level="error")
+        self._forged_log = RateLimitedLog(
+            logger, f"model worker {worker_index} refused an unauthenticated message", level="error"
+        )
+        self._malformed_log = RateLimitedLog(
+            logger, f"model worker {worker_index} dropped a malformed request", level="error"
+        )
         self._send({"request_id": "", "handler": worker_index, "handle_name": _HELLO})
 
     def _send(self, msg: dict) -> None:
@@ -231,8 +263,11 @@ class WorkerStream:
         self._send({"request_id": request.request_id, "handler": self.index, "ok": True, "data": data})
 
     def reply_error(self, request: Request, exc: BaseException) -> None:
-        err = {"type": type(exc).__name__, "message": str(exc),
-               "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}
+        err = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
+        }
         self._send({"request_id": request.request_id, "handler": self.index, "ok": False, "error": err})
 
     def close(self) -> None:

@@ -46,11 +46,11 @@ from collections import deque
 from typing import Dict, Optional
 
 from realhf.api.agent import make_agent
-from realhf.api.worker_configs import RolloutWorkerConfig
 from realhf.api.env import EnvFactory
-from realhf.api.trajectory import Trajectory
-from realhf.base import name_resolve, names
 from realhf.api.prompt import PromptRow
+from realhf.api.trajectory import Trajectory
+from realhf.api.worker_configs import RolloutWorkerConfig
+from realhf.base import name_resolve, names
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.system.episode import run_group
@@ -136,12 +136,21 @@ class RolloutWorker(AsyncWorker):
         self.chat = chat_template_on(cfg.chat_template, self.tokenizer)
         self.agent = make_agent(cfg.agent, tokenizer=self.tokenizer)
         self.envs = EnvFactory(cfg.env)
-        rows = shard(load_prompts(cfg.dataset_path, required=self.envs.required_fields, columns=cfg.dataset_columns,
-                                  split=cfg.dataset_split),
-                     self.ctx.worker_index, self.ctx.worker_count)
+        rows = shard(
+            load_prompts(
+                cfg.dataset_path,
+                required=self.envs.required_fields,
+                columns=cfg.dataset_columns,
+                split=cfg.dataset_split,
+            ),
+            self.ctx.worker_index,
+            self.ctx.worker_count,
+        )
         if not rows:
-            raise ValueError(f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "
-                             f"{cfg.dataset_path} is empty (fewer rows than rollout workers)")
+            raise ValueError(
+                f"rollout worker {self.ctx.worker_index}/{self.ctx.worker_count}: its shard of "
+                f"{cfg.dataset_path} is empty (fewer rows than rollout workers)"
+            )
         self.sampler = PromptSampler(rows, seed=cfg.seed + self.ctx.worker_index)
         self.rows_by_id = {row.query_id: row for row in rows}
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
@@ -162,9 +171,17 @@ class RolloutWorker(AsyncWorker):
             self._load_checkpoint_state(cfg)
         self.manager_key = names.gserver_manager(exp, trial)
         self.manager_url = name_resolve.wait(self.manager_key, timeout=cfg.discovery_timeout)
-        self.pusher = NameResolvingZmqPusher(exp, trial, self.ctx.worker_index, self.ctx.worker_count, cfg.n_pullers,
-                                             discovery_timeout=cfg.discovery_timeout, send_timeout=cfg.push_timeout,
-                                             secret=self.ctx.secret, max_message_bytes=cfg.max_message_bytes)
+        self.pusher = NameResolvingZmqPusher(
+            exp,
+            trial,
+            self.ctx.worker_index,
+            self.ctx.worker_count,
+            cfg.n_pullers,
+            discovery_timeout=cfg.discovery_timeout,
+            send_timeout=cfg.push_timeout,
+            secret=self.ctx.secret,
+            max_message_bytes=cfg.max_message_bytes,
+        )
         self.push_thread = _PushThread(self.pusher)
         self.client: Optional[GenerationClient] = None
         self.manager: Optional[ManagerClient] = None  # self.client.manager
@@ -172,21 +189,40 @@ class RolloutWorker(AsyncWorker):
         self.backoff = _MIN_BACKOFF_S
         self.consecutive_failures = 0
         self.bad_prompts: set = set()  # query ids no server can answer (dropped once)
-        self.stats = {"pushed": 0, "filtered": 0, "failed": 0, "timed_out": 0, "too_large": 0, "bad_prompts": 0, "tokens": 0,
-                      "reward_sum": 0.0, "samples": 0, "refused": 0, "gen_calls": 0}
+        self.stats = {
+            "pushed": 0,
+            "filtered": 0,
+            "failed": 0,
+            "timed_out": 0,
+            "too_large": 0,
+            "bad_prompts": 0,
+            "tokens": 0,
+            "reward_sum": 0.0,
+            "samples": 0,
+            "refused": 0,
+            "gen_calls": 0,
+        }
         self.t_log, self.groups_at_log, self.tokens_at_log = time.monotonic(), 0, 0
-        self.logger.info(f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
-                         f"manager {self.manager_url}; pushing to puller {self.pusher.puller_index}")
+        self.logger.info(
+            f"{len(rows)} prompts in shard {self.ctx.worker_index}/{self.ctx.worker_count}; "
+            f"manager {self.manager_url}; pushing to puller {self.pusher.puller_index}"
+        )
 
     # ---- admission loop ---------------------------------------------------------------------------
     async def _poll_async(self) -> bool:
         if self.client is None:
             self.client = GenerationClient(
-                self.manager_url, new_tokens_per_chunk=self.config.new_tokens_per_chunk,
-                request_timeout=self.config.request_timeout, manager_timeout=self.config.manager_timeout,
-                eos_token_id=self.tokenizer.eos_token_id, server_wait_timeout=self.config.server_wait_timeout,
-                secret=self.ctx.secret, manager_wait_timeout=self.config.manager_wait_timeout,
-                manager_resolve=lambda: name_resolve.get(self.manager_key), stopped=self._experiment_ended)
+                self.manager_url,
+                new_tokens_per_chunk=self.config.new_tokens_per_chunk,
+                request_timeout=self.config.request_timeout,
+                manager_timeout=self.config.manager_timeout,
+                eos_token_id=self.tokenizer.eos_token_id,
+                server_wait_timeout=self.config.server_wait_timeout,
+                secret=self.ctx.secret,
+                manager_wait_timeout=self.config.manager_wait_timeout,
+                manager_resolve=lambda: name_resolve.get(self.manager_key),
+                stopped=self._experiment_ended,
+            )
             self.manager = self.client.manager
             # What the environment's episodes share (a grader pool, an MCP server) opens now, in
             # this loop: if it cannot, the worker fails at once, not episode after episode.
@@ -209,14 +245,14 @@ class RolloutWorker(AsyncWorker):
             self.backoff = _MIN_BACKOFF_S
         if len(self.tasks) >= self.config.max_concurrent_rollouts:
             # Bounded so the loop still notices the end of the experiment while episodes hang.
-            await asyncio.wait(list(self.tasks.values()), timeout=self.ctx.status_check_interval,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                list(self.tasks.values()), timeout=self.ctx.status_check_interval, return_when=asyncio.FIRST_COMPLETED
+            )
         elif refused:
             # Capacity frees when one of ours ends, or elsewhere (another worker's finish, a new
             # trainer version): wait for the first of the two, the latter bounded by the backoff.
             if self.tasks:
-                await asyncio.wait(list(self.tasks.values()), timeout=self.backoff,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(list(self.tasks.values()), timeout=self.backoff, return_when=asyncio.FIRST_COMPLETED)
             else:
                 await asyncio.sleep(self.backoff)
             self.backoff = min(_MAX_BACKOFF_S, self.backoff * 2)
@@ -270,9 +306,18 @@ class RolloutWorker(AsyncWorker):
         schemas = [t.schema() for t in tools.values()] or None
         prompt = encode_prompt(self.tokenizer, fields, self.chat, tools=schemas)
         self._check_prompt(row, prompt)
-        coro = run_group(self.agent, fields, prompt, qid=qid,
-                         client=self.client, envs=self.envs, gconfig=cfg.gconfig, tokenizer=self.tokenizer,
-                         agent_config=cfg.agent, group_size=cfg.group_size)
+        coro = run_group(
+            self.agent,
+            fields,
+            prompt,
+            qid=qid,
+            client=self.client,
+            envs=self.envs,
+            gconfig=cfg.gconfig,
+            tokenizer=self.tokenizer,
+            agent_config=cfg.agent,
+            group_size=cfg.group_size,
+        )
         limit = self.config.episode_timeout
         if limit <= 0:
             return await coro
@@ -280,8 +325,10 @@ class RolloutWorker(AsyncWorker):
             return await asyncio.wait_for(coro, limit)
         except asyncio.TimeoutError:
             self.stats["timed_out"] += 1
-            raise EpisodeTimeout(f"{self._names(qid)} ran longer than rollout.episode_timeout={limit:g}s "
-                                 f"and was cancelled ({self.stats['timed_out']} timed out so far)") from None
+            raise EpisodeTimeout(
+                f"{self._names(qid)} ran longer than rollout.episode_timeout={limit:g}s "
+                f"and was cancelled ({self.stats['timed_out']} timed out so far)"
+            ) from None
 
     def _check_prompt(self, row: PromptRow, prompt) -> None:
         """Validation tokenises only the first part of a large dataset (file_validation.SCAN_MAX_ROWS):
@@ -290,10 +337,12 @@ class RolloutWorker(AsyncWorker):
         limit = self.config.context_tokens - self.config.gconfig.max_new_tokens
         if self.config.context_tokens > 0 and (not prompt or len(prompt) > limit):
             self.bad_prompts.add(row.query_id)
-            raise BadPrompt(f"prompt {row.query_id!r} ({row.source}) has {len(prompt)} tokens; with "
-                            f"max_new_tokens={self.config.gconfig.max_new_tokens} the servers' context of "
-                            f"{self.config.context_tokens} leaves {'no room' if prompt else 'nothing to answer'}: "
-                            f"dropped, not drawn again ({len(self.bad_prompts)} such prompts so far)")
+            raise BadPrompt(
+                f"prompt {row.query_id!r} ({row.source}) has {len(prompt)} tokens; with "
+                f"max_new_tokens={self.config.gconfig.max_new_tokens} the servers' context of "
+                f"{self.config.context_tokens} leaves {'no room' if prompt else 'nothing to answer'}: "
+                f"dropped, not drawn again ({len(self.bad_prompts)} such prompts so far)"
+            )
 
     def _failed(self, qid: str, e: Exception) -> None:
         self.stats["failed"] += 1
@@ -329,8 +378,15 @@ class RolloutWorker(AsyncWorker):
                 self.stats["bad_prompts"] += 1
                 self.logger.warning(str(e))
             else:
-                reason = ("too_large" if isinstance(e, MessageTooLarge) else "timed_out"
-                          if isinstance(e, EpisodeTimeout) else "malformed" if isinstance(e, MalformedGroup) else "failed")
+                reason = (
+                    "too_large"
+                    if isinstance(e, MessageTooLarge)
+                    else "timed_out"
+                    if isinstance(e, EpisodeTimeout)
+                    else "malformed"
+                    if isinstance(e, MalformedGroup)
+                    else "failed"
+                )
                 self._failed(qid, e)  # raises after max_consecutive_failures in a row
         except BaseException:  # cancelled at exit, or an error that ends the worker: run it again
             if not accepted and push is not None and await self._went_out(push):
@@ -354,8 +410,9 @@ class RolloutWorker(AsyncWorker):
         await asyncio.wait({push}, timeout=timeout)
         return push.done() and not push.cancelled() and push.exception() is None
 
-    async def _settle(self, row: PromptRow, qid: str, accepted: bool, n_tokens: int, rerun: bool,
-                      reason: str = "filtered") -> None:
+    async def _settle(
+        self, row: PromptRow, qid: str, accepted: bool, n_tokens: int, rerun: bool, reason: str = "filtered"
+    ) -> None:
         """Report the episode's end to the manager and drop it from the in-flight record. A
         cancelled, unpushed episode (`rerun`) is abandoned instead and stays in the record, so the
         next incarnation runs it again. If the report fails, the record keeps the group (marked
@@ -374,10 +431,12 @@ class RolloutWorker(AsyncWorker):
                 if self._experiment_ended():
                     return  # the manager left first at the end of the trial
                 if attempt + 1 == _SETTLE_ATTEMPTS:
-                    self.logger.error(f"could not report {self._names(qid)} to the manager ({e}); it stays "
-                                      "in the in-flight record for the next incarnation")
+                    self.logger.error(
+                        f"could not report {self._names(qid)} to the manager ({e}); it stays "
+                        "in the in-flight record for the next incarnation"
+                    )
                     raise
-                await asyncio.sleep(0.5 * 2 ** attempt)
+                await asyncio.sleep(0.5 * 2**attempt)
             except GenerationError as e:  # 404: the manager no longer holds it (e.g. it restarted)
                 self.logger.warning(f"reporting the end of {qid} refused, its slot is already gone: {e}")
                 break
@@ -389,8 +448,15 @@ class RolloutWorker(AsyncWorker):
         self.seq += 1
         todo = [[row.query_id, qid] for row, qid in self.rerun]
         refused = [self.pending[0].query_id, self.pending[1]] if self.pending is not None else None
-        value = {"seq": self.seq, "sampler": self.sampler.state_dict(), "refused": refused, "todo": todo,
-                 "inflight": self.inflight, "pushed": self.pushed, "consumed": self.consumed}
+        value = {
+            "seq": self.seq,
+            "sampler": self.sampler.state_dict(),
+            "refused": refused,
+            "todo": todo,
+            "inflight": self.inflight,
+            "pushed": self.pushed,
+            "consumed": self.consumed,
+        }
         # One add: a reader never sees a drawn prompt in neither or both of two keys. Not deleted on
         # exit: it is what a restarted incarnation needs after this one died.
         name_resolve.add(self.record_key, json.dumps(value), replace=True, delete_on_exit=False)
@@ -442,20 +508,26 @@ class RolloutWorker(AsyncWorker):
         firsts = ([rec["refused"]] if rec.get("refused") else []) + list(rec.get("todo") or [])
         self._queue_rerun(firsts)
         self.refused_at_death = rec["refused"][1] if rec.get("refused") else None
-        self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
-                         f"{self.sampler.state_dict()['position']} (from this worker's previous incarnation); "
-                         f"{len(self.rerun)} drawn prompts not yet admitted run first")
+        self.logger.info(
+            f"prompt order resumed at epoch {self.sampler.epoch}, position "
+            f"{self.sampler.state_dict()['position']} (from this worker's previous incarnation); "
+            f"{len(self.rerun)} drawn prompts not yet admitted run first"
+        )
         return dict(rec.get("inflight") or {})
 
     def _load_checkpoint_state(self, cfg: RolloutWorkerConfig) -> None:
         if cfg.sampler_state:
             self.sampler.load_state_dict(json.loads(cfg.sampler_state))
-            self.logger.info(f"prompt order resumed at epoch {self.sampler.epoch}, position "
-                             f"{self.sampler.state_dict()['position']} (from the recovery checkpoint)")
+            self.logger.info(
+                f"prompt order resumed at epoch {self.sampler.epoch}, position "
+                f"{self.sampler.state_dict()['position']} (from the recovery checkpoint)"
+            )
         if cfg.pending:
             n = self._queue_rerun(json.loads(cfg.pending))
-            self.logger.info(f"{n} prompts pending at the recovery checkpoint (in flight or not yet trained) "
-                             "run first, under their qids")
+            self.logger.info(
+                f"{n} prompts pending at the recovery checkpoint (in flight or not yet trained) "
+                "run first, under their qids"
+            )
         self._write_record()
 
     async def _recover_inflight(self, previous: Dict[str, dict]) -> None:
@@ -472,13 +544,16 @@ class RolloutWorker(AsyncWorker):
         # The refused prompt too: it may have been admitted just before the death, unrecorded.
         extra = [self.refused_at_death] if self.refused_at_death else []
         r = await self.manager.abandon_rollouts(lost + extra) if lost or extra else {"abandoned": 0}
-        readmitted = self._queue_rerun([[previous[q].get("query_id"), q] for q in lost
-                                        if state[q] != "ended" and isinstance(previous[q], dict)])
+        readmitted = self._queue_rerun(
+            [[previous[q].get("query_id"), q] for q in lost if state[q] != "ended" and isinstance(previous[q], dict)]
+        )
         self.inflight = {}
         self._write_record()
-        self.logger.warning(f"restarted: previous incarnation left {len(previous)} groups in flight: "
-                            f"{len(pushed)} already pushed (reported finished), {r.get('abandoned')} slots "
-                            f"released at the manager, {readmitted} prompts re-admitted first")
+        self.logger.warning(
+            f"restarted: previous incarnation left {len(previous)} groups in flight: "
+            f"{len(pushed)} already pushed (reported finished), {r.get('abandoned')} slots "
+            f"released at the manager, {readmitted} prompts re-admitted first"
+        )
 
     def _count(self, traj: Trajectory) -> None:
         s = self.stats
@@ -495,15 +570,19 @@ class RolloutWorker(AsyncWorker):
             return
         now = time.monotonic()
         dt = max(now - self.t_log, 1e-6)
-        self.logger.info(f"{self._totals()} | {(done - self.groups_at_log) / dt:.2f} groups/s "
-                         f"{(s['tokens'] - self.tokens_at_log) / dt:.0f} tok/s | epoch {self.sampler.epoch}")
+        self.logger.info(
+            f"{self._totals()} | {(done - self.groups_at_log) / dt:.2f} groups/s "
+            f"{(s['tokens'] - self.tokens_at_log) / dt:.0f} tok/s | epoch {self.sampler.epoch}"
+        )
         self.t_log, self.groups_at_log, self.tokens_at_log = now, done, s["tokens"]
 
     def _totals(self) -> str:
         s = self.stats
-        return (f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
-                f"{s['timed_out']}, too large to send {s['too_large']}) running={len(self.tasks)} | mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} "
-                f"| generations/episode {s['gen_calls'] / max(s['samples'], 1):.2f} | refusals {s['refused']}")
+        return (
+            f"groups pushed={s['pushed']} filtered={s['filtered']} failed={s['failed']} (timed out "
+            f"{s['timed_out']}, too large to send {s['too_large']}) running={len(self.tasks)} | mean reward {s['reward_sum'] / max(s['samples'], 1):.3f} "
+            f"| generations/episode {s['gen_calls'] / max(s['samples'], 1):.2f} | refusals {s['refused']}"
+        )
 
     # ---- exit -------------------------------------------------------------------------------------
     async def _exit_hook_async(self) -> None:

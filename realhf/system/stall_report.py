@@ -61,10 +61,12 @@ def manager_line(experiment: str, trial: str, secret: str = "") -> str:
         return f"manager {url}: /status failed: {_describe_error(e)}"
     rejections = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejections", {}).items())) or "none"
     servers = "; ".join(f"{x['url']} requests={x['requests']} version={x['version']}" for x in s.get("servers", []))
-    return (f"manager {url}: version {s.get('version')}, running {s.get('running')}, accepted {s.get('accepted')}, "
-            f"capacity {s.get('capacity')} (per DP rank {s.get('per_rank', {}).get('capacity')}), "
-            f"stale-dropped {s.get('stale_dropped')}, rejections: {rejections}; "
-            f"servers: {servers or 'none'}")
+    return (
+        f"manager {url}: version {s.get('version')}, running {s.get('running')}, accepted {s.get('accepted')}, "
+        f"capacity {s.get('capacity')} (per DP rank {s.get('per_rank', {}).get('capacity')}), "
+        f"stale-dropped {s.get('stale_dropped')}, rejections: {rejections}; "
+        f"servers: {servers or 'none'}"
+    )
 
 
 def server_lines(experiment: str, trial: str, secret: str = "") -> List[str]:
@@ -85,15 +87,16 @@ def worker_line(experiment: str, trial: str, expected: Dict[str, int]) -> str:
     root = names.worker_root(experiment, trial) + "/"
     alive: Dict[str, List[int]] = {}
     for key in name_resolve.find_subtree(names.worker_root(experiment, trial)):
-        parts = key[len(root):].split("/")
+        parts = key[len(root) :].split("/")
         if len(parts) == 2 and parts[1].isdigit():
             alive.setdefault(parts[0], []).append(int(parts[1]))
     described = []
     for wtype in sorted(set(alive) | set(expected)):
         have = sorted(alive.get(wtype, []))
         missing = [i for i in range(expected.get(wtype, 0)) if i not in have]
-        described.append(f"{wtype} {len(have)}/{expected.get(wtype, len(have))} alive"
-                         + (f" (missing {missing})" if missing else ""))
+        described.append(
+            f"{wtype} {len(have)}/{expected.get(wtype, len(have))} alive" + (f" (missing {missing})" if missing else "")
+        )
     return "workers: " + (", ".join(described) or "no heartbeat registered")
 
 
@@ -108,18 +111,26 @@ def blocked_loop_lines(experiment: str, trial: str) -> List[str]:
             continue  # it ran again meanwhile
         except (ValueError, KeyError, TypeError):
             what = "blocked (unreadable report)"
-        out.append(f"{key[len(root):]}: event loop {what}; nothing else on it runs meanwhile "
-                   "(its log has the stack)")
+        out.append(f"{key[len(root) :]}: event loop {what}; nothing else on it runs meanwhile (its log has the stack)")
     return out
 
 
-def stall_report(experiment: str, trial: str, replies: Sequence[dict], shares: Sequence[int],
-                 expected_workers: Optional[Dict[str, int]] = None, secret: str = "") -> List[str]:
+def stall_report(
+    experiment: str,
+    trial: str,
+    replies: Sequence[dict],
+    shares: Sequence[int],
+    expected_workers: Optional[Dict[str, int]] = None,
+    secret: str = "",
+) -> List[str]:
     """One line per fact; never raises (a broken probe becomes a line saying so)."""
     lines = data_lines(replies, shares)
-    for probe in (lambda: [manager_line(experiment, trial, secret)], lambda: server_lines(experiment, trial, secret),
-                  lambda: [worker_line(experiment, trial, expected_workers or {})],
-                  lambda: blocked_loop_lines(experiment, trial)):
+    for probe in (
+        lambda: [manager_line(experiment, trial, secret)],
+        lambda: server_lines(experiment, trial, secret),
+        lambda: [worker_line(experiment, trial, expected_workers or {})],
+        lambda: blocked_loop_lines(experiment, trial),
+    ):
         try:
             lines.extend(probe())
         except Exception as e:  # noqa: BLE001 - e.g. name resolve unreachable

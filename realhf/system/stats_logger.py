@@ -39,9 +39,17 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs)) / len(xs) if xs else 0.0
 
 
-def step_metrics(step: int, version: int, fetch_replies: List[Dict[str, Any]], train_replies: List[Dict[str, Any]],
-                 inference_replies: Dict[str, List[Dict[str, Any]]], stale_dropped: int, step_time_s: float,
-                 wait_time_s: float, training_samples: int) -> Dict[str, Any]:
+def step_metrics(
+    step: int,
+    version: int,
+    fetch_replies: List[Dict[str, Any]],
+    train_replies: List[Dict[str, Any]],
+    inference_replies: Dict[str, List[Dict[str, Any]]],
+    stale_dropped: int,
+    step_time_s: float,
+    wait_time_s: float,
+    training_samples: int,
+) -> Dict[str, Any]:
     """Merge the DP ranks' replies of one step into the logged metrics."""
     batches = [r["batch"] for r in fetch_replies]
     n_samples = sum(b["n_samples"] for b in batches)
@@ -117,10 +125,19 @@ def truncate_metrics(path: str, last_step: int) -> int:
 
 
 class StatsLogger:
-    def __init__(self, metrics_path: str, tensorboard_path: str = "", console: Optional[Console] = None,
-                 wandb_project: str = "", wandb_run_name: str = "", wandb_mode: str = "offline", echo: bool = True,
-                 wandb_config: Optional[Dict[str, Any]] = None, prometheus_port: int = 0,
-                 prometheus_host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        metrics_path: str,
+        tensorboard_path: str = "",
+        console: Optional[Console] = None,
+        wandb_project: str = "",
+        wandb_run_name: str = "",
+        wandb_mode: str = "offline",
+        echo: bool = True,
+        wandb_config: Optional[Dict[str, Any]] = None,
+        prometheus_port: int = 0,
+        prometheus_host: str = "127.0.0.1",
+    ):
         os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
         self.metrics_path = metrics_path
         self.echo = echo  # the train-step console line; the evaluator logs a line of its own
@@ -137,10 +154,17 @@ class StatsLogger:
             try:
                 import wandb  # optional extra: pip install 'realhf[wandb]'
             except ImportError:
-                raise RuntimeError("wandb_project is set but wandb is not installed: pip install 'realhf[wandb]' "
-                                   "or leave wandb_project empty") from None
-            self._wandb = wandb.init(project=wandb_project, name=wandb_run_name or None, mode=wandb_mode,
-                                     dir=os.path.dirname(os.path.abspath(metrics_path)), config=wandb_config or {})
+                raise RuntimeError(
+                    "wandb_project is set but wandb is not installed: pip install 'realhf[wandb]' "
+                    "or leave wandb_project empty"
+                ) from None
+            self._wandb = wandb.init(
+                project=wandb_project,
+                name=wandb_run_name or None,
+                mode=wandb_mode,
+                dir=os.path.dirname(os.path.abspath(metrics_path)),
+                config=wandb_config or {},
+            )
         self._prometheus = None
         if prometheus_port:
             from realhf.system.stats_prometheus import TrainingMetricsServer

@@ -53,8 +53,13 @@ def save_curves_png(metrics: List[Dict[str, Any]], evals: List[Dict[str, Any]], 
         acc_ax.plot(steps, success, color="tab:green", alpha=0.3, linewidth=1)
     acc_ax.plot(steps, moving_average(success, window), color="tab:green", label="training success rate")
     if evals:
-        acc_ax.plot([e["step"] for e in evals], [e["eval/accuracy"] for e in evals], "o-", color="tab:red",
-                    label=f"held-out accuracy (T = {evals[-1].get('eval/temperature', '?')})")
+        acc_ax.plot(
+            [e["step"] for e in evals],
+            [e["eval/accuracy"] for e in evals],
+            "o-",
+            color="tab:red",
+            label=f"held-out accuracy (T = {evals[-1].get('eval/temperature', '?')})",
+        )
     acc_ax.set_ylim(0, 1)
     acc_ax.set_xlabel("train step (= weight version)")
     acc_ax.set_ylabel("accuracy")

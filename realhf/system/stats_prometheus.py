@@ -83,8 +83,11 @@ class TrainingCollector:
             yield GaugeMetricFamily(metric_name(key), help_, value=value)
         if self.eval_metrics_path:
             for key, value in _numbers(_last_row(self.eval_metrics_path)):
-                yield GaugeMetricFamily(metric_name(key.removeprefix("eval/"), EVAL_PREFIX),
-                                        f"eval_metrics.jsonl field {key!r} of the latest evaluation.", value=value)
+                yield GaugeMetricFamily(
+                    metric_name(key.removeprefix("eval/"), EVAL_PREFIX),
+                    f"eval_metrics.jsonl field {key!r} of the latest evaluation.",
+                    value=value,
+                )
 
 
 class TrainingMetricsServer:

@@ -35,8 +35,14 @@ class StreamDataset:
     a foreign message) is logged, counted in `n_invalid` and dropped; the thread keeps pulling.
     """
 
-    def __init__(self, puller, maxsize: int = 10000, poll_interval: float = 0.1,
-                 parse: Optional[Callable[[Any], Any]] = None, name: str = "stream-dataset"):
+    def __init__(
+        self,
+        puller,
+        maxsize: int = 10000,
+        poll_interval: float = 0.1,
+        parse: Optional[Callable[[Any], Any]] = None,
+        name: str = "stream-dataset",
+    ):
         self._puller = puller
         self._queue: "queue.Queue[Any]" = queue.Queue(maxsize=maxsize)
         # Items handed back by a get() that timed out; served before the queue, in order.
@@ -64,8 +70,9 @@ class StreamDataset:
                         item = self._parse(item)
                     except Exception as e:  # noqa: BLE001 - a foreign message must not kill the thread
                         self.n_invalid += 1
-                        logger.error(f"{self._name}: dropped invalid item #{self.n_invalid}: "
-                                     f"{type(e).__name__}: {str(e)[:300]}")
+                        logger.error(
+                            f"{self._name}: dropped invalid item #{self.n_invalid}: {type(e).__name__}: {str(e)[:300]}"
+                        )
                         continue
                 while not self._stop.is_set():
                     try:
@@ -80,7 +87,9 @@ class StreamDataset:
 
     def _check_alive(self):
         if self._error is not None:
-            raise StreamDatasetError(f"{self._name}: pull thread died: {type(self._error).__name__}: {self._error}") from self._error
+            raise StreamDatasetError(
+                f"{self._name}: pull thread died: {type(self._error).__name__}: {self._error}"
+            ) from self._error
         if self._stop.is_set():
             raise StreamDatasetError(f"{self._name} is closed")
 

@@ -70,14 +70,19 @@ async def served_version(session: aiohttp.ClientSession, url: str, timeout: floa
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
-async def update_server(session: aiohttp.ClientSession, url: str, model_path: str, version: int,
-                        timeout: float) -> float:
+async def update_server(
+    session: aiohttp.ClientSession, url: str, model_path: str, version: int, timeout: float
+) -> float:
     """pause → update_weights_from_disk → continue on one server; returns the seconds it took."""
     t0 = time.monotonic()
     await post_json(session, f"{url}/pause_generation", {}, timeout)
     try:
-        r = await post_json(session, f"{url}/update_weights_from_disk",
-                            {"model_path": model_path, "weight_version": int(version)}, timeout)
+        r = await post_json(
+            session,
+            f"{url}/update_weights_from_disk",
+            {"model_path": model_path, "weight_version": int(version)},
+            timeout,
+        )
         if not r.get("success", False):
             raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")
     except asyncio.CancelledError as e:
@@ -161,8 +166,9 @@ class WeightUpdater:
                 current = await self._while_routed(url, served_version(session, url, self.timeout))
                 if current is not None and current >= version:  # already there (or beyond): never go back
                     if url in self.owes_continue:
-                        await self._while_routed(url, post_json(session, f"{url}/continue_generation", {},
-                                                                self.timeout))
+                        await self._while_routed(
+                            url, post_json(session, f"{url}/continue_generation", {}, self.timeout)
+                        )
                         self.owes_continue.discard(url)
                     if url in self.versions:
                         self.versions[url] = current
@@ -172,9 +178,11 @@ class WeightUpdater:
             except LeftRouting:
                 self.owes_continue.add(url)
                 self.n_abandoned += 1
-                logger.warning(f"weight update of {url} to version {version} given up after "
-                               f"{time.monotonic() - t0:.1f}s: the server left routing (failed health checks); "
-                               "going on with the others (it gets a /continue_generation when it is back)")
+                logger.warning(
+                    f"weight update of {url} to version {version} given up after "
+                    f"{time.monotonic() - t0:.1f}s: the server left routing (failed health checks); "
+                    "going on with the others (it gets a /continue_generation when it is back)"
+                )
                 continue
             except Exception as e:  # noqa: BLE001 - reported, retried next round
                 if not os.path.isdir(path) and int(target_version()) > version:
@@ -183,8 +191,10 @@ class WeightUpdater:
                     # weights would make everything it generates too stale. The next round (the
                     # watcher's next poll) loads the newest version.
                     self.n_superseded += 1
-                    logger.info(f"server {url}: version {version} was pruned before it loaded it; loading the "
-                                f"newest ({int(target_version())}) next")
+                    logger.info(
+                        f"server {url}: version {version} was pruned before it loaded it; loading the "
+                        f"newest ({int(target_version())}) next"
+                    )
                     continue
                 self._failed(url, version, e)
                 continue
@@ -195,8 +205,7 @@ class WeightUpdater:
             self.n_updates += 1
             self.retry_at.pop(url, None)
             since = self._failing.pop(url, None)
-            recovered = (f" after {since[1]} failed attempts over {time.monotonic() - since[0]:.0f}s"
-                         if since else "")
+            recovered = f" after {since[1]} failed attempts over {time.monotonic() - since[0]:.0f}s" if since else ""
             logger.info(f"server {url} now at version {version} ({path}); update took {seconds:.2f}s{recovered}")
 
     def _failed(self, url: str, version: int, error: Exception) -> None:
@@ -208,6 +217,8 @@ class WeightUpdater:
         self.last_error = f"{url}: {error}"
         self.retry_at[url] = now + min(RETRY_DELAY_S * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
         if attempts & (attempts - 1) == 0:  # 1, 2, 4, 8, ...: the log says it without flooding
-            logger.error(f"weight update of {url} to version {version} failed ({attempts} attempts over "
-                         f"{now - since[0]:.0f}s; it keeps generating with version {self.versions.get(url)}; "
-                         f"next try in {self.retry_at[url] - now:.0f}s): {error}")
+            logger.error(
+                f"weight update of {url} to version {version} failed ({attempts} attempts over "
+                f"{now - since[0]:.0f}s; it keeps generating with version {self.versions.get(url)}; "
+                f"next try in {self.retry_at[url] - now:.0f}s): {error}"
+            )

@@ -67,8 +67,10 @@ def experiment_status(ctx: WorkerContext) -> str:
     try:
         return name_resolve.get(key)
     except name_resolve.NameEntryNotFoundError:
-        raise NameResolveLost(f"the experiment status key {key!r} is missing from {where} (Redis restarted "
-                              "without its data, flushed or evicted?); the run cannot go on") from None
+        raise NameResolveLost(
+            f"the experiment status key {key!r} is missing from {where} (Redis restarted "
+            "without its data, flushed or evicted?); the run cannot go on"
+        ) from None
     except Exception as e:  # redis.ConnectionError, TimeoutError…: the server is gone
         raise NameResolveLost(f"{where} is unreachable reading {key!r}: {type(e).__name__}: {e}") from None
 
@@ -133,8 +135,12 @@ class Worker:
     def _register(self):
         name_resolve.reconfigure(self.ctx.name_resolve)
         key = names.worker(self.ctx.experiment_name, self.ctx.trial_name, self.ctx.worker_type, self.ctx.worker_index)
-        name_resolve.add(key, f"{socket.gethostname()}:{os.getpid()}", replace=True,
-                         keepalive_ttl=self.ctx.name_resolve.keepalive_ttl)
+        name_resolve.add(
+            key,
+            f"{socket.gethostname()}:{os.getpid()}",
+            replace=True,
+            keepalive_ttl=self.ctx.name_resolve.keepalive_ttl,
+        )
 
     def run(self) -> int:
         """Run the whole lifecycle; returns the process exit code."""
@@ -191,10 +197,19 @@ class AsyncWorker(Worker):
 
     def _make_watchdog(self) -> LoopWatchdog:
         ctx = self.ctx
-        key = names.loop_blocked(ctx.experiment_name, ctx.trial_name, ctx.worker_type, ctx.worker_index) \
-            if ctx.experiment_name and ctx.trial_name and ctx.worker_type else None
-        return LoopWatchdog(self.name, self.logger, key, self.loop_block_warn_s, self.loop_block_remind_s,
-                            ctx.name_resolve.keepalive_ttl)
+        key = (
+            names.loop_blocked(ctx.experiment_name, ctx.trial_name, ctx.worker_type, ctx.worker_index)
+            if ctx.experiment_name and ctx.trial_name and ctx.worker_type
+            else None
+        )
+        return LoopWatchdog(
+            self.name,
+            self.logger,
+            key,
+            self.loop_block_warn_s,
+            self.loop_block_remind_s,
+            ctx.name_resolve.keepalive_ttl,
+        )
 
     async def _aloop(self):
         watchdog = self._make_watchdog()

@@ -7,4 +7,16 @@ assert: on a shared machine trust the ratios measured side by side in one run, n
 numbers.
 """
 
-BENCHMARKS = ("e2e", "generation", "stream", "weight_update", "manager", "scaling", "trainer", "engine", "launchers", "time_to_accuracy", "data_parallel")
+BENCHMARKS = (
+    "e2e",
+    "generation",
+    "stream",
+    "weight_update",
+    "manager",
+    "scaling",
+    "trainer",
+    "engine",
+    "launchers",
+    "time_to_accuracy",
+    "data_parallel",
+)

@@ -12,9 +12,19 @@ from scripts.bench import BENCHMARKS
 from scripts.bench.common import log, run_benchmark, write_docs
 
 # Generous per-benchmark limits (full mode, busy 2-core machine); a hang still ends.
-TIMEOUT_S = {"e2e": 3600, "scaling": 3600, "generation": 1800, "stream": 600, "weight_update": 900, "manager": 600,
-             "trainer": 600, "engine": 600, "launchers": 1800, "time_to_accuracy": 5400,
-             "data_parallel": 5400}
+TIMEOUT_S = {
+    "e2e": 3600,
+    "scaling": 3600,
+    "generation": 1800,
+    "stream": 600,
+    "weight_update": 900,
+    "manager": 600,
+    "trainer": 600,
+    "engine": 600,
+    "launchers": 1800,
+    "time_to_accuracy": 5400,
+    "data_parallel": 5400,
+}
 
 
 def main(argv=None) -> int:

@@ -39,8 +39,14 @@ def held_out_rows(n_prompts: int, path: str = TEST):
     return load_jsonl_prompts(path)[:n_prompts]
 
 
-def evaluate_curve(checkpoints: Sequence[Checkpoint], n_prompts: int = 500, n_samples: int = 4, seed: int = 1,
-                   threads: int = 2, batch_size: int = 128) -> List[Dict]:
+def evaluate_curve(
+    checkpoints: Sequence[Checkpoint],
+    n_prompts: int = 500,
+    n_samples: int = 4,
+    seed: int = 1,
+    threads: int = 2,
+    batch_size: int = 128,
+) -> List[Dict]:
     """[{"train_s", "accuracy", "path"}] per checkpoint, in order of training seconds."""
     import torch
 
@@ -52,8 +58,16 @@ def evaluate_curve(checkpoints: Sequence[Checkpoint], n_prompts: int = 500, n_sa
     curve = []
     with MathGrader(n_workers=1) as grader:
         for train_s, path in sorted(checkpoints, key=lambda c: c[0]):
-            r = evaluate_math_accuracy(path, rows, temperature=1.0, n=n_samples, max_new_tokens=32,
-                                       batch_size=batch_size, grader=grader, seed=seed)
+            r = evaluate_math_accuracy(
+                path,
+                rows,
+                temperature=1.0,
+                n=n_samples,
+                max_new_tokens=32,
+                batch_size=batch_size,
+                grader=grader,
+                seed=seed,
+            )
             curve.append({"train_s": round(float(train_s), 2), "accuracy": round(r["accuracy"], 4), "path": str(path)})
             log(f"accuracy {r['accuracy']:.4f} at {train_s:.1f} train s ({path})")
     return curve
@@ -84,7 +98,7 @@ def realhf_checkpoints(log_dir: str, run_dir: str) -> List[Dict]:
     root = checkpoints_dir(run_dir, "actor")
     out = []
     for d in sorted(root.iterdir()) if root.is_dir() else []:
-        v = d.name[len("version"):] if d.name.startswith("version") else ""
+        v = d.name[len("version") :] if d.name.startswith("version") else ""
         if v.isdigit() and int(v) in at:
             out.append({"train_s": round(at[int(v)][0], 2), "step": at[int(v)][1], "version": int(v), "path": str(d)})
     return sorted(out, key=lambda c: c["train_s"])
@@ -101,8 +115,14 @@ def saved_at_checkpoints(root: str) -> List[Dict]:
 
 def tables(r):
     rows = [[p["train_s"], p["accuracy"], p["path"]] for p in r["curve"]]
-    return [(f"sampled accuracy (T=1, {r['eval_prompts']} held-out prompts x {r['eval_samples']} samples) "
-             "per checkpoint", ["train s", "accuracy", "checkpoint"], rows)]
+    return [
+        (
+            f"sampled accuracy (T=1, {r['eval_prompts']} held-out prompts x {r['eval_samples']} samples) "
+            "per checkpoint",
+            ["train s", "accuracy", "checkpoint"],
+            rows,
+        )
+    ]
 
 
 def main(argv=None) -> int:
@@ -116,8 +136,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     points = [(float(c.split("=", 1)[0]), c.split("=", 1)[1]) for c in args.checkpoints]
     curve = evaluate_curve(points, args.eval_prompts, args.eval_samples, args.seed, args.threads)
-    res = {"bench": "accuracy_curve", "eval_prompts": args.eval_prompts, "eval_samples": args.eval_samples,
-           "curve": curve}
+    res = {
+        "bench": "accuracy_curve",
+        "eval_prompts": args.eval_prompts,
+        "eval_samples": args.eval_samples,
+        "curve": curve,
+    }
     if args.target is not None:
         res.update(target=args.target, time_to_target=time_to(curve, args.target))
     print_tables(tables(res))

@@ -43,10 +43,16 @@ def load_average() -> List[float]:
 
 def git_commit() -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return sha + ("+dirty" if dirty else "") if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -161,10 +167,14 @@ def render_markdown(doc: Dict[str, Any], order: Sequence[str]) -> str:
         if r is None:
             continue
         mod = importlib.import_module(f"scripts.bench.{name}")
-        out += ["", f"### {name}", "",
-                f"{r.get('_mode', '?')} mode, {r.get('_date', '?')}, commit `{r.get('_commit', '?')}`, "
-                f"{r.get('_seconds', '?')} s; load average "
-                f"(1/5/15 min) before {r.get('_load_before')}, after {r.get('_load_after')}."]
+        out += [
+            "",
+            f"### {name}",
+            "",
+            f"{r.get('_mode', '?')} mode, {r.get('_date', '?')}, commit `{r.get('_commit', '?')}`, "
+            f"{r.get('_seconds', '?')} s; load average "
+            f"(1/5/15 min) before {r.get('_load_before')}, after {r.get('_load_after')}.",
+        ]
         for title, headers, rows in mod.tables(r):
             out += ["", f"*{title}*", "", markdown_table(headers, rows)]
     out += ["", MD_END]

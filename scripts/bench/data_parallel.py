@@ -29,14 +29,42 @@ def tables(r):
     rows = []
     for dp in DP_SIZES:
         for p in r["runs"][str(dp)]:
-            rows.append([dp, p["repeat"], p["samples_per_s"], p["train_per_step_s"], p["wait_per_step_s"],
-                         p["dp_token_imbalance_before"], p["dp_token_imbalance"], p["dp_tokens_moved_fraction"],
-                         p["final_success_rate"], p["wall_s"], f"{p['load_before'][0]}/{p['load_after'][0]}"])
+            rows.append(
+                [
+                    dp,
+                    p["repeat"],
+                    p["samples_per_s"],
+                    p["train_per_step_s"],
+                    p["wait_per_step_s"],
+                    p["dp_token_imbalance_before"],
+                    p["dp_token_imbalance"],
+                    p["dp_tokens_moved_fraction"],
+                    p["final_success_rate"],
+                    p["wall_s"],
+                    f"{p['load_before'][0]}/{p['load_after'][0]}",
+                ]
+            )
     medians = [[dp, r["median_samples_per_s"][str(dp)], r["samples_per_s_over_dp1"][str(dp)]] for dp in DP_SIZES]
-    return [(f"DP size ({r['steps']} steps per run, B = 12 groups x 8; embedded default otherwise)",
-             ["DP", "repeat", "samples/s", "train s/step", "wait s/step", "imbalance before", "imbalance after",
-              "tokens moved", "success (last 10)", "wall s", "load 1m"], rows),
-            ("median over repeats", ["DP", "samples/s", "vs DP=1"], medians)]
+    return [
+        (
+            f"DP size ({r['steps']} steps per run, B = 12 groups x 8; embedded default otherwise)",
+            [
+                "DP",
+                "repeat",
+                "samples/s",
+                "train s/step",
+                "wait s/step",
+                "imbalance before",
+                "imbalance after",
+                "tokens moved",
+                "success (last 10)",
+                "wall s",
+                "load 1m",
+            ],
+            rows,
+        ),
+        ("median over repeats", ["DP", "samples/s", "vs DP=1"], medians),
+    ]
 
 
 def main(argv=None) -> int:
@@ -49,25 +77,34 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.short:
         args.steps, args.repeats = 3, 1
-    result = {"bench": "data_parallel", "steps": args.steps, "repeats": args.repeats,
-              "runs": {str(dp): [] for dp in DP_SIZES}}
+    result = {
+        "bench": "data_parallel",
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "runs": {str(dp): [] for dp in DP_SIZES},
+    }
     for repeat in range(args.repeats):
-        order = DP_SIZES[repeat % len(DP_SIZES):] + DP_SIZES[: repeat % len(DP_SIZES)]
+        order = DP_SIZES[repeat % len(DP_SIZES) :] + DP_SIZES[: repeat % len(DP_SIZES)]
         for dp in order:
             log(f"data_parallel: DP={dp}, repeat {repeat + 1}/{args.repeats}")
             overrides = BASE + [f"exp_ctrl.benchmark_steps={args.steps}", f"allocation_mode=native.d1m1p1+d{dp}m1p1"]
             point = run_training(f"bench-dp{dp}-{repeat}", overrides, args.timeout, args.repo)
             point.pop("_curve", None)
             result["runs"][str(dp)].append({"repeat": repeat + 1, **point})
-    result["median_samples_per_s"] = {str(dp): round(statistics.median(p["samples_per_s"] for p in result["runs"][str(dp)]), 2)
-                                      for dp in DP_SIZES}
+    result["median_samples_per_s"] = {
+        str(dp): round(statistics.median(p["samples_per_s"] for p in result["runs"][str(dp)]), 2) for dp in DP_SIZES
+    }
     base = result["median_samples_per_s"]["1"]
-    result["samples_per_s_over_dp1"] = {str(dp): round(result["median_samples_per_s"][str(dp)] / base, 3) if base else 0.0
-                                        for dp in DP_SIZES}
-    result["token_imbalance"] = {str(dp): {k: round(statistics.mean(p[k] for p in result["runs"][str(dp)]), 4)
-                                           for k in ("dp_token_imbalance_before", "dp_token_imbalance",
-                                                     "dp_tokens_moved_fraction")}
-                                 for dp in DP_SIZES}
+    result["samples_per_s_over_dp1"] = {
+        str(dp): round(result["median_samples_per_s"][str(dp)] / base, 3) if base else 0.0 for dp in DP_SIZES
+    }
+    result["token_imbalance"] = {
+        str(dp): {
+            k: round(statistics.mean(p[k] for p in result["runs"][str(dp)]), 4)
+            for k in ("dp_token_imbalance_before", "dp_token_imbalance", "dp_tokens_moved_fraction")
+        }
+        for dp in DP_SIZES
+    }
     print_tables(tables(result))
     emit(result)
     return 0

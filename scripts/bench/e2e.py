@@ -48,7 +48,7 @@ def summarize(metrics: List[dict]) -> Dict[str, float]:
     t = sum(m["step_time_s"] for m in steady)
     n = sum(m["n_samples"] for m in steady)
     tokens = sum(m["gen_tokens"] for m in steady)
-    last = metrics[-min(10, len(metrics)):]
+    last = metrics[-min(10, len(metrics)) :]
     return {
         "steps": len(metrics),
         "steps_time_s": round(sum(m["step_time_s"] for m in metrics), 2),
@@ -63,9 +63,13 @@ def summarize(metrics: List[dict]) -> Dict[str, float]:
         "final_success_rate": round(sum(m["success_rate"] for m in last) / len(last), 4),
         "head_offpolicyness_max": max(m["head_offpolicyness_max"] for m in metrics),
         # Tokens per DP rank, max/mean, as the groups arrived and as the master re-split them.
-        **{key: round(sum(m.get(key, 1.0) for m in metrics) / len(metrics), 4)
-           for key in ("dp_token_imbalance_before", "dp_token_imbalance")},
-        "dp_tokens_moved_fraction": round(sum(m.get("dp_tokens_moved_fraction", 0.0) for m in metrics) / len(metrics), 4),
+        **{
+            key: round(sum(m.get(key, 1.0) for m in metrics) / len(metrics), 4)
+            for key in ("dp_token_imbalance_before", "dp_token_imbalance")
+        },
+        "dp_tokens_moved_fraction": round(
+            sum(m.get("dp_tokens_moved_fraction", 0.0) for m in metrics) / len(metrics), 4
+        ),
     }
 
 
@@ -118,9 +122,18 @@ def evaluate_fallback(fileroot: str, repo: str, n_prompts: int, seed: int) -> Di
     out = {}
     with MathGrader(n_workers=1) as grader:
         for when, path in (("before", os.path.join(repo, "assets/tiny-math/sft")), ("after", final)):
-            out[when] = {name: evaluate_math_accuracy(path, rows, temperature=t, max_new_tokens=ev.max_new_tokens,
-                                                      batch_size=ev.batch_size, grader=grader, seed=seed)["accuracy"]
-                         for name, t in (("greedy", 0.0), ("sampled", ev.sampled_temperature))}
+            out[when] = {
+                name: evaluate_math_accuracy(
+                    path,
+                    rows,
+                    temperature=t,
+                    max_new_tokens=ev.max_new_tokens,
+                    batch_size=ev.batch_size,
+                    grader=grader,
+                    seed=seed,
+                )["accuracy"]
+                for name, t in (("greedy", 0.0), ("sampled", ev.sampled_temperature))
+            }
     log(f"evaluated {final} myself: {out}")
     return out
 
@@ -144,17 +157,26 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
         want = int(_override(overrides, "exp_ctrl.benchmark_steps", "0"))
         failure = ""
         if proc.returncode != 0:
-            failure = next((line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("run failed")),
-                           f"exit code {proc.returncode}")
+            failure = next(
+                (line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("run failed")),
+                f"exit code {proc.returncode}",
+            )
             if not metrics or len(metrics) < want:
-                raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
-                                   f"{(proc.stdout + proc.stderr)[-4000:]}")
+                raise RuntimeError(
+                    f"{' '.join(cmd)} exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}"
+                )
             # Every step was trained and only the shutdown failed: keep the numbers, say so.
             log(f"{trial}: all {len(metrics)} steps done but the run then failed: {failure}")
         if not metrics:
             raise RuntimeError(f"{' '.join(cmd)} completed no train step:\n{(proc.stdout + proc.stderr)[-4000:]}")
-        out = {"overrides": list(overrides), "wall_s": round(wall, 1), **summarize(metrics),
-               "load_before": load_before, "load_after": load_average(), "_curve": success_curve(metrics)}
+        out = {
+            "overrides": list(overrides),
+            "wall_s": round(wall, 1),
+            **summarize(metrics),
+            "load_before": load_before,
+            "load_after": load_average(),
+            "_curve": success_curve(metrics),
+        }
         if failure:
             out["shutdown_failure"] = failure
         acc_path = os.path.join(log_dir, "accuracy.json")
@@ -166,10 +188,18 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
         elif n_eval > 0 and failure:  # the entry point skips its evaluation after a failed shutdown
             acc = evaluate_fallback(fileroot, repo, n_eval, int(_override(overrides, "seed", "1")))
         if acc is not None:
-            out.update({"sampled_acc_before": acc["before"]["sampled"], "sampled_acc_after": acc["after"]["sampled"],
-                        "greedy_acc_before": acc["before"]["greedy"], "greedy_acc_after": acc["after"]["greedy"]})
-        log(f"{trial}: {out['steps']} steps, {out['samples_per_s']:.1f} samples/s, "
-            f"{out['gen_tokens_per_s']:.0f} gen tok/s, wall {wall:.0f} s")
+            out.update(
+                {
+                    "sampled_acc_before": acc["before"]["sampled"],
+                    "sampled_acc_after": acc["after"]["sampled"],
+                    "greedy_acc_before": acc["before"]["greedy"],
+                    "greedy_acc_after": acc["after"]["greedy"],
+                }
+            )
+        log(
+            f"{trial}: {out['steps']} steps, {out['samples_per_s']:.1f} samples/s, "
+            f"{out['gen_tokens_per_s']:.0f} gen tok/s, wall {wall:.0f} s"
+        )
         return out
     finally:
         if own_root:
@@ -182,8 +212,13 @@ def _acc(r: dict, key: str):
 
 def _mean_of(runs: List[dict]) -> dict:
     """Field-wise mean over repeats of the numeric fields every run has."""
-    keys = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and all(isinstance(r.get(k), (int, float)) for r in runs)]
+    keys = [
+        k
+        for k, v in runs[0].items()
+        if isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and all(isinstance(r.get(k), (int, float)) for r in runs)
+    ]
     return {k: round(statistics.fmean(r[k] for r in runs), 4) for k in keys}
 
 
@@ -191,34 +226,92 @@ def tables(r):
     rows = []
     runs = r.get("runs") or [{"run": n, "repeat": 0, **r[n]} for n in ("async", "sync")]
     for x in runs:
-        rows.append([f"{x['run']} #{x['repeat'] + 1}", x["steps"], x["samples_per_s"], x["gen_tokens_per_s"],
-                     x["step_time_s"], x.get("wait_per_step_s", "-"), x.get("train_per_step_s", "-"), x["wall_s"],
-                     x["final_reward_mean"], _acc(x, "success_target"), _acc(x, "train_s_to_target"),
-                     _acc(x, "sampled_acc_before"), _acc(x, "sampled_acc_after"),
-                     _acc(x, "greedy_acc_after"), x["head_offpolicyness_max"],
-                     f"{x['load_before'][0]}/{x['load_after'][0]}"])
+        rows.append(
+            [
+                f"{x['run']} #{x['repeat'] + 1}",
+                x["steps"],
+                x["samples_per_s"],
+                x["gen_tokens_per_s"],
+                x["step_time_s"],
+                x.get("wait_per_step_s", "-"),
+                x.get("train_per_step_s", "-"),
+                x["wall_s"],
+                x["final_reward_mean"],
+                _acc(x, "success_target"),
+                _acc(x, "train_s_to_target"),
+                _acc(x, "sampled_acc_before"),
+                _acc(x, "sampled_acc_after"),
+                _acc(x, "greedy_acc_after"),
+                x["head_offpolicyness_max"],
+                f"{x['load_before'][0]}/{x['load_after'][0]}",
+            ]
+        )
     pairs = ", ".join(f"{v:.2f}" for v in r.get("pair_ratios", []))
-    rows.append([f"async / sync (median of pairs {pairs})" if pairs else "async / sync", "",
-                 r["async_over_sync_samples_per_s"], r["async_over_sync_gen_tokens_per_s"], "", "", "", "", "", "",
-                 _acc(r, "sync_over_async_time_to_target"), "", r.get("sampled_acc_after_diff", "-"), "", "", ""])
-    notes = "; ".join(f"{x['run']} #{x['repeat'] + 1}: {x['shutdown_failure']} (after all steps; accuracy "
-                      "evaluated by the bench)" for x in runs if x.get("shutdown_failure"))
-    return [(f"end to end: embedded default, {r['steps']} steps per run, seed {r['seed']}, "
-             f"{r['eval_prompts']} held-out prompts for accuracy; runs alternate async/sync; 'train s to target': "
-             f"training seconds until the {ROLLING}-step mean training success rate reaches the pair's target "
-             "(3/4 of the way from the start to the worse run's end; last row: sync / async)"
-             + (f". NOTE {notes}" if notes else ""),
-             ["run", "steps", "samples/s", "gen tok/s", "step s", "of which wait s", "of which train s", "wall s",
-              "final reward", "success target", "train s to target", "sampled acc before", "sampled acc after", "greedy acc after", "max staleness",
-              "load 1m"], rows)]
+    rows.append(
+        [
+            f"async / sync (median of pairs {pairs})" if pairs else "async / sync",
+            "",
+            r["async_over_sync_samples_per_s"],
+            r["async_over_sync_gen_tokens_per_s"],
+            "",
+            "",
+            "",
+            "",
+            "",
+            "",
+            _acc(r, "sync_over_async_time_to_target"),
+            "",
+            r.get("sampled_acc_after_diff", "-"),
+            "",
+            "",
+            "",
+        ]
+    )
+    notes = "; ".join(
+        f"{x['run']} #{x['repeat'] + 1}: {x['shutdown_failure']} (after all steps; accuracy evaluated by the bench)"
+        for x in runs
+        if x.get("shutdown_failure")
+    )
+    return [
+        (
+            f"end to end: embedded default, {r['steps']} steps per run, seed {r['seed']}, "
+            f"{r['eval_prompts']} held-out prompts for accuracy; runs alternate async/sync; 'train s to target': "
+            f"training seconds until the {ROLLING}-step mean training success rate reaches the pair's target "
+            "(3/4 of the way from the start to the worse run's end; last row: sync / async)"
+            + (f". NOTE {notes}" if notes else ""),
+            [
+                "run",
+                "steps",
+                "samples/s",
+                "gen tok/s",
+                "step s",
+                "of which wait s",
+                "of which train s",
+                "wall s",
+                "final reward",
+                "success target",
+                "train s to target",
+                "sampled acc before",
+                "sampled acc after",
+                "greedy acc after",
+                "max staleness",
+                "load 1m",
+            ],
+            rows,
+        )
+    ]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.bench.e2e", description=__doc__.split("\n")[0])
     p.add_argument("--short", action="store_true", help="smoke mode: 8 steps each, 16 evaluation prompts, 1 pair")
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=2,
-                   help="async/sync pairs, alternating which goes first; the ratio is the median over pairs")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="async/sync pairs, alternating which goes first; the ratio is the median over pairs",
+    )
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out prompts for accuracy (0: skip)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per run")
@@ -226,10 +319,20 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.short:
         args.steps, args.eval_prompts, args.repeats = 8, 16, 1
-    common = (f"exp_ctrl.benchmark_steps={args.steps}", f"evaluation.n_prompts={args.eval_prompts}",
-              f"seed={args.seed}")
-    res = {"bench": "e2e", "steps": args.steps, "seed": args.seed, "eval_prompts": args.eval_prompts,
-           "repeats": args.repeats, "runs": [], "pair_ratios": []}
+    common = (
+        f"exp_ctrl.benchmark_steps={args.steps}",
+        f"evaluation.n_prompts={args.eval_prompts}",
+        f"seed={args.seed}",
+    )
+    res = {
+        "bench": "e2e",
+        "steps": args.steps,
+        "seed": args.seed,
+        "eval_prompts": args.eval_prompts,
+        "repeats": args.repeats,
+        "runs": [],
+        "pair_ratios": [],
+    }
     for i in range(args.repeats):
         # Alternating the order cancels a steady drift of the machine's load out of the median.
         order = [("async", ASYNC), ("sync", SYNC)]
@@ -245,7 +348,8 @@ def main(argv=None) -> int:
                 pair[name].update(success_target=target, train_s_to_target=time_to(curve, target))
             if pair["async"]["train_s_to_target"] and pair["sync"]["train_s_to_target"]:
                 res.setdefault("pair_time_to_target_ratios", []).append(
-                    round(pair["sync"]["train_s_to_target"] / pair["async"]["train_s_to_target"], 3))
+                    round(pair["sync"]["train_s_to_target"] / pair["async"]["train_s_to_target"], 3)
+                )
         res["runs"].extend({"run": name, "repeat": i, **pair[name]} for name, _ in executed)
     for name in ("async", "sync"):
         res[name] = _mean_of([r for r in res["runs"] if r["run"] == name])
@@ -258,9 +362,11 @@ def main(argv=None) -> int:
     if "sampled_acc_after" in a and "sampled_acc_after" in s:
         res["sampled_acc_after_diff"] = round(a["sampled_acc_after"] - s["sampled_acc_after"], 4)
     print_tables(tables(res))
-    print(f"async / sync samples/s: {res['async_over_sync_samples_per_s']:.2f}x "
-          "(target >= 1.6x, accuracy within 3 points); time to the success target, sync / async: "
-          f"{res.get('sync_over_async_time_to_target', '-')}")
+    print(
+        f"async / sync samples/s: {res['async_over_sync_samples_per_s']:.2f}x "
+        "(target >= 1.6x, accuracy within 3 points); time to the success target, sync / async: "
+        f"{res.get('sync_over_async_time_to_target', '-')}"
+    )
     emit(res)
     return 0
 

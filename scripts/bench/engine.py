@@ -54,8 +54,15 @@ def default_config():
     from realhf.api.cli_args import OptimizerConfig, PPOHyperparameters
     from scripts.bench.trainer import worker_config
 
-    ppo = PPOHyperparameters(ppo_n_minibatches=2, eps_clip=0.2, use_decoupled_loss=True, behav_imp_weight_cap=5.0,
-                             adv_estimator="grpo", kl_ctl=0.1, micro_batch_tokens=1024)
+    ppo = PPOHyperparameters(
+        ppo_n_minibatches=2,
+        eps_clip=0.2,
+        use_decoupled_loss=True,
+        behav_imp_weight_cap=5.0,
+        adv_estimator="grpo",
+        kl_ctl=0.1,
+        micro_batch_tokens=1024,
+    )
     return worker_config(ppo, OptimizerConfig(lr=1e-4, gradient_clipping=1.0))
 
 
@@ -75,8 +82,14 @@ def save_batch(batch, path: Path) -> None:
 
     from safetensors.torch import save_file
 
-    save_file({f.name: getattr(batch, f.name).contiguous() for f in dataclasses.fields(batch)
-               if getattr(batch, f.name) is not None}, str(path))
+    save_file(
+        {
+            f.name: getattr(batch, f.name).contiguous()
+            for f in dataclasses.fields(batch)
+            if getattr(batch, f.name) is not None
+        },
+        str(path),
+    )
 
 
 def load_batch(path: Path):
@@ -127,9 +140,16 @@ def bench_dp1(batch, repeats: int) -> Dict:
     ways = []
     for name, t in times.items():
         pair_ratios = [x / u for x, u in zip(t, times["unwrapped"])]  # each against the unwrapped step just before it
-        ways.append({"way": name, "sharded": sharded[name], "best_s": round(min(t), 4),
-                     "median_s": round(statistics.median(t), 4),
-                     "over_unwrapped": round(statistics.median(pair_ratios), 3), "max_param_diff": diffs[name]})
+        ways.append(
+            {
+                "way": name,
+                "sharded": sharded[name],
+                "best_s": round(min(t), 4),
+                "median_s": round(statistics.median(t), 4),
+                "over_unwrapped": round(statistics.median(pair_ratios), 3),
+                "max_param_diff": diffs[name],
+            }
+        )
     return {"ways": ways}
 
 
@@ -144,8 +164,13 @@ def worker(out: Path, repeats: int) -> None:
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=120),
+    )
     try:
         from scripts.bench.trainer import Trainer
 
@@ -177,12 +202,25 @@ def launch(out: Path, world_size: int, repeats: int) -> Dict:
     procs, logs = [], []
     try:
         for rank in range(world_size):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+            }
             logs.append(open(out / f"dp{world_size}-rank{rank}.log", "w+"))
-            procs.append(subprocess.Popen([PYTHON, "-m", "scripts.bench.engine", "--worker", str(out),
-                                           "--repeats", str(repeats)], cwd=REPO, env=env,
-                                          stdout=logs[-1], stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [PYTHON, "-m", "scripts.bench.engine", "--worker", str(out), "--repeats", str(repeats)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=logs[-1],
+                    stderr=subprocess.STDOUT,
+                )
+            )
         deadline = time.monotonic() + RANK_TIMEOUT_S
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -201,8 +239,10 @@ def launch(out: Path, world_size: int, repeats: int) -> Dict:
         log(f"DP={world_size}: ranks exited with {codes} after writing their times; kept")
         return {**json.loads(times.read_text()), "exit_codes": codes}
     if any(codes):
-        tails = "\n".join(f"--- rank {r} (exit {c}) ---\n" + (out / f"dp{world_size}-rank{r}.log").read_text()[-3000:]
-                          for r, c in enumerate(codes))
+        tails = "\n".join(
+            f"--- rank {r} (exit {c}) ---\n" + (out / f"dp{world_size}-rank{r}.log").read_text()[-3000:]
+            for r, c in enumerate(codes)
+        )
         raise RuntimeError(f"DP={world_size} engine ranks failed:\n{tails}")
     return {**json.loads(times.read_text()), "exit_codes": codes}
 
@@ -224,27 +264,56 @@ def bench_dp(batch, repeats: int, rounds: int) -> Dict:
                 medians[dp] = statistics.median(res["times"])
                 log(f"DP round {r + 1}/{rounds}: DP={dp} median {medians[dp]:.3f} s")
             round_speedups.append(medians[1] / medians[2])
-    rows = [{"dp": dp, "sharded": sharded[dp], "best_s": round(min(t), 4), "median_s": round(statistics.median(t), 4)}
-            for dp, t in times.items()]
-    return {"runs": rows, "rounds": rounds, "speedup": round(statistics.median(round_speedups), 3),
-            "round_speedups": [round(s, 3) for s in round_speedups], "ranks_failing_at_exit": bad_exits}
+    rows = [
+        {"dp": dp, "sharded": sharded[dp], "best_s": round(min(t), 4), "median_s": round(statistics.median(t), 4)}
+        for dp, t in times.items()
+    ]
+    return {
+        "runs": rows,
+        "rounds": rounds,
+        "speedup": round(statistics.median(round_speedups), 3),
+        "round_speedups": [round(s, 3) for s in round_speedups],
+        "ranks_failing_at_exit": bad_exits,
+    }
 
 
 # ---- output ---------------------------------------------------------------------------------------
 def tables(r):
-    dp1 = [[w["way"] + (" (FSDP2)" if w["sharded"] else " (plain HF model)"), w["best_s"], w["median_s"],
-            w["over_unwrapped"], w["max_param_diff"]] for w in r["dp1"]["ways"]]
-    dp = [[f"DP={x['dp']}" + (" (FSDP2)" if x["sharded"] else " (unwrapped)"), x["best_s"], x["median_s"]]
-          for x in r["dp"]["runs"]]
+    dp1 = [
+        [
+            w["way"] + (" (FSDP2)" if w["sharded"] else " (plain HF model)"),
+            w["best_s"],
+            w["median_s"],
+            w["over_unwrapped"],
+            w["max_param_diff"],
+        ]
+        for w in r["dp1"]["ways"]
+    ]
+    dp = [
+        [f"DP={x['dp']}" + (" (FSDP2)" if x["sharded"] else " (unwrapped)"), x["best_s"], x["median_s"]]
+        for x in r["dp"]["runs"]
+    ]
     return [
-        (f"trainer step (actor_inf with the deferral, ref_inf, train step) at DP=1: {r['n_seqs']} sequences, "
-         f"{r['n_tokens']} trained tokens, padded width {r['width']}, ppo_n_minibatches=2, micro_batch_tokens=1024, "
-         f"decoupled loss, kl_ctl=0.1; {r['repeats']} alternating repeats; fsdp/unwrapped = {r['fsdp_over_unwrapped']}",
-         ["way", "best s", "median s", "time / unwrapped (median of pairs)", "max |Δparam| vs unwrapped after 1 step"],
-         dp1),
-        (f"trainer step, DP=2 vs DP=1 (each rank half of every minibatch; {r['dp']['rounds']} alternating "
-         f"rounds of {r['repeats']} steps; 2 ranks share {r['cores']} cores): speed-up DP=1/DP=2 = "
-         f"{r['dp']['speedup']}", ["run", "best s", "median s"], dp),
+        (
+            f"trainer step (actor_inf with the deferral, ref_inf, train step) at DP=1: {r['n_seqs']} sequences, "
+            f"{r['n_tokens']} trained tokens, padded width {r['width']}, ppo_n_minibatches=2, micro_batch_tokens=1024, "
+            f"decoupled loss, kl_ctl=0.1; {r['repeats']} alternating repeats; fsdp/unwrapped = {r['fsdp_over_unwrapped']}",
+            [
+                "way",
+                "best s",
+                "median s",
+                "time / unwrapped (median of pairs)",
+                "max |Δparam| vs unwrapped after 1 step",
+            ],
+            dp1,
+        ),
+        (
+            f"trainer step, DP=2 vs DP=1 (each rank half of every minibatch; {r['dp']['rounds']} alternating "
+            f"rounds of {r['repeats']} steps; 2 ranks share {r['cores']} cores): speed-up DP=1/DP=2 = "
+            f"{r['dp']['speedup']}",
+            ["run", "best s", "median s"],
+            dp,
+        ),
     ]
 
 
@@ -274,13 +343,25 @@ def main(argv=None) -> int:
     log("DP=2 vs DP=1 in separate processes")
     dp = bench_dp(batch, args.repeats, args.rounds)
     ways = {w["way"]: w for w in dp1["ways"]}
-    result = {"bench": "engine", "n_seqs": batch.n_seqs, "n_tokens": batch.n_tokens,
-              "width": int(batch.input_ids.shape[1]), "minibatches": 2, "repeats": args.repeats,
-              "cores": os.cpu_count(), "dp1": dp1, "dp": dp,
-              "unwrapped_s": ways["unwrapped"]["median_s"], "fsdp_s": ways["fsdp"]["median_s"],
-              "fsdp_over_unwrapped": ways["fsdp"]["over_unwrapped"],
-              "dp1_s": dp["runs"][0]["median_s"], "dp2_s": dp["runs"][1]["median_s"], "dp_speedup": dp["speedup"],
-              "load_before": load_before, "load_after": load_average()}
+    result = {
+        "bench": "engine",
+        "n_seqs": batch.n_seqs,
+        "n_tokens": batch.n_tokens,
+        "width": int(batch.input_ids.shape[1]),
+        "minibatches": 2,
+        "repeats": args.repeats,
+        "cores": os.cpu_count(),
+        "dp1": dp1,
+        "dp": dp,
+        "unwrapped_s": ways["unwrapped"]["median_s"],
+        "fsdp_s": ways["fsdp"]["median_s"],
+        "fsdp_over_unwrapped": ways["fsdp"]["over_unwrapped"],
+        "dp1_s": dp["runs"][0]["median_s"],
+        "dp2_s": dp["runs"][1]["median_s"],
+        "dp_speedup": dp["speedup"],
+        "load_before": load_before,
+        "load_after": load_average(),
+    }
     print_tables(tables(result))
     emit(result)
     return 0

@@ -35,9 +35,19 @@ from scripts.bench.common import emit, print_tables
 def make_model(path: str, seed: int) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=1024, hidden_size=256, intermediate_size=448, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    config = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=448,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path, safe_serialization=True)
@@ -50,14 +60,21 @@ def workload(n: int, vocab: int, seed: int):
     return [torch.randint(3, vocab, (L,), generator=g).tolist() for L in lengths]
 
 
-def run_native(model_path: str, prompts, new_tokens: int, concurrency: int, threads: int, dtype: str,
-               attention: str = "auto") -> float:
+def run_native(
+    model_path: str, prompts, new_tokens: int, concurrency: int, threads: int, dtype: str, attention: str = "auto"
+) -> float:
     from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.request import GenerateRequest, SamplingParams
 
-    engine = create_engine(model_path, kind="static_kv", max_running_requests=concurrency, n_threads=threads,
-                           dtype=dtype, context_length=max(len(p) for p in prompts) + new_tokens,
-                           attention=attention).start()
+    engine = create_engine(
+        model_path,
+        kind="static_kv",
+        max_running_requests=concurrency,
+        n_threads=threads,
+        dtype=dtype,
+        context_length=max(len(p) for p in prompts) + new_tokens,
+        attention=attention,
+    ).start()
     try:
         sp = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
         # Warm-up: first-call allocations and kernels.
@@ -75,8 +92,17 @@ def run_hf(model_path: str, prompts, new_tokens: int, concurrency: int, dtype: s
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
     pad = 2
-    cfg = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0,
-                           top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=pad, cache_implementation="static")
+    cfg = GenerationConfig(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        eos_token_id=None,
+        pad_token_id=pad,
+        cache_implementation="static",
+    )
 
     def generate(batch):
         width = max(len(p) for p in batch)
@@ -92,8 +118,9 @@ def run_hf(model_path: str, prompts, new_tokens: int, concurrency: int, dtype: s
     return n_tokens / (time.perf_counter() - t0)
 
 
-def profile_decode_step(model_path: str, slots: int, new_tokens: int, threads: int, dtype: str, attention: str,
-                        steps: int = 30) -> None:
+def profile_decode_step(
+    model_path: str, slots: int, new_tokens: int, threads: int, dtype: str, attention: str, steps: int = 30
+) -> None:
     """Time each block of the native decode step + sampling at `slots` running requests (positions as
     in the middle of the benchmark's answers) and print ms/step per block. Native side only."""
     from realhf.impl.inference import sampling
@@ -110,12 +137,18 @@ def profile_decode_step(model_path: str, slots: int, new_tokens: int, threads: i
             out = fn(*a, **kw)
             spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
             return out
+
         return wrapper
 
     # Module-level blocks the decode step calls; whatever is left is projections, residual adds,
     # embedding, lm_head and (torch path) the cache writes.
-    patched = {"rms_norm": "rms_norm", "apply_rope": "rope", "mlp": "mlp (gate/up, silu, down)",
-               "torch_decode_attention": "attention", "decode_mask": "attention"}
+    patched = {
+        "rms_norm": "rms_norm",
+        "apply_rope": "rope",
+        "mlp": "mlp (gate/up, silu, down)",
+        "torch_decode_attention": "attention",
+        "decode_mask": "attention",
+    }
     originals = {name: getattr(tf, name) for name in patched}
     for name, label in patched.items():
         setattr(tf, name, timed(label, originals[name]))
@@ -123,7 +156,7 @@ def profile_decode_step(model_path: str, slots: int, new_tokens: int, threads: i
         model.attention_kernel = timed("attention", model.attention_kernel)
     sample = timed("sampling", sampling.sample)
     g = torch.Generator().manual_seed(0)
-    positions = (torch.randint(16, 49, (slots,), generator=g) + torch.randint(0, new_tokens, (slots,), generator=g))
+    positions = torch.randint(16, 49, (slots,), generator=g) + torch.randint(0, new_tokens, (slots,), generator=g)
     positions = positions.clamp(max=context - 1)
     tokens = torch.randint(3, args.vocab_size, (slots,), generator=g)
     ones, top_k = torch.ones(slots), torch.full((slots,), args.vocab_size)
@@ -142,16 +175,20 @@ def profile_decode_step(model_path: str, slots: int, new_tokens: int, threads: i
             setattr(tf, name, fn)
     spent["other (qkv/o projections, lm_head, adds, cache writes)"] = total - sum(spent.values())
     kind = "C kernel" if model.attention_kernel is not None else "torch matmuls"
-    print(f"decode step + sampling at {slots} slots, {dtype}, {threads} thread(s), attention: {kind}: "
-          f"{total / steps * 1e3:.2f} ms/step")
+    print(
+        f"decode step + sampling at {slots} slots, {dtype}, {threads} thread(s), attention: {kind}: "
+        f"{total / steps * 1e3:.2f} ms/step"
+    )
     for name, sec in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"  {name:56s} {sec / steps * 1e3:8.2f} ms  {100 * sec / total:5.1f}%")
 
 
 def tables(result):
-    title = (f"native engine vs HF generate (static cache): {result['model_params'] / 1e6:.2f}M params, "
-             f"{result['dtype']}, {result['threads']} thread(s), {result['new_tokens']} new tokens per prompt, "
-             f"sampling T=1, best of {result['repeats']}")
+    title = (
+        f"native engine vs HF generate (static cache): {result['model_params'] / 1e6:.2f}M params, "
+        f"{result['dtype']}, {result['threads']} thread(s), {result['new_tokens']} new tokens per prompt, "
+        f"sampling T=1, best of {result['repeats']}"
+    )
     rows = [[r["concurrency"], r["n_prompts"], r["native_tok_s"], r["hf_tok_s"], r["ratio"]] for r in result["results"]]
     return [(title, ["concurrency", "prompts", "native tok/s", "HF tok/s", "ratio"], rows)]
 
@@ -167,10 +204,17 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs per side; the best counts")
     p.add_argument("--short", action="store_true", help="smoke mode: 32 prompts x 16 tokens, concurrency 32 and 4")
-    p.add_argument("--profile", action="store_true",
-                   help="instead of the comparison: time each block of a native decode step at the largest concurrency")
-    p.add_argument("--attention", default="auto", choices=["auto", "kernel", "torch"],
-                   help="native engine's decode attention (default: the C kernel where it builds)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the comparison: time each block of a native decode step at the largest concurrency",
+    )
+    p.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "kernel", "torch"],
+        help="native engine's decode attention (default: the C kernel where it builds)",
+    )
     args = p.parse_args(argv)
     if args.short:
         args.n_prompts, args.new_tokens, args.concurrency, args.repeats = 32, 16, [32, 4], 1
@@ -184,13 +228,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_generation_") as tmp:
         model_path = args.model_path or make_model(os.path.join(tmp, "model"), args.seed)
         if args.profile:
-            profile_decode_step(model_path, max(args.concurrency), args.new_tokens, args.threads, args.dtype,
-                                args.attention)
+            profile_decode_step(
+                model_path, max(args.concurrency), args.new_tokens, args.threads, args.dtype, args.attention
+            )
             return 0
         with open(os.path.join(model_path, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
-        n_params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
-            os.path.join(model_path, "model.safetensors")).values())
+        n_params = sum(
+            t.numel()
+            for t in __import__("safetensors.torch", fromlist=["load_file"])
+            .load_file(os.path.join(model_path, "model.safetensors"))
+            .values()
+        )
         prompts_all = workload(args.n_prompts, vocab, args.seed)
         rows = []
         top = max(args.concurrency)
@@ -201,18 +250,39 @@ def main(argv=None) -> int:
             # sides instead of deciding the ratio.
             native = hf = 0.0
             for _ in range(args.repeats):
-                native = max(native, run_native(model_path, prompts, args.new_tokens, c, args.threads, args.dtype,
-                                                args.attention))
+                native = max(
+                    native,
+                    run_native(model_path, prompts, args.new_tokens, c, args.threads, args.dtype, args.attention),
+                )
                 hf = max(hf, run_hf(model_path, prompts, args.new_tokens, c, args.dtype))
-            rows.append({"concurrency": c, "n_prompts": n, "native_tok_s": round(native, 1), "hf_tok_s": round(hf, 1),
-                         "ratio": round(native / hf, 3)})
-            print(f"  c={c:<4d} prompts={n:<4d} native {native:8.0f} tok/s   hf generate {hf:8.0f} tok/s   "
-                  f"ratio {native / hf:5.2f}", file=sys.stderr, flush=True)
+            rows.append(
+                {
+                    "concurrency": c,
+                    "n_prompts": n,
+                    "native_tok_s": round(native, 1),
+                    "hf_tok_s": round(hf, 1),
+                    "ratio": round(native / hf, 3),
+                }
+            )
+            print(
+                f"  c={c:<4d} prompts={n:<4d} native {native:8.0f} tok/s   hf generate {hf:8.0f} tok/s   "
+                f"ratio {native / hf:5.2f}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     at_top = next(r for r in rows if r["concurrency"] == top)
-    result = {"bench": "generation", "model_params": n_params, "dtype": args.dtype, "threads": args.threads,
-              "new_tokens": args.new_tokens, "repeats": args.repeats, "results": rows, "ratio": at_top["ratio"],
-              "concurrency": top}
+    result = {
+        "bench": "generation",
+        "model_params": n_params,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "results": rows,
+        "ratio": at_top["ratio"],
+        "concurrency": top,
+    }
     print_tables(tables(result))
     print(f"ratio at concurrency {top}: {at_top['ratio']:.2f}x (target >= 1.3x at 256 x 64, 1 thread)")
     emit(result)

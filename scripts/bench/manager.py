@@ -56,8 +56,13 @@ def run_server(n_servers: int = 4) -> int:
         # Registered like real servers: the manager routes to registered servers that answer /health.
         for f in fakes:
             name_resolve.add_subentry(names.gen_servers("bench", "manager"), f.url)
-        cfg = GserverManagerConfig(max_concurrent_rollouts=10**6, groups_per_step=10**9, max_head_offpolicyness=0,
-                                   n_servers=n_servers, log_interval=1e9)
+        cfg = GserverManagerConfig(
+            max_concurrent_rollouts=10**6,
+            groups_per_step=10**9,
+            max_head_offpolicyness=0,
+            n_servers=n_servers,
+            log_interval=1e9,
+        )
         server = serve_manager(cfg, "bench", "manager", server_urls=[f.url for f in fakes])
         print(server.url, flush=True)
         sys.stdin.read()  # the parent closes stdin when done
@@ -95,8 +100,9 @@ async def clients(url: str, n_clients: int, seconds: float, warmup: float) -> di
                 counts["errors"] += 1
                 first_error[:] = first_error or [f"allocate_rollout: {d1}"]
                 continue
-            ok2, d2, l2 = await post(session, "/schedule_request",
-                                     {"qid": qid, "prompt_len": 30, "group_size": 8, "new_token_budget": 256})
+            ok2, d2, l2 = await post(
+                session, "/schedule_request", {"qid": qid, "prompt_len": 30, "group_size": 8, "new_token_budget": 256}
+            )
             ok3, d3, l3 = await post(session, "/finish_rollout", {"qid": qid, "accepted": True, "n_tokens": 128})
             if not (ok2 and ok3):
                 counts["errors"] += 1
@@ -121,9 +127,13 @@ def _pct(xs, q):
 
 
 def tables(r):
-    return [(f"GserverManager: {r['clients']} concurrent aiohttp clients, {r['seconds']} s measured (after warm-up)",
-             ["requests/s", "rollouts/s (3 requests each)", "p50 latency ms", "p99 latency ms", "errors"],
-             [[r["requests_per_s"], r["rollouts_per_s"], r["p50_ms"], r["p99_ms"], r["errors"]]])]
+    return [
+        (
+            f"GserverManager: {r['clients']} concurrent aiohttp clients, {r['seconds']} s measured (after warm-up)",
+            ["requests/s", "rollouts/s (3 requests each)", "p50 latency ms", "p99 latency ms", "errors"],
+            [[r["requests_per_s"], r["rollouts_per_s"], r["p50_ms"], r["p99_ms"], r["errors"]]],
+        )
+    ]
 
 
 def main(argv=None) -> int:
@@ -139,8 +149,13 @@ def main(argv=None) -> int:
     if args.short:
         args.seconds, args.warmup = 3.0, 1.0
 
-    proc = subprocess.Popen([PYTHON, "-m", "scripts.bench.manager", "--role", "server"], cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "scripts.bench.manager", "--role", "server"],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         box = []
         reader = threading.Thread(target=lambda: box.append(proc.stdout.readline().strip()), daemon=True)
@@ -159,12 +174,17 @@ def main(argv=None) -> int:
             proc.kill()
             proc.wait()
     all_lat = [x for v in res["latencies"].values() for x in v]
-    result = {"bench": "manager", "clients": args.clients, "seconds": args.seconds,
-              "requests_per_s": round(3 * res["cycles"] / args.seconds, 1),
-              "rollouts_per_s": round(res["cycles"] / args.seconds, 1),
-              "p50_ms": round(_pct(all_lat, 0.5) * 1000, 2), "p99_ms": round(_pct(all_lat, 0.99) * 1000, 2),
-              "errors": res["errors"],
-              **{f"{k}_p50_ms": round(_pct(v, 0.5) * 1000, 2) for k, v in res["latencies"].items()}}
+    result = {
+        "bench": "manager",
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "requests_per_s": round(3 * res["cycles"] / args.seconds, 1),
+        "rollouts_per_s": round(res["cycles"] / args.seconds, 1),
+        "p50_ms": round(_pct(all_lat, 0.5) * 1000, 2),
+        "p99_ms": round(_pct(all_lat, 0.99) * 1000, 2),
+        "errors": res["errors"],
+        **{f"{k}_p50_ms": round(_pct(v, 0.5) * 1000, 2) for k, v in res["latencies"].items()},
+    }
     print_tables(tables(result))
     emit(result)
     return 0

@@ -34,8 +34,12 @@ def venv_python() -> str:
 
 
 def pins() -> Dict[str, str]:
-    return {"torch": metadata.version("torch").split("+")[0], "trl": TRL_VERSION,
-            "transformers": metadata.version("transformers"), "math-verify": metadata.version("math-verify")}
+    return {
+        "torch": metadata.version("torch").split("+")[0],
+        "trl": TRL_VERSION,
+        "transformers": metadata.version("transformers"),
+        "math-verify": metadata.version("math-verify"),
+    }
 
 
 def venv_ready() -> bool:
@@ -61,41 +65,80 @@ def ensure_venv() -> str:
     log(f"creating the TRL venv at {VENV} ({p})")
     subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True, timeout=300)
     _pip(f"torch=={p['torch']}")
-    _pip(f"trl=={p['trl']}", f"transformers=={p['transformers']}", f"math-verify=={p['math-verify']}",
-         f"torch=={p['torch']}")
+    _pip(
+        f"trl=={p['trl']}",
+        f"transformers=={p['transformers']}",
+        f"math-verify=={p['math-verify']}",
+        f"torch=={p['torch']}",
+    )
     with open(os.path.join(VENV, MARKER), "w") as f:
         json.dump(p, f)
     return venv_python()
 
 
-def run_trl(out_dir: str, budget_s: float, threads: int, save_steps: int, seed: int = 1,
-            timeout: float = 3600.0) -> Dict:
+def run_trl(
+    out_dir: str, budget_s: float, threads: int, save_steps: int, seed: int = 1, timeout: float = 3600.0
+) -> Dict:
     """One driver run; returns its summary plus `checkpoints` [{train_s, step, version, path}]."""
     from scripts.bench.accuracy_curve import saved_at_checkpoints
 
     python = ensure_venv()
-    cmd = [python, DRIVER, "--out-dir", out_dir, "--budget-s", str(budget_s), "--threads", str(threads),
-           "--save-steps", str(save_steps), "--seed", str(seed)]
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [
+        python,
+        DRIVER,
+        "--out-dir",
+        out_dir,
+        "--budget-s",
+        str(budget_s),
+        "--threads",
+        str(threads),
+        "--save-steps",
+        str(save_steps),
+        "--seed",
+        str(seed),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": REPO,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     load_before = load_average()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"the TRL driver exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
     out = last_json_line(proc.stdout)
-    out.update(wall_s=round(time.monotonic() - t0, 1), load_before=load_before, load_after=load_average(),
-               checkpoints=saved_at_checkpoints(os.path.join(out_dir, "checkpoints")))
-    log(f"TRL {out['trl']} at {threads} threads: {out['steps']} steps in {out['train_s']:.0f} train s, "
-        f"{out['samples_per_s']:.1f} samples/s, {len(out['checkpoints'])} saves")
+    out.update(
+        wall_s=round(time.monotonic() - t0, 1),
+        load_before=load_before,
+        load_after=load_average(),
+        checkpoints=saved_at_checkpoints(os.path.join(out_dir, "checkpoints")),
+    )
+    log(
+        f"TRL {out['trl']} at {threads} threads: {out['steps']} steps in {out['train_s']:.0f} train s, "
+        f"{out['samples_per_s']:.1f} samples/s, {len(out['checkpoints'])} saves"
+    )
     return out
 
 
 def tables(r):
-    return [(f"TRL {r['trl']} GRPOTrainer, {r['threads']} threads, budget {r['budget_s']} s",
-             ["steps", "train s", "samples/s", "saves", "load 1m"],
-             [[r["steps"], r["train_s"], r["samples_per_s"], len(r["checkpoints"]),
-               f"{r['load_before'][0]}/{r['load_after'][0]}"]])]
+    return [
+        (
+            f"TRL {r['trl']} GRPOTrainer, {r['threads']} threads, budget {r['budget_s']} s",
+            ["steps", "train s", "samples/s", "saves", "load 1m"],
+            [
+                [
+                    r["steps"],
+                    r["train_s"],
+                    r["samples_per_s"],
+                    len(r["checkpoints"]),
+                    f"{r['load_before'][0]}/{r['load_after'][0]}",
+                ]
+            ],
+        )
+    ]
 
 
 def main(argv=None) -> int:

@@ -27,8 +27,12 @@ FULL_AXES = {
     "group_size": [4, 8, 16],
     "ppo.gen.max_new_tokens": [16, 32, 64, 128],
 }
-SHORT_AXES = {"rollout.n_workers": [1, 2], "max_concurrent_rollouts": [16, 32], "group_size": [4, 8],
-              "ppo.gen.max_new_tokens": [16, 32]}
+SHORT_AXES = {
+    "rollout.n_workers": [1, 2],
+    "max_concurrent_rollouts": [16, 32],
+    "group_size": [4, 8],
+    "ppo.gen.max_new_tokens": [16, 32],
+}
 
 
 def overrides_for(axis: str, value: int) -> List[str]:
@@ -53,15 +57,33 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> Dict[str, float]:
 def tables(r):
     out = []
     for axis, points in r["axes"].items():
-        rows = [[p["value"], p["samples_per_s"], p["gen_tokens_per_s"], p["step_time_s"], p["gen_tokens_per_sample"],
-                 p["wall_s"], f"{p['load_before'][0]}/{p['load_after'][0]}"] for p in points]
-        out.append((f"{axis} ({r['steps']} steps per point; other knobs at the embedded default)",
-                    [axis.split(".")[-1], "samples/s", "gen tok/s", "step s", "tokens/sample", "wall s", "load 1m"],
-                    rows))
+        rows = [
+            [
+                p["value"],
+                p["samples_per_s"],
+                p["gen_tokens_per_s"],
+                p["step_time_s"],
+                p["gen_tokens_per_sample"],
+                p["wall_s"],
+                f"{p['load_before'][0]}/{p['load_after'][0]}",
+            ]
+            for p in points
+        ]
+        out.append(
+            (
+                f"{axis} ({r['steps']} steps per point; other knobs at the embedded default)",
+                [axis.split(".")[-1], "samples/s", "gen tok/s", "step s", "tokens/sample", "wall s", "load 1m"],
+                rows,
+            )
+        )
     lin = r["max_new_tokens_fit"]
-    out.append(("step time vs max_new_tokens: least-squares line",
-                ["intercept s", "slope ms/token", "R^2", "token share of step at max L"],
-                [[lin["intercept_s"], lin["slope_s_per_token"] * 1000, lin["r2"], r["max_new_tokens_token_share"]]]))
+    out.append(
+        (
+            "step time vs max_new_tokens: least-squares line",
+            ["intercept s", "slope ms/token", "R^2", "token share of step at max L"],
+            [[lin["intercept_s"], lin["slope_s_per_token"] * 1000, lin["r2"], r["max_new_tokens_token_share"]]],
+        )
+    )
     return out
 
 

@@ -29,20 +29,34 @@ DONE_KEY = f"{EXP}/{TRIAL}/bench_done"
 def make_trajectory_lists(n_samples: int, n_tokens: int, prompt_len: int, seed: int = 1):
     """The fields of a group as an agent collects them from the generation servers' JSON."""
     rng = random.Random(seed)
-    samples = [dict(output_ids=[rng.randrange(150000) for _ in range(n_tokens)],
-                    logprobs=[-rng.random() * 5 for _ in range(n_tokens)],
-                    versions=[3] * (n_tokens // 2) + [4] * (n_tokens - n_tokens // 2),
-                    reward=rng.choice([-1.0, 1.0]), no_eos=False) for _ in range(n_samples)]
-    return dict(qid="q-0", prompt_ids=[rng.randrange(150000) for _ in range(prompt_len)], samples=samples,
-                metadata={"answer": "42"})
+    samples = [
+        dict(
+            output_ids=[rng.randrange(150000) for _ in range(n_tokens)],
+            logprobs=[-rng.random() * 5 for _ in range(n_tokens)],
+            versions=[3] * (n_tokens // 2) + [4] * (n_tokens - n_tokens // 2),
+            reward=rng.choice([-1.0, 1.0]),
+            no_eos=False,
+        )
+        for _ in range(n_samples)
+    ]
+    return dict(
+        qid="q-0",
+        prompt_ids=[rng.randrange(150000) for _ in range(prompt_len)],
+        samples=samples,
+        metadata={"answer": "42"},
+    )
 
 
 def build_trajectory(fields: dict):
     """The Trajectory an agent builds from those lists (token fields become arrays here, once)."""
     from realhf.api.trajectory import Sample, Trajectory
 
-    return Trajectory(qid=fields["qid"], prompt_ids=fields["prompt_ids"],
-                      samples=[Sample(**s) for s in fields["samples"]], metadata=dict(fields["metadata"]))
+    return Trajectory(
+        qid=fields["qid"],
+        prompt_ids=fields["prompt_ids"],
+        samples=[Sample(**s) for s in fields["samples"]],
+        metadata=dict(fields["metadata"]),
+    )
 
 
 def make_trajectory(n_samples: int, n_tokens: int, prompt_len: int, seed: int = 1):
@@ -97,7 +111,7 @@ def _stop(proc, what: str):
     except Exception:  # noqa: BLE001 - a stuck child is killed, never left behind
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"{what} process did not exit within 60 s after the run")
+        raise RuntimeError(f"{what} process did not exit within 60 s after the run") from None
     if proc.returncode != 0:
         raise RuntimeError(f"{what} process exited with {proc.returncode}")
 
@@ -112,8 +126,22 @@ def measure_stream(redis_url: str, args) -> float:
     name_resolve.clear_subtree(f"{EXP}/{TRIAL}")
     puller = NameResolvingZmqPuller(EXP, TRIAL, 0)
     dataset = StreamDataset(puller, parse=Trajectory.from_msg, name="bench-stream")
-    proc = _spawn(["--role", "pusher", "--redis-url", redis_url, "--n-msgs", str(args.n_msgs), "--tokens",
-                   str(args.tokens), "--group", str(args.group), "--prompt-len", str(args.prompt_len)])
+    proc = _spawn(
+        [
+            "--role",
+            "pusher",
+            "--redis-url",
+            redis_url,
+            "--n-msgs",
+            str(args.n_msgs),
+            "--tokens",
+            str(args.tokens),
+            "--group",
+            str(args.group),
+            "--prompt-len",
+            str(args.prompt_len),
+        ]
+    )
     try:
         dataset.get(1, timeout=120)
         t0 = time.perf_counter()
@@ -134,8 +162,20 @@ def measure_raw(redis_url: str, size: int, args) -> float:
     from realhf.system.push_pull_stream import ZMQPuller
 
     puller = ZMQPuller()
-    proc = _spawn(["--role", "raw-pusher", "--redis-url", redis_url, "--address", puller.address,
-                   "--n-msgs", str(args.n_raw_msgs), "--size", str(size)])
+    proc = _spawn(
+        [
+            "--role",
+            "raw-pusher",
+            "--redis-url",
+            redis_url,
+            "--address",
+            puller.address,
+            "--n-msgs",
+            str(args.n_raw_msgs),
+            "--size",
+            str(size),
+        ]
+    )
     try:
         puller.pull_bytes(timeout=120)
         t0 = time.perf_counter()
@@ -169,23 +209,33 @@ def conversion_costs(fields: dict, n: int) -> dict:
     dumps_s, data = per_call(lambda: serialization.dumps(msg))
     loads_s, back = per_call(lambda: serialization.loads(data))
     from_msg_s, _ = per_call(lambda: Trajectory.from_msg(back))
-    return {"build_s": build_s, "to_msg_s": to_msg_s, "dumps_s": dumps_s, "loads_s": loads_s,
-            "from_msg_s": from_msg_s}
+    return {"build_s": build_s, "to_msg_s": to_msg_s, "dumps_s": dumps_s, "loads_s": loads_s, "from_msg_s": from_msg_s}
 
 
 def tables(r):
     return [
-        (f"trajectory stream: {r['group']} samples x {r['tokens']} tokens per message, {r['msg_bytes'] / 1e6:.3f} MB "
-         f"msgpack, best of {r['repeats']}",
-         ["path", "msgs/s", "MB/s"],
-         [["NameResolvingZmqPusher -> StreamDataset", r["stream_msgs_per_s"], r["stream_mb_per_s"]],
-          ["raw ZMQ PUSH/PULL, same bytes", r["raw_msgs_per_s"], r["raw_mb_per_s"]],
-          ["ratio stream / raw", r["stream_over_raw_mb_per_s"], r["stream_over_raw_mb_per_s"]]]),
-        ("per-message cost of each conversion (one process, ms); the agent's Trajectory from lists is "
-         "upstream of the stream",
-         ["agent: Trajectory from lists", "Trajectory.to_msg", "msgpack dumps", "msgpack loads",
-          "Trajectory.from_msg"],
-         [[r["build_ms"], r["to_msg_ms"], r["dumps_ms"], r["loads_ms"], r["from_msg_ms"]]]),
+        (
+            f"trajectory stream: {r['group']} samples x {r['tokens']} tokens per message, {r['msg_bytes'] / 1e6:.3f} MB "
+            f"msgpack, best of {r['repeats']}",
+            ["path", "msgs/s", "MB/s"],
+            [
+                ["NameResolvingZmqPusher -> StreamDataset", r["stream_msgs_per_s"], r["stream_mb_per_s"]],
+                ["raw ZMQ PUSH/PULL, same bytes", r["raw_msgs_per_s"], r["raw_mb_per_s"]],
+                ["ratio stream / raw", r["stream_over_raw_mb_per_s"], r["stream_over_raw_mb_per_s"]],
+            ],
+        ),
+        (
+            "per-message cost of each conversion (one process, ms); the agent's Trajectory from lists is "
+            "upstream of the stream",
+            [
+                "agent: Trajectory from lists",
+                "Trajectory.to_msg",
+                "msgpack dumps",
+                "msgpack loads",
+                "Trajectory.from_msg",
+            ],
+            [[r["build_ms"], r["to_msg_ms"], r["dumps_ms"], r["loads_ms"], r["from_msg_ms"]]],
+        ),
     ]
 
 
@@ -232,12 +282,21 @@ def main(argv=None) -> int:
             name_resolve.repository().reset()
             name_resolve.reconfigure(NameResolveConfig(type="memory"))
     mb = size / 1e6
-    result = {"bench": "stream", "group": args.group, "tokens": args.tokens, "msg_bytes": size,
-              "n_msgs": args.n_msgs, "n_raw_msgs": args.n_raw_msgs, "repeats": args.repeats,
-              "stream_msgs_per_s": round(stream, 2), "stream_mb_per_s": round(stream * mb, 2),
-              "raw_msgs_per_s": round(raw, 1), "raw_mb_per_s": round(raw * mb, 1),
-              "stream_over_raw_mb_per_s": round(stream / raw, 4),
-              **{k.replace("_s", "_ms"): round(v * 1000, 3) for k, v in costs.items()}}
+    result = {
+        "bench": "stream",
+        "group": args.group,
+        "tokens": args.tokens,
+        "msg_bytes": size,
+        "n_msgs": args.n_msgs,
+        "n_raw_msgs": args.n_raw_msgs,
+        "repeats": args.repeats,
+        "stream_msgs_per_s": round(stream, 2),
+        "stream_mb_per_s": round(stream * mb, 2),
+        "raw_msgs_per_s": round(raw, 1),
+        "raw_mb_per_s": round(raw * mb, 1),
+        "stream_over_raw_mb_per_s": round(stream / raw, 4),
+        **{k.replace("_s", "_ms"): round(v * 1000, 3) for k, v in costs.items()},
+    }
     print_tables(tables(result))
     print(f"stream / raw: {result['stream_over_raw_mb_per_s']:.3f}x (target >= 0.5x)")
     emit(result)

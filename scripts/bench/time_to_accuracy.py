@@ -46,33 +46,48 @@ EXPERIMENT = "async-ppo-math"
 MAX_STEPS = 100000  # the time budget ends the run long before
 
 
-def realhf_run(name: str, overrides: Sequence[str], budget_s: float, save_steps: int, seed: int, fileroot: str,
-               timeout: float) -> Dict:
+def realhf_run(
+    name: str, overrides: Sequence[str], budget_s: float, save_steps: int, seed: int, fileroot: str, timeout: float
+) -> Dict:
     from realhf.base.trial_files import TrialFiles, read_metrics
     from scripts.bench.e2e import run_training
 
-    common = (f"exp_ctrl.max_train_seconds={budget_s}", f"exp_ctrl.benchmark_steps={MAX_STEPS}",
-              f"exp_ctrl.save_freq_steps={save_steps}", "exp_ctrl.keep_last_saves=0", "evaluation.n_prompts=0",
-              f"seed={seed}")
+    common = (
+        f"exp_ctrl.max_train_seconds={budget_s}",
+        f"exp_ctrl.benchmark_steps={MAX_STEPS}",
+        f"exp_ctrl.save_freq_steps={save_steps}",
+        "exp_ctrl.keep_last_saves=0",
+        "evaluation.n_prompts=0",
+        f"seed={seed}",
+    )
     trial = f"tta-{name.replace('_', '-')}"
     summary = run_training(trial, common + tuple(overrides), timeout, fileroot=fileroot)
     files = TrialFiles(fileroot, EXPERIMENT, trial)
     metrics = read_metrics(files.log_dir)
     train_s = sum(m["step_time_s"] for m in metrics)
     n = sum(m["n_samples"] for m in metrics)
-    return {"overrides": list(overrides), "steps": len(metrics), "train_s": round(train_s, 2),
-            "samples_per_s": round(n / train_s, 2), "wait_per_step_s": summary["wait_per_step_s"],
-            "train_per_step_s": summary["train_per_step_s"], "head_offpolicyness_max": summary["head_offpolicyness_max"],
-            "load_before": summary["load_before"], "load_after": summary["load_after"],
-            "checkpoints": ac.realhf_checkpoints(files.log_dir, files.run_dir)}
+    return {
+        "overrides": list(overrides),
+        "steps": len(metrics),
+        "train_s": round(train_s, 2),
+        "samples_per_s": round(n / train_s, 2),
+        "wait_per_step_s": summary["wait_per_step_s"],
+        "train_per_step_s": summary["train_per_step_s"],
+        "head_offpolicyness_max": summary["head_offpolicyness_max"],
+        "load_before": summary["load_before"],
+        "load_after": summary["load_after"],
+        "checkpoints": ac.realhf_checkpoints(files.log_dir, files.run_dir),
+    }
 
 
 def trl_run(budget_s: float, save_steps: int, seed: int, threads: int, out_dir: str, timeout: float) -> Dict:
     from scripts.bench.peer_trl import run_trl
 
     r = run_trl(out_dir, budget_s, threads, save_steps, seed=seed, timeout=timeout)
-    return {"overrides": [f"trl=={r['trl']}", f"threads={threads}"], **{k: r[k] for k in (
-        "steps", "train_s", "samples_per_s", "load_before", "load_after", "checkpoints")}}
+    return {
+        "overrides": [f"trl=={r['trl']}", f"threads={threads}"],
+        **{k: r[k] for k in ("steps", "train_s", "samples_per_s", "load_before", "load_after", "checkpoints")},
+    }
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -90,10 +105,11 @@ def summarize(runs: Dict[str, Dict], start: Dict, target: Optional[float]) -> Di
     if "trl" in runs:
         t = runs["trl"]
         for n in (x for x in runs if x != "trl"):
-            out["ratios"][n] = {"trl_over_realhf_time_to_target": _ratio(t["time_to_target_s"],
-                                                                          runs[n]["time_to_target_s"]),
-                                "realhf_over_trl_samples_per_s": _ratio(runs[n]["samples_per_s"], t["samples_per_s"]),
-                                "final_accuracy_diff": round(runs[n]["final_accuracy"] - t["final_accuracy"], 4)}
+            out["ratios"][n] = {
+                "trl_over_realhf_time_to_target": _ratio(t["time_to_target_s"], runs[n]["time_to_target_s"]),
+                "realhf_over_trl_samples_per_s": _ratio(runs[n]["samples_per_s"], t["samples_per_s"]),
+                "final_accuracy_diff": round(runs[n]["final_accuracy"] - t["final_accuracy"], 4),
+            }
     return out
 
 
@@ -103,19 +119,42 @@ def _dash(v):
 
 def tables(r):
     runs = r["runs"]
-    rows = [[n, " ".join(x["overrides"]) or "(yaml defaults)", x["steps"], x["train_s"], x["samples_per_s"],
-             _dash(x["time_to_target_s"]), x["final_accuracy"], f"{x['load_before'][0]}/{x['load_after'][0]}"]
-            for n, x in runs.items()]
-    ratio_rows = [[n, _dash(q["trl_over_realhf_time_to_target"]), _dash(q["realhf_over_trl_samples_per_s"]),
-                   q["final_accuracy_diff"]] for n, q in r["ratios"].items()]
+    rows = [
+        [
+            n,
+            " ".join(x["overrides"]) or "(yaml defaults)",
+            x["steps"],
+            x["train_s"],
+            x["samples_per_s"],
+            _dash(x["time_to_target_s"]),
+            x["final_accuracy"],
+            f"{x['load_before'][0]}/{x['load_after'][0]}",
+        ]
+        for n, x in runs.items()
+    ]
+    ratio_rows = [
+        [
+            n,
+            _dash(q["trl_over_realhf_time_to_target"]),
+            _dash(q["realhf_over_trl_samples_per_s"]),
+            q["final_accuracy_diff"],
+        ]
+        for n, q in r["ratios"].items()
+    ]
     curve_rows = [[n, " ".join(f"{p['train_s']:.0f}:{p['accuracy']:.3f}" for p in x["curve"])] for n, x in runs.items()]
     return [
-        (f"time to accuracy: {r['budget_s']} s training budget per run, seed {r['seed']}; sampled accuracy (T=1, "
-         f"final answer) on {r['eval_prompts']} held-out prompts x {r['eval_samples']}, start {r['start_accuracy']}, "
-         f"target {r['target']}; checkpoints every {r['save_steps']} steps (16x8 samples each)",
-         ["run", "config", "steps", "train s", "samples/s", "train s to target", "final accuracy", "load 1m"], rows),
-        ("TRL vs realhf (time to target: TRL / realhf, > 1 means realhf is sooner; samples/s: realhf / TRL)",
-         ["realhf run", "time to target TRL/realhf", "samples/s realhf/TRL", "final accuracy realhf - TRL"], ratio_rows),
+        (
+            f"time to accuracy: {r['budget_s']} s training budget per run, seed {r['seed']}; sampled accuracy (T=1, "
+            f"final answer) on {r['eval_prompts']} held-out prompts x {r['eval_samples']}, start {r['start_accuracy']}, "
+            f"target {r['target']}; checkpoints every {r['save_steps']} steps (16x8 samples each)",
+            ["run", "config", "steps", "train s", "samples/s", "train s to target", "final accuracy", "load 1m"],
+            rows,
+        ),
+        (
+            "TRL vs realhf (time to target: TRL / realhf, > 1 means realhf is sooner; samples/s: realhf / TRL)",
+            ["realhf run", "time to target TRL/realhf", "samples/s realhf/TRL", "final accuracy realhf - TRL"],
+            ratio_rows,
+        ),
         ("accuracy curves (train s: accuracy)", ["run", "curve"], curve_rows),
     ]
 
@@ -129,10 +168,19 @@ def main(argv=None) -> int:
     p.add_argument("--eval-prompts", type=int, default=500)
     p.add_argument("--eval-samples", type=int, default=4)
     p.add_argument("--eval-threads", type=int, default=2, help="torch threads of the evaluation (after all runs)")
-    p.add_argument("--target", type=float, default=None, help="accuracy target (default: 3/4 of the way from the "
-                                                               "SFT accuracy to the worst final accuracy)")
-    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(DEFAULT_RUNS),
-                   help="realhf_eta1: the default with max_head_offpolicyness=1")
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="accuracy target (default: 3/4 of the way from the SFT accuracy to the worst final accuracy)",
+    )
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        choices=RUNS,
+        default=list(DEFAULT_RUNS),
+        help="realhf_eta1: the default with max_head_offpolicyness=1",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--work-dir", default=None, help="keep runs and checkpoints here (default: a temp dir, deleted)")
     args = p.parse_args(argv)
@@ -145,24 +193,35 @@ def main(argv=None) -> int:
         for name in args.runs:
             log(f"{name}: training for {args.budget_s:.0f} s")
             if name == "trl":
-                made[name] = trl_run(args.budget_s, args.save_steps, args.seed, args.trl_threads,
-                                     os.path.join(work, "trl"), timeout)
+                made[name] = trl_run(
+                    args.budget_s, args.save_steps, args.seed, args.trl_threads, os.path.join(work, "trl"), timeout
+                )
             else:
-                made[name] = realhf_run(name, REALHF_RUNS[name], args.budget_s, args.save_steps, args.seed, work,
-                                        timeout)
+                made[name] = realhf_run(
+                    name, REALHF_RUNS[name], args.budget_s, args.save_steps, args.seed, work, timeout
+                )
         log(f"evaluating {1 + sum(len(r['checkpoints']) for r in made.values())} checkpoints")
         ev = dict(n_prompts=args.eval_prompts, n_samples=args.eval_samples, seed=args.seed, threads=args.eval_threads)
         start = ac.evaluate_curve([(0.0, ac.SFT)], **ev)[0]
         for r in made.values():
             curve = ac.evaluate_curve([(c["train_s"], c["path"]) for c in r.pop("checkpoints")], **ev)
             r["curve"] = [{"train_s": 0.0, "accuracy": start["accuracy"]}] + [
-                {"train_s": c["train_s"], "accuracy": c["accuracy"]} for c in curve]
+                {"train_s": c["train_s"], "accuracy": c["accuracy"]} for c in curve
+            ]
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    res = {"bench": "time_to_accuracy", "budget_s": args.budget_s, "save_steps": args.save_steps, "seed": args.seed,
-           "eval_prompts": args.eval_prompts, "eval_samples": args.eval_samples, "trl_threads": args.trl_threads,
-           "best_sync": list(BEST_SYNC), "runs": made}
+    res = {
+        "bench": "time_to_accuracy",
+        "budget_s": args.budget_s,
+        "save_steps": args.save_steps,
+        "seed": args.seed,
+        "eval_prompts": args.eval_prompts,
+        "eval_samples": args.eval_samples,
+        "trl_threads": args.trl_threads,
+        "best_sync": list(BEST_SYNC),
+        "runs": made,
+    }
     res.update(summarize(made, start, args.target))
     print_tables(tables(res))
     emit(res)

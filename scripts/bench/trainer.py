@@ -49,8 +49,16 @@ def make_batch(model, tok, n_prompts: int, group: int, seed: int = 1):
     for r in rows:
         prompt = tok.encode(r["prompt"], add_special_tokens=False)
         ids = torch.tensor([prompt] * group)
-        out = model.generate(ids, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=32,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, len(prompt):]
+        out = model.generate(
+            ids,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=32,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )[:, len(prompt) :]
         samples = []
         for o in out.tolist():
             if tok.eos_token_id in o:
@@ -102,8 +110,9 @@ class Trainer:
         """actor_inf, ref_inf and the train step on a copy of `batch`; seconds."""
         from realhf.impl.model.ppo_actor import reference_logprobs
 
-        b = dataclasses.replace(batch, prox_logprobs=None, ref_logprobs=None, values=None, advantages=None,
-                                returns=None)
+        b = dataclasses.replace(
+            batch, prox_logprobs=None, ref_logprobs=None, values=None, advantages=None, returns=None
+        )
         t0 = time.perf_counter()
         self.actor.compute_logprobs(b)
         reference_logprobs(self.engines["ref"], b, self.ppo.gen.temperature)
@@ -131,11 +140,17 @@ DEFAULT_WAY = "+ each prompt computed once per group, <= 1024 tokens (default)"
 def tables(r):
     ways = r.get("ways") or [  # results written before the micro-batch ways existed
         {"way": "baseline", "seconds": r["baseline_s"], "ratio": 1.0},
-        {"way": "current", "seconds": r["current_s"], "ratio": r["speedup"]}]
+        {"way": "current", "seconds": r["current_s"], "ratio": r["speedup"]},
+    ]
     rows = [[w["way"], w["seconds"], w["ratio"]] for w in ways]
-    return [(f"trainer work per step: {r['n_seqs']} sequences, {r['n_tokens']} trained tokens, padded width "
-             f"{r['width']}, ppo_n_minibatches={r['minibatches']}, kl_ctl>0 (ref_inf), best of {r['repeats']}",
-             ["way", "seconds per step", "ratio to baseline"], rows)]
+    return [
+        (
+            f"trainer work per step: {r['n_seqs']} sequences, {r['n_tokens']} trained tokens, padded width "
+            f"{r['width']}, ppo_n_minibatches={r['minibatches']}, kl_ctl>0 (ref_inf), best of {r['repeats']}",
+            ["way", "seconds per step", "ratio to baseline"],
+            rows,
+        )
+    ]
 
 
 def main(argv=None) -> int:
@@ -159,10 +174,18 @@ def main(argv=None) -> int:
     # One one-rank group for every engine (an engine that made its own would tear it down).
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        trainers = {name: Trainer(worker_config(PPOHyperparameters(ppo_n_minibatches=2, kl_ctl=0.1,
-                                                                   micro_batch_tokens=budget, shared_prompt=shared),
-                                                optim), defer=defer)
-                    for name, (defer, budget, shared) in WAYS.items()}
+        trainers = {
+            name: Trainer(
+                worker_config(
+                    PPOHyperparameters(
+                        ppo_n_minibatches=2, kl_ctl=0.1, micro_batch_tokens=budget, shared_prompt=shared
+                    ),
+                    optim,
+                ),
+                defer=defer,
+            )
+            for name, (defer, budget, shared) in WAYS.items()
+        }
         for t in trainers.values():  # untimed warm-up
             t.step(batch)
         times = {name: [] for name in WAYS}
@@ -177,10 +200,18 @@ def main(argv=None) -> int:
     best = {name: min(t) for name, t in times.items()}
     base = best[next(iter(WAYS))]
     default = best[DEFAULT_WAY]
-    result = {"bench": "trainer", "n_seqs": batch.n_seqs, "n_tokens": batch.n_tokens,
-              "width": int(batch.input_ids.shape[1]), "minibatches": 2, "repeats": args.repeats,
-              "ways": [{"way": name, "seconds": round(t, 4), "ratio": round(base / t, 3)} for name, t in best.items()],
-              "baseline_s": round(base, 4), "current_s": round(default, 4), "speedup": round(base / default, 3)}
+    result = {
+        "bench": "trainer",
+        "n_seqs": batch.n_seqs,
+        "n_tokens": batch.n_tokens,
+        "width": int(batch.input_ids.shape[1]),
+        "minibatches": 2,
+        "repeats": args.repeats,
+        "ways": [{"way": name, "seconds": round(t, 4), "ratio": round(base / t, 3)} for name, t in best.items()],
+        "baseline_s": round(base, 4),
+        "current_s": round(default, 4),
+        "speedup": round(base / default, 3),
+    }
     print_tables(tables(result))
     emit(result)
     return 0

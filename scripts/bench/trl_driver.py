@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    import trl
     import transformers
+    import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -81,16 +81,38 @@ def main(argv=None) -> int:
     os.makedirs(ckpt_root, exist_ok=True)
     n_per_gen = args.groups * args.group_size
     cfg = GRPOConfig(
-        output_dir=os.path.join(args.out_dir, "trainer"), report_to="none", save_strategy="no", logging_steps=10,
-        disable_tqdm=True, use_cpu=True, seed=args.seed, dataloader_num_workers=0,
+        output_dir=os.path.join(args.out_dir, "trainer"),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10,
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=args.seed,
+        dataloader_num_workers=0,
         gradient_checkpointing=False,  # TRL turns it on by default; recomputing only costs time at this size
-        per_device_train_batch_size=n_per_gen // args.minibatches, gradient_accumulation_steps=1,
-        steps_per_generation=args.minibatches, num_generations=args.group_size, num_iterations=1,
+        per_device_train_batch_size=n_per_gen // args.minibatches,
+        gradient_accumulation_steps=1,
+        steps_per_generation=args.minibatches,
+        num_generations=args.group_size,
+        num_iterations=1,
         max_steps=args.max_generations * args.minibatches,
-        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        beta=args.beta, use_bias_correction_kl=False, loss_type="dapo", scale_rewards="group", epsilon=0.2,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=args.beta,
+        use_bias_correction_kl=False,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -121,19 +143,34 @@ def main(argv=None) -> int:
             if over:
                 control.should_training_stop = True
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=load_prompts(args.train_data),
-                          processing_class=tokenizer, callbacks=[BudgetAndSaves()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=cfg,
+        train_dataset=load_prompts(args.train_data),
+        processing_class=tokenizer,
+        callbacks=[BudgetAndSaves()],
+    )
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
         trainer.train()
     finally:
         grader.close()
     g, train_s = state["generations"], state["train_s"]
-    summary = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-               "threads": args.threads, "budget_s": args.budget_s, "steps": g, "train_s": round(train_s, 2),
-               "n_samples": g * n_per_gen, "samples_per_s": round(g * n_per_gen / train_s, 2) if train_s else 0.0,
-               "saves": state["saves"], "load_before": load_before,
-               "load_after": [round(x, 2) for x in os.getloadavg()]}
+    summary = {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "budget_s": args.budget_s,
+        "steps": g,
+        "train_s": round(train_s, 2),
+        "n_samples": g * n_per_gen,
+        "samples_per_s": round(g * n_per_gen / train_s, 2) if train_s else 0.0,
+        "saves": state["saves"],
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
     with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
         json.dump(summary, f)
     print(json.dumps(summary), flush=True)

@@ -29,10 +29,22 @@ from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
 
 EXP, TRIAL = "bench", "weight-update"
 
-LARGE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-             num_attention_heads=12, num_key_value_heads=4)  # ≈100M parameters
-MEDIUM = dict(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
-              num_attention_heads=6, num_key_value_heads=2)  # ≈12M parameters (short mode)
+LARGE = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+)  # ≈100M parameters
+MEDIUM = dict(
+    vocab_size=8192,
+    hidden_size=384,
+    intermediate_size=1024,
+    num_hidden_layers=6,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+)  # ≈12M parameters (short mode)
 
 
 def make_random_qwen2(path: str, dims: dict, seed: int = 1):
@@ -40,8 +52,9 @@ def make_random_qwen2(path: str, dims: dict, seed: int = 1):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**dims, max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=0,
-                         eos_token_id=1, pad_token_id=2)
+    config = Qwen2Config(
+        **dims, max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2
+    )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path, safe_serialization=True)
     return model
@@ -52,9 +65,24 @@ class ServerProcess:
 
     def __init__(self, model_path: str):
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "realhf.launch_server", "--model-path", model_path, "--port", "0",
-             "--max-running-requests", "8", "--context-length", "256"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            [
+                PYTHON,
+                "-m",
+                "realhf.launch_server",
+                "--model-path",
+                model_path,
+                "--port",
+                "0",
+                "--max-running-requests",
+                "8",
+                "--context-length",
+                "256",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.url = None
         self.tail = []
         self._ready = threading.Event()
@@ -70,8 +98,9 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float) -> str:
         if not self._ready.wait(timeout) or self.url is None:
-            raise RuntimeError(f"generation server did not print 'ready at' within {timeout:.0f} s; "
-                               f"stderr tail: {''.join(self.tail)}")
+            raise RuntimeError(
+                f"generation server did not print 'ready at' within {timeout:.0f} s; stderr tail: {''.join(self.tail)}"
+            )
         return self.url
 
     def stop(self):
@@ -142,9 +171,14 @@ def tables(r):
     for name in ("tiny", "large"):
         m = r[name]
         rows.append([name, f"{m['params'] / 1e6:.1f}M", m["publish_median_s"], m["update_median_s"], m["update_max_s"]])
-    return [(f"weight update to {r['n_servers']} native server(s), manager poll interval {r['poll_interval_s']} s, "
-             f"median of {r['repeats']} versions",
-             ["model", "params", "publish (save) s", "model_version -> all servers s", "max s"], rows)]
+    return [
+        (
+            f"weight update to {r['n_servers']} native server(s), manager poll interval {r['poll_interval_s']} s, "
+            f"median of {r['repeats']} versions",
+            ["model", "params", "publish (save) s", "model_version -> all servers s", "max s"],
+            rows,
+        )
+    ]
 
 
 def main(argv=None) -> int:
@@ -159,18 +193,16 @@ def main(argv=None) -> int:
 
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from realhf.api.cli_args import NameResolveConfig
     from realhf.base import name_resolve
     from realhf.base.redis_server import RedisServer
 
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
     result = {"bench": "weight_update", "n_servers": args.n_servers, "repeats": args.repeats}
-    with tempfile.TemporaryDirectory(prefix="bench_weight_update_") as tmp, \
-            RedisServer.with_random_password() as redis:
+    with tempfile.TemporaryDirectory(prefix="bench_weight_update_") as tmp, RedisServer.with_random_password() as redis:
         name_resolve.reconfigure(NameResolveConfig(type="redis", redis_url=redis.url))
         try:
             tiny = AutoModelForCausalLM.from_pretrained(args.tiny_path)
@@ -180,11 +212,13 @@ def main(argv=None) -> int:
                 log(f"{name}: {sum(t.numel() for t in model.parameters()) / 1e6:.1f}M params, {args.n_servers} servers")
                 m = measure_model(model, path, args.n_servers, args.repeats, os.path.join(tmp, "fileroot"))
                 result["poll_interval_s"] = m["poll_interval_s"]
-                result[name] = {"params": sum(t.numel() for t in model.parameters()),
-                                "publish_median_s": round(statistics.median(m["publish_s"]), 4),
-                                "update_median_s": round(statistics.median(m["latency_s"]), 4),
-                                "update_max_s": round(max(m["latency_s"]), 4),
-                                "update_s": [round(x, 4) for x in m["latency_s"]]}
+                result[name] = {
+                    "params": sum(t.numel() for t in model.parameters()),
+                    "publish_median_s": round(statistics.median(m["publish_s"]), 4),
+                    "update_median_s": round(statistics.median(m["latency_s"]), 4),
+                    "update_max_s": round(max(m["latency_s"]), 4),
+                    "update_s": [round(x, 4) for x in m["latency_s"]],
+                }
         finally:
             name_resolve.repository().reset()
             name_resolve.reconfigure(NameResolveConfig(type="memory"))

@@ -30,12 +30,11 @@ from typing import Dict, List
 import torch
 import torch.distributed as dist
 
+from helpers.fsdp_ranks import TINY_SFT, critic_train_step, full_params, token_logprobs, train_step
+from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig, ModelTrainEvalConfig, OptimizerConfig
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model.batching import TrainBatch
-
-from helpers.fsdp_ranks import TINY_SFT, critic_train_step, full_params, token_logprobs, train_step
-from helpers.gloo_ranks import join_gloo_group
 
 N_CASES = int(os.environ.get("STRESS_CASES", "200"))
 KINDS = ("actor", "critic", "lora", "ref")
@@ -78,9 +77,15 @@ def case(index: int, world: int):
         attention_mask[i, : len(p) + len(a)] = 1
         loss_mask[i, len(p) - 1 : len(p) - 1 + len(a)] = True
     rewards = torch.tensor([rng.choice((-1.0, 1.0)) for _ in range(n)])  # [N]
-    batch = TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                       behav_logprobs=torch.zeros(loss_mask.shape), rewards=rewards,
-                       group_ids=torch.tensor(group_ids), prompt_lens=torch.tensor(prompt_lens))
+    batch = TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behav_logprobs=torch.zeros(loss_mask.shape),
+        rewards=rewards,
+        group_ids=torch.tensor(group_ids),
+        prompt_lens=torch.tensor(prompt_lens),
+    )
     return kind, MICRO_BATCH_TOKENS[index // len(KINDS) % len(MICRO_BATCH_TOKENS)], batch, rank_rows
 
 
@@ -101,8 +106,12 @@ def main(out: Path) -> None:
     params_dir.mkdir(exist_ok=True)
     lora = config(name="lora")
     lora.model.lora = copy.deepcopy(LoRAConfig(r=4, alpha=8.0))
-    engines = {"actor": config(), "critic": config(value_head=True, seed=3, name="critic"), "lora": lora,
-               "ref": config(trainable=False, name="ref")}
+    engines = {
+        "actor": config(),
+        "critic": config(value_head=True, seed=3, name="critic"),
+        "lora": lora,
+        "ref": config(trainable=False, name="ref"),
+    }
     for kind, cfg in engines.items():
         engines[kind] = FSDPEngine(cfg)
         engines[kind].initialize()

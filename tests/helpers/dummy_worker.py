@@ -23,10 +23,12 @@ class DummyWorkerConfig:
 
 
 # Ignores SIGTERM (and, with argv[1] == "True", leaves the worker's process group and session).
-_STUBBORN = ("import os, signal, sys, time\n"
-             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-             "if sys.argv[1] == 'True': os.setsid()\n"
-             "time.sleep(600)\n")
+_STUBBORN = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "if sys.argv[1] == 'True': os.setsid()\n"
+    "time.sleep(600)\n"
+)
 
 
 class DummyWorker(Worker):
@@ -54,8 +56,12 @@ class DummyWorker(Worker):
                 self.logger.error("crashing on purpose")
                 os._exit(self.config.exit_code)
             if self.config.complete_trial:
-                name_resolve.add(names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name),
-                                 STATUS_COMPLETE, replace=True, delete_on_exit=False)  # as the master does
+                name_resolve.add(
+                    names.experiment_status(self.ctx.experiment_name, self.ctx.trial_name),
+                    STATUS_COMPLETE,
+                    replace=True,
+                    delete_on_exit=False,
+                )  # as the master does
             raise WorkerExit("done")
         time.sleep(0.05)
         return True

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers.gloo_ranks import join_gloo_group
 from realhf.api.trajectory import Sample, Trajectory
 from realhf.impl.model.group_exchange import exchange
-
-from helpers.gloo_ranks import join_gloo_group
 
 HELD = [3, 0, 2]  # rank 1 arrives with nothing
 # rank 0 keeps one group and receives rank 2's second; rank 1 gets two of rank 0's; rank 2 keeps its first
@@ -29,15 +28,23 @@ def group(rank: int, i: int) -> Trajectory:
     samples = []
     for _ in range(1 + (rank + i) % 3):
         n = int(rng.integers(1, 9))
-        samples.append(Sample(output_ids=rng.integers(4, 200, n).astype(np.int32),
-                              logprobs=-rng.random(n).astype(np.float32), versions=np.full(n, i, dtype=np.int32),
-                              reward=float(rng.choice([-1.0, 1.0]))))
+        samples.append(
+            Sample(
+                output_ids=rng.integers(4, 200, n).astype(np.int32),
+                logprobs=-rng.random(n).astype(np.float32),
+                versions=np.full(n, i, dtype=np.int32),
+                reward=float(rng.choice([-1.0, 1.0])),
+            )
+        )
     return Trajectory(qid=f"{rank}/{i}", prompt_ids=rng.integers(4, 200, 3 + i).astype(np.int32), samples=samples)
 
 
 def describe(t: Trajectory) -> dict:
-    return {"qid": t.qid, "prompt": t.prompt_ids.tolist(),
-            "samples": [[s.output_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), s.reward] for s in t.samples]}
+    return {
+        "qid": t.qid,
+        "prompt": t.prompt_ids.tolist(),
+        "samples": [[s.output_ids.tolist(), s.logprobs.tolist(), s.versions.tolist(), s.reward] for s in t.samples],
+    }
 
 
 def main(out: Path) -> None:

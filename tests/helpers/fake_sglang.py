@@ -64,9 +64,16 @@ class UpdateWeightsRequest(BaseModel):
 
 
 class FakeSGLangServer:
-    def __init__(self, vocab_size: int = 64, stop_at_len: Optional[int] = None, token_delay: float = 0.0,
-                 abort_after: Optional[int] = None, check_model_path: bool = False, update_delay: float = 0.0,
-                 weight_version: int = 0):
+    def __init__(
+        self,
+        vocab_size: int = 64,
+        stop_at_len: Optional[int] = None,
+        token_delay: float = 0.0,
+        abort_after: Optional[int] = None,
+        check_model_path: bool = False,
+        update_delay: float = 0.0,
+        weight_version: int = 0,
+    ):
         self.vocab_size = vocab_size
         self.stop_at_len = stop_at_len
         self.token_delay = token_delay
@@ -125,7 +132,9 @@ class FakeSGLangServer:
                 self.n_generate += 1
                 self.n_running += 1
                 self.max_running = max(self.max_running, self.n_running)
-                self.requests.append({"rid": req.rid, "input_len": len(req.input_ids), "sampling_params": sp.model_dump()})
+                self.requests.append(
+                    {"rid": req.rid, "input_len": len(req.input_ids), "sampling_params": sp.model_dump()}
+                )
             pause_gen = self._pause_gen
             version = self.weight_version
             seq = list(req.input_ids)

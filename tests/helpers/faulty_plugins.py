@@ -12,10 +12,9 @@ import os
 import time
 import zlib
 
+from helpers.user_agents import answer_matches
 from realhf.impl.agent.math_single_step import MathSingleStepAgent
 from realhf.impl.environment.math_env import MathEnv
-
-from helpers.user_agents import answer_matches
 
 
 def bucket(query_id: str, n: int) -> int:

@@ -28,15 +28,14 @@ from typing import Dict, Iterator, List
 import torch
 import torch.distributed as dist
 
+from helpers.gloo_ranks import join_gloo_group
+from helpers.paths import TINY_MATH
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.actor import token_values
 from realhf.impl.model.batching import TrainBatch
 from realhf.impl.model.utils import ppo_functional as F
-
-from helpers.gloo_ranks import join_gloo_group
-from helpers.paths import TINY_MATH
 
 TINY_SFT = os.path.join(TINY_MATH, "sft")
 N_ROWS, N_STEPS = 16, 2  # two minibatches of 8 samples: one per optimizer step
@@ -47,13 +46,17 @@ def engine_config(**overrides) -> FSDPEngineConfig:
     # Adam moves a weight whose gradient g is near 0 by ≈ lr·g/eps, so with the default eps (1e-8)
     # float summation-order noise in g (~1e-10 between DP=1 and DP=2) moves a few weights by
     # ~1e-5; eps = 1e-6 keeps that noise ~100x below the 1e-5 tolerance.
-    optimizer = OptimizerConfig(lr=1e-3, eps=1e-6, lr_scheduler_type="cosine", min_lr_ratio=0.1,
-                                gradient_clipping=0.5)
+    optimizer = OptimizerConfig(lr=1e-3, eps=1e-6, lr_scheduler_type="cosine", min_lr_ratio=0.1, gradient_clipping=0.5)
     # 24 padded tokens per micro-batch: in each step one rank of two has a micro-batch more than
     # the other (which runs a padding forward), for the actor (prompts shared by the rows of a
     # group: realhf.impl.engine.shared_prompt, under FSDP at DP=2) and for the critic (plain).
-    fields = dict(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), total_steps=4, device="cpu",
-                  micro_batch_tokens=24, shared_prompt=True)
+    fields = dict(
+        model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
+        total_steps=4,
+        device="cpu",
+        micro_batch_tokens=24,
+        shared_prompt=True,
+    )
     return FSDPEngineConfig(**{**fields, **overrides})
 
 
@@ -95,9 +98,15 @@ def make_batch() -> TrainBatch:
         attention_mask[i, : p + o] = 1
         loss_mask[i, p - 1 : p - 1 + o] = True
     rewards = torch.where(torch.rand(N_ROWS, generator=g) > 0.5, 1.0, -1.0)  # [N]
-    return TrainBatch(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behav_logprobs=torch.zeros(loss_mask.shape), rewards=rewards, group_ids=group_ids,
-                      prompt_lens=prompt_lens)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        behav_logprobs=torch.zeros(loss_mask.shape),
+        rewards=rewards,
+        group_ids=group_ids,
+        prompt_lens=prompt_lens,
+    )
 
 
 def rank_rows(step: int, rank: int, world_size: int) -> torch.Tensor:
@@ -121,9 +130,14 @@ def train_step(engine: FSDPEngine, batch: TrainBatch) -> Dict[str, float]:
 
     def ppo_loss(logits: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
         w = mb.loss_mask.shape[1]
-        loss, _ = F.actor_loss_fn(token_logprobs(logits, mb), old[rows, :w].to(logits.device),
-                                  advantages[rows, :w].to(logits.device), eps_clip=0.2, loss_mask=mb.loss_mask,
-                                  reduce="sum")
+        loss, _ = F.actor_loss_fn(
+            token_logprobs(logits, mb),
+            old[rows, :w].to(logits.device),
+            advantages[rows, :w].to(logits.device),
+            eps_clip=0.2,
+            loss_mask=mb.loss_mask,
+            reduce="sum",
+        )
         return loss
 
     return engine.train_batch(batch, ppo_loss, lambda mb: float(mb.loss_mask.sum()))
@@ -142,8 +156,13 @@ def critic_train_step(engine: FSDPEngine, batch: TrainBatch) -> Dict[str, float]
 
     def value_loss(output: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
         w, dev = mb.loss_mask.shape[1], output.device
-        loss, _ = F.value_loss_fn(token_values(output, mb), old_values[rows, :w].to(dev), returns[rows, :w].to(dev),
-                                  eps_clip=0.2, mask=mb.loss_mask)
+        loss, _ = F.value_loss_fn(
+            token_values(output, mb),
+            old_values[rows, :w].to(dev),
+            returns[rows, :w].to(dev),
+            eps_clip=0.2,
+            mask=mb.loss_mask,
+        )
         return loss
 
     return engine.train_batch(batch, value_loss, lambda mb: float(mb.loss_mask.sum()))
@@ -194,8 +213,9 @@ def main(out: Path) -> None:
         stats = run_steps(engine, [0, 1], rank, world_size)
         _write(out, "params_step2.safetensors", engine)
         engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
-        recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device,
-                                extra={"version": 2})
+        recover_checkpoint.save(
+            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
+        )
         stats += run_steps(engine, [0], rank, world_size)
         _write(out, "params_step3.safetensors", engine)
         engine.destroy()

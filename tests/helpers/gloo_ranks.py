@@ -11,22 +11,32 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from realhf.base.network import find_free_port
-
 from helpers.paths import TESTS_DIR
+from realhf.base.network import find_free_port
 
 RANK_TIMEOUT_S = 120
 
 
-def launch_ranks(module: str, out: Path, world_size: int, timeout: float = RANK_TIMEOUT_S,
-                 extra_env: Optional[Dict[str, str]] = None) -> None:
+def launch_ranks(
+    module: str, out: Path, world_size: int, timeout: float = RANK_TIMEOUT_S, extra_env: Optional[Dict[str, str]] = None
+) -> None:
     port, procs = find_free_port(), []
     for rank in range(world_size):
-        env = dict(os.environ, **(extra_env or {}), RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
+        env = dict(
+            os.environ,
+            **(extra_env or {}),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]),
+        )
         with open(out / f"rank{rank}.log", "w") as log:  # the child keeps its own descriptor
-            procs.append(subprocess.Popen([sys.executable, "-m", module, str(out)],
-                                          stdout=log, stderr=subprocess.STDOUT, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, str(out)], stdout=log, stderr=subprocess.STDOUT, env=env
+                )
+            )
     try:
         for proc in procs:
             try:
@@ -40,8 +50,9 @@ def launch_ranks(module: str, out: Path, world_size: int, timeout: float = RANK_
                 proc.wait(timeout=10)
     codes = [p.returncode for p in procs]
     if any(codes):
-        outputs = "\n".join(f"--- rank {r} (exit {c}) ---\n" + (out / f"rank{r}.log").read_text()[-4000:]
-                            for r, c in enumerate(codes))
+        outputs = "\n".join(
+            f"--- rank {r} (exit {c}) ---\n" + (out / f"rank{r}.log").read_text()[-4000:] for r, c in enumerate(codes)
+        )
         pytest.fail(f"{module}: DP={world_size} ranks failed:\n{outputs}")
 
 
@@ -54,6 +65,11 @@ def join_gloo_group(timeout_s: float) -> Tuple[int, int]:
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
     return rank, world_size

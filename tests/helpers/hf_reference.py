@@ -21,6 +21,12 @@ class HFReference:
 
     @torch.no_grad()
     def greedy(self, prompt, n):
-        out = self.model.generate(torch.tensor([list(prompt)]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
+        out = self.model.generate(
+            torch.tensor([list(prompt)]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        return out[0, len(prompt) :].tolist()

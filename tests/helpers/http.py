@@ -11,8 +11,9 @@ def http(method, url, body=None, timeout=60.0, headers=None):
     `body` is sent as JSON, or as is when it is bytes (fuzz and refusal tests send raw bytes);
     `headers` are added (e.g. `realhf.base.secret.auth_headers(secret)` for a launched run)."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             status, raw = resp.status, resp.read()

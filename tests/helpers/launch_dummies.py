@@ -17,30 +17,35 @@ import time
 
 from omegaconf import OmegaConf
 
+from helpers.dummy_worker import DummyWorkerConfig
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LauncherInterrupted, LocalLauncher, WorkerFailedError, WorkerSpec
 
-from helpers.dummy_worker import DummyWorkerConfig
-
 
 def _options(prefix):
-    return {k[len(prefix):]: float(v) for k, v in (a.split("=", 1) for a in sys.argv[4:] if a.startswith(prefix))}
+    return {k[len(prefix) :]: float(v) for k, v in (a.split("=", 1) for a in sys.argv[4:] if a.startswith(prefix))}
 
 
 def main():
     fileroot, trial, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     worker_args = [a for a in sys.argv[4:] if not a.startswith(("launcher.", "restart."))]
     launcher_args, restart_args = _options("launcher."), _options("restart.")
-    first = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DummyWorkerConfig),
-                                                OmegaConf.from_dotlist(worker_args)))
+    first = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(DummyWorkerConfig), OmegaConf.from_dotlist(worker_args))
+    )
     configs = [first] + [DummyWorkerConfig() for _ in range(n - 1)]
     restart = {}
     if "max_restarts" in restart_args:
-        restart = dict(restart=True, max_restarts=int(restart_args["max_restarts"]), restart_backoff=0.1,
-                       restart_window=restart_args.get("window", 600.0))
-    launcher = LocalLauncher("dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0),
-                             **{"startup_timeout": 60, **launcher_args})
+        restart = dict(
+            restart=True,
+            max_restarts=int(restart_args["max_restarts"]),
+            restart_backoff=0.1,
+            restart_window=restart_args.get("window", 600.0),
+        )
+    launcher = LocalLauncher(
+        "dummies", trial, fileroot, NameResolveConfig(keepalive_ttl=2.0), **{"startup_timeout": 60, **launcher_args}
+    )
     try:
         launcher.start()
         launcher.submit(WorkerSpec("dummy", n, configs, worker_class="helpers.dummy_worker:DummyWorker", **restart))

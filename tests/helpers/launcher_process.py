@@ -16,8 +16,9 @@ from helpers.paths import TESTS_DIR
 class LauncherProcess:
     def __init__(self, argv: List[str]):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+        )
         self.lines: List[str] = []
 
     def wait_ready(self, timeout: float = 90) -> dict:
@@ -29,7 +30,7 @@ class LauncherProcess:
                 break
             self.lines.append(line)
             if line.startswith("READY "):
-                return json.loads(line[len("READY "):])
+                return json.loads(line[len("READY ") :])
         raise AssertionError("launcher never became ready:\n" + "".join(self.lines))
 
     def finish(self, timeout: float = 60):

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from helpers.fsdp_ranks import TINY_SFT, _write, engine_config, make_batch, run_steps, token_logprobs
+from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.lora import BaseModelView
-
-from helpers.fsdp_ranks import TINY_SFT, _write, engine_config, make_batch, run_steps, token_logprobs
-from helpers.gloo_ranks import join_gloo_group
 
 LORA = LoRAConfig(r=4, alpha=8.0)
 
@@ -51,8 +50,9 @@ def main(out: Path) -> None:
         ref = BaseModelView(engine).forward(make_batch(), token_logprobs)  # [N, T-1]
         if rank == 0:
             save_file({"ref": ref.contiguous()}, str(out / "ref_logprobs.safetensors"))
-        recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device,
-                                extra={"version": 2})
+        recover_checkpoint.save(
+            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
+        )
         stats += run_steps(engine, [0], rank, world_size)
         _write(out, "params_step3.safetensors", engine)
         engine.destroy()

@@ -3,11 +3,10 @@ app (HTTP server + watcher) on 127.0.0.1, under one trial of the real name resol
 
 import contextlib
 
+from helpers.fake_sglang import FakeSGLangServer
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import name_resolve, names
 from realhf.system.gserver_manager import serve_manager
-
-from helpers.fake_sglang import FakeSGLangServer
 
 EXP, TRIAL = "rollout-test", "t0"
 

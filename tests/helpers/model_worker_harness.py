@@ -20,8 +20,14 @@ EXP = "train-test"
 class ModelWorkerHarness:
     def __init__(self, fileroot: str, trial: str, n_workers: int, config: ModelWorkerConfig, redis_url: str):
         self.trial, self.n = trial, n_workers
-        self.launcher = LocalLauncher(EXP, trial, fileroot, NameResolveConfig(type="redis", redis_url=redis_url),
-                                      startup_timeout=120, exit_grace=10)
+        self.launcher = LocalLauncher(
+            EXP,
+            trial,
+            fileroot,
+            NameResolveConfig(type="redis", redis_url=redis_url),
+            startup_timeout=120,
+            exit_grace=10,
+        )
         self.stream = None
         self.pushers: Dict[int, ZMQPusher] = {}
         try:
@@ -55,8 +61,9 @@ class ModelWorkerHarness:
         the (source rank, index) of each group it trains; default: each keeps what it took),
         actor_inf, actor_train."""
         self.fetch_until(shares)
-        fetched = self.stream.call_all("fetch", per_worker_data={i: {"take": s} for i, s in enumerate(shares)},
-                                       timeout=60)
+        fetched = self.stream.call_all(
+            "fetch", per_worker_data={i: {"take": s} for i, s in enumerate(shares)}, timeout=60
+        )
         if assignment is None:
             assignment = [[(r, i) for i in range(s)] for r, s in enumerate(shares)]
         balanced = self.stream.call_all("balance", {"assignment": assignment}, timeout=60)

@@ -5,9 +5,8 @@ import json
 import os
 from typing import List
 
-from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
-
 from helpers.paths import REPO
+from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts, shard
 
 TRAIN_JSONL = os.path.join(REPO, "assets/tiny-math/data/train.jsonl")
 

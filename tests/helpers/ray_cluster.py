@@ -101,10 +101,16 @@ def unshared_node(address: str, hidden_dir: str) -> Iterator[None]:
     """A Ray node joined to `address` that sees an empty tmpfs at `hidden_dir`."""
     os.makedirs(hidden_dir, exist_ok=True)
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    script = (f"mount -t tmpfs tmpfs {hidden_dir} && exec {ray_cli} start --address={address} --num-cpus=1 "
-              f"--resources='{{\"unshared\": 1}}' --block")
-    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    script = (
+        f"mount -t tmpfs tmpfs {hidden_dir} && exec {ray_cli} start --address={address} --num-cpus=1 "
+        f"--resources='{{\"unshared\": 1}}' --block"
+    )
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         import ray
 
@@ -120,8 +126,11 @@ def unshared_node(address: str, hidden_dir: str) -> Iterator[None]:
             ray.shutdown()
         yield
     finally:
-        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)] \
-            if proc.poll() is None else []
+        tree = (
+            [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            if proc.poll() is None
+            else []
+        )
         for pid in tree:
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -4,7 +4,7 @@ after a delay. Knobs (environment): FAKE_SGLANG_DELAY (s),
 FAKE_SGLANG_EXIT (exit with this code at once, after a log line), FAKE_SGLANG_CHILD=1 (spawn a
 grandchild process, to check that the whole tree is killed)."""
 
-LAUNCH_SERVER = r'''
+LAUNCH_SERVER = r"""
 import argparse, os, subprocess, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -38,7 +38,7 @@ class H(BaseHTTPRequestHandler):
         pass
 
 ThreadingHTTPServer((args.host, int(args.port)), H).serve_forever()
-'''
+"""
 
 
 def install(root) -> str:

@@ -35,8 +35,14 @@ def run_puller(url, exp, trial, index, n_expected, out_path):
     for it in items:
         assert (it["ids"] == np.arange(it["seq"] % 7)).all()
     with open(out_path, "w") as f:
-        json.dump({"order": [[it["pusher"], it["seq"]] for it in items],
-                   "extra": len(dataset.get_available()), "malformed": puller.n_malformed}, f)
+        json.dump(
+            {
+                "order": [[it["pusher"], it["seq"]] for it in items],
+                "extra": len(dataset.get_available()),
+                "malformed": puller.n_malformed,
+            },
+            f,
+        )
     dataset.close()
 
 

@@ -133,8 +133,9 @@ class TcpProxy:
                 return
             up_reader, upstream_writer = await asyncio.open_connection(*self.target)
             self._writers.add(upstream_writer)
-            await asyncio.gather(self._pump(reader, upstream_writer, "bytes_up"),
-                                 self._pump(up_reader, writer, "bytes_down"))
+            await asyncio.gather(
+                self._pump(reader, upstream_writer, "bytes_up"), self._pump(up_reader, writer, "bytes_down")
+            )
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:

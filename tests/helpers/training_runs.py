@@ -17,17 +17,21 @@ from typing import Dict, List, Optional
 
 import psutil
 
-from realhf.base.trial_files import TrialFiles, read_metrics
-
 from helpers.http import http
 from helpers.paths import REPO
 from helpers.wait import wait_for
+from realhf.base.trial_files import TrialFiles, read_metrics
 
 EXPERIMENT = "async-ppo-math"  # training/configs/async-ppo.yaml's experiment_name
 
 # Small and quick: 4 prompt groups of 4 answers per step, 2 rollout workers.
-SMALL_RUN = ["groups_per_step=4", "group_size=4", "max_concurrent_rollouts=8", "evaluation.n_prompts=0",
-             "ppo.gen.max_new_tokens=24"]
+SMALL_RUN = [
+    "groups_per_step=4",
+    "group_size=4",
+    "max_concurrent_rollouts=8",
+    "evaluation.n_prompts=0",
+    "ppo.gen.max_new_tokens=24",
+]
 
 
 # PPO with a critic as the README shows it (the critic's value head starts random: a larger LR).
@@ -53,8 +57,13 @@ def trial_processes(marker: str):
 
 
 def training_command(tmp_path, trial, *overrides):
-    return [sys.executable, "training/main_async_ppo.py", f"trial_name={trial}", f"cluster.fileroot={tmp_path}",
-            *overrides]
+    return [
+        sys.executable,
+        "training/main_async_ppo.py",
+        f"trial_name={trial}",
+        f"cluster.fileroot={tmp_path}",
+        *overrides,
+    ]
 
 
 def check_finished_run(proc, metrics, steps, eta, tmp_path) -> None:
@@ -107,8 +116,14 @@ def success_thirds(metrics):
 
 def run_training(tmp_path, trial, *overrides, timeout=900, env=None):
     """Run to the end; returns (CompletedProcess, metrics.jsonl rows, the trial's log dir)."""
-    proc = subprocess.run(training_command(tmp_path, trial, *overrides), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.run(
+        training_command(tmp_path, trial, *overrides),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     log_dir = trial_log_dir(tmp_path, trial)
     return proc, read_metrics(log_dir), log_dir
 
@@ -122,8 +137,14 @@ class Run:
         self.out_path = tmp_path / f"{trial}.out"
         self._out = open(self.out_path, "w")
         # own_process_group: like a job in a terminal, so a Ctrl-C can reach the whole group.
-        self.proc = subprocess.Popen(training_command(tmp_path, trial, *overrides), cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=own_process_group)
+        self.proc = subprocess.Popen(
+            training_command(tmp_path, trial, *overrides),
+            cwd=REPO,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=own_process_group,
+        )
         self.seen: Dict[int, tuple] = {}  # every descendant seen while running: pid -> (cmdline, create_time)
 
     # ---- observation --------------------------------------------------------------------------
@@ -166,12 +187,14 @@ class Run:
 
     def wait_for(self, what: str, predicate, timeout: float, interval: float = 0.5):
         """Poll `predicate()` until it returns something truthy; fail naming `what`, with the run's output."""
+
         def observed():
             self.track()
             value = predicate()
             if not value and self.proc.poll() is not None:
-                raise AssertionError(f"the run ended (code {self.proc.returncode}) while waiting for {what}:\n"
-                                     f"{self.output()[-4000:]}")
+                raise AssertionError(
+                    f"the run ended (code {self.proc.returncode}) while waiting for {what}:\n{self.output()[-4000:]}"
+                )
             return value
 
         try:

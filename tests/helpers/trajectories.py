@@ -43,7 +43,7 @@ def _behaviour_logprobs(model, prompt: List[int], output: List[int]) -> List[flo
     logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
     targets = ids[0, 1:]
     token_logp = logp.gather(-1, targets[:, None])[:, 0]
-    return token_logp[len(prompt) - 1:].tolist()
+    return token_logp[len(prompt) - 1 :].tolist()
 
 
 def make_groups(model, tokenizer, rows: Sequence[dict], group_size: int, version: int = 0) -> List[dict]:
@@ -59,8 +59,14 @@ def make_groups(model, tokenizer, rows: Sequence[dict], group_size: int, version
             correct = i % 2 == 0
             text = row["solutions"][0] if correct else _wrong(row["solutions"][0])
             output = tokenizer.encode(text, add_special_tokens=False) + [eos]
-            samples.append(Sample(output_ids=output, logprobs=_behaviour_logprobs(model, prompt, output),
-                                  versions=[version] * len(output), reward=1.0 if correct else -1.0))
+            samples.append(
+                Sample(
+                    output_ids=output,
+                    logprobs=_behaviour_logprobs(model, prompt, output),
+                    versions=[version] * len(output),
+                    reward=1.0 if correct else -1.0,
+                )
+            )
         msgs.append(Trajectory(qid=f"{row['query_id']}-v{version}", prompt_ids=prompt, samples=samples).to_msg())
     return msgs
 

@@ -10,8 +10,12 @@ from realhf.api.env import Environment
 
 # How the user tells realhf where its facts are (the command line: dataset.columns.prompt=question ...).
 USER_COLUMNS = DatasetColumnsConfig(query_id="", prompt="question", solutions="answer", task="kind")
-USER_OVERRIDES = ["dataset.columns.query_id=", "dataset.columns.prompt=question", "dataset.columns.solutions=answer",
-                  "dataset.columns.task=kind"]
+USER_OVERRIDES = [
+    "dataset.columns.query_id=",
+    "dataset.columns.prompt=question",
+    "dataset.columns.solutions=answer",
+    "dataset.columns.task=kind",
+]
 
 
 def final_number(text: str):
@@ -25,8 +29,14 @@ def user_rows(jsonl_path: str, n: int = 0) -> list:
     with open(jsonl_path) as f:
         for line in f:
             row = json.loads(line)
-            rows.append({"question": row["prompt"], "answer": row["solutions"][0], "kind": row["task"],
-                         "answer_number": int(final_number(row["solutions"][0]))})
+            rows.append(
+                {
+                    "question": row["prompt"],
+                    "answer": row["solutions"][0],
+                    "kind": row["task"],
+                    "answer_number": int(final_number(row["solutions"][0])),
+                }
+            )
             if len(rows) == n:
                 break
     return rows

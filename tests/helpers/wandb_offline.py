@@ -29,8 +29,8 @@ def records(path: str) -> List[object]:
         if BLOCK - pos % BLOCK < CHUNK_HEADER:  # the rest of a block too short for a chunk: padding
             pos += BLOCK - pos % BLOCK
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
-        payload = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
+        payload = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
         pos += CHUNK_HEADER + length
         if kind == 0 and length == 0:
             continue
@@ -62,5 +62,7 @@ def offline_run(wandb_dir: str, timeout: float = 30) -> Tuple[Dict[str, object],
         elif kind == "config":
             config.update({item.key: json.loads(item.value_json) for item in r.config.update})
         elif kind == "history":
-            history.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in r.history.item})
+            history.append(
+                {(item.key or "/".join(item.nested_key)): json.loads(item.value_json) for item in r.history.item}
+            )
     return config, history

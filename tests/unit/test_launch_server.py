@@ -21,10 +21,29 @@ def launched(qwen_path, tmp_path, no_leftover_processes):
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "realhf.launch_server", "--model-path", qwen_path, "--host", "127.0.0.1",
-             "--port", "0", "--n-threads", "1", "--max-running-requests", "16", "--context-length", "512",
-             "--weight-version", "3"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            [
+                sys.executable,
+                "-m",
+                "realhf.launch_server",
+                "--model-path",
+                qwen_path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--n-threads",
+                "1",
+                "--max-running-requests",
+                "16",
+                "--context-length",
+                "512",
+                "--weight-version",
+                "3",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     try:
         deadline = time.monotonic() + 60
         url = None
@@ -88,14 +107,37 @@ def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaul
 
     args = parse_args(["--model-path", "m"])
     assert dataclass_from_args(NativeEngineConfig, args) == NativeEngineConfig()
-    flags = ["--n-threads", "2", "--max-running-requests", "8", "--context-length", "64", "--dtype", "bfloat16",
-             "--kind", "hf", "--random-seed", "7", "--decode-attention", "torch"]
+    flags = [
+        "--n-threads",
+        "2",
+        "--max-running-requests",
+        "8",
+        "--context-length",
+        "64",
+        "--dtype",
+        "bfloat16",
+        "--kind",
+        "hf",
+        "--random-seed",
+        "7",
+        "--decode-attention",
+        "torch",
+    ]
     config = dataclass_from_args(NativeEngineConfig, parse_args(["--model-path", "m", *flags]))
-    assert dataclasses.asdict(config) == dict(n_threads=2, max_running_requests=8, context_length=64,
-                                              dtype="bfloat16", kind="hf", seed=7, decode_attention="torch")
+    assert dataclasses.asdict(config) == dict(
+        n_threads=2,
+        max_running_requests=8,
+        context_length=64,
+        dtype="bfloat16",
+        kind="hf",
+        seed=7,
+        decode_attention="torch",
+    )
 
 
-@pytest.mark.parametrize("flags", [["--dtype", "float16"], ["--kind", "vllm"], ["--n-threads", "0"], ["--tp-size", "2"]])
+@pytest.mark.parametrize(
+    "flags", [["--dtype", "float16"], ["--kind", "vllm"], ["--n-threads", "0"], ["--tp-size", "2"]]
+)
 def test_bad_engine_options_are_refused_before_anything_loads(flags, capsys):
     from realhf.launch_server import parse_args
 
@@ -107,7 +149,9 @@ def test_bad_engine_options_are_refused_before_anything_loads(flags, capsys):
 def test_device_flags_pick_the_engine_device_and_a_missing_gpu_is_refused(monkeypatch, capsys):
     from realhf.launch_server import parse_args
 
-    assert parse_args(["--model-path", "m", "--device", "cpu", "--base-gpu-id", "2"]).engine_device == torch.device("cpu")
+    assert parse_args(["--model-path", "m", "--device", "cpu", "--base-gpu-id", "2"]).engine_device == torch.device(
+        "cpu"
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as info:
         parse_args(["--model-path", "m", "--device", "cuda"])
@@ -119,5 +163,7 @@ def test_an_offline_hub_id_is_refused_before_the_model_loads(monkeypatch, capsys
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["--model-path", "realhf-test/NoSuchModel", "--port", "0"]) == 2
-    assert ("--model-path='realhf-test/NoSuchModel' is not a local directory, the hub is offline (HF_HUB_OFFLINE=1)"
-            in capsys.readouterr().err)
+    assert (
+        "--model-path='realhf-test/NoSuchModel' is not a local directory, the hub is offline (HF_HUB_OFFLINE=1)"
+        in capsys.readouterr().err
+    )

@@ -29,6 +29,6 @@ class MathMultiTurnAgent(Agent):
             if outcome.succeeded or turn == cfg.num_turns - 1:
                 break
             gen.append(cfg.feedback)
-        outcome.reward *= cfg.turn_level_discount ** turn
+        outcome.reward *= cfg.turn_level_discount**turn
         outcome.info["turns"] = turn + 1
         return outcome

@@ -51,7 +51,8 @@ def load_reward_fn(path: str) -> Optional[Callable]:
 
 
 def _is_async(fn: Callable) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    # An object whose __call__ is `async def` (its class's, as Python looks it up).
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
 
 def _name_of(fn: Callable) -> str:
@@ -77,9 +78,15 @@ async def _within(future: asyncio.Future, timeout: float) -> Any:
     return future.result()
 
 
-async def call_reward_fn(fn: Callable, row: Dict[str, Any], completion: str, *,
-                         timeout: float = DEFAULT_REWARD_TIMEOUT_S, threads: Optional[DaemonThreads] = None,
-                         name: str = "") -> Any:
+async def call_reward_fn(
+    fn: Callable,
+    row: Dict[str, Any],
+    completion: str,
+    *,
+    timeout: float = DEFAULT_REWARD_TIMEOUT_S,
+    threads: Optional[DaemonThreads] = None,
+    name: str = "",
+) -> Any:
     """`fn(prompt, completion, **row)` within `timeout` s: a synchronous fn in one of `threads`
     (the event loop goes on meanwhile), an async one on the loop (cancelled at the timeout).
     RewardTimeout names the function (`name`, default its module:qualname) and the prompt."""
@@ -100,16 +107,22 @@ async def call_reward_fn(fn: Callable, row: Dict[str, Any], completion: str, *,
 
 
 def _timeout_error(name: str, row: Dict[str, Any], timeout: float, threads: Optional[DaemonThreads]) -> RewardTimeout:
-    where = f"rollout.agent.reward_fn={name} did not return within rollout.agent.reward_timeout={timeout:g}s " \
-            f"for prompt {row.get('query_id', '?')!r}"
+    where = (
+        f"rollout.agent.reward_fn={name} did not return within rollout.agent.reward_timeout={timeout:g}s "
+        f"for prompt {row.get('query_id', '?')!r}"
+    )
     if threads is None:
         return RewardTimeout(f"{where}; the coroutine was cancelled. Make it faster or raise the timeout.")
     stuck = f"{threads.busy}/{threads.size} reward threads are busy in calls that have not returned"
     if threads.busy >= threads.size:
-        return RewardTimeout(f"{where}: no free reward thread ({stuck}); the function blocks — make it return "
-                             "(or make it async), or raise the timeout.")
-    return RewardTimeout(f"{where}; its thread stays busy until the call returns ({stuck}). Make it faster, "
-                         "make it async, or raise the timeout.")
+        return RewardTimeout(
+            f"{where}: no free reward thread ({stuck}); the function blocks — make it return "
+            "(or make it async), or raise the timeout."
+        )
+    return RewardTimeout(
+        f"{where}; its thread stays busy until the call returns ({stuck}). Make it faster, "
+        "make it async, or raise the timeout."
+    )
 
 
 def graded(env_reward: float) -> Outcome:
@@ -138,7 +151,13 @@ class MathSingleStepAgent(Agent):
     async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:
         answer = await gen()
         if self.reward_fn is not None:
-            return await call_reward_fn(self.reward_fn, row, answer.text, timeout=self.reward_timeout,
-                                        threads=self._threads, name=self.reward_fn_name)
+            return await call_reward_fn(
+                self.reward_fn,
+                row,
+                answer.text,
+                timeout=self.reward_timeout,
+                threads=self._threads,
+                name=self.reward_fn_name,
+            )
         _, reward, _, _ = await env.step(answer.text)
         return graded(reward)

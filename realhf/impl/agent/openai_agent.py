@@ -41,8 +41,7 @@ class OpenAIAgent(Agent):
 
         server = await OpenAIServer.for_this_loop()
         with server.episode(gen, self.tokenizer) as (base_url, api_key):
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                        timeout=self.request_timeout)
+            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.request_timeout)
             try:
                 return await self.workflow(client, row)
             finally:

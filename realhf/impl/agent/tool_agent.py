@@ -22,8 +22,9 @@ from realhf.impl.agent.math_single_step import graded
 
 @register_agent("tool-agent")
 class ToolAgent(Agent):
-    def __init__(self, config: Any = None, *, tools: Sequence[str] = ("calculator",), max_turns: int = 4,
-                 **kwargs: Any):
+    def __init__(
+        self, config: Any = None, *, tools: Sequence[str] = ("calculator",), max_turns: int = 4, **kwargs: Any
+    ):
         super().__init__(config, **kwargs)
         self.tools = {t.name: t for t in map(load_tool, tools)}
         self.max_turns = int(max_turns)

@@ -66,9 +66,7 @@ class GeneratorConfig:
         low = 1 if self.digits == 1 else 10 ** (self.digits - 1)
         high = self.max_operand if self.max_operand > 0 else 10**self.digits - 1
         if high < low:
-            raise ValueError(
-                f"max_operand={self.max_operand} is below the smallest {self.digits}-digit operand {low}"
-            )
+            raise ValueError(f"max_operand={self.max_operand} is below the smallest {self.digits}-digit operand {low}")
         return low, high
 
 
@@ -134,9 +132,7 @@ def generate_problem(rng: random.Random, cfg: GeneratorConfig = GeneratorConfig(
     return MathProblem(prompt=prompt, completion=completion, answer=answer, start=start, ops=tuple(ops))
 
 
-def _draw_unique(
-    rng: random.Random, cfg: GeneratorConfig, n: int, exclude: Iterable[str] = ()
-) -> List[MathProblem]:
+def _draw_unique(rng: random.Random, cfg: GeneratorConfig, n: int, exclude: Iterable[str] = ()) -> List[MathProblem]:
     seen = set(exclude)
     out: List[MathProblem] = []
     # Stop when new prompts have become rare, so that a tiny problem space (max_operand=1,
@@ -174,10 +170,12 @@ def generate_splits(
 def story(problem: MathProblem) -> str:
     """The problem's text without the "Q: ... A:" frame of the completion-style prompt."""
     head, tail = PROMPT_FORMAT.split("{story}")
-    return problem.prompt[len(head): len(problem.prompt) - len(tail)]
+    return problem.prompt[len(head) : len(problem.prompt) - len(tail)]
 
 
-def to_rows(problems: Sequence[MathProblem], split: str, chat_instruction: Optional[str] = None) -> List[Dict[str, object]]:
+def to_rows(
+    problems: Sequence[MathProblem], split: str, chat_instruction: Optional[str] = None
+) -> List[Dict[str, object]]:
     """Rows in the prompt-dataset JSONL schema (see `prompt_dataset.load_jsonl_prompts`): a
     completion-style `prompt`, or with `chat_instruction` one user message (the story, then the
     instruction) for an instruction-tuned model's chat template."""

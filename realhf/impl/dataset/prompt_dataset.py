@@ -55,10 +55,14 @@ class _Columns:
             if field is None and key in self.source:
                 # The data has a column under a name realhf gives to another one: one would be lost.
                 if not self.source[key]:
-                    raise DatasetFormatError(f"{where}: the data has a {self.noun} {key!r}, but dataset.columns.{key} "
-                                             f"is empty (ids made from the file name and row); set it to {key!r}")
-                raise DatasetFormatError(f"{where}: {self.noun} {key!r} clashes with dataset.columns.{key}="
-                                         f"{self.source[key]!r}, whose values go by that name; rename one of them")
+                    raise DatasetFormatError(
+                        f"{where}: the data has a {self.noun} {key!r}, but dataset.columns.{key} "
+                        f"is empty (ids made from the file name and row); set it to {key!r}"
+                    )
+                raise DatasetFormatError(
+                    f"{where}: {self.noun} {key!r} clashes with dataset.columns.{key}="
+                    f"{self.source[key]!r}, whose values go by that name; rename one of them"
+                )
             row[field or key] = value
         return row
 
@@ -68,8 +72,9 @@ def _check_messages(messages: Any, where: str, cols: _Columns) -> None:
         raise DatasetFormatError(f"{where}: {cols.name('messages')} must be a non-empty list of chat messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DatasetFormatError(f"{where}: {cols.name('messages')} item {i} must be an object with string "
-                                     "'role' and 'content'")
+            raise DatasetFormatError(
+                f"{where}: {cols.name('messages')} item {i} must be an object with string 'role' and 'content'"
+            )
 
 
 def _solutions(obj: Dict[str, Any], where: str, cols: _Columns) -> Tuple[str, ...]:
@@ -77,8 +82,9 @@ def _solutions(obj: Dict[str, Any], where: str, cols: _Columns) -> Tuple[str, ..
     if isinstance(solutions, str):  # one reference answer, as a table column often holds it
         solutions = [solutions] if solutions else []
     if not isinstance(solutions, list):
-        raise DatasetFormatError(f"{where}: {cols.name('solutions')} must be a list of str or a str, "
-                                 f"got {type(solutions).__name__}")
+        raise DatasetFormatError(
+            f"{where}: {cols.name('solutions')} must be a list of str or a str, got {type(solutions).__name__}"
+        )
     if "solutions" in obj and not solutions:
         raise DatasetFormatError(f"{where}: {cols.name('solutions')} is empty; a row needs a reference answer")
     for i, s in enumerate(solutions):
@@ -101,20 +107,28 @@ def _parse_row(raw: Any, where: str, cols: _Columns, required: Sequence[str], ma
     if not isinstance(qid, str) or not qid:
         raise DatasetFormatError(f"{where}: {cols.name('query_id')} must be a non-empty string")
     if "prompt" not in obj and "messages" not in obj:
-        raise DatasetFormatError(f"{where}: a row needs a prompt text ({cols.name('prompt')}) or chat messages "
-                                 f"({cols.name('messages')})")
+        raise DatasetFormatError(
+            f"{where}: a row needs a prompt text ({cols.name('prompt')}) or chat messages ({cols.name('messages')})"
+        )
     for name in ("prompt", "task"):
         if name in obj and not isinstance(obj[name], str):
             raise DatasetFormatError(f"{where}: {cols.name(name)} must be str, got {type(obj[name]).__name__}")
     if "messages" in obj:
         _check_messages(obj["messages"], where, cols)
     solutions = _solutions(obj, where, cols) if "solutions" in obj else ()
-    return PromptRow(query_id=qid, prompt=obj.get("prompt", ""), solutions=solutions,
-                     task=obj.get("task", ""), fields=obj, source=where)
+    return PromptRow(
+        query_id=qid,
+        prompt=obj.get("prompt", ""),
+        solutions=solutions,
+        task=obj.get("task", ""),
+        fields=obj,
+        source=where,
+    )
 
 
-def _collect(items: Iterable[Tuple[Any, str, str, int]], cols: _Columns, required: Sequence[str],
-             id_prefix: str) -> List[PromptRow]:
+def _collect(
+    items: Iterable[Tuple[Any, str, str, int]], cols: _Columns, required: Sequence[str], id_prefix: str
+) -> List[PromptRow]:
     """Rows of (raw row, where, position for a duplicate's message, number in a made id)."""
     rows: List[PromptRow] = []
     seen: Dict[str, str] = {}
@@ -145,8 +159,9 @@ def _jsonl_items(path: Union[str, Path]):
             yield obj, where, f"line {lineno}", lineno
 
 
-def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",),
-                       columns: Any = None) -> List[PromptRow]:
+def load_jsonl_prompts(
+    path: Union[str, Path], required: Sequence[str] = ("solutions",), columns: Any = None
+) -> List[PromptRow]:
     """All rows of a JSONL prompt file, in file order. Blank lines are allowed and skipped.
     `required`: fields every row must have besides its id and prompt/messages (the math tasks
     need `solutions`; an environment names its own in `Environment.required_fields`).
@@ -157,8 +172,9 @@ def load_jsonl_prompts(path: Union[str, Path], required: Sequence[str] = ("solut
     return rows
 
 
-def load_prompts(path: Union[str, Path], required: Sequence[str] = ("solutions",), columns: Any = None,
-                 split: str = "train") -> List[PromptRow]:
+def load_prompts(
+    path: Union[str, Path], required: Sequence[str] = ("solutions",), columns: Any = None, split: str = "train"
+) -> List[PromptRow]:
     """All rows of a JSONL file, a `.parquet` file or a `datasets` directory (`split` picks one of a
     DatasetDict's splits), in stored order; see `load_jsonl_prompts` for `required` and `columns`.
     Raises ImportError naming the extra when a table format needs `datasets` and it is missing."""

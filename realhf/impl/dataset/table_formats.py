@@ -51,8 +51,10 @@ def open_table(path: Union[str, Path], split: str) -> Tuple[Any, str]:
         raise DatasetFormatError(f"{path}: not a directory written by datasets' save_to_disk ({e})") from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise DatasetFormatError(f"{path}: the DatasetDict has no split {split!r} (its splits: "
-                                     f"{', '.join(loaded)}); choose one with dataset.split / dataset.test_split")
+            raise DatasetFormatError(
+                f"{path}: the DatasetDict has no split {split!r} (its splits: "
+                f"{', '.join(loaded)}); choose one with dataset.split / dataset.test_split"
+            )
         return loaded[split], f"{path} split {split!r}"
     return loaded, str(path)
 

@@ -53,10 +53,17 @@ def tool_rows(problems: Sequence[MathProblem], split: str) -> List[Dict[str, obj
     rows = []
     for i, p in enumerate(problems):
         answer = f" {ANSWER_MARK} {p.answer}"
-        rows.append({
-            "query_id": f"{split}-{i:06d}", "prompt": p.prompt, "solutions": [answer], "task": "math",
-            "sft_trace": [{"role": "assistant", "content": call_text(expression(p))},
-                          {"role": "tool", "content": str(p.answer)},
-                          {"role": "assistant", "content": answer}],
-        })
+        rows.append(
+            {
+                "query_id": f"{split}-{i:06d}",
+                "prompt": p.prompt,
+                "solutions": [answer],
+                "task": "math",
+                "sft_trace": [
+                    {"role": "assistant", "content": call_text(expression(p))},
+                    {"role": "tool", "content": str(p.answer)},
+                    {"role": "assistant", "content": answer},
+                ],
+            }
+        )
     return rows

@@ -129,8 +129,10 @@ class FSDPEngine(TrainEngine):
         self.lora_scaling = 0.0  # alpha / r of the adapters; 0: no LoRA
         if self.config.model.lora.r > 0:
             if self.config.value_head or not self.config.trainable:
-                raise ValueError(f"LoRA on a {'value model' if self.config.value_head else 'frozen model'} "
-                                 f"({self.config.model.path}): only the actor trains adapters")
+                raise ValueError(
+                    f"LoRA on a {'value model' if self.config.value_head else 'frozen model'} "
+                    f"({self.config.model.path}): only the actor trains adapters"
+                )
             model = lora.apply_lora(model, self.config.model.lora, self.config.seed)
             self.lora_scaling = self.config.model.lora.alpha / self.config.model.lora.r
         mp = self._mixed_precision(model)
@@ -140,8 +142,9 @@ class FSDPEngine(TrainEngine):
         model.to(self.device)
         self.model = model.train(self.config.trainable)
         if self.config.trainable:
-            self.optimizer, self.lr_scheduler = make_optimizer(model, self.config.model.optimizer,
-                                                               self.config.total_steps)
+            self.optimizer, self.lr_scheduler = make_optimizer(
+                model, self.config.model.optimizer, self.config.total_steps
+            )
 
     @property
     def n_params(self) -> int:
@@ -172,8 +175,10 @@ class FSDPEngine(TrainEngine):
         layer_classes = set(getattr(model, "_no_split_modules", None) or ())
         layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
         if not layers:
-            raise ValueError(f"{type(model).__name__} names no decoder-layer class in _no_split_modules; "
-                             "FSDPEngine shards per decoder layer and cannot wrap it")
+            raise ValueError(
+                f"{type(model).__name__} names no decoder-layer class in _no_split_modules; "
+                "FSDPEngine shards per decoder layer and cannot wrap it"
+            )
         for layer in layers:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         # The root's weights (embeddings, final norm, LM head) are the first the backward needs:
@@ -260,9 +265,15 @@ class FSDPEngine(TrainEngine):
             if self.nonfinite_in_a_row > limit:
                 raise FloatingPointError(
                     f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite loss ({loss}) or gradient "
-                    f"norm ({grad_norm}) for {self.config.model.path}; optimizer.max_nonfinite_steps={limit}")
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "loss_weight": global_weight,
-                "skipped": 0.0 if finite else 1.0}
+                    f"norm ({grad_norm}) for {self.config.model.path}; optimizer.max_nonfinite_steps={limit}"
+                )
+        return {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "loss_weight": global_weight,
+            "skipped": 0.0 if finite else 1.0,
+        }
 
     def _plan(self, batch: TrainBatch) -> List[Tuple[Optional[torch.Tensor], bool]]:
         """(rows, shared) of each micro-batch, the same number and kinds on every rank.
@@ -284,16 +295,21 @@ class FSDPEngine(TrainEngine):
 
     def _shares_prompts(self, batch: TrainBatch) -> bool:
         # HF models keep no keys and values to share when they recompute activations.
-        return (self.config.shared_prompt and not self.config.value_head and batch.prompt_lens is not None
-                and not self.config.model.gradient_checkpointing)
+        return (
+            self.config.shared_prompt
+            and not self.config.value_head
+            and batch.prompt_lens is not None
+            and not self.config.model.gradient_checkpointing
+        )
 
     def _logits(self, mb: TrainBatch, shared: bool) -> torch.Tensor:
         """`[n, t, V]` logits of `mb`, by the forward `_plan` agreed on for it."""
         if shared:
             # Rows that share no prompt go as groups of one row: the same two model calls.
             prompt_lens = mb.prompt_lens if mb.prompt_lens is not None else torch.ones_like(mb.group_ids)
-            return shared_prompt_logits(self.model, mb.input_ids, mb.attention_mask, mb.group_ids,
-                                        prompt_lens)  # [n, t, V]
+            return shared_prompt_logits(
+                self.model, mb.input_ids, mb.attention_mask, mb.group_ids, prompt_lens
+            )  # [n, t, V]
         return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:
@@ -305,9 +321,15 @@ class FSDPEngine(TrainEngine):
         ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)  # [1, 2]
         no_tokens = torch.zeros((1, 1), dtype=torch.bool, device=self.device)  # [1, 1]
         one = torch.ones(1, dtype=torch.long, device=self.device)  # [1]
-        return TrainBatch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=no_tokens,
-                          behav_logprobs=no_tokens.float(), rewards=torch.zeros(1), group_ids=one * 0,
-                          prompt_lens=one)  # a one-token prompt: the shared-prompt forward takes it too
+        return TrainBatch(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            loss_mask=no_tokens,
+            behav_logprobs=no_tokens.float(),
+            rewards=torch.zeros(1),
+            group_ids=one * 0,
+            prompt_lens=one,
+        )  # a one-token prompt: the shared-prompt forward takes it too
 
     def _sum_over_ranks(self, x: float) -> float:
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
@@ -356,23 +378,26 @@ class FSDPEngine(TrainEngine):
         from safetensors.torch import load_file
 
         if self.lora_scaling:
-            raise ValueError(f"load_hf({path}) into a LoRA engine: an HF directory holds merged weights, which "
-                             "cannot be split into a frozen base and adapters")
+            raise ValueError(
+                f"load_hf({path}) into a LoRA engine: an HF directory holds merged weights, which "
+                "cannot be split into a frozen base and adapters"
+            )
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             raise ValueError(f"load_hf: {path} has no *.safetensors file")
         state: Dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
-        result = set_model_state_dict(self.model, state,
-                                      options=StateDictOptions(full_state_dict=True, strict=False))
+        result = set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
         # A tied weight (e.g. lm_head = embed_tokens) is stored once; every distinct parameter
         # must still have been loaded under one of its names.
         params = {name for name, _ in self.model.named_parameters()}
         missing = sorted(set(result.missing_keys) & params)
         if missing:
-            raise ValueError(f"load_hf: {path} lacks weights for {missing[:5]}"
-                             f"{' ...' if len(missing) > 5 else ''}; is it a checkpoint of the same architecture?")
+            raise ValueError(
+                f"load_hf: {path} lacks weights for {missing[:5]}"
+                f"{' ...' if len(missing) > 5 else ''}; is it a checkpoint of the same architecture?"
+            )
 
     # ---- recovery -------------------------------------------------------------------------------
 
@@ -388,8 +413,7 @@ class FSDPEngine(TrainEngine):
             collectives.barrier(self.io_group)
             model_state, optim_state = self._recover_state()
             # DCP's own collectives wait for every rank's file writes: the disk group's timeout.
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path),
-                     process_group=self.io_group)
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path), process_group=self.io_group)
         if self.rank == 0:
             (path / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
 
@@ -403,8 +427,13 @@ class FSDPEngine(TrainEngine):
         # parameter must have been restored.
         options = StateDictOptions(ignore_frozen_params=True, strict=not self.lora_scaling)
         with self._named("load"):
-            result = set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                                    optim_state_dict=state["optim"], options=options)
+            result = set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=options,
+            )
         lost = sorted(set(result.missing_keys) & set(model_state))
         if lost:
             raise ValueError(f"recovery checkpoint {path} lacks {lost[:5]}; was it written with the same actor.lora?")
@@ -418,4 +447,3 @@ class FSDPEngine(TrainEngine):
             trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
             model_state = {k: v for k, v in model_state.items() if k in trained}
         return model_state, optim_state
-

@@ -33,8 +33,13 @@ def shares_prompts(group_ids: torch.Tensor) -> bool:
     return len(group_ids) > 1 and len(torch.unique(group_ids)) < len(group_ids)
 
 
-def shared_prompt_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         group_ids: torch.Tensor, prompt_lens: torch.Tensor) -> torch.Tensor:
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    prompt_lens: torch.Tensor,
+) -> torch.Tensor:
     """`[n, T, V]` logits of right-padded rows `input_ids` `[n, T]` whose first `prompt_lens[r]`
     tokens are their group's prompt (rows of one group must have the same prompt)."""
     dev = input_ids.device
@@ -42,14 +47,12 @@ def shared_prompt_logits(model: torch.nn.Module, input_ids: torch.Tensor, attent
     _, group_of_row = torch.unique(group_ids, return_inverse=True)  # [n] index into the prompts
     n_groups = int(group_of_row.max()) + 1
     # One row of each group (any would do: they share the prompt).
-    first = torch.zeros(n_groups, dtype=torch.long, device=dev).scatter_(0, group_of_row,
-                                                                       torch.arange(n, device=dev))
+    first = torch.zeros(n_groups, dtype=torch.long, device=dev).scatter_(0, group_of_row, torch.arange(n, device=dev))
     plen = prompt_lens.to(dev)
     p = plen[first]  # [G]
     p_max = int(p.max())
     in_prompt = torch.arange(p_max, device=dev)[None] < p[:, None]  # [G, P]
-    prompt_out = model(input_ids=input_ids[first, :p_max] * in_prompt, attention_mask=in_prompt.long(),
-                       use_cache=True)
+    prompt_out = model(input_ids=input_ids[first, :p_max] * in_prompt, attention_mask=in_prompt.long(), use_cache=True)
     cache = DynamicCache()
     for i, layer in enumerate(prompt_out.past_key_values.layers):
         cache.update(layer.keys[group_of_row], layer.values[group_of_row], i)  # [n, H, P, D] each
@@ -59,8 +62,13 @@ def shared_prompt_logits(model: torch.nn.Module, input_ids: torch.Tensor, attent
     columns = plen[:, None] + torch.arange(s_max, device=dev)[None]  # [n, S] where each answer token sits
     real = columns < lengths[:, None]  # [n, S]
     answer_ids = torch.gather(input_ids, 1, columns.clamp(max=width - 1)) * real
-    answer_out = model(input_ids=answer_ids, attention_mask=torch.cat([in_prompt[group_of_row], real], 1).long(),
-                       position_ids=columns, past_key_values=cache, use_cache=False)
+    answer_out = model(
+        input_ids=answer_ids,
+        attention_mask=torch.cat([in_prompt[group_of_row], real], 1).long(),
+        position_ids=columns,
+        past_key_values=cache,
+        use_cache=False,
+    )
 
     # Back to [n, T, V]: columns before a row's prompt length from its prompt's logits, the
     # others from its answer's.

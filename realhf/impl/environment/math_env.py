@@ -32,10 +32,14 @@ class MathEnv(Environment):
             self.shared = self.open_shared(config, **kwargs)
 
     @classmethod
-    def open_shared(cls, config: Any, grader_workers: int = 1, grader_timeout: float = 5.0, **kwargs: Any) -> MathGrader:
+    def open_shared(
+        cls, config: Any, grader_workers: int = 1, grader_timeout: float = 5.0, **kwargs: Any
+    ) -> MathGrader:
         # The pool starts its processes lazily: the tiny task's numbers never need one.
-        return MathGrader(n_workers=getattr(config, "grader_workers", grader_workers),
-                          timeout=getattr(config, "grader_timeout", grader_timeout))
+        return MathGrader(
+            n_workers=getattr(config, "grader_workers", grader_workers),
+            timeout=getattr(config, "grader_timeout", grader_timeout),
+        )
 
     @classmethod
     async def close_shared(cls, shared: Any) -> None:

@@ -70,8 +70,14 @@ def _cause(e: BaseException) -> str:
 class MCPServerTools:
     """One MCP server subprocess and the client session to it; its tools as realhf Tools."""
 
-    def __init__(self, command: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
-                 cwd: Optional[str] = None, call_timeout: float = 30.0):
+    def __init__(
+        self,
+        command: str,
+        args: Sequence[str] = (),
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+        call_timeout: float = 30.0,
+    ):
         if not isinstance(command, str) or not command:
             raise ValueError(f"MCP server: `command` must be a non-empty string, got {command!r}")
         if isinstance(args, str) or not all(isinstance(a, (str, int, float)) for a in args):
@@ -99,7 +105,9 @@ class MCPServerTools:
 
     def _describe(self, what: str) -> str:
         tail = self.stderr_tail()
-        return f"MCP server `{self.name}` {what}" + (f"; its stderr ends with:\n{tail}" if tail else " (no stderr output)")
+        return f"MCP server `{self.name}` {what}" + (
+            f"; its stderr ends with:\n{tail}" if tail else " (no stderr output)"
+        )
 
     async def start(self, timeout: float = 30.0) -> "MCPServerTools":
         """Start the server, initialize the session and list the tools (within `timeout` seconds)."""
@@ -112,7 +120,8 @@ class MCPServerTools:
             await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except asyncio.TimeoutError:
             error: Optional[BaseException] = TimeoutError(
-                self._describe(f"did not start and list its tools within {timeout:g}s"))
+                self._describe(f"did not start and list its tools within {timeout:g}s")
+            )
         except asyncio.CancelledError as e:
             error = e
         except Exception as e:
@@ -142,6 +151,7 @@ class MCPServerTools:
                         if not listing.get("nextCursor"):
                             break
                         from mcp.types import PaginatedRequestParams  # only servers that page need it
+
                         page = PaginatedRequestParams(cursor=listing["nextCursor"])
                         listing = _wire(await self._until_gone(session.list_tools(params=page)))
                         tools += listing.get("tools", [])
@@ -204,10 +214,16 @@ class MCPServerTools:
         """The server's tools as realhf Tools (each call goes to the server)."""
         if self._session is None and not self._mcp_tools:
             raise RuntimeError(f"MCP server `{self.name}`: call `await start()` before `tools()`")
-        return {t["name"]: Tool(t["name"], t.get("description", ""),
-                                t.get("inputSchema") or {"type": "object", "properties": {}},
-                                self._caller(t["name"]), self.call_timeout)
-                for t in self._mcp_tools}
+        return {
+            t["name"]: Tool(
+                t["name"],
+                t.get("description", ""),
+                t.get("inputSchema") or {"type": "object", "properties": {}},
+                self._caller(t["name"]),
+                self.call_timeout,
+            )
+            for t in self._mcp_tools
+        }
 
     def _caller(self, name: str):
         async def call(**arguments: Any) -> str:
@@ -250,21 +266,32 @@ class MCPServerTools:
 class MCPEnv(Environment):
     """Each step runs tool calls on the worker's MCP server; reward 0.0, never done."""
 
-    def __init__(self, row: Dict[str, Any], *, shared: Optional[MCPServerTools] = None, config: Any = None,
-                 **kwargs: Any):
+    def __init__(
+        self, row: Dict[str, Any], *, shared: Optional[MCPServerTools] = None, config: Any = None, **kwargs: Any
+    ):
         super().__init__(row, shared=shared, config=config)
         self._own_args = kwargs  # made alone (a script, a test): reset() starts a server of its own
         self._own_server = shared is None
         self.tools: Dict[str, Tool] = self.shared_tools(shared)
 
     @classmethod
-    async def open_shared(cls, config: Any, command: str = "", args: Sequence[str] = (),
-                          env: Optional[Dict[str, str]] = None, cwd: Optional[str] = None,
-                          call_timeout: float = 30.0, start_timeout: float = 30.0, **kwargs: Any) -> MCPServerTools:
+    async def open_shared(
+        cls,
+        config: Any,
+        command: str = "",
+        args: Sequence[str] = (),
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+        call_timeout: float = 30.0,
+        start_timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> MCPServerTools:
         """Start the worker's server: `command args...`. `env` is added to the few variables the
         SDK passes on (PATH, HOME, ...; not the worker's whole environment, by the SDK's design)."""
         if not command:
-            raise ValueError("mcp env: set the server command, e.g. rollout.env.args={command: python, args: [-m, my_server]}")
+            raise ValueError(
+                "mcp env: set the server command, e.g. rollout.env.args={command: python, args: [-m, my_server]}"
+            )
         return await MCPServerTools(command, args, env=env, cwd=cwd, call_timeout=call_timeout).start(start_timeout)
 
     @classmethod
@@ -290,7 +317,9 @@ class MCPEnv(Environment):
         elif isinstance(action, (list, tuple)) and all(isinstance(c, ToolCall) for c in action):
             calls = list(action)
         else:
-            raise ValueError(f"mcp env: an action is a list of ToolCall or a completion text, got {type(action).__name__}")
+            raise ValueError(
+                f"mcp env: an action is a list of ToolCall or a completion text, got {type(action).__name__}"
+            )
         results = await run_tool_calls(calls, self.tools)
         return results, 0.0, False, {"errors": errors}
 

@@ -29,9 +29,12 @@ def engine_generate_fn(engine: Engine, timeout: Optional[float] = None) -> Gener
 
     def generate(prompts: List[List[int]], temperature: float, max_new_tokens: int) -> List[List[int]]:
         try:
-            futures = [engine.submit(GenerateRequest(list(p), SamplingParams(max_new_tokens=max_new_tokens,
-                                                                             temperature=temperature)))
-                       for p in prompts]
+            futures = [
+                engine.submit(
+                    GenerateRequest(list(p), SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature))
+                )
+                for p in prompts
+            ]
         except EngineClosedError as e:
             raise GenerationInterrupted(str(e)) from None
         out = []
@@ -41,13 +44,15 @@ def engine_generate_fn(engine: Engine, timeout: Optional[float] = None) -> Gener
             except concurrent.futures.TimeoutError:
                 for rest in futures[k:]:
                     rest.cancel()
-                raise TimeoutError(f"answer {k} of {len(prompts)} from the in-process engine took longer than "
-                                   f"{timeout:g}s") from None
+                raise TimeoutError(
+                    f"answer {k} of {len(prompts)} from the in-process engine took longer than {timeout:g}s"
+                ) from None
             if result.finish_reason.get("type") == "abort":
-                for rest in futures[k + 1:]:
+                for rest in futures[k + 1 :]:
                     rest.cancel()
-                raise GenerationInterrupted(f"answer {k} of {len(prompts)} aborted: "
-                                            f"{result.finish_reason.get('message', '')}")
+                raise GenerationInterrupted(
+                    f"answer {k} of {len(prompts)} aborted: {result.finish_reason.get('message', '')}"
+                )
             out.append(result.output_ids)
         return out
 

@@ -123,8 +123,9 @@ def decode_mask(positions: torch.Tensor, T: int, dtype: torch.dtype) -> torch.Te
     return mask.masked_fill_(~visible[:, None, None, :], float("-inf"))
 
 
-def torch_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+def torch_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q: [n, H, d]; k_cache/v_cache: one layer [S, KVH, C, d]; mask: `decode_mask(positions, T)`.
     Returns [n, H, d]."""
     n, H, d = q.shape
@@ -148,9 +149,19 @@ class DecodeAttentionKernel:
         self._fn.argtypes = [p, i, p, i, p, i, p, p, p, p, i, i, i, i, i, ctypes.c_float, p]
         self._fn.restype = None
 
-    def __call__(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, lens: torch.Tensor, max_len: int, scale: float,
-                 out: Optional[torch.Tensor] = None, scratch: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_new: torch.Tensor,
+        v_new: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        lens: torch.Tensor,
+        max_len: int,
+        scale: float,
+        out: Optional[torch.Tensor] = None,
+        scratch: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Write each slot's new key/value at column lens[b]-1 of the cache, then attend over its
         columns 0..lens[b]-1 — one pass over memory instead of a scattered write and a read.
 
@@ -162,20 +173,32 @@ class DecodeAttentionKernel:
         # The C loop trusts these; a wrong one would read outside the tensors.
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
-                raise ValueError(f"decode attention kernel: {name} must be a contiguous float32 CPU tensor, "
-                                 f"got {t.dtype} on {t.device} with strides {t.stride()}")
+                raise ValueError(
+                    f"decode attention kernel: {name} must be a contiguous float32 CPU tensor, "
+                    f"got {t.dtype} on {t.device} with strides {t.stride()}"
+                )
         for name, t, heads in (("q", q, H), ("k_new", k_new, KVH), ("v_new", v_new, KVH)):
-            if (t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != (n, heads, d)
-                    or t.stride()[1:] != (d, 1) or (n > 1 and t.stride(0) < heads * d)):
-                raise ValueError(f"decode attention kernel: {name} must be a float32 CPU tensor [{n}, {heads}, {d}] "
-                                 f"with each slot's heads contiguous, got {t.dtype} {tuple(t.shape)} "
-                                 f"strides {t.stride()}")
+            if (
+                t.dtype != torch.float32
+                or t.device.type != "cpu"
+                or t.shape != (n, heads, d)
+                or t.stride()[1:] != (d, 1)
+                or (n > 1 and t.stride(0) < heads * d)
+            ):
+                raise ValueError(
+                    f"decode attention kernel: {name} must be a float32 CPU tensor [{n}, {heads}, {d}] "
+                    f"with each slot's heads contiguous, got {t.dtype} {tuple(t.shape)} "
+                    f"strides {t.stride()}"
+                )
         if v_cache.shape != k_cache.shape or d_cache != d or n > S or H % KVH:
-            raise ValueError(f"decode attention kernel: shapes do not fit: q {tuple(q.shape)}, "
-                             f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+            raise ValueError(
+                f"decode attention kernel: shapes do not fit: q {tuple(q.shape)}, "
+                f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
+            )
         if lens.dtype != torch.int64 or lens.device.type != "cpu" or not lens.is_contiguous() or lens.shape != (n,):
-            raise ValueError(f"decode attention kernel: lens must be contiguous int64 [{n}], got "
-                             f"{lens.dtype} {tuple(lens.shape)}")
+            raise ValueError(
+                f"decode attention kernel: lens must be contiguous int64 [{n}], got {lens.dtype} {tuple(lens.shape)}"
+            )
         if not 1 <= max_len <= C:
             raise ValueError(f"decode attention kernel: max_len {max_len} outside [1, context_len={C}]")
         # On q's device (the CPU, checked above), whatever torch's default device is: the C loop
@@ -184,14 +207,29 @@ class DecodeAttentionKernel:
             out = torch.empty(n, H, d, device=q.device)
         if scratch is None or scratch.numel() < C:
             scratch = torch.empty(C, device=q.device)
-        if (out.shape != (n, H, d) or out.dtype != torch.float32 or out.device.type != "cpu"
-                or not out.is_contiguous()):
+        if out.shape != (n, H, d) or out.dtype != torch.float32 or out.device.type != "cpu" or not out.is_contiguous():
             raise ValueError(f"decode attention kernel: out must be a contiguous float32 CPU tensor [{n}, {H}, {d}]")
         if scratch.dtype != torch.float32 or scratch.device.type != "cpu" or not scratch.is_contiguous():
             raise ValueError(f"decode attention kernel: scratch must be a contiguous float32 CPU tensor of >= {C}")
-        self._fn(q.data_ptr(), q.stride(0), k_new.data_ptr(), k_new.stride(0), v_new.data_ptr(), v_new.stride(0),
-                 k_cache.data_ptr(), v_cache.data_ptr(), lens.data_ptr(), out.data_ptr(),
-                 n, H, KVH, C, d, scale, scratch.data_ptr())
+        self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k_new.data_ptr(),
+            k_new.stride(0),
+            v_new.data_ptr(),
+            v_new.stride(0),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            lens.data_ptr(),
+            out.data_ptr(),
+            n,
+            H,
+            KVH,
+            C,
+            d,
+            scale,
+            scratch.data_ptr(),
+        )
         return out
 
 
@@ -224,8 +262,10 @@ def _is_private_dir(path: str) -> bool:
 def _cache_dir() -> str:
     """`$XDG_CACHE_HOME/realhf/kernels` (default `~/.cache/...`) when private, else a private temp dir."""
     user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for d in (os.path.join(user_cache, "realhf", "kernels"),
-              os.path.join(tempfile.gettempdir(), f"realhf-kernels-{os.getuid()}")):
+    for d in (
+        os.path.join(user_cache, "realhf", "kernels"),
+        os.path.join(tempfile.gettempdir(), f"realhf-kernels-{os.getuid()}"),
+    ):
         if d and _is_private_dir(d):
             return d
     return tempfile.mkdtemp(prefix="realhf-kernels-")  # fresh and private; built anew each process
@@ -233,8 +273,9 @@ def _cache_dir() -> str:
 
 def _build(cc: str) -> str:
     flags = _flags()
-    key = hashlib.sha256("\n".join([_C_SOURCE, cc, " ".join(flags),
-                                    torch.backends.cpu.get_cpu_capability()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        "\n".join([_C_SOURCE, cc, " ".join(flags), torch.backends.cpu.get_cpu_capability()]).encode()
+    ).hexdigest()[:16]
     out_dir = _cache_dir()
     lib = os.path.join(out_dir, f"decode_attention_{key}.so")
     if os.path.isfile(lib):
@@ -267,8 +308,9 @@ def load_kernel() -> Optional[DecodeAttentionKernel]:
         return _loaded["kernel"]
 
 
-def resolve_attention(choice: str, dtype: torch.dtype,
-                      device: Optional[torch.device] = None) -> Optional[DecodeAttentionKernel]:
+def resolve_attention(
+    choice: str, dtype: torch.dtype, device: Optional[torch.device] = None
+) -> Optional[DecodeAttentionKernel]:
     """The kernel to use for `choice` ('auto' | 'kernel' | 'torch') on `device` (default: the
     CPU), or None for the torch path. Allocates nothing, so callers decide before loading."""
     if choice not in DECODE_ATTENTION:
@@ -278,8 +320,10 @@ def resolve_attention(choice: str, dtype: torch.dtype,
     if device is not None and device.type != "cpu":
         # The C loop reads host memory through raw pointers: a GPU cache would be a segfault.
         if choice == "kernel":
-            raise ValueError(f"gen_server.native.decode_attention=kernel (launch_server: --decode-attention) runs "
-                             f"on the CPU only, but the engine's device is {device}; use 'auto' or 'torch'")
+            raise ValueError(
+                f"gen_server.native.decode_attention=kernel (launch_server: --decode-attention) runs "
+                f"on the CPU only, but the engine's device is {device}; use 'auto' or 'torch'"
+            )
         return None
     if dtype != torch.float32:
         if choice == "kernel":

@@ -44,7 +44,13 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 
 from realhf.base import logging
-from realhf.impl.inference.request import EngineClosedError, EngineStepError, GenerateRequest, GenerateResult, check_request
+from realhf.impl.inference.request import (
+    EngineClosedError,
+    EngineStepError,
+    GenerateRequest,
+    GenerateResult,
+    check_request,
+)
 from realhf.impl.inference.runners import ModelRunner
 from realhf.impl.inference.slots import SlotState
 
@@ -91,8 +97,17 @@ class Engine:
     so decoding goes on meanwhile) until the swap happened.
     """
 
-    def __init__(self, runner: ModelRunner, *, weight_version: int = 0, seed: int = 1, n_threads: int = 1,
-                 model_path: str = "", max_prefill_tokens: int = 16384, name: str = "engine"):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        weight_version: int = 0,
+        seed: int = 1,
+        n_threads: int = 1,
+        model_path: str = "",
+        max_prefill_tokens: int = 16384,
+        name: str = "engine",
+    ):
         self.runner = runner
         self.model_path = model_path
         self.weight_version = int(weight_version)
@@ -198,8 +213,10 @@ class Engine:
             self.runner.set_weights(weights)
             self.weight_version = new
             self.model_path = model_path
-            logger.info(f"{self.name}: weights v{old} -> v{self.weight_version} from {model_path} "
-                        f"(load {t_load * 1e3:.0f} ms; {n_aborted} running requests aborted)")
+            logger.info(
+                f"{self.name}: weights v{old} -> v{self.weight_version} from {model_path} "
+                f"(load {t_load * 1e3:.0f} ms; {n_aborted} running requests aborted)"
+            )
             return self.weight_version
 
         return self._post(swap).result(timeout=timeout)
@@ -212,11 +229,18 @@ class Engine:
         # The loop refreshes the rate while decoding; an idle engine decays it here.
         tput = self._tput if elapsed < 5.0 else (self.generation_tokens_total - tok0) / elapsed
         return EngineStats(
-            running=n, queued=len(self._waiting), paused=self._paused, weight_version=self.weight_version,
-            n_slots=self.n_slots, context_len=self.context_len,
+            running=n,
+            queued=len(self._waiting),
+            paused=self._paused,
+            weight_version=self.weight_version,
+            n_slots=self.n_slots,
+            context_len=self.context_len,
             token_usage=used / float(self.n_slots * self.context_len),
-            prompt_tokens_total=self.prompt_tokens_total, generation_tokens_total=self.generation_tokens_total,
-            requests_total=self.requests_total, aborted_total=self.aborted_total, gen_throughput=tput,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            requests_total=self.requests_total,
+            aborted_total=self.aborted_total,
+            gen_throughput=tput,
         )
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -408,17 +432,22 @@ class Engine:
             rows = unique[c0 : c0 + _PREFILL_CHUNK]
             longest = max(prompt_lens[i] for i in rows)
             # Right-padded: one tensor (one copy to a GPU) per chunk.
-            tokens = torch.tensor([batch[i].req.input_ids + [0] * (longest - prompt_lens[i]) for i in rows],
-                                  dtype=torch.long, device=self.device)  # [c, longest]
+            tokens = torch.tensor(
+                [batch[i].req.input_ids + [0] * (longest - prompt_lens[i]) for i in rows],
+                dtype=torch.long,
+                device=self.device,
+            )  # [c, longest]
             slots = torch.tensor([lo + i for i in rows], device=self.device)  # [c]
             lengths = torch.tensor([prompt_lens[i] for i in rows], device=self.device)  # [c]
             parts.append(self.runner.prefill(slots, tokens, lengths))
         logits = parts[0] if len(parts) == 1 else torch.cat(parts)  # [u, vocab]
         copies = [i for i, src in enumerate(source) if src != i]
         if copies:
-            self.runner.move_slots(torch.tensor([lo + source[i] for i in copies], device=self.device),
-                                   torch.tensor([lo + i for i in copies], device=self.device),
-                                   max(prompt_lens[i] for i in copies))
+            self.runner.move_slots(
+                torch.tensor([lo + source[i] for i in copies], device=self.device),
+                torch.tensor([lo + i for i in copies], device=self.device),
+                max(prompt_lens[i] for i in copies),
+            )
             at = {row: k for k, row in enumerate(unique)}
             logits = logits[torch.tensor([at[src] for src in source], device=self.device)]  # [b, vocab]
         self.prefill_shared_total += len(copies)
@@ -467,8 +496,12 @@ class Engine:
         self.requests_total += 1
         self.aborted_total += reason["type"] == "abort"
         result = GenerateResult(
-            rid=r.req.rid, output_ids=ids, output_logprobs=lps, finish_reason=reason,
-            prompt_tokens=len(r.req.input_ids), weight_version=self.weight_version,
+            rid=r.req.rid,
+            output_ids=ids,
+            output_logprobs=lps,
+            finish_reason=reason,
+            prompt_tokens=len(r.req.input_ids),
+            weight_version=self.weight_version,
             e2e_latency=time.monotonic() - r.t_submit,
         )
         if not r.future.done():
@@ -482,6 +515,8 @@ class Engine:
             self._tput_mark = (now, self.generation_tokens_total)
         if now - self._last_log >= 30.0:
             self._last_log = now
-            logger.info(f"{self.name}: running={self.n_active} queued={len(self._waiting)} "
-                        f"version={self.weight_version} gen={self._tput:.0f} tok/s "
-                        f"total_tokens={self.generation_tokens_total} requests={self.requests_total}")
+            logger.info(
+                f"{self.name}: running={self.n_active} queued={len(self._waiting)} "
+                f"version={self.weight_version} gen={self._tput:.0f} tok/s "
+                f"total_tokens={self.generation_tokens_total} requests={self.requests_total}"
+            )

@@ -36,9 +36,20 @@ def engine_kind_for(model_path: str, kind: str = "auto") -> str:
     return "static_kv" if read_hf_config(model_path).get("model_type") in SUPPORTED_MODEL_TYPES else "hf"
 
 
-def create_engine(model_path: str, *, kind: str = "auto", max_running_requests: int = 256, context_length: int = 0,
-                  dtype: str = "float32", n_threads: int = 1, seed: int = 1, weight_version: int = 0,
-                  name: str = "engine", attention: str = "auto", device: Optional[torch.device] = None) -> Engine:
+def create_engine(
+    model_path: str,
+    *,
+    kind: str = "auto",
+    max_running_requests: int = 256,
+    context_length: int = 0,
+    dtype: str = "float32",
+    n_threads: int = 1,
+    seed: int = 1,
+    weight_version: int = 0,
+    name: str = "engine",
+    attention: str = "auto",
+    device: Optional[torch.device] = None,
+) -> Engine:
     """An (unstarted) engine for an HF model directory on `device` (default: the CPU): the
     static-KV runner for Qwen2/Llama, the HF-forward fallback for anything else (kind='auto').
     `attention` picks the static-KV runner's decode attention: 'auto' (the C kernel if it builds
@@ -52,18 +63,37 @@ def create_engine(model_path: str, *, kind: str = "auto", max_running_requests: 
         runner = StaticKVRunner(model_path, max_running_requests, context_length, dtype, attention, device)
     else:
         runner = HFRunner(model_path, max_running_requests, context_length, dtype, device)
-    logger.info(f"{name}: {kind} runner for {model_path} ({time.monotonic() - t0:.1f}s) on {device}: "
-                f"{runner.n_slots} slots x {runner.context_len} tokens, vocab {runner.vocab_size}, "
-                f"{dtype}, {n_threads} thread(s), decode attention {getattr(runner, 'attention', 'hf forward')}, "
-                f"weight version {weight_version}")
-    return Engine(runner, weight_version=weight_version, seed=seed, n_threads=n_threads, model_path=model_path,
-                  name=name)
+    logger.info(
+        f"{name}: {kind} runner for {model_path} ({time.monotonic() - t0:.1f}s) on {device}: "
+        f"{runner.n_slots} slots x {runner.context_len} tokens, vocab {runner.vocab_size}, "
+        f"{dtype}, {n_threads} thread(s), decode attention {getattr(runner, 'attention', 'hf forward')}, "
+        f"weight version {weight_version}"
+    )
+    return Engine(
+        runner, weight_version=weight_version, seed=seed, n_threads=n_threads, model_path=model_path, name=name
+    )
 
 
-def create_engine_from_config(model_path: str, config, *, weight_version: int = 0, seed: Optional[int] = None,
-                              name: str = "engine", device: Optional[torch.device] = None) -> Engine:
+def create_engine_from_config(
+    model_path: str,
+    config,
+    *,
+    weight_version: int = 0,
+    seed: Optional[int] = None,
+    name: str = "engine",
+    device: Optional[torch.device] = None,
+) -> Engine:
     """`create_engine` from a `NativeEngineConfig`, on `device` (the server picks it)."""
-    return create_engine(model_path, kind=config.kind, max_running_requests=config.max_running_requests,
-                         context_length=config.context_length, dtype=config.dtype, n_threads=config.n_threads,
-                         seed=config.seed if seed is None else seed, weight_version=weight_version, name=name,
-                         attention=config.decode_attention, device=device)
+    return create_engine(
+        model_path,
+        kind=config.kind,
+        max_running_requests=config.max_running_requests,
+        context_length=config.context_length,
+        dtype=config.dtype,
+        n_threads=config.n_threads,
+        seed=config.seed if seed is None else seed,
+        weight_version=weight_version,
+        name=name,
+        attention=config.decode_attention,
+        device=device,
+    )

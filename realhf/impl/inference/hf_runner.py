@@ -23,8 +23,9 @@ def _max_positions(cfg: dict) -> int:
     for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         if cfg.get(key):
             return int(cfg[key])
-    raise ValueError("config.json names no maximum length (max_position_embeddings / n_positions); "
-                     "set the engine's context_length")
+    raise ValueError(
+        "config.json names no maximum length (max_position_embeddings / n_positions); set the engine's context_length"
+    )
 
 
 class HFRunner:
@@ -32,8 +33,14 @@ class HFRunner:
 
     kind = "hf"
 
-    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
-                 device: Optional[torch.device] = None):
+    def __init__(
+        self,
+        model_path: str,
+        n_slots: int,
+        context_len: int = 0,
+        dtype: str = "float32",
+        device: Optional[torch.device] = None,
+    ):
         cfg = read_hf_config(model_path)
         self.dtype = torch_dtype(dtype)
         self.device = device or pick_device("cpu")
@@ -76,8 +83,10 @@ class HFRunner:
         model.to(self.device).eval()  # loaded on the host, then moved: a no-op on the CPU
         old = getattr(self, "model", None)
         if old is not None and model.config.vocab_size != old.config.vocab_size:
-            raise ValueError(f"checkpoint {model_path!r} has vocab {model.config.vocab_size}, the running model "
-                             f"{old.config.vocab_size}; a weight update cannot change the architecture")
+            raise ValueError(
+                f"checkpoint {model_path!r} has vocab {model.config.vocab_size}, the running model "
+                f"{old.config.vocab_size}; a weight update cannot change the architecture"
+            )
         return model
 
     def set_weights(self, weights) -> None:

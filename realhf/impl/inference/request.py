@@ -87,8 +87,10 @@ def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Op
     if s.max_new_tokens < 0:
         return f"sampling_params.max_new_tokens must be >= 0, got {s.max_new_tokens}"
     if len(req.input_ids) + s.max_new_tokens > context_len:
-        return (f"prompt ({len(req.input_ids)} tokens) + sampling_params.max_new_tokens ({s.max_new_tokens}) "
-                f"exceeds the context length {context_len}")
+        return (
+            f"prompt ({len(req.input_ids)} tokens) + sampling_params.max_new_tokens ({s.max_new_tokens}) "
+            f"exceeds the context length {context_len}"
+        )
     if s.min_new_tokens < 0 or s.min_new_tokens > max(s.max_new_tokens, 0):
         return f"sampling_params.min_new_tokens must be in [0, max_new_tokens], got {s.min_new_tokens}"
     lo, hi = TEMPERATURE_RANGE  # also refuses NaN and infinities: every comparison with NaN is False
@@ -99,8 +101,10 @@ def check_request(req: GenerateRequest, vocab_size: int, context_len: int) -> Op
     if not (s.top_k == -1 or 1 <= s.top_k <= MAX_TOP_K):
         return f"sampling_params.top_k must be -1 (off) or in [1, {MAX_TOP_K}], got {s.top_k}"
     if len(s.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-        return (f"sampling_params.stop_token_ids has {len(s.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS} "
-                "(every running request's stop table is as wide as the widest one)")
+        return (
+            f"sampling_params.stop_token_ids has {len(s.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS} "
+            "(every running request's stop table is as wide as the widest one)"
+        )
     bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
     if bad:
         return f"sampling_params.stop_token_ids contains ids outside [0, {vocab_size}): {bad[:5]}"

@@ -56,16 +56,24 @@ class StaticKVRunner:
 
     kind = "static_kv"
 
-    def __init__(self, model_path: str, n_slots: int, context_len: int = 0, dtype: str = "float32",
-                 attention: str = "auto", device: Optional[torch.device] = None):
+    def __init__(
+        self,
+        model_path: str,
+        n_slots: int,
+        context_len: int = 0,
+        dtype: str = "float32",
+        attention: str = "auto",
+        device: Optional[torch.device] = None,
+    ):
         self.dtype = torch_dtype(dtype)
         self.device = device or pick_device("cpu")
         # Before the weights load: a kernel asked for on a GPU is refused without allocating there.
         kernel = resolve_attention(attention, self.dtype, self.device)
         args, weights = load_model(model_path, self.dtype, self.device)
         context_len = context_len or args.max_position_embeddings
-        self.model = StaticKVTransformer(args, weights, n_slots, context_len, self.dtype,
-                                         "kernel" if kernel is not None else "torch")
+        self.model = StaticKVTransformer(
+            args, weights, n_slots, context_len, self.dtype, "kernel" if kernel is not None else "torch"
+        )
         self.attention = "C kernel" if self.model.attention_kernel is not None else "torch matmuls"
         self.args = args
         self.vocab_size = args.vocab_size

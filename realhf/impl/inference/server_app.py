@@ -122,7 +122,7 @@ def _body_spec(model: type, required: bool = True) -> dict:
         if isinstance(node, dict):
             ref = node.get("$ref", "")
             if ref.startswith("#/$defs/"):
-                return inline(defs[ref[len("#/$defs/"):]])
+                return inline(defs[ref[len("#/$defs/") :]])
             return {k: inline(v) for k, v in node.items()}
         if isinstance(node, list):
             return [inline(v) for v in node]
@@ -161,7 +161,9 @@ def _to_engine_request(body: GenerateBody) -> GenerateRequest:
     sp = body.sampling_params
     if body.input_ids is None:
         if body.text is not None:
-            raise BadRequest("this server runs without a tokenizer (like --skip-tokenizer-init): send input_ids, not text")
+            raise BadRequest(
+                "this server runs without a tokenizer (like --skip-tokenizer-init): send input_ids, not text"
+            )
         raise BadRequest("input_ids is required")
     if sp.stop:
         raise BadRequest("sampling_params.stop (stop strings) needs a tokenizer; use stop_token_ids")
@@ -172,8 +174,13 @@ def _to_engine_request(body: GenerateBody) -> GenerateRequest:
     return GenerateRequest(
         input_ids=list(body.input_ids),
         sampling=SamplingParams(
-            max_new_tokens=sp.max_new_tokens, min_new_tokens=sp.min_new_tokens, temperature=sp.temperature,
-            top_p=sp.top_p, top_k=sp.top_k, stop_token_ids=list(sp.stop_token_ids or []), ignore_eos=sp.ignore_eos,
+            max_new_tokens=sp.max_new_tokens,
+            min_new_tokens=sp.min_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_token_ids=list(sp.stop_token_ids or []),
+            ignore_eos=sp.ignore_eos,
         ),
         rid=body.rid or "",
     )
@@ -219,8 +226,13 @@ def _inside(path: str, root: str) -> bool:
     return os.path.commonpath([path, root]) == root
 
 
-def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               secret: str = "", weights_root: str = "") -> FastAPI:
+def create_app(
+    engine: Engine,
+    served_model_name: str = "",
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    secret: str = "",
+    weights_root: str = "",
+) -> FastAPI:
     # /openapi.json documents the request bodies (SGLang's server publishes one too); no docs UI.
     app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
@@ -284,15 +296,26 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
         if weights_root and not _inside(body.model_path, weights_root):
             update_refused["model_path"] += 1
             update_log.event(f"model_path {body.model_path[:300]!r} is outside the publish directory {weights_root}")
-            return _error(400, f"model_path {body.model_path[:300]!r} is outside this run's publish directory "
-                               f"(GenerationServerConfig.weights_root)")
+            return _error(
+                400,
+                f"model_path {body.model_path[:300]!r} is outside this run's publish directory "
+                f"(GenerationServerConfig.weights_root)",
+            )
         if body.weight_version is not None and body.weight_version < engine.weight_version:
             update_refused["weight_version"] += 1
             update_log.event(f"weight_version {body.weight_version} < served {engine.weight_version}")
-            return _json({"success": False, "weight_version": engine.weight_version,
-                          "error": {"message": f"weight_version {body.weight_version} is lower than the served "
-                                               f"version {engine.weight_version}; versions never go back",
-                                    "code": 409}}, status=409)
+            return _json(
+                {
+                    "success": False,
+                    "weight_version": engine.weight_version,
+                    "error": {
+                        "message": f"weight_version {body.weight_version} is lower than the served "
+                        f"version {engine.weight_version}; versions never go back",
+                        "code": 409,
+                    },
+                },
+                status=409,
+            )
         try:
             version = await asyncio.to_thread(engine.update_weights, body.model_path, body.weight_version)
         except EngineClosedError:
@@ -300,8 +323,13 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
         except Exception as e:  # any unloadable checkpoint (missing, corrupt, other shape) is the caller's
             logger.warning(f"update_weights_from_disk {body.model_path!r} failed: {e}")
             return _json({"success": False, "message": f"failed to load {body.model_path!r}: {e}"}, status=400)
-        return _json({"success": True, "message": f"loaded {body.model_path} as weight version {version}",
-                      "weight_version": version})
+        return _json(
+            {
+                "success": True,
+                "message": f"loaded {body.model_path} as weight version {version}",
+                "weight_version": version,
+            }
+        )
 
     @app.post("/abort_request", openapi_extra=_body_spec(AbortBody, required=False))
     async def abort_request(request: Request):
@@ -332,22 +360,39 @@ def create_app(engine: Engine, served_model_name: str = "", max_request_bytes: i
 
     @app.get("/v1/models")
     async def models():
-        return _json({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(started), "owned_by": "realhf",
-            "root": engine.model_path, "max_model_len": engine.context_len,
-        }]})
+        return _json(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model_name,
+                        "object": "model",
+                        "created": int(started),
+                        "owned_by": "realhf",
+                        "root": engine.model_path,
+                        "max_model_len": engine.context_len,
+                    }
+                ],
+            }
+        )
 
     @app.get("/get_model_info")
     async def model_info():
-        return _json({"model_path": engine.model_path, "tokenizer_path": None, "is_generation": True,
-                      "weight_version": engine.weight_version})
+        return _json(
+            {
+                "model_path": engine.model_path,
+                "tokenizer_path": None,
+                "is_generation": True,
+                "weight_version": engine.weight_version,
+            }
+        )
 
     @app.get("/metrics")
     async def metrics():
         extra = "".join(
             [f'realhf_http_auth_refused_total{{reason="{k}"}} {v}\n' for k, v in auth_refused.as_dict().items()]
-            + [f'realhf_weight_update_refused_total{{field="{k}"}} {v}\n' for k, v in update_refused.items()])
+            + [f'realhf_weight_update_refused_total{{field="{k}"}} {v}\n' for k, v in update_refused.items()]
+        )
         return Response(generate_latest(metrics_registry) + extra.encode(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     return app
-

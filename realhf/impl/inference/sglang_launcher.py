@@ -34,9 +34,18 @@ def sglang_available() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
-def build_sglang_command(model_path: str, host: str, port: int, config: SGLangConfig, *, tp_size: int = 1,
-                         base_gpu_id: int = 0, seed: int = 1, python: str = sys.executable,
-                         api_key_file: str = "") -> List[str]:
+def build_sglang_command(
+    model_path: str,
+    host: str,
+    port: int,
+    config: SGLangConfig,
+    *,
+    tp_size: int = 1,
+    base_gpu_id: int = 0,
+    seed: int = 1,
+    python: str = sys.executable,
+    api_key_file: str = "",
+) -> List[str]:
     """The `python -m sglang.launch_server ...` argv. Optional SGLang fields are passed only when
     set away from their "SGLang's default" value, so SGLang keeps choosing them itself. With
     `api_key_file` (the run's secret, in an owner-only file) the server requires the key, handed
@@ -47,20 +56,36 @@ def build_sglang_command(model_path: str, host: str, port: int, config: SGLangCo
         raise ValueError(f"sglang backend: tp_size must be >= 1, got {tp_size}")
     if base_gpu_id < 0:
         raise ValueError(f"sglang backend: base_gpu_id must be >= 0, got {base_gpu_id}")
-    entry = ["realhf.impl.inference.sglang_entry", "--api-key-file", api_key_file] if api_key_file else ["sglang.launch_server"]
+    entry = (
+        ["realhf.impl.inference.sglang_entry", "--api-key-file", api_key_file]
+        if api_key_file
+        else ["sglang.launch_server"]
+    )
     cmd = [
-        python, "-m", *entry,
-        "--model-path", model_path,
+        python,
+        "-m",
+        *entry,
+        "--model-path",
+        model_path,
         "--skip-tokenizer-init",
-        "--tp-size", str(tp_size),
-        "--base-gpu-id", str(base_gpu_id),
-        "--random-seed", str(seed),
-        "--host", host,
-        "--port", str(port),
-        "--mem-fraction-static", str(config.mem_fraction_static),
-        "--dtype", config.dtype,
-        "--kv-cache-dtype", config.kv_cache_dtype,
-        "--log-level", config.log_level,
+        "--tp-size",
+        str(tp_size),
+        "--base-gpu-id",
+        str(base_gpu_id),
+        "--random-seed",
+        str(seed),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--mem-fraction-static",
+        str(config.mem_fraction_static),
+        "--dtype",
+        config.dtype,
+        "--kv-cache-dtype",
+        config.kv_cache_dtype,
+        "--log-level",
+        config.log_level,
     ]
     if config.context_length > 0:
         cmd += ["--context-length", str(config.context_length)]
@@ -100,9 +125,17 @@ def http_healthy(url: str, timeout: float, headers: Optional[Dict[str, str]] = N
 class SGLangProcess:
     """A generation server in a child process, healthy once `start()` returns."""
 
-    def __init__(self, command: List[str], url: str, log_path: str, startup_timeout: float = 600.0,
-                 health_timeout: float = 5.0, env: Optional[Dict[str, str]] = None, poll_interval: float = 0.5,
-                 headers: Optional[Dict[str, str]] = None):
+    def __init__(
+        self,
+        command: List[str],
+        url: str,
+        log_path: str,
+        startup_timeout: float = 600.0,
+        health_timeout: float = 5.0,
+        env: Optional[Dict[str, str]] = None,
+        poll_interval: float = 0.5,
+        headers: Optional[Dict[str, str]] = None,
+    ):
         self.command, self.url, self.log_path = command, url, log_path
         self.headers = headers or {}  # the run's Authorization header
         self.startup_timeout, self.health_timeout, self.poll_interval = startup_timeout, health_timeout, poll_interval
@@ -116,9 +149,15 @@ class SGLangProcess:
         env = dict(os.environ)
         env.update(self.env or {})
         logger.info(f"starting {self.url}: {' '.join(self.command)} (log: {self.log_path})")
-        self.popen = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                      preexec_fn=die_with_parent)
+        self.popen = subprocess.Popen(
+            self.command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         try:
             self.wait_healthy()
         except BaseException:
@@ -134,14 +173,16 @@ class SGLangProcess:
             if code is not None:
                 raise SGLangLaunchError(
                     f"generation server {self.url} exited with code {code} before /health answered; "
-                    f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}")
+                    f"last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
             if http_healthy(self.url, self.health_timeout, self.headers):
                 logger.info(f"{self.url} healthy after {time.monotonic() - t0:.1f}s (pid {self.popen.pid})")
                 return
             if time.monotonic() > deadline:
                 raise SGLangLaunchError(
                     f"timed out after {self.startup_timeout:.0f}s waiting for {self.url}/health "
-                    f"(pid {self.popen.pid}); last lines of {self.log_path}:\n{_log_tail(self.log_path)}")
+                    f"(pid {self.popen.pid}); last lines of {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
             time.sleep(self.poll_interval)
 
     def exit_code(self) -> Optional[int]:

@@ -55,17 +55,20 @@ class SlotState:
         self._n_filter = 0
         self._n_min_new = 0
 
-    def fill(self, lo: int, sampling: Sequence[SamplingParams], prompt_lens: Sequence[int],
-             stop_ids: Sequence[List[int]]) -> None:
+    def fill(
+        self, lo: int, sampling: Sequence[SamplingParams], prompt_lens: Sequence[int], stop_ids: Sequence[List[int]]
+    ) -> None:
         """Rows lo..lo+b-1 start new requests: prompts of `prompt_lens` tokens, nothing generated."""
         hi, dev = lo + len(sampling), self.device
         self.temp[lo:hi] = torch.tensor([s.temperature for s in sampling], dtype=torch.float32, device=dev)
         self.top_p[lo:hi] = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=dev)
-        self.top_k[lo:hi] = torch.tensor([min(s.top_k, self.vocab_size) if s.top_k > 0 else self.vocab_size
-                                          for s in sampling], device=dev)
+        self.top_k[lo:hi] = torch.tensor(
+            [min(s.top_k, self.vocab_size) if s.top_k > 0 else self.vocab_size for s in sampling], device=dev
+        )
         # Capped by the room left in the context, so one comparison per step covers both limits.
-        self.max_new[lo:hi] = torch.tensor([min(s.max_new_tokens, self.context_len - n)
-                                            for s, n in zip(sampling, prompt_lens)], device=dev)
+        self.max_new[lo:hi] = torch.tensor(
+            [min(s.max_new_tokens, self.context_len - n) for s, n in zip(sampling, prompt_lens)], device=dev
+        )
         self.min_new[lo:hi] = torch.tensor([s.min_new_tokens for s in sampling], device=dev)
         width_stop = max(1, max(len(ids) for ids in stop_ids))
         if width_stop > self.stop_ids.shape[1]:
@@ -73,15 +76,17 @@ class SlotState:
             wider[:, : self.stop_ids.shape[1]] = self.stop_ids
             self.stop_ids = wider
         width_stop = self.stop_ids.shape[1]
-        self.stop_ids[lo:hi] = torch.tensor([ids + [-1] * (width_stop - len(ids)) for ids in stop_ids],
-                                            dtype=torch.long, device=dev)  # [b, width_stop]
+        self.stop_ids[lo:hi] = torch.tensor(
+            [ids + [-1] * (width_stop - len(ids)) for ids in stop_ids], dtype=torch.long, device=dev
+        )  # [b, width_stop]
         self.n_gen[lo:hi] = 0
         self.seq_len[lo:hi] = torch.tensor(prompt_lens, dtype=torch.long, device=dev)
         for s in sampling:
             self._count(s, +1)
 
-    def sample_append(self, logits: torch.Tensor, lo: int, hi: int,
-                      generator: torch.Generator) -> Tuple[List[int], List[Dict[str, Any]]]:
+    def sample_append(
+        self, logits: torch.Tensor, lo: int, hi: int, generator: torch.Generator
+    ) -> Tuple[List[int], List[Dict[str, Any]]]:
         """Sample one token for rows lo..hi-1 from their logits [hi-lo, vocab] and append it.
         Returns the rows that finished and their SGLang `finish_reason`s."""
         n_gen = self.n_gen[lo:hi]  # [b], a view: updated in place below
@@ -95,9 +100,14 @@ class SlotState:
                 logits = logits.clone()
                 logits[rows, stop_ids[rows, cols]] = float("-inf")
         tokens, logprobs = sample(  # [b], [b]
-            logits, self.temp[lo:hi], self.top_p[lo:hi], self.top_k[lo:hi],
-            all_greedy=self._n_greedy == self._n_rows, any_greedy=self._n_greedy > 0,
-            any_filter=self._n_filter > 0, generator=generator,
+            logits,
+            self.temp[lo:hi],
+            self.top_p[lo:hi],
+            self.top_k[lo:hi],
+            all_greedy=self._n_greedy == self._n_rows,
+            any_greedy=self._n_greedy > 0,
+            any_filter=self._n_filter > 0,
+            generator=generator,
         )
         rows = torch.arange(lo, hi, device=self.device)
         self.out_tok[rows, n_gen] = tokens
@@ -113,8 +123,10 @@ class SlotState:
         idx = done.nonzero().flatten()  # [k]
         # Everything the reasons need, in one transfer: rows, stopped?, token, tokens generated.
         finished = torch.stack([idx, hit_stop[idx].long(), tokens[idx], n_gen[idx]]).tolist()  # [4, k]
-        reasons = [{"type": "stop", "matched": tok} if stopped else {"type": "length", "length": g}
-                   for stopped, tok, g in zip(*finished[1:])]
+        reasons = [
+            {"type": "stop", "matched": tok} if stopped else {"type": "length", "length": g}
+            for stopped, tok, g in zip(*finished[1:])
+        ]
         return [lo + i for i in finished[0]], reasons
 
     def release(self, slots: Sequence[int], sampling: Sequence[SamplingParams]) -> List[Tuple[List[int], List[float]]]:
@@ -135,8 +147,17 @@ class SlotState:
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy rows `src` into rows `dst` (compaction after requests left)."""
-        for t in (self.seq_len, self.last_tok, self.n_gen, self.max_new, self.min_new, self.temp,
-                  self.top_p, self.top_k, self.stop_ids):
+        for t in (
+            self.seq_len,
+            self.last_tok,
+            self.n_gen,
+            self.max_new,
+            self.min_new,
+            self.temp,
+            self.top_p,
+            self.top_k,
+            self.stop_ids,
+        ):
             t[dst] = t[src]
         g = int(self.n_gen[dst].max())
         self.out_tok[dst, :g] = self.out_tok[src, :g]

@@ -141,8 +141,14 @@ class ModelArgs:
     def shape_signature(self) -> tuple:
         """What must match for new weights to fit the running engine's cache and buffers."""
         return (
-            self.model_type, self.vocab_size, self.hidden_size, self.n_layers, self.n_heads,
-            self.n_kv_heads, self.head_dim, self.intermediate_size,
+            self.model_type,
+            self.vocab_size,
+            self.hidden_size,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
         )
 
 
@@ -157,9 +163,7 @@ def load_safetensors_dir(model_path: str) -> Dict[str, torch.Tensor]:
 
     files = sorted(f for f in os.listdir(model_path) if f.endswith(".safetensors"))
     if not files:
-        raise FileNotFoundError(
-            f"no *.safetensors file in {model_path!r} (only safetensors checkpoints are loaded)"
-        )
+        raise FileNotFoundError(f"no *.safetensors file in {model_path!r} (only safetensors checkpoints are loaded)")
     tensors: Dict[str, torch.Tensor] = {}
     for name in files:
         tensors.update(load_file(os.path.join(model_path, name), device="cpu"))
@@ -188,9 +192,11 @@ class Weights:
     lm_head: torch.Tensor
 
 
-def build_weights(args: ModelArgs, tensors: Dict[str, torch.Tensor], dtype: torch.dtype,
-                  device: Optional[torch.device] = None) -> Weights:
+def build_weights(
+    args: ModelArgs, tensors: Dict[str, torch.Tensor], dtype: torch.dtype, device: Optional[torch.device] = None
+) -> Weights:
     """The checkpoint's tensors in `dtype` on `device` (None: where they are, the CPU)."""
+
     def take(name: str) -> torch.Tensor:
         if name not in tensors:
             raise KeyError(f"{args.model_type} checkpoint is missing tensor {name!r}")
@@ -317,7 +323,8 @@ def check_cache_fits(shape: tuple, dtype: torch.dtype, device: torch.device) -> 
         raise MemoryError(
             f"the KV cache of {n_slots} slots x {context_len} tokens x {n_layers} layers needs {need / 2**30:.1f} GiB, "
             f"this host has {free / 2**30:.1f} GiB free: lower gen_server.native.context_length (0 = the model's "
-            f"max_position_embeddings) or gen_server.native.max_running_requests")
+            f"max_position_embeddings) or gen_server.native.max_running_requests"
+        )
 
 
 class StaticKVTransformer:
@@ -326,8 +333,15 @@ class StaticKVTransformer:
     Runs on the device its weights are on: the cache, the RoPE tables and every tensor a step
     creates go there too."""
 
-    def __init__(self, args: ModelArgs, weights: Weights, n_slots: int, context_len: int, dtype: torch.dtype,
-                 attention: str = "auto"):
+    def __init__(
+        self,
+        args: ModelArgs,
+        weights: Weights,
+        n_slots: int,
+        context_len: int,
+        dtype: torch.dtype,
+        attention: str = "auto",
+    ):
         if context_len > args.max_position_embeddings:
             raise ValueError(
                 f"context length {context_len} exceeds the model's max_position_embeddings "
@@ -401,8 +415,10 @@ class StaticKVTransformer:
         n = tokens.shape[0]
         T = int(positions.max()) + 1  # slot b attends over its columns 0..positions[b] <= T-1
         if n > self.n_slots or T > self.context_len:
-            raise ValueError(f"decode: {n} slots up to position {T - 1} do not fit the cache "
-                             f"({self.n_slots} slots x {self.context_len} columns)")
+            raise ValueError(
+                f"decode: {n} slots up to position {T - 1} do not fit the cache "
+                f"({self.n_slots} slots x {self.context_len} columns)"
+            )
         cos, sin = self.cos[positions, None, :], self.signed_sin[positions, None, :]  # [n, 1, d]
         kernel = self.attention_kernel
         if kernel is not None:
@@ -410,8 +426,10 @@ class StaticKVTransformer:
         else:
             # Where each slot's new key/value goes, with a layer's cache seen as rows of head_dim.
             kv_heads = torch.arange(a.n_kv_heads, device=self.device)
-            cache_rows = ((torch.arange(n, device=self.device)[:, None] * a.n_kv_heads + kv_heads) * self.context_len
-                          + positions[:, None]).flatten()
+            cache_rows = (
+                (torch.arange(n, device=self.device)[:, None] * a.n_kv_heads + kv_heads) * self.context_len
+                + positions[:, None]
+            ).flatten()
             mask = decode_mask(positions, T, self.dtype)
         x = F.embedding(tokens, w.embed)  # [n, hidden]
         for li, lw in enumerate(w.layers):

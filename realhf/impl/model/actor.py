@@ -50,8 +50,9 @@ def token_logprobs(logits: torch.Tensor, mb: TrainBatch, temperature: float = 1.
     return _gather_tokens(_scaled_log_softmax(logits, temperature), mb)
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, mb: TrainBatch, temperature: float = 1.0,
-                               entropy_grad: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, mb: TrainBatch, temperature: float = 1.0, entropy_grad: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs` and `[n, t-1]` the entropy −Σ_v p·log p of the same temperature-scaled
     distribution at each position (0 on padding), from one log-softmax. Without `entropy_grad`
     the entropy is computed without autograd (a statistic only: no `[n, t-1, V]` kept for backward).
@@ -77,8 +78,10 @@ def has_dropout(model: torch.nn.Module) -> bool:
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
     config = getattr(model, "config", None)
-    return any(float(getattr(config, name, 0.0) or 0.0) > 0
-               for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop"))
+    return any(
+        float(getattr(config, name, 0.0) or 0.0) > 0
+        for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop")
+    )
 
 
 def first_minibatch_rows(n_seqs: int, n_minibatches: int) -> torch.Tensor:
@@ -96,8 +99,9 @@ def kl_in_loss(cfg: PPOHyperparameters) -> bool:
     return cfg.kl_ctl > 0 and not estimator(cfg.adv_estimator).kl_in_reward
 
 
-def compute_advantages(batch: TrainBatch, cfg: PPOHyperparameters,
-                       kl_coef: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def compute_advantages(
+    batch: TrainBatch, cfg: PPOHyperparameters, kl_coef: Optional[float] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token advantages and returns, `[N, T-1]` each (0 outside the loss mask).
 
     - `grpo`: `(r − mean_g)/(std_g + eps)` per prompt group, the same value on every token of a
@@ -110,8 +114,9 @@ def compute_advantages(batch: TrainBatch, cfg: PPOHyperparameters,
     `kl_coef` is the step's KL coefficient (realhf.impl.model.algorithms.KLController); None: `kl_ctl`.
     """
     mask = batch.loss_mask  # [N, T-1]
-    scores = F.shape_reward(batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias,
-                            cfg.max_reward_clip)  # [N]
+    scores = F.shape_reward(
+        batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias, cfg.max_reward_clip
+    )  # [N]
     per_sample_fn = estimator(cfg.adv_estimator).per_sample
     if per_sample_fn is not None:
         per_sample = per_sample_fn(scores, batch.group_ids)  # [N]
@@ -125,8 +130,9 @@ def compute_advantages(batch: TrainBatch, cfg: PPOHyperparameters,
     return adv, torch.where(mask, returns, torch.zeros_like(returns))
 
 
-def _gae(batch: TrainBatch, scores: torch.Tensor, cfg: PPOHyperparameters,
-         kl_coef: float) -> Tuple[torch.Tensor, torch.Tensor]:
+def _gae(
+    batch: TrainBatch, scores: torch.Tensor, cfg: PPOHyperparameters, kl_coef: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
     mask = batch.loss_mask  # [N, T-1]
     kl = torch.zeros_like(batch.behav_logprobs)  # [N, T-1]
     if cfg.kl_ctl > 0:
@@ -187,12 +193,25 @@ class ActorLoss:
     """
 
     # Token sums, except `loss` (the aggregated sum) and `n_tokens` (the count).
-    STATS = ["loss", "importance_ratio", "approx_kl", "clip_fraction", "dual_clip_fraction",
-             "behav_imp_weight", "behav_kl", "behav_capped_fraction", "kl_ref", "entropy", "n_tokens"]
+    STATS = [
+        "loss",
+        "importance_ratio",
+        "approx_kl",
+        "clip_fraction",
+        "dual_clip_fraction",
+        "behav_imp_weight",
+        "behav_kl",
+        "behav_capped_fraction",
+        "kl_ref",
+        "entropy",
+        "n_tokens",
+    ]
 
     def __init__(self, batch: TrainBatch, cfg: PPOHyperparameters, kl_coef: Optional[float] = None):
         if cfg.use_decoupled_loss and batch.prox_logprobs is None:
-            raise ValueError("ppo.use_decoupled_loss needs proximal log-probs: run actor_inf (inference) before actor_train")
+            raise ValueError(
+                "ppo.use_decoupled_loss needs proximal log-probs: run actor_inf (inference) before actor_train"
+            )
         if cfg.kl_ctl > 0 and batch.ref_logprobs is None:
             raise ValueError("ppo.kl_ctl > 0 needs reference log-probs: run ref_inf before actor_train")
         if batch.advantages is None:
@@ -218,16 +237,25 @@ class ActorLoss:
             cfg, chunk = self.cfg, mb_rows[rows]  # chunk: rows of the whole batch
             w, mask = mb.loss_mask.shape[1], mb.loss_mask
             dev = logits.device
-            logp, entropy = token_logprobs_and_entropy(logits, mb, cfg.gen.temperature,
-                                                       entropy_grad=cfg.entropy_coef > 0)  # [n, w] each
+            logp, entropy = token_logprobs_and_entropy(
+                logits, mb, cfg.gen.temperature, entropy_grad=cfg.entropy_coef > 0
+            )  # [n, w] each
             if fill_prox:
                 # `old`/`prox` are views of this tensor: the loss below reads what is written here.
                 self.batch.prox_logprobs[chunk, :w] = logp.detach().cpu()
             prox = None if self.prox is None else self.prox[chunk, :w].to(dev)
             loss, stats = F.actor_loss_fn(
-                logp, self.old[chunk, :w].to(dev), self.batch.advantages[chunk, :w].to(dev), cfg.eps_clip,
-                mask, c_clip=cfg.c_clip, proximal_logprobs=prox, behav_imp_weight_cap=cfg.behav_imp_weight_cap,
-                eps_clip_high=cfg.eps_clip_high, reduce="none", policy_loss=cfg.policy_loss,
+                logp,
+                self.old[chunk, :w].to(dev),
+                self.batch.advantages[chunk, :w].to(dev),
+                cfg.eps_clip,
+                mask,
+                c_clip=cfg.c_clip,
+                proximal_logprobs=prox,
+                behav_imp_weight_cap=cfg.behav_imp_weight_cap,
+                eps_clip_high=cfg.eps_clip_high,
+                reduce="none",
+                policy_loss=cfg.policy_loss,
             )  # fmt: skip  [n, w]
             kl = torch.zeros_like(loss)  # [n, w]
             if cfg.kl_ctl > 0:
@@ -240,8 +268,15 @@ class ActorLoss:
                 loss = loss - cfg.entropy_coef * entropy
             loss_sum = self.agg.loss_sum(loss, mask)
             n = float(stats["n_tokens"])
-            self.stats.add([float(loss_sum.detach()), *(float(stats[k]) * n for k in self.STATS[1:-3]),
-                            float(kl.detach().sum()), float(entropy.detach().sum()), n])
+            self.stats.add(
+                [
+                    float(loss_sum.detach()),
+                    *(float(stats[k]) * n for k in self.STATS[1:-3]),
+                    float(kl.detach().sum()),
+                    float(entropy.detach().sum()),
+                    n,
+                ]
+            )
             return loss_sum
 
         return loss_fn
@@ -264,8 +299,9 @@ class CriticLoss:
 
     def __init__(self, batch: TrainBatch, cfg: PPOHyperparameters):
         if batch.values is None or batch.returns is None:
-            raise ValueError("critic_train needs the values of critic_inf and the step's returns "
-                             "(run critic_inf first)")
+            raise ValueError(
+                "critic_train needs the values of critic_inf and the step's returns (run critic_inf first)"
+            )
         self.batch, self.cfg = batch, cfg
         self.stats = StatSums(self.STATS)
         self.weight = loss_weight
@@ -274,9 +310,13 @@ class CriticLoss:
         def loss_fn(output: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
             chunk, w, dev = mb_rows[rows], mb.loss_mask.shape[1], output.device
             values = token_values(output, mb)  # [n, w]
-            loss_sum, stats = F.value_loss_fn(values, self.batch.values[chunk, :w].to(dev),
-                                              self.batch.returns[chunk, :w].to(dev), self.cfg.value_eps_clip,
-                                              mb.loss_mask)
+            loss_sum, stats = F.value_loss_fn(
+                values,
+                self.batch.values[chunk, :w].to(dev),
+                self.batch.returns[chunk, :w].to(dev),
+                self.cfg.value_eps_clip,
+                mb.loss_mask,
+            )
             self.stats.add([float(loss_sum.detach()), float(stats["clip_count"]), float(stats["error_sum"])])
             return loss_sum
 

@@ -87,7 +87,8 @@ def _seq_count(mask: torch.Tensor) -> float:
 LOSS_AGGREGATIONS: Dict[str, LossAggregation] = {
     "token-mean": LossAggregation(lambda loss, mask: loss.sum(), lambda mask: float(mask.sum())),
     "seq-mean-token-mean": LossAggregation(
-        lambda loss, mask: (loss.sum(dim=-1) / _row_counts(mask).clamp(min=1)).sum(), _seq_count),
+        lambda loss, mask: (loss.sum(dim=-1) / _row_counts(mask).clamp(min=1)).sum(), _seq_count
+    ),
     "seq-mean-token-sum": LossAggregation(lambda loss, mask: loss.sum(), _seq_count),
 }
 assert tuple(LOSS_AGGREGATIONS) == LOSS_AGG_MODES, "every ppo.loss_agg_mode choice needs an entry"

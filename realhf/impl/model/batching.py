@@ -133,7 +133,8 @@ def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int, by_gro
     if by_group:
         groups = batch.group_ids[rows]
         longest = torch.zeros(int(groups.max()) + 1, dtype=lengths.dtype).scatter_reduce_(
-            0, groups, lengths, reduce="amax")
+            0, groups, lengths, reduce="amax"
+        )
         # Sort by (group's longest row, group, length): lexsort by stable sorts, last key first.
         order = torch.argsort(lengths, stable=True)
         order = order[torch.argsort(groups[order], stable=True)]

@@ -56,23 +56,30 @@ def find_package_gguf(package: str = DEFAULT_PACKAGE) -> Path:
     try:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
-        raise GGUFImportError(f"the package {package!r} is not installed: " + _PIP_HINT.format(package=package)) from None
+        raise GGUFImportError(
+            f"the package {package!r} is not installed: " + _PIP_HINT.format(package=package)
+        ) from None
     files = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(files) != 1:
         found = ", ".join(str(f) for f in files) or "none"
-        raise GGUFImportError(f"the package {package!r} ships {len(files)} .gguf files ({found}); "
-                              "pass the file itself (--gguf PATH)")
+        raise GGUFImportError(
+            f"the package {package!r} ships {len(files)} .gguf files ({found}); pass the file itself (--gguf PATH)"
+        )
     path = Path(dist.locate_file(files[0])).resolve()
     if not path.is_file():
-        raise GGUFImportError(f"{package!r} lists {files[0]} but {path} is missing: reinstall it ("
-                              + _PIP_HINT.format(package=package) + ")")
+        raise GGUFImportError(
+            f"{package!r} lists {files[0]} but {path} is missing: reinstall it ("
+            + _PIP_HINT.format(package=package)
+            + ")"
+        )
     return path
 
 
 def _require_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise GGUFImportError("reading GGUF files needs the 'gguf' package: pip install gguf "
-                              "(or pip install -e '.[smollm2]')")
+        raise GGUFImportError(
+            "reading GGUF files needs the 'gguf' package: pip install gguf (or pip install -e '.[smollm2]')"
+        )
 
 
 def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
@@ -138,8 +145,10 @@ def convert(source: Path, out_dir: Path) -> ConversionResult:
         return ConversionResult(out_dir, source, done["safetensors_sha256"], done["n_params"], up_to_date=True)
     # Replaced below only if an earlier conversion wrote it: never delete a user's own directory.
     if out_dir.exists() and any(out_dir.iterdir()) and _manifest(out_dir) is None:
-        raise GGUFImportError(f"{str(out_dir)!r} exists and was not written by this converter (no {MANIFEST}); "
-                              "remove it or choose another output directory")
+        raise GGUFImportError(
+            f"{str(out_dir)!r} exists and was not written by this converter (no {MANIFEST}); "
+            "remove it or choose another output directory"
+        )
 
     model, tokenizer = load_plain(source)
     n_params = sum(p.numel() for p in model.parameters())  # tied tensors counted once
@@ -154,8 +163,11 @@ def convert(source: Path, out_dir: Path) -> ConversionResult:
         weights.chmod(0o644)  # written 0600 (via a private temporary file); a model is shared data
     sha = safetensors_sha256(tmp)
     with open(tmp / MANIFEST, "w") as f:
-        json.dump({"source": str(source), "source_sha256": source_sha, "safetensors_sha256": sha,
-                   "n_params": n_params}, f, indent=1)
+        json.dump(
+            {"source": str(source), "source_sha256": source_sha, "safetensors_sha256": sha, "n_params": n_params},
+            f,
+            indent=1,
+        )
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)

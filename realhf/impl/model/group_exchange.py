@@ -37,12 +37,15 @@ def check_assignment(assignment: Sequence[Sequence[Tuple[int, int]]], rank: int,
         raise ValueError(f"balance plan for {len(assignment)} ranks, but there are {world}")
     mine = sorted(int(i) for dest in assignment for s, i in dest if int(s) == rank)
     if mine != list(range(n_held)):
-        raise ValueError(f"balance plan places rank {rank}'s groups as {mine}, but it holds {n_held} "
-                         f"(each index 0..{n_held - 1} exactly once)")
+        raise ValueError(
+            f"balance plan places rank {rank}'s groups as {mine}, but it holds {n_held} "
+            f"(each index 0..{n_held - 1} exactly once)"
+        )
 
 
-def exchange(groups: List[Trajectory], assignment: Sequence[Sequence[Tuple[int, int]]], rank: int,
-             group=None) -> List[Trajectory]:
+def exchange(
+    groups: List[Trajectory], assignment: Sequence[Sequence[Tuple[int, int]]], rank: int, group=None
+) -> List[Trajectory]:
     """Collective over `group` (all ranks): this rank's groups under `assignment`."""
     world = len(assignment)
     mine = [(int(s), int(i)) for s, i in assignment[rank]]
@@ -57,8 +60,9 @@ def exchange(groups: List[Trajectory], assignment: Sequence[Sequence[Tuple[int, 
     dist.all_to_all_single(recv_sizes, send_sizes, group=group)
     send = torch.from_numpy(np.frombuffer(b"".join(blobs), dtype=np.uint8).copy())  # [Σ send_sizes]
     recv = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)  # [Σ recv_sizes]
-    dist.all_to_all_single(recv, send, output_split_sizes=recv_sizes.tolist(),
-                           input_split_sizes=send_sizes.tolist(), group=group)
+    dist.all_to_all_single(
+        recv, send, output_split_sizes=recv_sizes.tolist(), input_split_sizes=send_sizes.tolist(), group=group
+    )
     received, offset = {}, 0
     raw = recv.numpy().tobytes()
     for src, size in enumerate(recv_sizes.tolist()):

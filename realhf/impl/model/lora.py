@@ -35,8 +35,13 @@ def _peft():
 
 def linear_module_names(model: torch.nn.Module) -> List[str]:
     """The last name part of every linear module except the LM head (what target_modules may name)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] != "lm_head"})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] != "lm_head"
+        }
+    )
 
 
 def check_target_modules(model: torch.nn.Module, cfg: LoRAConfig, field: str = "actor.lora.target_modules") -> None:
@@ -45,8 +50,10 @@ def check_target_modules(model: torch.nn.Module, cfg: LoRAConfig, field: str = "
     known = linear_module_names(model)
     missing = sorted(set(cfg.target_modules) - set(known))
     if not cfg.target_modules or missing:
-        raise ValueError(f"{field}={list(cfg.target_modules)}: {type(model).__name__} has no linear module named "
-                         f"{missing or '(empty list)'}; its linear modules are {known}")
+        raise ValueError(
+            f"{field}={list(cfg.target_modules)}: {type(model).__name__} has no linear module named "
+            f"{missing or '(empty list)'}; its linear modules are {known}"
+        )
 
 
 def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int) -> torch.nn.Module:
@@ -55,8 +62,14 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig, seed: int) -> torch.nn.M
     was), B at zero, so the wrapped model computes what the base does."""
     peft = _peft()
     check_target_modules(model, cfg)
-    config = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                             target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # peft asks transformers a deprecated question (is_gradient_checkpointing); nothing to act on.
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
@@ -71,7 +84,7 @@ def merged_state_dict(state: Dict[str, torch.Tensor], scaling: float) -> Dict[st
     out: Dict[str, torch.Tensor] = {}
     adapters: Dict[str, Dict[str, torch.Tensor]] = {}  # module name -> {"A": [r, in], "B": [out, r]}
     for key, tensor in state.items():
-        name = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+        name = key[len(_PEFT_PREFIX) :] if key.startswith(_PEFT_PREFIX) else key
         if ".lora_A." in name or ".lora_B." in name:
             module, kind = name.split(".lora_")[0], name.split(".lora_")[1][0]
             adapters.setdefault(module, {})[kind] = tensor

@@ -20,8 +20,10 @@ from realhf.base.dtypes import torch_dtype
 def _check_safetensors(path: str) -> None:
     # safetensors only: a pytorch_model.bin is a pickle, and loading one can run code.
     if os.path.isdir(path) and not any(f.endswith(".safetensors") for f in os.listdir(path)):
-        raise ValueError(f"model path {path!r} has no *.safetensors file; realhf loads only safetensors "
-                         "checkpoints (re-save it with save_pretrained(..., safe_serialization=True))")
+        raise ValueError(
+            f"model path {path!r} has no *.safetensors file; realhf loads only safetensors "
+            "checkpoints (re-save it with save_pretrained(..., safe_serialization=True))"
+        )
 
 
 def _finish(model: torch.nn.Module, m: ModelTrainEvalConfig) -> torch.nn.Module:
@@ -66,7 +68,8 @@ def load_value_model(m: ModelTrainEvalConfig, seed: int, path: Optional[str] = N
             config = AutoConfig.from_pretrained(path, num_labels=1)
             config.classifier_dropout = 0.0
             model = AutoModelForTokenClassification.from_pretrained(
-                path, config=config, dtype=torch_dtype(m.dtype), use_safetensors=True)
+                path, config=config, dtype=torch_dtype(m.dtype), use_safetensors=True
+            )
     finally:
         transformers.utils.logging.set_verbosity(verbosity)
     return _finish(model, m)

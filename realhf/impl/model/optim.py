@@ -11,7 +11,9 @@ from realhf.api.choices import LR_SCHEDULES
 from realhf.api.cli_args import OptimizerConfig
 
 
-def lr_factor(kind: str, total_steps: int, warmup_proportion: float, min_lr_ratio: float = 0.0) -> Callable[[int], float]:
+def lr_factor(
+    kind: str, total_steps: int, warmup_proportion: float, min_lr_ratio: float = 0.0
+) -> Callable[[int], float]:
     """Multiplier of the peak LR at optimizer step `step` (0-based).
 
     Warm-up is linear from 1/warmup to 1 over `warmup_proportion · total_steps` steps; then

@@ -39,9 +39,9 @@ from realhf.impl.model.actor import (
     token_values,
 )
 from realhf.impl.model.algorithms import KLController, estimator
-from realhf.impl.model.step_calls import step_models
 from realhf.impl.model.batching import TrainBatch, minibatch_rows
 from realhf.impl.model.lora import BaseModelView
+from realhf.impl.model.step_calls import step_models
 
 ROLES = ("actor", "ref", "critic")
 
@@ -54,12 +54,19 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
     if not model.path:
         model = type(model)(**{**model.__dict__, "path": cfg.actor.path})
     return FSDPEngineConfig(
-        model=model, device=cfg.device, local_rank=local_rank, micro_batch_tokens=cfg.ppo.micro_batch_tokens,
+        model=model,
+        device=cfg.device,
+        local_rank=local_rank,
+        micro_batch_tokens=cfg.ppo.micro_batch_tokens,
         shared_prompt=cfg.ppo.shared_prompt,
         # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
         total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
-        value_head=role == "critic", trainable=role != "ref", seed=cfg.seed, name=role,
-        param_dtype=model.param_dtype or None, reduce_dtype=model.reduce_dtype,
+        value_head=role == "critic",
+        trainable=role != "ref",
+        seed=cfg.seed,
+        name=role,
+        param_dtype=model.param_dtype or None,
+        reduce_dtype=model.reduce_dtype,
     )
 
 
@@ -89,7 +96,9 @@ def ensure_advantages(batch: TrainBatch, ppo: PPOHyperparameters, kl_coef: Optio
         batch.advantages, batch.returns = compute_advantages(batch, ppo, kl_coef)
 
 
-def _inference_stats(role: str, out: torch.Tensor, batch: TrainBatch, computed: torch.Tensor, t0: float) -> Dict[str, Any]:
+def _inference_stats(
+    role: str, out: torch.Tensor, batch: TrainBatch, computed: torch.Tensor, t0: float
+) -> Dict[str, Any]:
     mask = batch.loss_mask & computed[:, None]  # [N, T-1]
     n = max(int(mask.sum()), 1)
     stats = {"model": role, "n_tokens": int(mask.sum()), "time_s": time.monotonic() - t0}
@@ -162,7 +171,9 @@ class PPOActor:
         n_tokens = out["n_tokens"]
         out.update(grad_norm=sum(norms) / len(norms), lr=lr, skipped_steps=skipped)
         adv = batch.advantages[batch.loss_mask]
-        sums = all_reduce_sum(torch.tensor([float(adv.sum()), float((adv**2).sum()), batch.n_seqs], dtype=torch.float64))
+        sums = all_reduce_sum(
+            torch.tensor([float(adv.sum()), float((adv**2).sum()), batch.n_seqs], dtype=torch.float64)
+        )
         mean, sq = float(sums[0]) / max(n_tokens, 1.0), float(sums[1]) / max(n_tokens, 1.0)
         out.update(adv_mean=mean, adv_std=max(sq - mean**2, 0.0) ** 0.5)
         if self.ppo.kl_ctl > 0:

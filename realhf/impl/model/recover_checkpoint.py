@@ -57,8 +57,15 @@ def _rng_file(root: Path, rank: int) -> Path:
     return root / "rng" / f"rank{rank}.pt"
 
 
-def save(path: Path, engines: Mapping[str, TrainEngine], rank: int, world_size: int, device: torch.device,
-         extra: Optional[Dict[str, Any]] = None, io_group=None) -> Path:
+def save(
+    path: Path,
+    engines: Mapping[str, TrainEngine],
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    extra: Optional[Dict[str, Any]] = None,
+    io_group=None,
+) -> Path:
     """Collective: write the recovery checkpoint of `engines` (role → trainable engine) at `path`;
     the one it replaces becomes `trial_files.previous_dir(path)`. `extra` (msgpack/JSON-able
     counters from the master) is stored beside `version` in the info file. The ranks wait for
@@ -102,8 +109,10 @@ def load(path: Path, engines: Mapping[str, TrainEngine], rank: int, device: torc
         raise FileNotFoundError(f"no recovery checkpoint at {path} (no {INFO_FILE})")
     missing = sorted(set(engines) - set(info.get("roles", [])))
     if missing:
-        raise ValueError(f"recovery checkpoint {path} has no state for {missing} (it holds {info.get('roles')}); "
-                         "was it written by a run with another ppo.adv_estimator?")
+        raise ValueError(
+            f"recovery checkpoint {path} has no state for {missing} (it holds {info.get('roles')}); "
+            "was it written by a run with another ppo.adv_estimator?"
+        )
     for role, engine in engines.items():
         try:
             engine.load_recover(path / role)
@@ -159,13 +168,16 @@ def choose(run_dir: str) -> Optional[Tuple[Path, Dict[str, Any]]]:
         if problem is None:
             info = read_info(path)
             if problems:
-                logger.warning(f"not resuming from the newest recovery checkpoint: {problems[0]}; resuming from "
-                               f"the previous one, {path} (version {info.get('version')})")
+                logger.warning(
+                    f"not resuming from the newest recovery checkpoint: {problems[0]}; resuming from "
+                    f"the previous one, {path} (version {info.get('version')})"
+                )
             return path, info
         problems.append(problem)
     raise DamagedCheckpointError(
         f"no recovery checkpoint under {run_dir} is whole: {'; '.join(problems)}. Restore the files from a copy, "
-        "or start afresh (recover_mode=disabled with overwrite=true, or another trial_name)")
+        "or start afresh (recover_mode=disabled with overwrite=true, or another trial_name)"
+    )
 
 
 def _write_manifest(root: Path) -> None:
@@ -184,8 +196,10 @@ def _read_manifest(path: Path):
     """{relative path: (size, sha256)} from the manifest of `path`, or what is wrong with it."""
     f = path / MANIFEST_FILE
     if not f.is_file():
-        return (f"{path}: no {MANIFEST_FILE}, so it cannot be verified (written by a realhf older than "
-                "manifests, or not by recover_checkpoint.save)")
+        return (
+            f"{path}: no {MANIFEST_FILE}, so it cannot be verified (written by a realhf older than "
+            "manifests, or not by recover_checkpoint.save)"
+        )
     try:
         return {rel: (int(e["size"]), str(e["sha256"])) for rel, e in json.loads(f.read_text())["files"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -134,7 +134,7 @@ class _Capture:
             take = self.head_limit - len(self.head)
             self.head, text = self.head + text[:take], text[take:]
         if text and self.tail_limit:
-            self.tail = (self.tail + text)[-self.tail_limit:]
+            self.tail = (self.tail + text)[-self.tail_limit :]
 
     def text(self) -> str:
         cut = self.total - len(self.head) - len(self.tail)
@@ -185,8 +185,10 @@ def _outcome(returncode: int, timed_out: bool, stderr: str, limits: PythonSandbo
     if returncode == -signal.SIGXCPU:
         return f"the code exceeded the CPU-time limit of {math.ceil(limits.cpu_seconds)}s and was killed"
     if returncode == -signal.SIGKILL:
-        return (f"the code was killed by SIGKILL (the hard CPU-time limit of {math.ceil(limits.cpu_seconds) + 1}s, "
-                f"or the machine ran out of memory)")
+        return (
+            f"the code was killed by SIGKILL (the hard CPU-time limit of {math.ceil(limits.cpu_seconds) + 1}s, "
+            f"or the machine ran out of memory)"
+        )
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -218,14 +220,26 @@ async def run_python(code: str, limits: PythonSandboxLimits = PythonSandboxLimit
     loop = asyncio.get_running_loop()
     with tempfile.TemporaryDirectory(prefix="realhf-python-", ignore_cleanup_errors=True) as scratch:
         transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(loop), sys.executable, "-I", "-S", "-X", "utf8", "-c", _PROLOGUE,
-            json.dumps([[int(res), list(value)] for res, value in rlimits.items()]), code,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=scratch, env=_environment(scratch), start_new_session=True)
+            lambda: _Protocol(loop),
+            sys.executable,
+            "-I",
+            "-S",
+            "-X",
+            "utf8",
+            "-c",
+            _PROLOGUE,
+            json.dumps([[int(res), list(value)] for res, value in rlimits.items()]),
+            code,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=scratch,
+            env=_environment(scratch),
+            start_new_session=True,
+        )
         pid = transport.get_pid()
         out, err = _Capture(limits.output_chars), _Capture(limits.output_chars)
-        pumps = [asyncio.ensure_future(_pump(protocol.stdout, out)),
-                 asyncio.ensure_future(_pump(protocol.stderr, err))]
+        pumps = [asyncio.ensure_future(_pump(protocol.stdout, out)), asyncio.ensure_future(_pump(protocol.stderr, err))]
         timed_out = False
         try:
             try:
@@ -274,8 +288,10 @@ def make_python_tool(limits: PythonSandboxLimits = PythonSandboxLimits()) -> Too
         return await run_python(code, limits)
 
     t = tool(python, name="python", timeout=limits.wall_seconds + _TOOL_TIMEOUT_MARGIN)
-    t.description += (f" Limits: {math.ceil(limits.cpu_seconds)}s CPU, {limits.wall_seconds:g}s wall clock, "
-                      f"{limits.memory_mb} MiB memory, {limits.output_chars} characters of output per stream.")
+    t.description += (
+        f" Limits: {math.ceil(limits.cpu_seconds)}s CPU, {limits.wall_seconds:g}s wall clock, "
+        f"{limits.memory_mb} MiB memory, {limits.output_chars} characters of output per stream."
+    )
     return t
 
 

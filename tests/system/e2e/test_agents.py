@@ -22,9 +22,16 @@ def _generations_per_episode(log_dir) -> list:
 @pytest.mark.e2e
 @pytest.mark.slow  # CI: the tool agent's run below is multi-turn through the same path
 def test_the_multi_turn_math_agent_trains_through_the_real_system(tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "multiturn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
-                                          "rollout.agent.type=math-multi-turn", "rollout.agent.num_turns=3",
-                                          "ppo.gen.max_new_tokens=16", timeout=400)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "multiturn",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "rollout.agent.type=math-multi-turn",
+        "rollout.agent.num_turns=3",
+        "ppo.gen.max_new_tokens=16",
+        timeout=400,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -36,9 +43,16 @@ def test_the_multi_turn_math_agent_trains_through_the_real_system(tmp_path, no_l
 @pytest.mark.e2e
 @pytest.mark.slow  # CI: the unit tests of reward_fn and of the example cover them
 def test_a_reward_function_without_an_environment_trains(tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "rewardfn", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
-                                          "rollout.agent.reward_fn=helpers.user_agents:answer_matches",
-                                          "rollout.env.type=none", timeout=400, env=ENV)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "rewardfn",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "rollout.agent.reward_fn=helpers.user_agents:answer_matches",
+        "rollout.env.type=none",
+        timeout=400,
+        env=ENV,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -49,9 +63,15 @@ def test_a_reward_function_without_an_environment_trains(tmp_path, no_leftover_p
 @pytest.mark.e2e
 @pytest.mark.slow  # CI: the unit tests of reward_fn and of the example cover them
 def test_the_custom_agent_example_trains(tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "custom", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
-                                          "rollout.agent.type=examples.custom_agent.agent:RetryAgent",
-                                          "rollout.env.type=examples.custom_agent.agent:ExactAnswerEnv", timeout=400)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "custom",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "rollout.agent.type=examples.custom_agent.agent:RetryAgent",
+        "rollout.env.type=examples.custom_agent.agent:ExactAnswerEnv",
+        timeout=400,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -60,10 +80,17 @@ def test_the_custom_agent_example_trains(tmp_path, no_leftover_processes):
 
 @pytest.mark.e2e
 def test_agent_code_written_against_the_openai_client_trains(tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "openai", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
-                                          "rollout.agent.type=openai-agent", "rollout.env.type=none",
-                                          "+rollout.agent.args.workflow=helpers.user_agents:openai_math",
-                                          timeout=400, env=ENV)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "openai",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "rollout.agent.type=openai-agent",
+        "rollout.env.type=none",
+        "+rollout.agent.args.workflow=helpers.user_agents:openai_math",
+        timeout=400,
+        env=ENV,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -81,13 +108,38 @@ def test_the_tool_agent_trains_on_the_embedded_tool_task(tmp_path, no_leftover_p
     from helpers.paths import REPO
 
     data = tmp_path / "task"
-    subprocess.run([sys.executable, "scripts/make_tool_task.py", "--out", str(data), "--data-only", "--n-train",
-                    "400", "--n-test", "20"], cwd=REPO, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/make_tool_task.py",
+            "--out",
+            str(data),
+            "--data-only",
+            "--n-train",
+            "400",
+            "--n-test",
+            "20",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     proc, metrics, log_dir = run_training(
-        tmp_path, "tools", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, "actor.path=assets/tiny-tools/sft",
-        f"dataset.path={data}/data/train.jsonl", f"dataset.test_path={data}/data/test.jsonl",
-        "dataset.chat_template=on", "rollout.agent.type=tool-agent", "+rollout.agent.args.max_turns=2",
-        "rollout.env.check_work=false", "ppo.gen.max_new_tokens=64", timeout=400)
+        tmp_path,
+        "tools",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "actor.path=assets/tiny-tools/sft",
+        f"dataset.path={data}/data/train.jsonl",
+        f"dataset.test_path={data}/data/test.jsonl",
+        "dataset.chat_template=on",
+        "rollout.agent.type=tool-agent",
+        "+rollout.agent.args.max_turns=2",
+        "rollout.env.check_work=false",
+        "ppo.gen.max_new_tokens=64",
+        timeout=400,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))

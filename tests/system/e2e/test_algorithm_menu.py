@@ -15,8 +15,10 @@ from helpers.training_runs import trial_processes as _trial_processes
 
 # The workers import a user's own module (tests/helpers/user_algorithms.py) by its import path.
 ENV = dict(os.environ, PYTHONPATH=TESTS_DIR)
-USER_ALGORITHMS = ["ppo.policy_loss=helpers.user_algorithms:sigmoid_ratio",
-                   "ppo.adv_estimator=helpers.user_algorithms:rloo"]
+USER_ALGORITHMS = [
+    "ppo.policy_loss=helpers.user_algorithms:sigmoid_ratio",
+    "ppo.adv_estimator=helpers.user_algorithms:rloo",
+]
 
 # Why 100 steps and not fewer: in eight earlier 150-step runs of the default (lr 1e-4) the mean
 # success rate of steps 31-40 was only 0.00-0.04 above that of steps 1-10, while steps 81-100
@@ -32,8 +34,12 @@ COMMON = [f"exp_ctrl.benchmark_steps={STEPS}", "evaluation.n_prompts=0", "exp_ct
 CHOICES = {
     # GSPO's clip range is on a sequence ratio, so it is three orders of magnitude narrower
     # than the token ratio's (the GSPO paper's 3e-4 / 4e-4), and its natural aggregation is per sequence.
-    "gspo": ["ppo.policy_loss=gspo", "ppo.eps_clip=3e-4", "ppo.eps_clip_high=4e-4",
-             "ppo.loss_agg_mode=seq-mean-token-mean"],
+    "gspo": [
+        "ppo.policy_loss=gspo",
+        "ppo.eps_clip=3e-4",
+        "ppo.eps_clip_high=4e-4",
+        "ppo.loss_agg_mode=seq-mean-token-mean",
+    ],
     "dr_grpo": ["ppo.adv_estimator=dr_grpo"],
     "batch_norm": ["ppo.adv_estimator=batch_norm"],
     "adaptive_kl": ["ppo.kl_ctl=0.1", "ppo.kl_target=0.005", "ppo.kl_horizon=10000"],
@@ -56,8 +62,9 @@ def _check_choice(name, metrics):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CHOICES))
 def test_menu_choice_trains(name, tmp_path, no_leftover_processes):
-    proc, metrics, _ = run_training(tmp_path, f"menu-{name.replace('_', '-')}", *COMMON, *CHOICES[name],
-                                    timeout=1200, env=ENV)
+    proc, metrics, _ = run_training(
+        tmp_path, f"menu-{name.replace('_', '-')}", *COMMON, *CHOICES[name], timeout=1200, env=ENV
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1)), out[-3000:]
@@ -76,8 +83,15 @@ def test_a_users_own_loss_and_estimator_train_in_the_whole_system(tmp_path, no_l
     module, chosen by one config line each, run in every worker that needs them (validation at
     start, the trainer's loss); whether they learn is the slow menu test above."""
     steps = 8
-    proc, metrics, _ = run_training(tmp_path, "user-algorithms", f"exp_ctrl.benchmark_steps={steps}", *SMALL_RUN,
-                                    *USER_ALGORITHMS, timeout=600, env=ENV)
+    proc, metrics, _ = run_training(
+        tmp_path,
+        "user-algorithms",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *SMALL_RUN,
+        *USER_ALGORITHMS,
+        timeout=600,
+        env=ENV,
+    )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     assert "policy loss helpers.user_algorithms:sigmoid_ratio, advantages helpers.user_algorithms:rloo" in proc.stdout
     assert all(math.isfinite(m["loss"]) and m["clip_fraction"] == 0.0 for m in metrics)  # the user's never clips

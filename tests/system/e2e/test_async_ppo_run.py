@@ -10,12 +10,18 @@ from helpers.paths import TESTS_DIR
 from helpers.training_runs import CRITIC_RUN, check_finished_run, reward_gain, run_training
 from helpers.training_runs import trial_processes as _trial_processes
 
+
 @pytest.mark.e2e
 def test_synchronous_baseline_trains_only_on_the_current_version(tmp_path, no_leftover_processes):
     steps = 10
-    proc, metrics, _ = run_training(tmp_path, "sync", f"exp_ctrl.benchmark_steps={steps}",
-                                    "max_head_offpolicyness=0", "ppo.use_decoupled_loss=false",
-                                    "evaluation.n_prompts=0")
+    proc, metrics, _ = run_training(
+        tmp_path,
+        "sync",
+        f"exp_ctrl.benchmark_steps={steps}",
+        "max_head_offpolicyness=0",
+        "ppo.use_decoupled_loss=false",
+        "evaluation.n_prompts=0",
+    )
     check_finished_run(proc, metrics, steps, 0, tmp_path)
     assert all(m["head_offpolicyness_max"] == 0 for m in metrics)
 
@@ -24,8 +30,9 @@ def test_synchronous_baseline_trains_only_on_the_current_version(tmp_path, no_le
 @pytest.mark.slow
 def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
     steps = 300
-    proc, metrics, _ = run_training(tmp_path, "learn", f"exp_ctrl.benchmark_steps={steps}",
-                                    "evaluation.n_prompts=0", timeout=1800)
+    proc, metrics, _ = run_training(
+        tmp_path, "learn", f"exp_ctrl.benchmark_steps={steps}", "evaluation.n_prompts=0", timeout=1800
+    )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     # NOTES' criterion: mean reward of the last 20 steps ≥ mean of the first 20 + 0.08.
     first, final = reward_gain(metrics)
@@ -36,8 +43,14 @@ def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
 @pytest.mark.slow
 def test_ppo_with_a_critic_raises_the_success_rate(tmp_path, no_leftover_processes):
     steps = 150
-    proc, metrics, _ = run_training(tmp_path, "critic-learn", f"exp_ctrl.benchmark_steps={steps}", *CRITIC_RUN,
-                                    "ppo.critic_warmup_steps=10", timeout=1800)
+    proc, metrics, _ = run_training(
+        tmp_path,
+        "critic-learn",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *CRITIC_RUN,
+        "ppo.critic_warmup_steps=10",
+        timeout=1800,
+    )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     first = sum(m["success_rate"] for m in metrics[:20]) / 20
     final = sum(m["success_rate"] for m in metrics[-20:]) / 20
@@ -50,12 +63,18 @@ def test_a_failing_worker_stops_the_whole_run_and_names_itself(tmp_path, no_left
     # A user environment that raises when it starts: the rollout workers fail after the config
     # check passed; with restarts off the first death ends the run, naming worker, file and line.
     env = dict(os.environ, PYTHONPATH=TESTS_DIR)
-    proc, metrics, log_dir = run_training(tmp_path, "fail", "rollout.env.type=helpers.broken_env:BrokenEnv",
-                                          "cluster.restart_policy.rollout_worker=false", "evaluation.n_prompts=0",
-                                          timeout=300, env=env)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "fail",
+        "rollout.env.type=helpers.broken_env:BrokenEnv",
+        "cluster.restart_policy.rollout_worker=false",
+        "evaluation.n_prompts=0",
+        timeout=300,
+        env=env,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "rollout_worker/" in out and "failed" in out
-    assert "broken_env.py\", line 9" in out and "failed to start (on purpose)" in out  # the log tail
+    assert 'broken_env.py", line 9' in out and "failed to start (on purpose)" in out  # the log tail
     assert metrics == []
     assert _trial_processes(str(tmp_path)) == []

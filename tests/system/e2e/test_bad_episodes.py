@@ -18,7 +18,6 @@ import re
 
 import pytest
 
-
 from helpers.faulty_plugins import bucket
 from helpers.paths import TESTS_DIR
 from helpers.training_runs import SMALL_RUN, check_accounting, run_training
@@ -34,10 +33,19 @@ def _logs(log_dir) -> str:
 
 @pytest.mark.e2e
 def test_a_run_whose_agent_raises_and_env_returns_nan_for_two_thirds_of_the_prompts_finishes(
-        tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "nan", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, ETA,
-                                          "rollout.agent.type=helpers.faulty_plugins:RaisingAgent",
-                                          "rollout.env.type=helpers.faulty_plugins:NanRewardEnv", timeout=300, env=ENV)
+    tmp_path, no_leftover_processes
+):
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "nan",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        ETA,
+        "rollout.agent.type=helpers.faulty_plugins:RaisingAgent",
+        "rollout.env.type=helpers.faulty_plugins:NanRewardEnv",
+        timeout=300,
+        env=ENV,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -52,20 +60,33 @@ def test_a_run_whose_agent_raises_and_env_returns_nan_for_two_thirds_of_the_prom
     # Every admitted group is accounted for, the failed ones by reason (realhf.system.admission_ledger).
     (a,) = check_accounting(tmp_path, out)
     # (The logs also hold episodes that ended after the master's last read of the ledger.)
-    assert 0 < a["ended"].get("malformed", 0) <= len(set(failed)) and 0 < a["ended"].get("failed", 0) <= len(set(raised)), a
+    assert 0 < a["ended"].get("malformed", 0) <= len(set(failed)) and 0 < a["ended"].get("failed", 0) <= len(
+        set(raised)
+    ), a
     assert metrics[-1]["groups_ended_malformed"] > 0 and metrics[-1]["groups_ended_failed"] > 0
 
 
 @pytest.mark.e2e
 def test_episodes_whose_env_hangs_time_out_free_their_slots_and_are_named(tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "hang", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, ETA,
-                                          "rollout.env.type=helpers.faulty_plugins:HangingEnv",
-                                          "rollout.episode_timeout=3", timeout=300, env=ENV)
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "hang",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        ETA,
+        "rollout.env.type=helpers.faulty_plugins:HangingEnv",
+        "rollout.episode_timeout=3",
+        timeout=300,
+        env=ENV,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    timed_out = re.findall(r"episode (\S+) \(agent math-single-step, env helpers.faulty_plugins:HangingEnv\) ran "
-                           r"longer than rollout.episode_timeout=3s and was cancelled", _logs(log_dir))
+    timed_out = re.findall(
+        r"episode (\S+) \(agent math-single-step, env helpers.faulty_plugins:HangingEnv\) ran "
+        r"longer than rollout.episode_timeout=3s and was cancelled",
+        _logs(log_dir),
+    )
     # (A slow episode on a loaded machine may time out too: only the hanging ones are counted.)
     hung = [qid for qid in timed_out if bucket(qid.split("@")[0], 4) == 0]
     # More hung and were cancelled than one worker has slots (4), and the run still went on.
@@ -76,16 +97,28 @@ def test_episodes_whose_env_hangs_time_out_free_their_slots_and_are_named(tmp_pa
 
 @pytest.mark.e2e
 def test_a_run_whose_reward_fn_blocks_for_a_third_of_the_prompts_finishes_naming_the_function(
-        tmp_path, no_leftover_processes):
-    proc, metrics, log_dir = run_training(tmp_path, "blocking", "exp_ctrl.benchmark_steps=4", *SMALL_RUN,
-                                          "max_head_offpolicyness=1", "rollout.env.type=none",
-                                          "rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward",
-                                          "rollout.agent.reward_timeout=2", timeout=300, env=ENV)
+    tmp_path, no_leftover_processes
+):
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "blocking",
+        "exp_ctrl.benchmark_steps=4",
+        *SMALL_RUN,
+        "max_head_offpolicyness=1",
+        "rollout.env.type=none",
+        "rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward",
+        "rollout.agent.reward_timeout=2",
+        timeout=300,
+        env=ENV,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]  # and it exited: the stuck threads did not hold the workers
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     logs = _logs(log_dir)
-    blocked = re.findall(r"rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward did not return within "
-                         r"rollout.agent.reward_timeout=2s for prompt '([^']+)'", logs)
+    blocked = re.findall(
+        r"rollout.agent.reward_fn=helpers.faulty_plugins:blocking_reward did not return within "
+        r"rollout.agent.reward_timeout=2s for prompt '([^']+)'",
+        logs,
+    )
     assert blocked, logs[-3000:]
     assert all(bucket(query_id, 3) == 2 for query_id in blocked)

@@ -5,20 +5,24 @@ torch.distributed.checkpoint with a bare EOFError."""
 
 import pytest
 
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
 from realhf.base.trial_files import TrialFiles, recover_dir, recover_prev_dir
 from realhf.impl.model.recover_checkpoint import read_info, verify
 
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
-
 # DP=2: both trainer ranks must load the same checkpoint, the one the launcher chose.
-COMMON = ["exp_ctrl.benchmark_steps=4", "exp_ctrl.ckpt_freq_steps=2", "allocation_mode=native.d1m1p1+d2m1p1",
-          *SMALL_RUN]
+COMMON = [
+    "exp_ctrl.benchmark_steps=4",
+    "exp_ctrl.ckpt_freq_steps=2",
+    "allocation_mode=native.d1m1p1+d2m1p1",
+    *SMALL_RUN,
+]
 
 
 @pytest.mark.e2e
 @pytest.mark.slow  # CI time: verify/choose/fallback and the launcher's choice are unit-tested
-def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_previous_one(tmp_path,
-                                                                                       no_leftover_processes):
+def test_a_damaged_newest_checkpoint_is_named_and_the_run_resumes_from_the_previous_one(
+    tmp_path, no_leftover_processes
+):
     trial = "damaged"
     first, _, _ = run_training(tmp_path, trial, *COMMON, timeout=300)
     assert first.returncode == 0, (first.stdout + first.stderr)[-5000:]

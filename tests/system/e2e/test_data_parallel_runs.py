@@ -36,8 +36,14 @@ def _trains(metrics) -> None:
 @pytest.mark.e2e
 def test_grpo_as_shipped_trains_at_dp2_on_balanced_ranks(tmp_path, no_leftover_processes):
     steps = 100
-    proc, metrics, log_dir = run_training(tmp_path, "dp2", f"exp_ctrl.benchmark_steps={steps}", DP2,
-                                          f"max_head_offpolicyness={ETA}", "evaluation.n_prompts=0")
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "dp2",
+        f"exp_ctrl.benchmark_steps={steps}",
+        DP2,
+        f"max_head_offpolicyness={ETA}",
+        "evaluation.n_prompts=0",
+    )
     check_finished_run(proc, metrics, steps, ETA, tmp_path)
     assert any(m["head_offpolicyness_max"] > 0 for m in metrics)  # it did run ahead of the trainer
     _check_balance(metrics, 2, log_dir)
@@ -47,8 +53,15 @@ def test_grpo_as_shipped_trains_at_dp2_on_balanced_ranks(tmp_path, no_leftover_p
 @pytest.mark.e2e
 def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path, no_leftover_processes):
     steps, warmup = 80, 5  # the critic's step is the slowest; measured 0.216 -> 0.305 over 100 steps
-    proc, metrics, log_dir = run_training(tmp_path, "critic", f"exp_ctrl.benchmark_steps={steps}", *CRITIC_RUN,
-                                          f"ppo.critic_warmup_steps={warmup}", DP2, f"max_head_offpolicyness={ETA}")
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "critic",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *CRITIC_RUN,
+        f"ppo.critic_warmup_steps={warmup}",
+        DP2,
+        f"max_head_offpolicyness={ETA}",
+    )
     check_finished_run(proc, metrics, steps, ETA, tmp_path)
     out = proc.stdout + proc.stderr
     assert "actor_inf -> ref_inf -> critic_inf -> critic_train -> actor_train" in out
@@ -66,9 +79,16 @@ def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path,
 @pytest.mark.e2e
 def test_lora_trains_its_adapters_at_dp2(tmp_path, no_leftover_processes):
     steps = 100
-    proc, metrics, log_dir = run_training(tmp_path, "lora", f"exp_ctrl.benchmark_steps={steps}", DP2,
-                                          "actor.lora.r=8", "actor.lora.alpha=16", "actor.optimizer.lr=1e-3",
-                                          "evaluation.n_prompts=0")
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "lora",
+        f"exp_ctrl.benchmark_steps={steps}",
+        DP2,
+        "actor.lora.r=8",
+        "actor.lora.alpha=16",
+        "actor.optimizer.lr=1e-3",
+        "evaluation.n_prompts=0",
+    )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     for rank in (0, 1):
         assert "LoRA r=8" in (log_dir / f"model_worker-{rank}.log").read_text()
@@ -79,9 +99,15 @@ def test_lora_trains_its_adapters_at_dp2(tmp_path, no_leftover_processes):
 @pytest.mark.e2e
 def test_grpo_trains_at_dp3(tmp_path, no_leftover_processes):
     steps = 100
-    proc, metrics, log_dir = run_training(tmp_path, "dp3", f"exp_ctrl.benchmark_steps={steps}",
-                                          "allocation_mode=native.d1m1p1+d3m1p1", "groups_per_step=12",
-                                          "rollout.n_workers=3", "evaluation.n_prompts=0")
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "dp3",
+        f"exp_ctrl.benchmark_steps={steps}",
+        "allocation_mode=native.d1m1p1+d3m1p1",
+        "groups_per_step=12",
+        "rollout.n_workers=3",
+        "evaluation.n_prompts=0",
+    )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     _check_balance(metrics, 3, log_dir)
     _trains(metrics)

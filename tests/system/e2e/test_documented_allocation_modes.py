@@ -9,11 +9,10 @@ from typing import Dict, List
 
 import pytest
 
-from realhf.base.allocation_mode import AllocationMode
-
 from helpers.paths import REPO
 from helpers.training_runs import SMALL_RUN, run_training
 from helpers.training_runs import trial_processes as _trial_processes
+from realhf.base.allocation_mode import AllocationMode
 
 MODE = re.compile(r"\b(?:native|sglang)\.[dmp\d]+\+[dmp\d]+")
 # Modes a longer run of the suite already starts with the documented overrides (checked below, so
@@ -39,8 +38,14 @@ def _overrides(mode: str, extra: List[str]) -> List[str]:
     dp = AllocationMode.parse(mode).train.dp
     base = dict(o.split("=", 1) for o in SMALL_RUN)
     base.pop("max_concurrent_rollouts")  # the default's room is what a documented batch size needs
-    base.update({"groups_per_step": str(4 if 4 % dp == 0 else 2 * dp), "rollout.n_workers": str(max(2, dp)),
-                 "exp_ctrl.benchmark_steps": "2", "allocation_mode": mode})
+    base.update(
+        {
+            "groups_per_step": str(4 if 4 % dp == 0 else 2 * dp),
+            "rollout.n_workers": str(max(2, dp)),
+            "exp_ctrl.benchmark_steps": "2",
+            "allocation_mode": mode,
+        }
+    )
     base.update(dict(o.split("=", 1) for o in extra))
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -58,7 +63,7 @@ def test_a_documented_allocation_mode_starts_and_trains(mode, tmp_path, no_lefto
     if mode in STARTED_ELSEWHERE:
         file, test = STARTED_ELSEWHERE[mode]
         source = (Path(__file__).parent / file).read_text()
-        body = source[source.index(f"def {test}("):]
+        body = source[source.index(f"def {test}(") :]
         body = body[: body.find("\ndef ", 1) if "\ndef " in body[1:] else len(body)]
         for override in [f"allocation_mode={mode}", *extra]:
             assert f'"{override}"' in body, f"{file}::{test} no longer starts {override}"

@@ -7,17 +7,23 @@ nor leaves a process behind."""
 import psutil
 import pytest
 
-from realhf.system.stats_logger import read_eval_metrics
-
 from helpers.training_runs import SMALL_RUN, Run, trial_processes
+from realhf.system.stats_logger import read_eval_metrics
 
 STEPS, EVERY = 80, 4
 
 
 @pytest.mark.e2e
 def test_evaluator_records_accuracy_of_every_fourth_version_at_low_priority(tmp_path, no_leftover_processes):
-    run = Run(tmp_path, "eval", *SMALL_RUN, f"exp_ctrl.benchmark_steps={STEPS}", f"exp_ctrl.eval_freq_steps={EVERY}",
-              "evaluation.during_n_prompts=16", "evaluation.during_samples=2")
+    run = Run(
+        tmp_path,
+        "eval",
+        *SMALL_RUN,
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        f"exp_ctrl.eval_freq_steps={EVERY}",
+        "evaluation.during_n_prompts=16",
+        "evaluation.during_samples=2",
+    )
     try:
         run.wait_for("the evaluator to start", lambda: "evaluating every 4 versions" in run.log("evaluator-0"), 120)
         assert psutil.Process(run.worker_pid("evaluator-0")).nice() == 10
@@ -50,8 +56,15 @@ def test_evaluator_records_accuracy_of_every_fourth_version_at_low_priority(tmp_
 def test_a_killed_evaluator_is_restarted_and_carries_on_without_repeating_a_version(tmp_path, no_leftover_processes):
     import signal
 
-    run = Run(tmp_path, "evalkill", *SMALL_RUN, "exp_ctrl.benchmark_steps=60", "exp_ctrl.eval_freq_steps=2",
-              "evaluation.during_n_prompts=16", "evaluation.during_samples=2")
+    run = Run(
+        tmp_path,
+        "evalkill",
+        *SMALL_RUN,
+        "exp_ctrl.benchmark_steps=60",
+        "exp_ctrl.eval_freq_steps=2",
+        "evaluation.during_n_prompts=16",
+        "evaluation.during_samples=2",
+    )
     try:
         run.wait_for("a first evaluation", lambda: read_eval_metrics(str(run.log_dir)), 300)
         run.kill_worker("evaluator-0", signal.SIGKILL)

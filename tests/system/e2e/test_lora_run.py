@@ -7,10 +7,9 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from realhf.base.trial_files import TrialFiles, published_version_dir
-
 from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training
 from helpers.training_runs import trial_processes as _trial_processes
+from realhf.base.trial_files import TrialFiles, published_version_dir
 
 # Measured on the tiny task (100 steps of the default 16 x 8 batch, r=8, alpha=16; single runs,
 # mean reward of the last 20 steps minus that of the first 20): lr 1e-3 +0.133 (success rate 0.232 -> 0.298), 2e-3 +0.075,
@@ -20,7 +19,7 @@ LORA_RUN = ["actor.lora.r=8", "actor.lora.alpha=16", "actor.optimizer.lr=1e-3", 
 
 
 def _lora_line(log_dir) -> str:
-    lines = [l for l in (log_dir / "model_worker-0.log").read_text().splitlines() if "LoRA r=8" in l]
+    lines = [line for line in (log_dir / "model_worker-0.log").read_text().splitlines() if "LoRA r=8" in line]
     assert lines, "the model worker never logged its LoRA set-up"
     return lines[0]
 
@@ -29,8 +28,9 @@ def _lora_line(log_dir) -> str:
 @pytest.mark.slow  # 38 s on the loaded machine; the unit tests cover every LoRA path but the server's load
 def test_a_lora_run_trains_adapters_against_the_base_and_publishes_merged_weights(tmp_path, no_leftover_processes):
     steps = 4
-    proc, metrics, log_dir = run_training(tmp_path, "lora", f"exp_ctrl.benchmark_steps={steps}", *LORA_RUN,
-                                          *SMALL_RUN[:-1])
+    proc, metrics, log_dir = run_training(
+        tmp_path, "lora", f"exp_ctrl.benchmark_steps={steps}", *LORA_RUN, *SMALL_RUN[:-1]
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1)), out[-3000:]
@@ -49,8 +49,9 @@ def test_a_lora_run_trains_adapters_against_the_base_and_publishes_merged_weight
 @pytest.mark.slow
 def test_a_lora_run_raises_the_reward(tmp_path, no_leftover_processes):
     steps = 100
-    proc, metrics, _ = run_training(tmp_path, "lora-learn", f"exp_ctrl.benchmark_steps={steps}", *LORA_RUN,
-                                    timeout=1800)
+    proc, metrics, _ = run_training(
+        tmp_path, "lora-learn", f"exp_ctrl.benchmark_steps={steps}", *LORA_RUN, timeout=1800
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     first = sum(m["reward_mean"] for m in metrics[:20]) / 20
     final = sum(m["reward_mean"] for m in metrics[-20:]) / 20

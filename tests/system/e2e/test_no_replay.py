@@ -28,9 +28,16 @@ def test_a_rollout_worker_killed_by_an_exception_resumes_its_prompt_order(tmp_pa
     marker = tmp_path / "fatal.marker"
     env = dict(os.environ, PYTHONPATH=TESTS_DIR)
     proc, metrics, log_dir = run_training(
-        tmp_path, "fatal", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, f"max_head_offpolicyness={ETA}",
-        "rollout.agent.type=helpers.faulty_plugins:FatalOnceAgent", f"+rollout.agent.args.marker={marker}",
-        timeout=400, env=env)
+        tmp_path,
+        "fatal",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        f"max_head_offpolicyness={ETA}",
+        "rollout.agent.type=helpers.faulty_plugins:FatalOnceAgent",
+        f"+rollout.agent.args.marker={marker}",
+        timeout=400,
+        env=env,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert marker.exists() and [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -39,8 +46,11 @@ def test_a_rollout_worker_killed_by_an_exception_resumes_its_prompt_order(tmp_pa
     assert len(died) == 1, {i: t[-2000:] for i, t in logs.items()}
     text = logs[died[0]]
     assert re.search(r"prompt order resumed at epoch 0, position \d+ \(from this worker's previous incarnation\)", text)
-    left = re.search(r"previous incarnation left (\d+) groups in flight: (\d+) already pushed \(reported finished\), "
-                     r"(\d+) slots released at the manager, (\d+) prompts re-admitted first", text)
+    left = re.search(
+        r"previous incarnation left (\d+) groups in flight: (\d+) already pushed \(reported finished\), "
+        r"(\d+) slots released at the manager, (\d+) prompts re-admitted first",
+        text,
+    )
     assert left and int(left.group(4)) >= 1, text[-3000:]  # at least the episode that raised
     resumed_at = int(re.search(r"prompt order resumed at epoch 0, position (\d+)", text).group(1))
     # A group may still go stale (an episode slower than 16 steps of this tiny trainer): consumed too.

@@ -11,15 +11,20 @@ import time
 import psutil
 import pytest
 
-from realhf.base.trial_files import read_metrics
-
 from helpers.paths import REPO
 from helpers.training_runs import run_training, training_command, trial_log_dir, trial_processes
+from realhf.base.trial_files import read_metrics
 
 STEPS, CKPT, ETA, B = 12, 4, 1, 8
-COMMON = [f"exp_ctrl.benchmark_steps={STEPS}", f"exp_ctrl.ckpt_freq_steps={CKPT}", f"max_head_offpolicyness={ETA}",
-          f"groups_per_step={B}", "max_concurrent_rollouts=16", "evaluation.n_prompts=0",
-          "allocation_mode=native.d1m1p1+d2m1p1"]
+COMMON = [
+    f"exp_ctrl.benchmark_steps={STEPS}",
+    f"exp_ctrl.ckpt_freq_steps={CKPT}",
+    f"max_head_offpolicyness={ETA}",
+    f"groups_per_step={B}",
+    "max_concurrent_rollouts=16",
+    "evaluation.n_prompts=0",
+    "allocation_mode=native.d1m1p1+d2m1p1",
+]
 
 
 def _worker_pid(tmp_path, config_name):
@@ -34,7 +39,13 @@ def _worker_pid(tmp_path, config_name):
 def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkpoint(tmp_path, no_leftover_processes):
     trial = "rec"
     log_dir = trial_log_dir(tmp_path, trial)
-    proc = subprocess.Popen(training_command(tmp_path, trial, *COMMON), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        training_command(tmp_path, trial, *COMMON),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 400
         while not any(m["step"] >= CKPT + 2 for m in read_metrics(log_dir)):

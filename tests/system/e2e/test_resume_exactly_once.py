@@ -24,8 +24,12 @@ ETA, B, MAX_CONCURRENT = 2, 4, 8  # SMALL_RUN: groups_per_step=4, max_concurrent
 # trained count) plus what is running; a group still pending at the end was drawn at most about
 # that many draws of its worker before the last one trained (η+1 more steps would make it stale).
 TAIL = (ETA + 2) * B + MAX_CONCURRENT
-COMMON = [f"exp_ctrl.benchmark_steps={STEPS}", "exp_ctrl.ckpt_freq_steps=1", f"max_head_offpolicyness={ETA}",
-          *SMALL_RUN]
+COMMON = [
+    f"exp_ctrl.benchmark_steps={STEPS}",
+    "exp_ctrl.ckpt_freq_steps=1",
+    f"max_head_offpolicyness={ETA}",
+    *SMALL_RUN,
+]
 
 
 LOGS = [f"model_worker-{i}" for i in range(2)] + [f"rollout_worker-{i}" for i in range(N_WORKERS)]
@@ -36,8 +40,12 @@ def consumed_untrained(logs: dict, before_version: int = 1 << 30) -> set:
     checkpoint is undone by the resume) or failed in a rollout worker: consumed without training,
     so neither holes nor pending."""
     text = "".join(logs[name] for name in LOGS if name.startswith("model_worker"))
-    out = {q for v, line in re.findall(r"dropped \d+ stale groups .* at version (\d+)\); .*; qids (.*)", text)
-           if int(v) < before_version for q in line.split()}
+    out = {
+        q
+        for v, line in re.findall(r"dropped \d+ stale groups .* at version (\d+)\); .*; qids (.*)", text)
+        if int(v) < before_version
+        for q in line.split()
+    }
     failed = "".join(logs[name] for name in LOGS if name.startswith("rollout_worker"))
     return out | set(re.findall(r"failed \(\d+ in a row\): .*?episode (\S+) ", failed))
 
@@ -64,11 +72,13 @@ def test_a_killed_and_resumed_run_trains_every_drawn_prompt_exactly_once(tmp_pat
         assert second.finish(timeout=400) == 0, second.output()[-5000:]
     finally:
         second.stop()
-    second_logs = {name: second.log(name)[len(first_logs[name]):] for name in LOGS}
+    second_logs = {name: second.log(name)[len(first_logs[name]) :] for name in LOGS}
     consumed |= consumed_untrained(second_logs)
     assert "already received" not in "".join(second_logs.values())  # nothing pushed twice either
-    resumed = [re.search(r"(\d+) prompts pending at the recovery checkpoint", second.log(f"rollout_worker-{i}"))
-               for i in range(N_WORKERS)]
+    resumed = [
+        re.search(r"(\d+) prompts pending at the recovery checkpoint", second.log(f"rollout_worker-{i}"))
+        for i in range(N_WORKERS)
+    ]
     assert all(resumed), [second.log(f"rollout_worker-{i}")[-2000:] for i in range(N_WORKERS)]
     assert sum(int(m.group(1)) for m in resumed) == len(info["rollout_pending"])
 

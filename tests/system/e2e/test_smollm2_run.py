@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from realhf.base.trial_files import TrialFiles, read_metrics
-from realhf.impl.dataset.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
-
 from helpers.paths import REPO
 from helpers.training_runs import training_command
+from realhf.base.trial_files import TrialFiles, read_metrics
+from realhf.impl.dataset.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
 
 STEPS = 2
 
@@ -25,11 +24,21 @@ def test_the_smollm2_example_config_trains_the_real_model_with_lora(tmp_path, sm
     write_jsonl(tmp_path / "train.jsonl", to_rows(train, "train", instruction))
     write_jsonl(tmp_path / "test.jsonl", to_rows(test, "test", instruction))
     # Hydra's options go before the overrides (argparse stops collecting them after an option).
-    command = training_command(tmp_path, "smollm2", f"actor.path={smollm2_path}",
-        f"dataset.path={tmp_path / 'train.jsonl'}", f"dataset.test_path={tmp_path / 'test.jsonl'}",
-        f"exp_ctrl.benchmark_steps={STEPS}", "groups_per_step=2", "group_size=4", "max_concurrent_rollouts=4",
-        "ppo.gen.max_new_tokens=8", "evaluation.n_prompts=4", "evaluation.max_new_tokens=8",
-        "exp_ctrl.ckpt_freq_steps=0")
+    command = training_command(
+        tmp_path,
+        "smollm2",
+        f"actor.path={smollm2_path}",
+        f"dataset.path={tmp_path / 'train.jsonl'}",
+        f"dataset.test_path={tmp_path / 'test.jsonl'}",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        "groups_per_step=2",
+        "group_size=4",
+        "max_concurrent_rollouts=4",
+        "ppo.gen.max_new_tokens=8",
+        "evaluation.n_prompts=4",
+        "evaluation.max_new_tokens=8",
+        "exp_ctrl.ckpt_freq_steps=0",
+    )
     command[2:2] = ["--config-name", "async-ppo-smollm2"]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -20,9 +20,16 @@ def test_a_run_trains_on_a_parquet_file_with_user_columns(tmp_path, no_leftover_
     path = str(tmp_path / "my_math.parquet")
     datasets.Dataset.from_list(user_rows(os.path.join(TINY_MATH, "data", "train.jsonl"), 256)).to_parquet(path)
     proc, metrics, _ = run_training(
-        tmp_path, "parquet", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN, f"dataset.path={path}",
-        *USER_OVERRIDES, "rollout.env.type=helpers.user_data:AnswerColumnEnv", timeout=400,
-        env=dict(os.environ, PYTHONPATH=TESTS_DIR))
+        tmp_path,
+        "parquet",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        f"dataset.path={path}",
+        *USER_OVERRIDES,
+        "rollout.env.type=helpers.user_data:AnswerColumnEnv",
+        timeout=400,
+        env=dict(os.environ, PYTHONPATH=TESTS_DIR),
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     # Only an environment that read each row's answer_number can have graded an answer right.

@@ -57,13 +57,17 @@ def run_in_terminal(cmd, timeout: float, columns: int = 220) -> tuple:
 @pytest.mark.slow  # 40-43 s here (machine loaded); CI keeps the piped-output checks of test_async_ppo_run.py
 def test_a_run_in_a_terminal_shows_the_progress_bar_and_saves_the_curves_png(tmp_path, no_leftover_processes):
     steps = 4
-    code, raw = run_in_terminal(training_command(tmp_path, "tty", *SMALL_RUN, f"exp_ctrl.benchmark_steps={steps}"),
-                                timeout=300)
+    code, raw = run_in_terminal(
+        training_command(tmp_path, "tty", *SMALL_RUN, f"exp_ctrl.benchmark_steps={steps}"), timeout=300
+    )
     text = ANSI.sub("", raw)
     assert code == 0, text[-4000:]
     # The bar, drawn live: its final state, and a state before it.
-    assert re.search(rf"train .*{steps}/{steps} ETA 0:00:00 reward [+-]\d\.\d{{3}} \| acc \d\.\d{{3}} \| "
-                     r"[\d.]+ samples/s \| stale \d\.\d\d \(max \d\)", text), text[-4000:]
+    assert re.search(
+        rf"train .*{steps}/{steps} ETA 0:00:00 reward [+-]\d\.\d{{3}} \| acc \d\.\d{{3}} \| "
+        r"[\d.]+ samples/s \| stale \d\.\d\d \(max \d\)",
+        text,
+    ), text[-4000:]
     assert re.search(rf"train .* [0-{steps - 1}]/{steps} ETA", text), text[-4000:]
     # The master's per-step lines still reach the terminal (above the bar), and the report follows it.
     assert f"step {steps} v{steps}" in text and "reward curve" in text

@@ -23,7 +23,6 @@ from safetensors.torch import save_file
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # tests/ for helpers
 
 from helpers.fsdp_ranks import engine_config, full_params, open_engines, run_steps  # noqa: E402
-
 from realhf.base import trial_files  # noqa: E402
 from realhf.impl.model import checkpoint, recover_checkpoint  # noqa: E402
 

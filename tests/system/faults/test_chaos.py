@@ -30,8 +30,13 @@ GAP_S = (2.0, 6.0)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, seed, no_leftover_processes):
     rng = random.Random(seed)
-    run = Run(tmp_path, f"chaos{seed}", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN,
-              "cluster.restart_policy.max_restarts=50")
+    run = Run(
+        tmp_path,
+        f"chaos{seed}",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        "cluster.restart_policy.max_restarts=50",
+    )
     faults = collections.Counter()
     log = []
     try:

@@ -14,17 +14,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from realhf.impl.model import recover_checkpoint
-
 from helpers.fsdp_ranks import engine_config, full_params, open_engines
 from helpers.paths import REPO
+from realhf.impl.model import recover_checkpoint
 
 WRITER = os.path.join(os.path.dirname(__file__), "checkpoint_writer.py")
 
 
 def _kill_writer_at(tmp_path, pause_at: str, mode: str) -> str:
-    proc = subprocess.Popen([sys.executable, WRITER, str(tmp_path), pause_at, mode], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, WRITER, str(tmp_path), pause_at, mode],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     try:
         deadline = time.monotonic() + 120
@@ -56,13 +60,17 @@ CASES = [
 
 
 @pytest.mark.parametrize("pause_at, mode, left", CASES, ids=[f"{p}-{m}" for p, m, _ in CASES])
-def test_a_writer_killed_mid_save_leaves_a_whole_checkpoint_that_loads(tmp_path, pause_at, mode, left,
-                                                                       no_leftover_processes):
+def test_a_writer_killed_mid_save_leaves_a_whole_checkpoint_that_loads(
+    tmp_path, pause_at, mode, left, no_leftover_processes
+):
     where = _kill_writer_at(tmp_path, pause_at, mode)
     if pause_at != "shards":
         assert "recover" in where, where
-    found = {name: recover_checkpoint.read_info(tmp_path / name)["version"] for name in ("recover", "recover.prev")
-             if (tmp_path / name).exists()}
+    found = {
+        name: recover_checkpoint.read_info(tmp_path / name)["version"]
+        for name in ("recover", "recover.prev")
+        if (tmp_path / name).exists()
+    }
     assert found == left, (where, sorted(os.listdir(tmp_path)))
     for name in found:
         assert recover_checkpoint.verify(tmp_path / name) is None, where
@@ -79,8 +87,13 @@ def test_a_writer_killed_mid_save_leaves_a_whole_checkpoint_that_loads(tmp_path,
             assert torch.equal(got[name], w), name
         # The next save deletes what the killed one left (`.tmp-recover`, a swapped-out old copy).
         recover_checkpoint.save(tmp_path / "recover", {"actor": actor}, 0, 1, actor.device, extra={"version": 4})
-    assert sorted(os.listdir(tmp_path)) == ["recover", "recover.prev", "v1.safetensors", "v2.safetensors",
-                                            "v3.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "recover",
+        "recover.prev",
+        "v1.safetensors",
+        "v2.safetensors",
+        "v3.safetensors",
+    ]
     assert recover_checkpoint.read_info(tmp_path / "recover")["version"] == 4
     assert recover_checkpoint.verify(tmp_path / "recover") is None
     assert recover_checkpoint.verify(tmp_path / "recover.prev") is None

@@ -38,8 +38,9 @@ def test_ctrl_c_stops_every_process_including_redis_and_exits_130(tmp_path, no_l
 @pytest.mark.e2e
 def test_sigterm_to_the_entry_point_stops_every_process_says_so_and_exits_143(tmp_path, no_leftover_processes):
     # What a process manager (systemd, a batch scheduler) sends: only the entry point gets it.
-    _interrupted_run_stops_everything(tmp_path, "sigterm", lambda run: run.proc.send_signal(signal.SIGTERM),
-                                      143, "SIGTERM")
+    _interrupted_run_stops_everything(
+        tmp_path, "sigterm", lambda run: run.proc.send_signal(signal.SIGTERM), 143, "SIGTERM"
+    )
 
 
 def _killed_worker_stops_the_run(tmp_path, trial, worker, name):

@@ -15,11 +15,18 @@ TIMEOUT_S = 10
 
 @pytest.mark.e2e
 def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engine_call_and_step(
-        tmp_path, no_leftover_processes, monkeypatch):
+    tmp_path, no_leftover_processes, monkeypatch
+):
     planted = os.path.join(TESTS_DIR, "helpers", "skip_collective")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([planted, TESTS_DIR, os.environ.get("PYTHONPATH", "")]))
-    run = Run(tmp_path, "skip", "exp_ctrl.benchmark_steps=10", *SMALL_RUN, "allocation_mode=native.d1m1p1+d2m1p1",
-              f"cluster.collective_timeout={TIMEOUT_S}")
+    run = Run(
+        tmp_path,
+        "skip",
+        "exp_ctrl.benchmark_steps=10",
+        *SMALL_RUN,
+        "allocation_mode=native.d1m1p1+d2m1p1",
+        f"cluster.collective_timeout={TIMEOUT_S}",
+    )
     try:
         run.wait_for("the planted skip", lambda: "skips the actor's forward" in run.log("model_worker-1"), 300)
         skipped_at = time.monotonic()
@@ -30,8 +37,10 @@ def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engi
     out = run.output()
     assert code == 1, out[-4000:]
     # The waiting rank names itself, the engine, the call and the step, and the timeout.
-    error = ("dp rank 0/2: actor forward, actor inference of step 3: a collective did not complete within "
-             f"{TIMEOUT_S}s (cluster.collective_timeout)")
+    error = (
+        "dp rank 0/2: actor forward, actor inference of step 3: a collective did not complete within "
+        f"{TIMEOUT_S}s (cluster.collective_timeout)"
+    )
     assert error in run.log("model_worker-0"), run.log("model_worker-0")[-3000:]
     assert error in out, out[-4000:]  # the launcher's report carries it to the user
     assert len(run.metrics()) == 2  # steps 1 and 2 trained; step 3 never completed

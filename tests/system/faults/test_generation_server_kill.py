@@ -15,21 +15,32 @@ STEPS = 200
 
 
 def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
-    run = Run(tmp_path, f"gskill{n_servers}", f"allocation_mode=native.d{n_servers}m1p1+d1m1p1",
-              f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN)
+    run = Run(
+        tmp_path,
+        f"gskill{n_servers}",
+        f"allocation_mode=native.d{n_servers}m1p1+d1m1p1",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+    )
     try:
         run.wait_steps(2)
         before = [run.server_url(i) for i in range(n_servers)]
         victim_url = before[0]
-        status = run.wait_for(f"the manager routing to {n_servers} servers",
-                              lambda: (s := run.manager_status()) and len(s["servers"]) == n_servers and s, 60)
+        status = run.wait_for(
+            f"the manager routing to {n_servers} servers",
+            lambda: (s := run.manager_status()) and len(s["servers"]) == n_servers and s,
+            60,
+        )
         assert {x["url"] for x in status["servers"]} == set(before)
 
         run.kill_worker("generation_server-0")
         t_kill = time.monotonic()
-        run.wait_for("the manager to drop the killed server",
-                     lambda: (s := run.manager_status()) and victim_url not in [x["url"] for x in s["servers"]], 60,
-                     interval=0.2)
+        run.wait_for(
+            "the manager to drop the killed server",
+            lambda: (s := run.manager_status()) and victim_url not in [x["url"] for x in s["servers"]],
+            60,
+            interval=0.2,
+        )
         drop_s = time.monotonic() - t_kill
 
         # The restarted incarnation registers a new URL; the manager routes to it again, and it
@@ -37,6 +48,7 @@ def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
         def rejoined():
             s = run.manager_status()
             return s and [x for x in s["servers"] if x["url"] not in before] and s
+
         status = run.wait_for("the restarted server to be routed again", rejoined, 180)
         new_url = run.server_url(0)
         assert new_url != victim_url and new_url in [x["url"] for x in status["servers"]]
@@ -63,12 +75,14 @@ def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
 
 @pytest.mark.e2e
 def test_sigkilled_generation_server_is_dropped_restarted_and_rejoins_while_training_completes(
-        tmp_path, no_leftover_processes):
+    tmp_path, no_leftover_processes
+):
     _kill_a_generation_server_mid_run(tmp_path, n_servers=2)
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_with_one_generation_server_rollouts_wait_for_its_restart_and_training_completes(
-        tmp_path, no_leftover_processes):
+    tmp_path, no_leftover_processes
+):
     _kill_a_generation_server_mid_run(tmp_path, n_servers=1)

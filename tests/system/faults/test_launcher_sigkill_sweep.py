@@ -7,7 +7,8 @@ import time
 
 import psutil
 
-from helpers.launcher_process import LauncherProcess, alive as _alive
+from helpers.launcher_process import LauncherProcess
+from helpers.launcher_process import alive as _alive
 
 
 def _grandchildren(log_path):
@@ -41,8 +42,18 @@ def test_sigkill_of_the_launcher_leaves_no_grandchild_alive(tmp_path):
 def test_a_normal_stop_also_sweeps_grandchildren_that_left_the_workers_session(tmp_path, no_leftover_processes):
     # The launcher's own teardown finds descendants through its workers; the setsid'd grandchild
     # is found that way too while its parent lives, and by the watchdog's marker sweep after.
-    la = LauncherProcess(["-m", "helpers.launch_dummies", str(tmp_path), "normal", "2", "stubborn_grandchildren=true",
-                          "exit_after=3.0", "complete_trial=true"])
+    la = LauncherProcess(
+        [
+            "-m",
+            "helpers.launch_dummies",
+            str(tmp_path),
+            "normal",
+            "2",
+            "stubborn_grandchildren=true",
+            "exit_after=3.0",
+            "complete_trial=true",
+        ]
+    )
     info = la.wait_ready()
     stubborn = _grandchildren(tmp_path / "logs" / "dummies" / "normal" / "dummy-0.log")
     try:

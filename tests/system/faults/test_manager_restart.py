@@ -28,15 +28,23 @@ def test_a_killed_manager_is_restarted_and_continues_its_accounting(tmp_path, no
         for n in (5, 20):
             run.wait_steps(n)
             # Kill it while it holds running rollouts: those must stay known to its successor.
-            status = run.wait_for("the manager to hold running rollouts",
-                                  lambda: (s := run.manager_status()) and s["running"] > 0 and s, 60, interval=0.05)
+            status = run.wait_for(
+                "the manager to hold running rollouts",
+                lambda: (s := run.manager_status()) and s["running"] > 0 and s,
+                60,
+                interval=0.05,
+            )
             before = run.metrics()[-1]
             run.kill_worker("gserver_manager-0")
             kills.append(before)
             running.append(status["running"])
-            run.wait_for("the restarted manager to take over the ledger",
-                         lambda: len(re.findall(r"restarted \(start \d+ of this run\)", run.log("gserver_manager-0")))
-                         >= len(kills), 120)
+            run.wait_for(
+                "the restarted manager to take over the ledger",
+                lambda: (
+                    len(re.findall(r"restarted \(start \d+ of this run\)", run.log("gserver_manager-0"))) >= len(kills)
+                ),
+                120,
+            )
         code = run.finish()
     finally:
         run.stop()
@@ -45,8 +53,14 @@ def test_a_killed_manager_is_restarted_and_continues_its_accounting(tmp_path, no
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     manager = run.log("gserver_manager-0")
     assert "realhf launcher: restart 2 of gserver_manager/0" in manager, manager[-3000:]
-    took_over = [int(n) for n in re.findall(r"restarted \(start \d+ of this run\): continuing from the admission "
-                                            r"ledger with (\d+) rollouts running", manager)]
+    took_over = [
+        int(n)
+        for n in re.findall(
+            r"restarted \(start \d+ of this run\): continuing from the admission "
+            r"ledger with (\d+) rollouts running",
+            manager,
+        )
+    ]
     print(f"running at the kills (last status read): {running}; taken over: {took_over}")
     assert len(took_over) == 2 and sum(took_over) > 0
     # The rollout workers waited for the new manager: none failed or was restarted.

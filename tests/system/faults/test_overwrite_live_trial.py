@@ -8,10 +8,9 @@ import socket
 
 import pytest
 
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, run_training
 from realhf.base.trial_files import TrialFiles
 from realhf.base.trial_lock import TrialLock
-
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, run_training
 
 
 @pytest.mark.e2e
@@ -19,12 +18,15 @@ def test_a_running_trial_is_never_overwritten_and_can_be_once_it_has_ended(tmp_p
     run = Run(tmp_path, "live", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
     try:
         run.wait_steps(1)
-        second, _, _ = run_training(tmp_path, "live", "overwrite=true", *SMALL_RUN, "exp_ctrl.benchmark_steps=2",
-                                    timeout=120)
+        second, _, _ = run_training(
+            tmp_path, "live", "overwrite=true", *SMALL_RUN, "exp_ctrl.benchmark_steps=2", timeout=120
+        )
         steps_at_refusal = len(run.metrics())
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
-        assert f"config error: this trial is already running: pid {run.proc.pid} on host {socket.gethostname()}" \
-            in second.stderr, second.stderr[-2000:]
+        assert (
+            f"config error: this trial is already running: pid {run.proc.pid} on host {socket.gethostname()}"
+            in second.stderr
+        ), second.stderr[-2000:]
         assert "deleting the files" not in second.stdout
         # The live run's files are all there, and it goes on training.
         assert steps_at_refusal >= 1 and run.metrics()[0]["step"] == 1

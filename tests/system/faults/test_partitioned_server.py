@@ -29,10 +29,9 @@ import time
 
 import pytest
 
-from realhf.base import names
-
 from helpers.tcp_proxy import TcpProxy
 from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, check_accounting
+from realhf.base import names
 
 STEPS = 300
 
@@ -43,8 +42,14 @@ def _routed(run: Run):
 
 
 def _partition_and_heal(tmp_path, mode: str, *overrides: str):
-    run = Run(tmp_path, f"partition-{mode}", "allocation_mode=native.d2m1p1+d1m1p1", f"exp_ctrl.benchmark_steps={STEPS}",
-              *SMALL_RUN, *overrides)
+    run = Run(
+        tmp_path,
+        f"partition-{mode}",
+        "allocation_mode=native.d2m1p1+d1m1p1",
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        *SMALL_RUN,
+        *overrides,
+    )
     proxy = None
     report = {}
     try:
@@ -61,34 +66,40 @@ def _partition_and_heal(tmp_path, mode: str, *overrides: str):
         entries = [k for k in redis.scan_iter(match=key + "/*") if redis.get(k) == direct]
         assert len(entries) == 1, entries
         assert redis.set(entries[0], proxy.url, xx=True, keepttl=True)
-        run.wait_for("the manager routing to server 0 through the proxy",
-                     lambda: _routed(run) == {proxy.url, other}, 60)
+        run.wait_for(
+            "the manager routing to server 0 through the proxy", lambda: _routed(run) == {proxy.url, other}, 60
+        )
         run.wait_for("generation traffic through the proxy", lambda: proxy.stats()["bytes_down"] > 10_000, 60)
 
         proxy.cut(mode)
         t_cut, steps_at_cut = time.monotonic(), len(run.metrics())
-        run.wait_for("the manager to drop the partitioned server from routing",
-                     lambda: _routed(run) == {other}, 60, interval=0.2)
+        run.wait_for(
+            "the manager to drop the partitioned server from routing", lambda: _routed(run) == {other}, 60, interval=0.2
+        )
         report["dropped_after_s"] = time.monotonic() - t_cut
         steps_at_drop = len(run.metrics())
-        run.wait_for("10 train steps with the other server alone", lambda: len(run.metrics()) >= steps_at_drop + 10,
-                     120)
+        run.wait_for(
+            "10 train steps with the other server alone", lambda: len(run.metrics()) >= steps_at_drop + 10, 120
+        )
         report["steps_while_cut"] = len(run.metrics()) - steps_at_cut
         report["cut_s"] = time.monotonic() - t_cut
 
         proxy.heal()
         t_heal, bytes_at_heal = time.monotonic(), proxy.stats()["bytes_down"]
-        run.wait_for("the healed server back in routing", lambda: _routed(run) == {proxy.url, other}, 60,
-                     interval=0.2)
+        run.wait_for("the healed server back in routing", lambda: _routed(run) == {proxy.url, other}, 60, interval=0.2)
         report["rejoined_after_s"] = time.monotonic() - t_heal
         trainer_version = run.manager_status()["version"]
 
         def updated():
             s = run.manager_status()
             return s and any(x["url"] == proxy.url and (x["version"] or 0) >= trainer_version for x in s["servers"])
+
         run.wait_for(f"the healed server updated to version {trainer_version}", updated, 60, interval=0.2)
-        run.wait_for("generation traffic through the healed proxy",
-                     lambda: proxy.stats()["bytes_down"] > bytes_at_heal + 10_000, 60)
+        run.wait_for(
+            "generation traffic through the healed proxy",
+            lambda: proxy.stats()["bytes_down"] > bytes_at_heal + 10_000,
+            60,
+        )
         steps_at_heal = len(run.metrics())
         code = run.finish()
     finally:

@@ -9,9 +9,8 @@ import pytest
 import redis
 from omegaconf import OmegaConf
 
-from realhf.base import names
-
 from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run
+from realhf.base import names
 
 
 def _redis_url(run) -> str:

@@ -14,8 +14,18 @@ def _restarts(text):
 
 
 def _dummies(tmp_path, trial, max_restarts, window, *overrides):
-    return LauncherProcess(["-m", "helpers.launch_dummies", str(tmp_path), trial, "2",
-                            f"restart.max_restarts={max_restarts}", f"restart.window={window}", *overrides])
+    return LauncherProcess(
+        [
+            "-m",
+            "helpers.launch_dummies",
+            str(tmp_path),
+            trial,
+            "2",
+            f"restart.max_restarts={max_restarts}",
+            f"restart.window={window}",
+            *overrides,
+        ]
+    )
 
 
 def _log(tmp_path, trial, name):
@@ -37,8 +47,7 @@ def test_spaced_deaths_beyond_the_window_keep_being_restarted(tmp_path, no_lefto
     assert _restarts(out)["dummy/0"] >= 3, out
 
 
-def test_a_burst_of_deaths_within_the_window_fails_naming_the_restarts_and_the_window(tmp_path,
-                                                                                     no_leftover_processes):
+def test_a_burst_of_deaths_within_the_window_fails_naming_the_restarts_and_the_window(tmp_path, no_leftover_processes):
     la = _dummies(tmp_path, "burst", 2, 600, "exit_after=0.5", "exit_code=3")
     la.wait_ready()
     code, out = la.finish(timeout=90)

@@ -16,11 +16,12 @@ STEPS = 300
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_readmitted(
-        tmp_path, no_leftover_processes):
+def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_readmitted(tmp_path, no_leftover_processes):
     run = Run(tmp_path, "rwkill", f"exp_ctrl.benchmark_steps={STEPS}", *SMALL_RUN)
-    pattern = re.compile(r"previous incarnation left (\d+) groups in flight: (\d+) already pushed \(reported "
-                         r"finished\), (\d+) slots released at the manager, (\d+) prompts re-admitted first")
+    pattern = re.compile(
+        r"previous incarnation left (\d+) groups in flight: (\d+) already pushed \(reported "
+        r"finished\), (\d+) slots released at the manager, (\d+) prompts re-admitted first"
+    )
 
     def settle_report(n: int):
         """The n-th restart's account of what its predecessor left, once it is logged."""
@@ -34,8 +35,11 @@ def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_read
         # once it has had a moment to admit new groups.
         for kills in range(1, 4):  # cluster.restart_policy.max_restarts = 3
             run.kill_worker("rollout_worker-0")
-            report = run.wait_for("the restarted rollout worker to settle its predecessor's groups",
-                                  lambda: settle_report(kills), 180)
+            report = run.wait_for(
+                "the restarted rollout worker to settle its predecessor's groups",
+                lambda kills=kills: settle_report(kills),
+                180,
+            )
             left, pushed, released, readmitted = (int(x) for x in report)
             if left > 0:
                 break

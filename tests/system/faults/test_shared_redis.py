@@ -12,10 +12,9 @@ import socket
 
 import pytest
 
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, run_training
 from realhf.base import names
 from realhf.base.redis_server import RedisServer
-
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, run_training
 
 STEPS, LIVE_STEPS = 3, 30
 
@@ -53,8 +52,10 @@ def _routed_servers(runs):
             run.track()
             if run.trial not in seen:
                 if run.proc.poll() is not None:
-                    raise AssertionError(f"run {run.trial} ended (code {run.proc.returncode}) before its manager's "
-                                         f"/status was read:\n{run.output()[-3000:]}")
+                    raise AssertionError(
+                        f"run {run.trial} ended (code {run.proc.returncode}) before its manager's "
+                        f"/status was read:\n{run.output()[-3000:]}"
+                    )
                 seen[run.trial] = servers(run)
                 if not seen[run.trial]:
                     del seen[run.trial]
@@ -71,8 +72,9 @@ def _finished_with_every_step(run: Run, code: int, steps: int = STEPS):
 
 
 @pytest.mark.e2e
-def test_two_trials_on_one_redis_run_side_by_side_without_seeing_each_other(tmp_path, shared_redis,
-                                                                           no_leftover_processes):
+def test_two_trials_on_one_redis_run_side_by_side_without_seeing_each_other(
+    tmp_path, shared_redis, no_leftover_processes
+):
     url, client = shared_redis
     runs = [Run(tmp_path, trial, *_overrides(url)) for trial in ("left", "right")]
     try:
@@ -93,7 +95,8 @@ def test_two_trials_on_one_redis_run_side_by_side_without_seeing_each_other(tmp_
 
 @pytest.mark.e2e
 def test_a_second_launch_of_a_live_trial_on_another_file_system_is_refused_by_the_redis_lease(
-        tmp_path, shared_redis, no_leftover_processes):
+    tmp_path, shared_redis, no_leftover_processes
+):
     url, client = shared_redis
     for machine in ("machine-a", "machine-b"):
         (tmp_path / machine).mkdir()
@@ -101,16 +104,19 @@ def test_a_second_launch_of_a_live_trial_on_another_file_system_is_refused_by_th
     first = Run(tmp_path / "machine-a", "same", *_overrides(url, LIVE_STEPS))
     try:
         # The lease is taken before the launcher starts (and so before it clears the trial's keys).
-        lease = first.wait_for("the first launch's lease in Redis",
-                               lambda: client.get(names.trial_lease(EXPERIMENT, "same")), timeout=120)
+        lease = first.wait_for(
+            "the first launch's lease in Redis", lambda: client.get(names.trial_lease(EXPERIMENT, "same")), timeout=120
+        )
         assert json.loads(lease)["pid"] == first.proc.pid
         # Its own lock file (another fileroot) is free: only the lease can refuse it.
-        second, _, second_log_dir = run_training(tmp_path / "machine-b", "same", *_overrides(url), "overwrite=true",
-                                                 timeout=300)
+        second, _, second_log_dir = run_training(
+            tmp_path / "machine-b", "same", *_overrides(url), "overwrite=true", timeout=300
+        )
         assert first.proc.poll() is None, "the first run ended before the second launch was refused: nothing tested"
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
-        assert (f"config error: this trial is already running: pid {first.proc.pid} on host "
-                f"{socket.gethostname()}") in second.stderr, second.stderr[-2000:]
+        assert (
+            f"config error: this trial is already running: pid {first.proc.pid} on host {socket.gethostname()}"
+        ) in second.stderr, second.stderr[-2000:]
         assert "lease expires in " in second.stderr and url not in second.stderr  # its password redacted
         assert "deleting the files" not in second.stdout and not second_log_dir.exists()
         # Had the second cleared the trial's keys, the first would fail (its status key gone).

@@ -26,8 +26,18 @@ def _wait_log(tmp_path, trial, name, text, timeout=60):
 
 def test_a_pause_longer_than_the_ttl_but_within_the_grace_is_tolerated(tmp_path, no_leftover_processes):
     # TTL 2 s, heartbeat_grace 6 s: a 4 s pause expires the key; SIGCONT brings it back in time.
-    la = LauncherProcess(["-m", "helpers.launch_dummies", str(tmp_path), "pause", "2", "exit_after=10.0",
-                          "complete_trial=true", "launcher.heartbeat_grace=6"])
+    la = LauncherProcess(
+        [
+            "-m",
+            "helpers.launch_dummies",
+            str(tmp_path),
+            "pause",
+            "2",
+            "exit_after=10.0",
+            "complete_trial=true",
+            "launcher.heartbeat_grace=6",
+        ]
+    )
     pids = la.wait_ready()["pids"]
     os.kill(pids["dummy/1"], signal.SIGSTOP)
     time.sleep(4)
@@ -48,8 +58,19 @@ def test_a_worker_left_paused_fails_the_trial_naming_it_and_the_pause(tmp_path, 
 
 
 def test_a_restartable_worker_left_paused_is_killed_and_restarted(tmp_path, no_leftover_processes):
-    la = LauncherProcess(["-m", "helpers.launch_dummies", str(tmp_path), "stopped-r", "2", "restart.max_restarts=1",
-                          "exit_after=15.0", "complete_trial=true", "launcher.heartbeat_grace=1"])
+    la = LauncherProcess(
+        [
+            "-m",
+            "helpers.launch_dummies",
+            str(tmp_path),
+            "stopped-r",
+            "2",
+            "restart.max_restarts=1",
+            "exit_after=15.0",
+            "complete_trial=true",
+            "launcher.heartbeat_grace=1",
+        ]
+    )
     pids = la.wait_ready()["pids"]
     os.kill(pids["dummy/1"], signal.SIGSTOP)
     _wait_log(tmp_path, "stopped-r", "dummy-1", "restart 1 of dummy/1")

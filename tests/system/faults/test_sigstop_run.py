@@ -31,10 +31,9 @@ import time
 import pytest
 from redis.exceptions import RedisError
 
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, check_accounting
 from realhf.api.cli_args import RestartPolicyConfig
 from realhf.base import names
-
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, check_accounting
 
 TTL = 3.0  # cluster.name_resolve.keepalive_ttl in these runs
 GRACE = 5.0  # the launcher's heartbeat_grace (Supervisor's default)
@@ -82,10 +81,14 @@ def test_a_short_pause_of_each_worker_type_heals(tmp_path, no_leftover_processes
             _, key_gone = _pause(run, worker, SHORT_PAUSE)
             # The pause outlasted the TTL (the key expired): tolerated because it ended within the grace.
             assert key_gone, f"{worker}'s heartbeat key never expired during its {SHORT_PAUSE:g}s pause"
-            run.wait_for(f"2 more train steps after {worker} was resumed", lambda: len(run.metrics()) >= before + 2,
-                         120)
-            timeline.append(f"{worker}: paused at step {before}, step {len(run.metrics())} "
-                            f"{time.monotonic() - t0:.1f}s later")
+            run.wait_for(
+                f"2 more train steps after {worker} was resumed",
+                lambda before=before: len(run.metrics()) >= before + 2,
+                120,
+            )
+            timeline.append(
+                f"{worker}: paused at step {before}, step {len(run.metrics())} {time.monotonic() - t0:.1f}s later"
+            )
         last_resumed_at = len(run.metrics())
         code = run.finish()
     finally:
@@ -101,18 +104,24 @@ def test_a_short_pause_of_each_worker_type_heals(tmp_path, no_leftover_processes
 
 
 # cluster.restart_policy's defaults: which types the launcher restarts.
-RESTARTED = {t for t in ("generation_server", "rollout_worker", "gserver_manager", "model_worker", "master_worker")
-             if getattr(RestartPolicyConfig(), t)}
+RESTARTED = {
+    t
+    for t in ("generation_server", "rollout_worker", "gserver_manager", "model_worker", "master_worker")
+    if getattr(RestartPolicyConfig(), t)
+}
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("worker_type", [
-    pytest.param("generation_server", marks=pytest.mark.slow),
-    pytest.param("rollout_worker", marks=pytest.mark.slow),
-    pytest.param("gserver_manager", marks=pytest.mark.slow),
-    pytest.param("model_worker", marks=pytest.mark.slow),
-    "master_worker",  # in CI: the quickest (~25 s) of the runs that must end loudly
-])
+@pytest.mark.parametrize(
+    "worker_type",
+    [
+        pytest.param("generation_server", marks=pytest.mark.slow),
+        pytest.param("rollout_worker", marks=pytest.mark.slow),
+        pytest.param("gserver_manager", marks=pytest.mark.slow),
+        pytest.param("model_worker", marks=pytest.mark.slow),
+        "master_worker",  # in CI: the quickest (~25 s) of the runs that must end loudly
+    ],
+)
 def test_a_long_pause_restarts_the_worker_or_ends_the_run_naming_it(tmp_path, no_leftover_processes, worker_type):
     steps = 300
     worker = f"{worker_type}-0"
@@ -130,14 +139,20 @@ def test_a_long_pause_restarts_the_worker_or_ends_the_run_naming_it(tmp_path, no
         assert code == 0, out[-5000:]
         assert [m["step"] for m in run.metrics()] == list(range(1, steps + 1)), out[-3000:]
         log = run.log(worker)
-        assert re.search(rf"realhf launcher: restart 1 of {worker_type}/0 .*after: stopped heart-beating .* "
-                         r"and is stopped \(SIGSTOP\?", log), log[-3000:]
+        assert re.search(
+            rf"realhf launcher: restart 1 of {worker_type}/0 .*after: stopped heart-beating .* "
+            r"and is stopped \(SIGSTOP\?",
+            log,
+        ), log[-3000:]
         assert f"'{worker_type}/0': 1" in out, out[-2000:]
         check_accounting(tmp_path, out)  # no admitted group lost to the pause or the restart
     else:
         assert code == 1, out[-5000:]
-        assert re.search(rf"worker {worker_type}/0 failed: stopped heart-beating \(key \S+ gone for \d+s\) while "
-                         r"its process is still alive and is stopped \(SIGSTOP\?", out), out[-5000:]
+        assert re.search(
+            rf"worker {worker_type}/0 failed: stopped heart-beating \(key \S+ gone for \d+s\) while "
+            r"its process is still alive and is stopped \(SIGSTOP\?",
+            out,
+        ), out[-5000:]
         # The launcher acts TTL + grace after the pause, and stops everything within ~6 s.
         assert t_end - t_stop < TTL + GRACE + 20, out[-3000:]
     assert run.leftovers() == []

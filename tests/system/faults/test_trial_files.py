@@ -10,16 +10,16 @@ import sys
 
 import pytest
 
+from helpers.paths import REPO
 from realhf.api.cli_args import AsyncPPOMATHConfig, ClusterSpecConfig
 from realhf.base.trial_files import TrialFiles
-
-from helpers.paths import REPO
 
 
 @pytest.fixture(scope="module")
 def main_async_ppo():
-    spec = importlib.util.spec_from_file_location("main_async_ppo_under_test",
-                                                  os.path.join(REPO, "training", "main_async_ppo.py"))
+    spec = importlib.util.spec_from_file_location(
+        "main_async_ppo_under_test", os.path.join(REPO, "training", "main_async_ppo.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -40,9 +40,20 @@ def _earlier_run(tmp_path, trial):
 
 def test_rerunning_a_named_trial_is_refused_saying_how_to_overwrite_resume_or_rename(tmp_path):
     files = _earlier_run(tmp_path, "t1")
-    proc = subprocess.run([sys.executable, "training/main_async_ppo.py", "trial_name=t1", f"cluster.fileroot={tmp_path}",
-                           "evaluation.n_prompts=0", "exp_ctrl.benchmark_steps=1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "training/main_async_ppo.py",
+            "trial_name=t1",
+            f"cluster.fileroot={tmp_path}",
+            "evaluation.n_prompts=0",
+            "exp_ctrl.benchmark_steps=1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "trial_name=t1 already has files" in proc.stderr
     assert "overwrite=true" in proc.stderr and "recover_mode=auto" in proc.stderr
@@ -61,10 +72,16 @@ def test_overwrite_true_deletes_the_earlier_run_and_resume_keeps_it(tmp_path, ma
 def test_without_a_trial_name_every_run_gets_a_fresh_one(tmp_path):
     # Two runs of the entry point without trial_name (what the README's first command does
     # twice): the config each would use names a different trial, so the second deletes nothing.
-    script = ("from realhf.experiments.config_loading import compose_config; "
-              "print(compose_config(['cluster.fileroot=/x']).trial_name)")
-    names = [subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                            timeout=120, check=True).stdout.split()[-1] for _ in range(2)]
+    script = (
+        "from realhf.experiments.config_loading import compose_config; "
+        "print(compose_config(['cluster.fileroot=/x']).trial_name)"
+    )
+    names = [
+        subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+        ).stdout.split()[-1]
+        for _ in range(2)
+    ]
     assert names[0] != names[1] and all(n.startswith("run-") for n in names), names
 
 

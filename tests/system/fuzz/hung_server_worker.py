@@ -27,13 +27,22 @@ class HungGenerationServer(GenerationServer):
 
 def main() -> int:
     a = json.loads(sys.argv[1])
-    ctx = WorkerContext(experiment_name=a["experiment"], trial_name=a["trial"], worker_type="generation_server",
-                        name_resolve=NameResolveConfig(type="redis", redis_url=a["redis_url"], keepalive_ttl=5.0))
+    ctx = WorkerContext(
+        experiment_name=a["experiment"],
+        trial_name=a["trial"],
+        worker_type="generation_server",
+        name_resolve=NameResolveConfig(type="redis", redis_url=a["redis_url"], keepalive_ttl=5.0),
+    )
     config = GenerationServerConfig(
-        model_path=a["model_path"], host="127.0.0.1", device="cpu",
+        model_path=a["model_path"],
+        host="127.0.0.1",
+        device="cpu",
         native=NativeEngineConfig(max_running_requests=a["slots"], context_length=a["context"]),
-        health_check_interval=a["health_check_interval"], health_timeout=a["health_timeout"],
-        max_health_failures=a["max_health_failures"], keepalive_ttl=5.0)
+        health_check_interval=a["health_check_interval"],
+        health_timeout=a["health_timeout"],
+        max_health_failures=a["max_health_failures"],
+        keepalive_ttl=5.0,
+    )
     return HungGenerationServer(ctx, config).run()
 
 

@@ -33,6 +33,7 @@ async def _rollouts(manager_url, n_groups, group_size):
     from realhf.system.generation_client import GenerationClient
 
     async with GenerationClient(manager_url, request_timeout=3.0, server_wait_timeout=60.0) as client:
+
         async def one(i):
             qid = f"hung-test-{i}"
             ok, reason = await client.manager.allocate_rollout(qid, 0)
@@ -51,24 +52,45 @@ def test_hung_server_is_routed_around_and_exits_nonzero(nr, redis_name_resolve, 
     from realhf.system.worker_base import STATUS_RUNNING
 
     name_resolve.add(names.experiment_status(EXP, TRIAL), STATUS_RUNNING, replace=True)
-    args = {"experiment": EXP, "trial": TRIAL, "redis_url": redis_name_resolve.redis_url,
-            "model_path": tiny_model_path, "slots": SMALL_SLOTS, "context": SMALL_CONTEXT,
-            "health_check_interval": HEALTH_CHECK_INTERVAL, "health_timeout": HEALTH_TIMEOUT,
-            "max_health_failures": MAX_FAILURES}
+    args = {
+        "experiment": EXP,
+        "trial": TRIAL,
+        "redis_url": redis_name_resolve.redis_url,
+        "model_path": tiny_model_path,
+        "slots": SMALL_SLOTS,
+        "context": SMALL_CONTEXT,
+        "health_check_interval": HEALTH_CHECK_INTERVAL,
+        "health_timeout": HEALTH_TIMEOUT,
+        "max_health_failures": MAX_FAILURES,
+    }
     log_path = tmp_path / "hung_worker.log"
     env = {**os.environ, "PYTHONPATH": ROOT}
     with open(log_path, "w") as log, serve_native(tiny_model_path, SMALL_CONTEXT, SMALL_SLOTS) as (good_url, _):
-        worker = subprocess.Popen([sys.executable, WORKER, json.dumps(args)], stdout=log, stderr=subprocess.STDOUT,
-                                  env=env, cwd=ROOT)
+        worker = subprocess.Popen(
+            [sys.executable, WORKER, json.dumps(args)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
         try:
-            hung_url = wait_for(lambda: name_resolve.get_subtree(names.gen_servers(EXP, TRIAL)), 90,
-                                "the hung worker to register", interval=0.2)[0]
-            with running_manager([good_url], health_check_interval=HEALTH_CHECK_INTERVAL,
-                                 health_timeout=HEALTH_TIMEOUT, max_health_failures=MAX_FAILURES,
-                                 max_concurrent_rollouts=64, groups_per_step=64, max_head_offpolicyness=64) as manager:
+            hung_url = wait_for(
+                lambda: name_resolve.get_subtree(names.gen_servers(EXP, TRIAL)),
+                90,
+                "the hung worker to register",
+                interval=0.2,
+            )[0]
+            with running_manager(
+                [good_url],
+                health_check_interval=HEALTH_CHECK_INTERVAL,
+                health_timeout=HEALTH_TIMEOUT,
+                max_health_failures=MAX_FAILURES,
+                max_concurrent_rollouts=64,
+                groups_per_step=64,
+                max_head_offpolicyness=64,
+            ) as manager:
                 service = manager.service
-                wait_for(lambda: set(service.router.servers()) == {good_url, hung_url}, 30,
-                         "the manager to route to both servers")
+                wait_for(
+                    lambda: set(service.router.servers()) == {good_url, hung_url},
+                    30,
+                    "the manager to route to both servers",
+                )
                 t0 = time.monotonic()
                 groups, n_resubmitted, n_other = asyncio.run(_rollouts(manager.url, n_groups=8, group_size=2))
                 rollouts_s = time.monotonic() - t0
@@ -91,5 +113,7 @@ def test_hung_server_is_routed_around_and_exits_nonzero(nr, redis_name_resolve, 
                 worker.wait()
     text = log_path.read_text()
     assert "is hung" in text and "liveness check" in text, text[-3000:]
-    print(f"rollouts finished in {rollouts_s:.1f}s ({n_resubmitted} timed-out requests resubmitted); "
-          f"hung worker exited with {code} {exit_s:.1f}s after the first request")
+    print(
+        f"rollouts finished in {rollouts_s:.1f}s ({n_resubmitted} timed-out requests resubmitted); "
+        f"hung worker exited with {code} {exit_s:.1f}s after the first request"
+    )

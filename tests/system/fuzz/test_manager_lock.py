@@ -55,8 +55,13 @@ def test_status_from_another_thread_while_requests_flow(nr, fast_switching):
     """The real app: rollouts allocated, scheduled and finished over HTTP (event-loop thread)
     while this process's other thread reads status() as GserverManager._poll does."""
     urls = [f"http://127.0.0.1:{9 + i}" for i in range(4)]
-    with running_manager(urls, max_concurrent_rollouts=10**6, groups_per_step=10**6,
-                         max_head_offpolicyness=10**6, health_check_interval=3600) as server:
+    with running_manager(
+        urls,
+        max_concurrent_rollouts=10**6,
+        groups_per_step=10**6,
+        max_head_offpolicyness=10**6,
+        health_check_interval=3600,
+    ) as server:
         base, service = server.url, server.service
         with Hammer(service.status) as hammer:
             deadline = time.monotonic() + 6
@@ -64,8 +69,14 @@ def test_status_from_another_thread_while_requests_flow(nr, fast_switching):
             while time.monotonic() < deadline and hammer.error is None:
                 qid = f"q{i}"
                 assert http("POST", f"{base}/allocate_rollout", {"qid": qid, "rank": 0})[0] == 200
-                assert http("POST", f"{base}/schedule_request",
-                            {"qid": qid, "prompt_len": 3, "group_size": 1, "new_token_budget": 4})[0] == 200
+                assert (
+                    http(
+                        "POST",
+                        f"{base}/schedule_request",
+                        {"qid": qid, "prompt_len": 3, "group_size": 1, "new_token_budget": 4},
+                    )[0]
+                    == 200
+                )
                 assert http("POST", f"{base}/finish_rollout", {"qid": qid, "accepted": True, "n_tokens": 7})[0] == 200
                 i += 1
         assert hammer.error is None, f"status() from another thread raised {hammer.error!r} after {i} rollouts"
@@ -80,8 +91,12 @@ def test_status_while_health_checks_and_routing_change(fast_switching):
     from realhf.system.manager_service import ManagerService
 
     urls = [f"http://127.0.0.1:{1000 + i}" for i in range(64)]
-    service = ManagerService(manager_config(max_concurrent_rollouts=10**6, groups_per_step=10**6,
-                                            max_head_offpolicyness=10**6, max_health_failures=1), urls)
+    service = ManagerService(
+        manager_config(
+            max_concurrent_rollouts=10**6, groups_per_step=10**6, max_head_offpolicyness=10**6, max_health_failures=1
+        ),
+        urls,
+    )
     bad = []
 
     def read():

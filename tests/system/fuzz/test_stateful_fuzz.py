@@ -35,8 +35,19 @@ _MAX_COUNT, _MAX_QID, _MAX_URL = 2**31 - 1, 1024, 4096
 VOCAB = 256  # the tiny model's
 
 NUMBERS = [0, 1, 2, 7, 2**31 - 1, 2**31, 2**63, -1, -(2**63), 1.5, 1e308, -1e308, math.nan, math.inf, -math.inf]
-HOSTILE_QIDS = ["", "q" * _MAX_QID, "q" * (_MAX_QID + 1), "x" * 200_000, "nul\u0000qid", "\U0001F600" * 10,
-                None, 123, ["q0"], {"q": 1}, True]
+HOSTILE_QIDS = [
+    "",
+    "q" * _MAX_QID,
+    "q" * (_MAX_QID + 1),
+    "x" * 200_000,
+    "nul\u0000qid",
+    "\U0001f600" * 10,
+    None,
+    123,
+    ["q0"],
+    {"q": 1},
+    True,
+]
 URLS = [None, "http://127.0.0.1:9", "not a url", "u" * _MAX_URL, "u" * (_MAX_URL + 1), 5]
 SAMPLING_VALUES = {
     "max_new_tokens": [0, 1, 3, SMALL_CONTEXT, 2**31 - 1, 2**31, 2**63, -1, 1e308, math.nan],
@@ -46,7 +57,17 @@ SAMPLING_VALUES = {
     "top_k": [-1, 0, 1, 2, VOCAB, VOCAB + 1, 2**31 - 1, 2**31, 2**63, -2, -(2**63)],
     "stop_token_ids": [[], [0], [VOCAB - 1], [VOCAB], [-1], [2**63], list(range(VOCAB))],
 }
-INPUT_IDS = [[5, 6, 7], [0], [VOCAB - 1] * 8, [], [-1], [VOCAB], [2**63], list(range(SMALL_CONTEXT)), [1] * (SMALL_CONTEXT + 1)]
+INPUT_IDS = [
+    [5, 6, 7],
+    [0],
+    [VOCAB - 1] * 8,
+    [],
+    [-1],
+    [VOCAB],
+    [2**63],
+    list(range(SMALL_CONTEXT)),
+    [1] * (SMALL_CONTEXT + 1),
+]
 
 
 def as_int(v, lo, hi):
@@ -74,9 +95,14 @@ class ManagerAndServer(RuleBasedStateMachine):
         super().__init__()
         from realhf.system.gserver_manager import serve_manager
 
-        config = manager_config(max_concurrent_rollouts=MAX_CONCURRENT, groups_per_step=GROUPS_PER_STEP,
-                                max_head_offpolicyness=ETA, poll_interval=0.05, n_servers=1,
-                                schedule_policy="least_token_usage")
+        config = manager_config(
+            max_concurrent_rollouts=MAX_CONCURRENT,
+            groups_per_step=GROUPS_PER_STEP,
+            max_head_offpolicyness=ETA,
+            poll_interval=0.05,
+            n_servers=1,
+            schedule_policy="least_token_usage",
+        )
         from realhf.base import name_resolve, names
 
         name_resolve.clear_subtree(names.admission_ledger(EXP, TRIAL))  # each example is a new run
@@ -94,8 +120,9 @@ class ManagerAndServer(RuleBasedStateMachine):
 
     # ---- helpers ------------------------------------------------------------------------------
     def post(self, url, body):
-        r = self.session.post(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"},
-                              timeout=60)
+        r = self.session.post(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, timeout=60
+        )
         assert r.status_code < 500, f"POST {url} {json.dumps(body)[:300]} -> {r.status_code} {r.text[:300]}"
         return r
 
@@ -144,14 +171,25 @@ class ManagerAndServer(RuleBasedStateMachine):
         else:
             self.rejections[reason] += 1
 
-    @rule(data=st.data(), prompt_len=st.sampled_from(NUMBERS), group_size=st.sampled_from(NUMBERS),
-          budget=st.sampled_from(NUMBERS), previous_url=st.sampled_from(URLS + ["<server>"]),
-          previous_version=st.sampled_from([None] + NUMBERS))
+    @rule(
+        data=st.data(),
+        prompt_len=st.sampled_from(NUMBERS),
+        group_size=st.sampled_from(NUMBERS),
+        budget=st.sampled_from(NUMBERS),
+        previous_url=st.sampled_from(URLS + ["<server>"]),
+        previous_version=st.sampled_from([None] + NUMBERS),
+    )
     def schedule(self, data, prompt_len, group_size, budget, previous_url, previous_version):
         qid = self.pick_qid(data)
         previous_url = self.native_url if previous_url == "<server>" else previous_url
-        body = {"qid": qid, "prompt_len": prompt_len, "group_size": group_size, "new_token_budget": budget,
-                "previous_server_url": previous_url, "previous_version": previous_version}
+        body = {
+            "qid": qid,
+            "prompt_len": prompt_len,
+            "group_size": group_size,
+            "new_token_budget": budget,
+            "previous_server_url": previous_url,
+            "previous_version": previous_version,
+        }
         r = self.post(f"{self.base}/schedule_request", body)
         pl, gs, nb = as_int(prompt_len, 0, _MAX_COUNT), as_int(group_size, 1, _MAX_COUNT), as_int(budget, 0, _MAX_COUNT)
         url_ok = previous_url is None or (isinstance(previous_url, str) and len(previous_url) <= _MAX_URL)
@@ -166,8 +204,11 @@ class ManagerAndServer(RuleBasedStateMachine):
         assert r.json() == {"url": self.native_url, "version": 0}
         self.load[qid] = (gs, gs * (pl + nb))
 
-    @rule(data=st.data(), accepted=st.sampled_from([True, False, "maybe", None, 2]),
-          n_tokens=st.sampled_from(NUMBERS + [_MAX_COUNT - 1]))
+    @rule(
+        data=st.data(),
+        accepted=st.sampled_from([True, False, "maybe", None, 2]),
+        n_tokens=st.sampled_from(NUMBERS + [_MAX_COUNT - 1]),
+    )
     def finish(self, data, accepted, n_tokens):
         qid = self.pick_qid(data)
         r = self.post(f"{self.base}/finish_rollout", {"qid": qid, "accepted": accepted, "n_tokens": n_tokens})
@@ -193,23 +234,31 @@ class ManagerAndServer(RuleBasedStateMachine):
             assert r.status_code == 422, (qids, r.status_code)
             return
         hit = [q for q in dict.fromkeys(qids) if q in self.running]
-        assert r.status_code == 200 and r.json() == {"abandoned": len(hit), "unknown": len(set(qids)) - len(hit)}, r.text
+        assert r.status_code == 200 and r.json() == {"abandoned": len(hit), "unknown": len(set(qids)) - len(hit)}, (
+            r.text
+        )
         for q in hit:
             self.release(q)
         self.abandoned += len(hit)
 
     # ---- the generation server ---------------------------------------------------------------
-    @rule(data=st.data(), input_ids=st.sampled_from(INPUT_IDS), extreme=st.sampled_from(sorted(SAMPLING_VALUES)),
-          n_extreme=st.integers(1, 3))
+    @rule(
+        data=st.data(),
+        input_ids=st.sampled_from(INPUT_IDS),
+        extreme=st.sampled_from(sorted(SAMPLING_VALUES)),
+        n_extreme=st.integers(1, 3),
+    )
     def generate(self, data, input_ids, extreme, n_extreme):
         """/generate on the server the manager routed a running qid to (the only one), with one
         to three sampling values at their extremes."""
         params = {"max_new_tokens": 3, "temperature": 1.0}
-        for name in data.draw(st.lists(st.sampled_from(sorted(SAMPLING_VALUES)), min_size=n_extreme - 1,
-                                       max_size=n_extreme - 1)) + [extreme]:
+        for name in data.draw(
+            st.lists(st.sampled_from(sorted(SAMPLING_VALUES)), min_size=n_extreme - 1, max_size=n_extreme - 1)
+        ) + [extreme]:
             params[name] = data.draw(st.sampled_from(SAMPLING_VALUES[name]))
-        r = self.post(f"{self.native_url}/generate",
-                      {"input_ids": input_ids, "sampling_params": params, "return_logprob": True})
+        r = self.post(
+            f"{self.native_url}/generate", {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        )
         assert r.status_code in (200, 400), (params, r.status_code, r.text[:300])
         if r.status_code == 200:
             out = r.json()
@@ -237,8 +286,11 @@ class ManagerAndServer(RuleBasedStateMachine):
     @invariant()
     def server_still_serves(self):
         assert self.session.get(f"{self.native_url}/health", timeout=30).status_code == 200
-        r = self.session.post(f"{self.native_url}/generate", json={
-            "input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}, timeout=30)
+        r = self.session.post(
+            f"{self.native_url}/generate",
+            json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+            timeout=30,
+        )
         assert r.status_code == 200 and len(r.json()["output_ids"]) >= 1, r.text[:300]
 
 
@@ -253,6 +305,14 @@ def machine(nr, native_server):
 def test_stateful_fuzz_of_manager_and_server(machine):
     from hypothesis.stateful import run_state_machine_as_test
 
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=MAX_EXAMPLES, stateful_step_count=STEPS, derandomize=not os.environ.get("REALHF_FUZZ_RANDOM"), deadline=None, database=None,
-        suppress_health_check=list(HealthCheck)))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=MAX_EXAMPLES,
+            stateful_step_count=STEPS,
+            derandomize=not os.environ.get("REALHF_FUZZ_RANDOM"),
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

@@ -31,10 +31,17 @@ def _new_marked(before) -> list:
 def test_thirty_steps_across_two_nodes_with_the_generation_server_killed_and_restarted(tmp_path):
     marked_before = marked_processes()
     with three_nodes() as (address, node_ids):
-        run = Run(tmp_path, "ray2nodes", "cluster.launcher=ray", f"cluster.ray.address={address}",
-                  "+cluster.ray.resources.generation_server.node_a=1",
-                  "+cluster.ray.resources.model_worker.node_b=1",
-                  "exp_ctrl.benchmark_steps=30", f"max_head_offpolicyness={ETA}", *SMALL_RUN)
+        run = Run(
+            tmp_path,
+            "ray2nodes",
+            "cluster.launcher=ray",
+            f"cluster.ray.address={address}",
+            "+cluster.ray.resources.generation_server.node_a=1",
+            "+cluster.ray.resources.model_worker.node_b=1",
+            "exp_ctrl.benchmark_steps=30",
+            f"max_head_offpolicyness={ETA}",
+            *SMALL_RUN,
+        )
         try:
             run.wait_steps(3, timeout=300)
             placed = _placement(run)
@@ -116,8 +123,14 @@ def test_a_node_that_does_not_share_the_fileroot_fails_the_run_before_any_worker
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
         with unshared_node(cluster.address, str(tmp_path)):
-            proc, metrics, log_dir = run_training(tmp_path, "unshared", "cluster.launcher=ray",
-                                                  f"cluster.ray.address={cluster.address}", *SMALL_RUN, timeout=300)
+            proc, metrics, log_dir = run_training(
+                tmp_path,
+                "unshared",
+                "cluster.launcher=ray",
+                f"cluster.ray.address={cluster.address}",
+                *SMALL_RUN,
+                timeout=300,
+            )
     finally:
         cluster.shutdown()
     out = proc.stdout + proc.stderr

@@ -11,12 +11,11 @@ import aiohttp
 import pytest
 import zmq
 
+from helpers.http import http
+from helpers.wait import wait_for
 from realhf.base import secret as auth
 from realhf.base import serialization
 from realhf.base.secret import RateLimitedLog
-
-from helpers.http import http
-from helpers.wait import wait_for
 
 SECRET = "Zq7-trial-secret-0123456789abcdef"  # distinctive, so a leak is easy to spot
 GOOD = auth.auth_headers(SECRET)
@@ -115,8 +114,9 @@ def test_a_forged_multi_part_message_of_300_mb_is_held_in_memory_only_without_th
     puller = ZMQPuller(secret=SECRET if with_secret else "", max_message_bytes=16 << 20)
     before = me.memory_info().rss
     try:
-        flood = subprocess.run([sys.executable, "-c", _FLOOD, f"tcp://{puller.address}"], capture_output=True,
-                               text=True, timeout=60)
+        flood = subprocess.run(
+            [sys.executable, "-c", _FLOOD, f"tcp://{puller.address}"], capture_output=True, text=True, timeout=60
+        )
         grown = (me.memory_info().rss - before) / 2**20
         print(f"receiver memory grew {grown:.0f} MB ({'with' if with_secret else 'without'} the secret)")
         assert flood.returncode == 0, flood.stderr[-2000:]
@@ -272,8 +272,7 @@ def authed_native_server(tiny_model_path, weights_root):
     from realhf.impl.inference.server_app import create_app
     from realhf.system.http_thread import HttpServerThread
 
-    engine = create_engine(tiny_model_path, max_running_requests=4, context_length=64, seed=1,
-                           weight_version=5).start()
+    engine = create_engine(tiny_model_path, max_running_requests=4, context_length=64, seed=1, weight_version=5).start()
     app = create_app(engine, secret=SECRET, weights_root=str(weights_root[0]))
     server = HttpServerThread(app, "127.0.0.1", 0, name="authed-generation-server")
     try:
@@ -291,8 +290,9 @@ def authed_manager(tmp_path):
     from realhf.system.http_thread import HttpServerThread
     from realhf.system.manager_service import ManagerService
 
-    config = GserverManagerConfig(max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1,
-                                  run_dir=str(tmp_path))
+    config = GserverManagerConfig(
+        max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1, run_dir=str(tmp_path)
+    )
     app = create_app(ManagerService(config, ["http://127.0.0.1:9"]), secret=SECRET)
     server = HttpServerThread(app, host="127.0.0.1", name="authed-manager").start()
     try:
@@ -301,11 +301,15 @@ def authed_manager(tmp_path):
         server.stop()
 
 
-_BODIES = {"/generate": {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}},
-           "/allocate_rollout": {"qid": "q", "rank": 0}, "/abort_request": {"abort_all": True},
-           "/update_weights_from_disk": {"model_path": "/nonexistent", "weight_version": 9},
-           "/schedule_request": {"qid": "q", "prompt_len": 2, "new_token_budget": 4},
-           "/finish_rollout": {"qid": "q", "accepted": False}, "/abandon_rollouts": {"qids": []}}
+_BODIES = {
+    "/generate": {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}},
+    "/allocate_rollout": {"qid": "q", "rank": 0},
+    "/abort_request": {"abort_all": True},
+    "/update_weights_from_disk": {"model_path": "/nonexistent", "weight_version": 9},
+    "/schedule_request": {"qid": "q", "prompt_len": 2, "new_token_budget": 4},
+    "/finish_rollout": {"qid": "q", "accepted": False},
+    "/abandon_rollouts": {"qids": []},
+}
 
 
 def _check_every_endpoint(url, app):
@@ -373,8 +377,13 @@ def test_weight_update_only_from_the_publish_dir_and_never_backwards(authed_nati
     root, outside = weights_root
 
     def update(path, version):
-        return http("POST", url + "/update_weights_from_disk", {"model_path": str(path), "weight_version": version},
-                    timeout=60, headers=GOOD)
+        return http(
+            "POST",
+            url + "/update_weights_from_disk",
+            {"model_path": str(path), "weight_version": version},
+            timeout=60,
+            headers=GOOD,
+        )
 
     for path in (outside, root / "link-out", root / ".." / ".." / outside.parent.name / "model"):
         status, body = update(path, 8)
@@ -450,12 +459,29 @@ def test_launch_server_takes_its_secret_from_a_file_not_argv(tiny_model_path, tm
     secret_file.write_text(SECRET + "\n")
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "realhf.launch_server", "--model-path", tiny_model_path,
-                                 "--port", "0", "--context-length", "64", "--secret-file", str(secret_file)],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "realhf.launch_server",
+                "--model-path",
+                tiny_model_path,
+                "--port",
+                "0",
+                "--context-length",
+                "64",
+                "--secret-file",
+                str(secret_file),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        m = wait_for(lambda: re.search(r"ready at (http://127\.0\.0\.1:\d+)", log_path.read_text()), 60,
-                     "launch_server to be ready")
+        m = wait_for(
+            lambda: re.search(r"ready at (http://127\.0\.0\.1:\d+)", log_path.read_text()),
+            60,
+            "launch_server to be ready",
+        )
         url = m.group(1)
         wait_for(lambda: http("GET", f"{url}/health", headers=GOOD)[0] == 200, 30, "/health with the secret")
         assert http("GET", f"{url}/health")[0] == 401

@@ -7,13 +7,12 @@ import psutil
 import pytest
 import torch
 
+from helpers.paths import REPO
+from helpers.tiny_models import make_random_causal_lm
 from realhf.api import cli_args, worker_configs
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
 from realhf.base.redis_server import RedisServer
-
-from helpers.paths import REPO
-from helpers.tiny_models import make_random_causal_lm
 
 PASSWORD = "Zq7-redis-pw"  # distinctive, so a leak into a message is easy to spot
 
@@ -29,10 +28,13 @@ def _listening_ip(port: int) -> str:
 
 
 def test_every_host_field_of_the_config_tree_defaults_to_loopback():
-    fields = [(cls.__name__, f.name, f.default)
-              for cls in list(vars(cli_args).values()) + list(vars(worker_configs).values())
-              if dataclasses.is_dataclass(cls) and isinstance(cls, type)
-              for f in dataclasses.fields(cls) if f.name in ("host", "bind_host")]
+    fields = [
+        (cls.__name__, f.name, f.default)
+        for cls in list(vars(cli_args).values()) + list(vars(worker_configs).values())
+        if dataclasses.is_dataclass(cls) and isinstance(cls, type)
+        for f in dataclasses.fields(cls)
+        if f.name in ("host", "bind_host")
+    ]
     assert fields, "no host fields found"
     assert all(default == "127.0.0.1" for _, _, default in fields), fields
 
@@ -74,9 +76,12 @@ def test_sockets_and_servers_listen_on_loopback_by_default(redis_name_resolve, n
     puller = ZMQPuller()
     master = MasterStream("bind", "t", n_workers=1)
     try:
-        ports = {"trajectory puller": puller.port, "master ROUTER": int(master.address.rsplit(":", 1)[1]),
-                 "native server": int(native_server[0].rsplit(":", 1)[1]),
-                 "gserver manager": int(manager_server[0].rsplit(":", 1)[1])}
+        ports = {
+            "trajectory puller": puller.port,
+            "master ROUTER": int(master.address.rsplit(":", 1)[1]),
+            "native server": int(native_server[0].rsplit(":", 1)[1]),
+            "gserver manager": int(manager_server[0].rsplit(":", 1)[1]),
+        }
         ips = {name: _listening_ip(port) for name, port in ports.items()}
         assert all(ip == "127.0.0.1" for ip in ips.values()), ips
     finally:
@@ -123,7 +128,9 @@ def test_bad_redis_password_fails_naming_the_url_but_not_the_password(redis_with
 
 def test_malformed_redis_url_names_the_field_and_hides_the_password():
     with pytest.raises(name_resolve.NameResolveError, match=r"cluster\.name_resolve\.redis_url") as info:
-        name_resolve.make_repository(NameResolveConfig(type="redis", redis_url=f"redis://:{PASSWORD}@127.0.0.1:notaport/0"))
+        name_resolve.make_repository(
+            NameResolveConfig(type="redis", redis_url=f"redis://:{PASSWORD}@127.0.0.1:notaport/0")
+        )
     assert PASSWORD not in str(info.value)
 
 

@@ -16,19 +16,30 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 MAX_EXAMPLES = 30  # per operation and generation mode
-SETTINGS = settings(max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=MAX_EXAMPLES, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 NASTY_BODIES = [
-    b"", b"null", b"[]", b"0", b'"text"', b"{", b"\xff\xfe\x00garbage", b"{}" * 1000,
+    b"",
+    b"null",
+    b"[]",
+    b"0",
+    b'"text"',
+    b"{",
+    b"\xff\xfe\x00garbage",
+    b"{}" * 1000,
     b"[" * 100000 + b"]" * 100000,  # json.loads: RecursionError, not JSONDecodeError
     b'{"a":' * 50000 + b"1" + b"}" * 50000,
-    json.dumps({"input_ids": [10 ** 40], "qid": "q", "prompt_len": 10 ** 40, "new_token_budget": -10 ** 40}).encode(),
+    json.dumps({"input_ids": [10**40], "qid": "q", "prompt_len": 10**40, "new_token_budget": -(10**40)}).encode(),
     b'{"input_ids": [1, 2], "sampling_params": {"temperature": NaN, "top_p": Infinity, "max_new_tokens": 1e308}}',
     b'{"input_ids": [-1], "sampling_params": {"max_new_tokens": -5, "top_k": 0}}',
     b'{"qid": "", "accepted": "yes", "n_tokens": -1}',
-    b'{"qid": "q", "rank": 1e400}', b'{"qid": "q", "rank": 100000000000000000000000000000000000000000}',
-    b'{"qid": "q", "rank": true}', b'{"qid": "q", "rank": [0]}', b'{"qid": "q", "rank": 1}',
+    b'{"qid": "q", "rank": 1e400}',
+    b'{"qid": "q", "rank": 100000000000000000000000000000000000000000}',
+    b'{"qid": "q", "rank": true}',
+    b'{"qid": "q", "rank": [0]}',
+    b'{"qid": "q", "rank": 1}',
     b'{"qid": null, "prompt_len": "12", "group_size": 0}',
     b'{"model_path": 123, "weight_version": "new"}',
     b'{"model_path": "\\u0000/etc/passwd", "weight_version": 1e400}',
@@ -64,8 +75,10 @@ def _fuzz_spec(base_url, after_each=lambda: None):
                 finally:
                     after_each()
                 if response.status_code >= 500:
-                    failures.append(f"{op.method.upper()} {op.path} body={case.body!r:.300} -> "
-                                    f"{response.status_code} {response.text[:300]}")
+                    failures.append(
+                        f"{op.method.upper()} {op.path} body={case.body!r:.300} -> "  # noqa: B023 - used within the iteration
+                        f"{response.status_code} {response.text[:300]}"
+                    )
 
             try:
                 run()
@@ -132,7 +145,9 @@ def test_manager_never_answers_5xx_to_non_json_or_nasty_bodies(manager_server):
     url, _ = manager_server
     failures = _fuzz_raw(url)
     assert not failures, "\n".join(failures[:10])
-    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-fuzz", "rank": 0}, timeout=10).status_code == 200
+    assert (
+        requests.post(f"{url}/allocate_rollout", json={"qid": "after-fuzz", "rank": 0}, timeout=10).status_code == 200
+    )
 
 
 def test_native_server_never_answers_5xx_to_generated_bodies(native_server):
@@ -150,7 +165,14 @@ def test_native_server_never_answers_5xx_to_non_json_or_nasty_bodies(native_serv
 
 
 def _assert_still_generates(url):
-    r = requests.post(f"{url}/generate", json={"input_ids": [5, 6, 7], "return_logprob": True,
-                                               "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=30)
+    r = requests.post(
+        f"{url}/generate",
+        json={
+            "input_ids": [5, 6, 7],
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        },
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     assert len(r.json()["output_ids"]) >= 1

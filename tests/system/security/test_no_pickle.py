@@ -125,8 +125,9 @@ def test_model_worker_dealer_drops_pickled_requests_and_takes_the_next_one(marke
         payloads = _payloads(marker)
         for p in payloads:
             router.send_multipart([identity, p])
-        router.send_multipart([identity, serialization.dumps(
-            {"request_id": "r1", "handler": 3, "handle_name": "ping", "data": None})])
+        router.send_multipart(
+            [identity, serialization.dumps({"request_id": "r1", "handler": 3, "handle_name": "ping", "data": None})]
+        )
         got = None
         for _ in range(len(payloads) + 5):
             got = worker.poll(2.0)
@@ -161,7 +162,9 @@ def test_every_manager_endpoint_refuses_pickle_bodies(marker, manager_server):
     answers = _send_everywhere(url, _payloads(marker))
     assert not [a for a in answers if a[2] >= 500], answers
     assert all(400 <= s < 500 for m, _, s in answers if m == "POST"), answers
-    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-pickle", "rank": 0}, timeout=10).json()["success"]
+    assert requests.post(f"{url}/allocate_rollout", json={"qid": "after-pickle", "rank": 0}, timeout=10).json()[
+        "success"
+    ]
 
 
 def test_every_native_server_endpoint_refuses_pickle_bodies(marker, native_server):
@@ -170,8 +173,12 @@ def test_every_native_server_endpoint_refuses_pickle_bodies(marker, native_serve
     requests.post(f"{url}/continue_generation", timeout=10)
     assert not [a for a in answers if a[2] >= 500], answers
     # Every POST that reads a body refuses it; the two body-less commands just run.
-    assert all(400 <= s < 500 for m, p, s in answers if m == "POST" and p not in ("/continue_generation", "/flush_cache")), answers
-    r = requests.post(f"{url}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+    assert all(
+        400 <= s < 500 for m, p, s in answers if m == "POST" and p not in ("/continue_generation", "/flush_cache")
+    ), answers
+    r = requests.post(
+        f"{url}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}, timeout=30
+    )
     assert r.status_code == 200, r.text
 
 
@@ -184,7 +191,9 @@ def test_update_weights_refuses_a_pickle_checkpoint(marker, native_server, tiny_
         (bad / "config.json").write_text(f.read())
     torch.save({"model": _Evil(marker)}, bad / "pytorch_model.bin")
     before = engine.weight_version
-    r = requests.post(f"{url}/update_weights_from_disk", json={"model_path": str(bad), "weight_version": 99}, timeout=60)
+    r = requests.post(
+        f"{url}/update_weights_from_disk", json={"model_path": str(bad), "weight_version": 99}, timeout=60
+    )
     assert 400 <= r.status_code < 500 and r.json()["success"] is False
     assert "safetensors" in r.json()["message"]
     assert engine.weight_version == before

@@ -10,10 +10,9 @@ import time
 import psutil
 import pytest
 
-from realhf.base.network import bind_gloo_to
-
 from helpers.http import http
 from helpers.training_runs import SMALL_RUN, Run
+from realhf.base.network import bind_gloo_to
 
 STEPS = 20  # long enough that every worker still listens when the sockets are listed after step 1
 
@@ -38,8 +37,14 @@ def _listening(pids):
 
 @pytest.mark.e2e
 def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_leftover_processes):
-    run = Run(tmp_path, "listeners", *SMALL_RUN, f"exp_ctrl.benchmark_steps={STEPS}", "exp_ctrl.ckpt_freq_steps=0",
-              "allocation_mode=native.d1m1p1+d2m1p1")
+    run = Run(
+        tmp_path,
+        "listeners",
+        *SMALL_RUN,
+        f"exp_ctrl.benchmark_steps={STEPS}",
+        "exp_ctrl.ckpt_freq_steps=0",
+        "allocation_mode=native.d1m1p1+d2m1p1",
+    )
     try:
         run.wait_steps(1, timeout=300)
         secret = run.secret()
@@ -49,8 +54,13 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
         listeners = _listening(pids)
         kinds = {run.seen.get(pid, ("launcher",))[0].split("configs/")[-1] for pid, _, _ in listeners}
         # The trainer ranks (gloo, TCPStore, trajectory pullers), the master, the servers, the manager.
-        assert {"model_worker-0.yaml", "model_worker-1.yaml", "master_worker-0.yaml",
-                "gserver_manager-0.yaml", "generation_server-0.yaml"} <= kinds, kinds
+        assert {
+            "model_worker-0.yaml",
+            "model_worker-1.yaml",
+            "master_worker-0.yaml",
+            "gserver_manager-0.yaml",
+            "generation_server-0.yaml",
+        } <= kinds, kinds
         assert listeners and all(ip == "127.0.0.1" for _, ip, _ in listeners), listeners
 
         url = run.manager_url()
@@ -73,7 +83,7 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
 
 
 def _non_loopback_ipv4():
-    for name, addrs in psutil.net_if_addrs().items():
+    for addrs in psutil.net_if_addrs().values():
         for a in addrs:
             if a.family == socket.AF_INET and not a.address.startswith("127."):
                 return a.address

@@ -23,21 +23,38 @@ from realhf.system.push_pull_stream import ZMQPuller
 from realhf.system.request_reply_stream import MasterStream, WorkerStream
 from realhf.system.stream_dataset import StreamDataset
 
-SETTINGS = settings(max_examples=60, derandomize=True, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=60, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 # What msgpack can carry: 64-bit ints, floats incl. NaN/inf, str, bytes, lists, maps.
-_scalars = (st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 64 - 1) | st.floats()
-            | st.text(max_size=20) | st.binary(max_size=20))
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+)
 msgpack_values = st.recursive(
     _scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
 _VALID = Trajectory(qid="q", prompt_ids=[1, 2], samples=[Sample([3, 4], [-0.5, -0.25], [0, 0], 1.0)]).to_msg()
-_FIELDS = [("qid",), ("task",), ("prompt_ids",), ("birth_time",), ("metadata",), ("samples",),
-           ("samples", 0), *[("samples", 0, k) for k in _VALID["samples"][0]]]
+_FIELDS = [
+    ("qid",),
+    ("task",),
+    ("prompt_ids",),
+    ("birth_time",),
+    ("metadata",),
+    ("samples",),
+    ("samples", 0),
+    *[("samples", 0, k) for k in _VALID["samples"][0]],
+]
 
 
 @st.composite
@@ -64,9 +81,12 @@ def _packed(values):
 garbage = st.binary(max_size=256) | _packed(msgpack_values) | mutated_trajectories()
 # Maps shaped like request/reply messages but with random field values (random maps almost
 # never hit the key names).
-rr_shaped = _packed(st.fixed_dictionaries(
-    {"request_id": msgpack_values, "handle_name": msgpack_values},
-    optional={"handler": msgpack_values, "ok": msgpack_values, "data": msgpack_values, "error": msgpack_values}))
+rr_shaped = _packed(
+    st.fixed_dictionaries(
+        {"request_id": msgpack_values, "handle_name": msgpack_values},
+        optional={"handler": msgpack_values, "ok": msgpack_values, "data": msgpack_values, "error": msgpack_values},
+    )
+)
 rr_garbage = garbage | rr_shaped
 
 
@@ -87,7 +107,7 @@ def trajectory_stream():
 
 def test_trajectory_stream_drops_garbage_and_delivers_the_next_group(trajectory_stream):
     puller, dataset, push = trajectory_stream
-    seq = iter(range(10 ** 9))
+    seq = iter(range(10**9))
     stats = {"garbage": 0, "accepted_garbage": 0}
 
     @SETTINGS
@@ -178,7 +198,7 @@ def fake_master(redis_name_resolve):
 
 def test_model_worker_drops_garbage_requests_and_takes_the_next_one(fake_master):
     router, identity, worker = fake_master
-    seq = iter(range(10 ** 9))
+    seq = iter(range(10**9))
     counts = {"sent": 0, "passed": 0}
 
     @SETTINGS
@@ -186,8 +206,9 @@ def test_model_worker_drops_garbage_requests_and_takes_the_next_one(fake_master)
     def run(data):
         n = next(seq)
         router.send_multipart([identity, data])
-        router.send_multipart([identity, serialization.dumps(
-            {"request_id": f"r{n}", "handler": 0, "handle_name": "ping", "data": n})])
+        router.send_multipart(
+            [identity, serialization.dumps({"request_id": f"r{n}", "handler": 0, "handle_name": "ping", "data": n})]
+        )
         counts["sent"] += 1
         got = []
         deadline = time.monotonic() + 10

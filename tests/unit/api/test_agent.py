@@ -11,6 +11,7 @@ from typing import List
 
 import pytest
 
+from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 from realhf.api.agent import Agent, Outcome, agent_class, keep_group, make_agent, register_agent, shape_reward
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory, Environment, env_class
@@ -18,8 +19,6 @@ from realhf.api.trajectory import Trajectory
 from realhf.impl.dataset.prompt_encoding import PromptEncodingError, chat_template_on, encode_prompt
 from realhf.system.episode import AgentError, Gen, run_group
 from realhf.system.generation_client import GenerationResult
-
-from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 
 PROMPT = "Q: Max has 5 shells. He finds 2 more. How many shells does Max have now?\nA:"
 ROW = {"query_id": "q", "prompt": PROMPT, "solutions": [" 5+2=7\n#### 7"], "task": "math", "difficulty": 3}
@@ -54,14 +53,25 @@ def prompt_ids(tokenizer) -> List[int]:
     return encode_prompt(tokenizer, ROW, chat=False)
 
 
-def run(config: AgentConfig, tokenizer, texts, group_size, env=EnvConfig(), row=ROW):
+def run(config: AgentConfig, tokenizer, texts, group_size, env=None, row=ROW):
+    env = env or EnvConfig()
+
     async def main():
         envs = EnvFactory(env)
         client = ScriptedClient(tokenizer, texts)
         try:
-            traj = await run_group(make_agent(config, tokenizer=tokenizer), dict(row), prompt_ids(tokenizer),
-                                   qid="q@0", client=client, envs=envs, gconfig=GenerationHyperparameters(),
-                                   tokenizer=tokenizer, agent_config=config, group_size=group_size)
+            traj = await run_group(
+                make_agent(config, tokenizer=tokenizer),
+                dict(row),
+                prompt_ids(tokenizer),
+                qid="q@0",
+                client=client,
+                envs=envs,
+                gconfig=GenerationHyperparameters(),
+                tokenizer=tokenizer,
+                agent_config=config,
+                group_size=group_size,
+            )
             return traj, client
         finally:
             await envs.aclose()
@@ -113,15 +123,20 @@ def test_multi_turn_agent_concatenates_turns_at_the_token_level_with_feedback_of
     traj, client = run(cfg, tokenizer, [" #### 1", " #### 2", " #### 7"], 1)  # wrong, wrong, right
     (s,) = traj.samples
     fb = tokenizer(cfg.feedback, add_special_tokens=False)["input_ids"]
-    answers = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-               for t in (" #### 1", " #### 2", " #### 7")]
+    answers = [
+        tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for t in (" #### 1", " #### 2", " #### 7")
+    ]
     assert s.output_ids.tolist() == answers[0] + fb + answers[1] + fb + answers[2]
-    assert s.mask().tolist() == [1] * len(answers[0]) + [0] * len(fb) + [1] * len(answers[1]) + [0] * len(fb) + [1] * len(answers[2])
+    assert s.mask().tolist() == [1] * len(answers[0]) + [0] * len(fb) + [1] * len(answers[1]) + [0] * len(fb) + [
+        1
+    ] * len(answers[2])
     assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.mask()) if m == 0)
     # Each generated token keeps the version that produced it (the client bumps it per call);
     # feedback tokens take the version of the answer before them.
-    assert s.versions.tolist() == ([1] * len(answers[0]) + [1] * len(fb) + [2] * len(answers[1]) + [2] * len(fb)
-                                   + [3] * len(answers[2]))
+    assert s.versions.tolist() == (
+        [1] * len(answers[0]) + [1] * len(fb) + [2] * len(answers[1]) + [2] * len(fb) + [3] * len(answers[2])
+    )
     assert s.reward == 1.0 * 0.5**2
     # Each turn is generated from the prompt plus everything so far, never re-encoded.
     p = prompt_ids(tokenizer)
@@ -141,8 +156,9 @@ def test_reward_fn_grades_instead_of_an_environment(tokenizer):
     cfg = AgentConfig(reward_fn=f"{__name__}:ends_with_difficulty")
     traj, _ = run(cfg, tokenizer, [" 3", " 4", " 3"], 3, env=EnvConfig(type="none"))
     assert sorted(s.reward for s in traj.samples) == [-1.0, 1.0, 1.0]
-    traj, _ = run(AgentConfig(reward_fn=f"{__name__}:async_length"), tokenizer, [" 12345"], 1,
-                  env=EnvConfig(type="none"))
+    traj, _ = run(
+        AgentConfig(reward_fn=f"{__name__}:async_length"), tokenizer, [" 12345"], 1, env=EnvConfig(type="none")
+    )
     assert traj.samples[0].reward == len(" 12345")
 
 
@@ -241,16 +257,25 @@ class BadSamplingAgent(Agent):
         await gen(temprature=0.5)
 
 
-@pytest.mark.parametrize("agent, error", [
-    ("RaisingAgent", "the agent broke"),
-    ("WrongTypeAgent", "returned str; run_episode must return a reward"),
-    ("LazyAgent", "returned a reward without generating anything"),
-    ("BadSamplingAgent", r"unknown sampling option\(s\) \['temprature'\]"),
-])
+@pytest.mark.parametrize(
+    "agent, error",
+    [
+        ("RaisingAgent", "the agent broke"),
+        ("WrongTypeAgent", "returned str; run_episode must return a reward"),
+        ("LazyAgent", "returned a reward without generating anything"),
+        ("BadSamplingAgent", r"unknown sampling option\(s\) \['temprature'\]"),
+    ],
+)
 def test_an_agent_that_misbehaves_fails_its_group_with_a_clear_error_and_every_env_is_closed(tokenizer, agent, error):
     CountingEnv.opened.clear()
     with pytest.raises((RuntimeError, TypeError, AgentError), match=error):
-        run(AgentConfig(type=f"{__name__}:{agent}"), tokenizer, ["a"] * 4, 2, env=EnvConfig(type=f"{__name__}:CountingEnv"))
+        run(
+            AgentConfig(type=f"{__name__}:{agent}"),
+            tokenizer,
+            ["a"] * 4,
+            2,
+            env=EnvConfig(type=f"{__name__}:CountingEnv"),
+        )
     assert CountingEnv.opened[0]["closed"] == CountingEnv.opened[0]["episodes"] == 2
 
 
@@ -267,9 +292,18 @@ def test_one_failing_episode_cancels_the_rest_of_its_group(tokenizer):
 
     async def main():
         envs = EnvFactory(EnvConfig(type="none"))
-        await run_group(Mixed(AgentConfig()), ROW, [1], qid="q@0", client=None, envs=envs,
-                        gconfig=GenerationHyperparameters(), tokenizer=tokenizer, agent_config=AgentConfig(),
-                        group_size=3)
+        await run_group(
+            Mixed(AgentConfig()),
+            ROW,
+            [1],
+            qid="q@0",
+            client=None,
+            envs=envs,
+            gconfig=GenerationHyperparameters(),
+            tokenizer=tokenizer,
+            agent_config=AgentConfig(),
+            group_size=3,
+        )
 
     with pytest.raises(ValueError, match="first episode fails"):
         asyncio.run(asyncio.wait_for(main(), 5))  # not 30 s: the other two were cancelled
@@ -283,9 +317,18 @@ def test_none_drops_a_sample_and_an_all_dropped_group_is_not_pushed(tokenizer):
 
     async def main(texts):
         envs = EnvFactory(EnvConfig(type="none"))
-        return await run_group(Picky(AgentConfig()), ROW, prompt_ids(tokenizer), qid="q@0",
-                               client=ScriptedClient(tokenizer, texts), envs=envs, gconfig=GenerationHyperparameters(),
-                               tokenizer=tokenizer, agent_config=AgentConfig(), group_size=3)
+        return await run_group(
+            Picky(AgentConfig()),
+            ROW,
+            prompt_ids(tokenizer),
+            qid="q@0",
+            client=ScriptedClient(tokenizer, texts),
+            envs=envs,
+            gconfig=GenerationHyperparameters(),
+            tokenizer=tokenizer,
+            agent_config=AgentConfig(),
+            group_size=3,
+        )
 
     traj = asyncio.run(main(["skip", "ok", "ok"]))
     assert [s.reward for s in traj.samples] == [0.5, 0.5]
@@ -301,7 +344,9 @@ def test_chat_template_is_applied_when_the_model_has_one(tokenizer, chat_tokeniz
     with pytest.raises(PromptEncodingError, match="no chat template"):
         chat_template_on("on", tokenizer)
     rendered = f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
-    assert encode_prompt(chat_tokenizer, ROW, chat=True) == chat_tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert (
+        encode_prompt(chat_tokenizer, ROW, chat=True) == chat_tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    )
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
     row = {"query_id": "m", "messages": messages}
     text = chat_tokenizer.decode(encode_prompt(chat_tokenizer, row, chat=False))
@@ -316,7 +361,7 @@ def test_appended_messages_continue_the_conversation_without_re_rendering_earlie
     before = list(gen.output_ids)
     added = gen.append([{"role": "tool", "content": "result: 4"}])
     assert chat_tokenizer.decode(added) == "<|im_start|>tool\nresult: 4<|im_end|>\n<|im_start|>assistant\n"
-    assert gen.output_ids == before + added and gen.loss_mask[-len(added):] == [0] * len(added)
+    assert gen.output_ids == before + added and gen.loss_mask[-len(added) :] == [0] * len(added)
 
 
 # ---- registries ------------------------------------------------------------------------------------------
@@ -348,7 +393,13 @@ def test_after_a_reply_ended_by_eos_the_template_text_between_turns_comes_first(
     added = gen.append([{"role": "tool", "content": "result: 4"}])
     assert chat_tokenizer.decode(added) == "\n<|im_start|>tool\nresult: 4</s>\n<|im_start|>assistant\n"
     # What the whole conversation would render to, from the generated reply on.
-    whole = chat_tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": "4"},
-                                                {"role": "tool", "content": "result: 4"}], tokenize=False,
-                                               add_generation_prompt=True)
+    whole = chat_tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "4"},
+            {"role": "tool", "content": "result: 4"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert whole.endswith(chat_tokenizer.decode(gen.output_ids))

@@ -3,13 +3,12 @@ hold for a model worker's own config (realhf.api.worker_validation)."""
 
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
 from realhf.api.validation import ConfigError
 from realhf.api.validation import validate_experiment as check_config
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.api.worker_validation import validate_worker_config
 from realhf.experiments.config_loading import compose_config
-
-from helpers.paths import REPO, TINY_MATH
 
 
 @pytest.fixture(autouse=True)

@@ -91,8 +91,10 @@ def test_when_every_reward_thread_is_stuck_later_calls_time_out_waiting_and_no_t
     threads = DaemonThreads(2)
 
     async def main():
-        calls = [call_reward_fn(sleeps_in_a_thread, dict(ROW, query_id=f"q{i}"), "x", timeout=TIMEOUT,
-                                threads=threads) for i in range(3)]
+        calls = [
+            call_reward_fn(sleeps_in_a_thread, dict(ROW, query_id=f"q{i}"), "x", timeout=TIMEOUT, threads=threads)
+            for i in range(3)
+        ]
         return await asyncio.gather(*calls, return_exceptions=True)
 
     before = threading.active_count()

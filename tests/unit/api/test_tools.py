@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import pytest
 
+from helpers.chat_tokenizers import HERMES, tiny_tokenizer
 from realhf.api.agent import make_agent
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
@@ -16,8 +17,6 @@ from realhf.impl.dataset.prompt_encoding import PromptEncodingError, encode_prom
 from realhf.impl.tools.calculator import CALCULATOR
 from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationResult
-
-from helpers.chat_tokenizers import HERMES, tiny_tokenizer
 
 
 @tool(timeout=0.5)
@@ -46,21 +45,39 @@ def broken(items: List[int]) -> str:
 
 
 def test_a_function_becomes_a_tool_with_a_schema_from_its_signature_and_docstring():
-    assert add.schema() == {"type": "function", "function": {
-        "name": "add", "description": "Add two integers.",
-        "parameters": {"type": "object", "required": ["a", "b"], "properties": {
-            "a": {"type": "integer", "description": "the first number"},
-            "b": {"type": "integer", "description": "the second number"},
-            "note": {"type": "string", "description": "ignored"}}}}}
+    assert add.schema() == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "required": ["a", "b"],
+                "properties": {
+                    "a": {"type": "integer", "description": "the first number"},
+                    "b": {"type": "integer", "description": "the second number"},
+                    "note": {"type": "string", "description": "ignored"},
+                },
+            },
+        },
+    }
     assert broken.parameters["properties"]["items"] == {"type": "array", "items": {"type": "integer"}}
 
 
 def test_calls_return_results_and_every_failure_as_text_for_the_model():
     async def main():
         tools = {t.name: t for t in (add, slow, broken)}
-        return await run_tool_calls([ToolCall("add", {"a": 2, "b": 3}), ToolCall("add", {"a": 2}),
-                                     ToolCall("add", {"a": 1, "b": 2, "c": 3}), ToolCall("slow", {"seconds": 5}),
-                                     ToolCall("broken", {"items": [1]}), ToolCall("nope", {})], tools)
+        return await run_tool_calls(
+            [
+                ToolCall("add", {"a": 2, "b": 3}),
+                ToolCall("add", {"a": 2}),
+                ToolCall("add", {"a": 1, "b": 2, "c": 3}),
+                ToolCall("slow", {"seconds": 5}),
+                ToolCall("broken", {"items": [1]}),
+                ToolCall("nope", {}),
+            ],
+            tools,
+        )
 
     t0 = time.monotonic()
     results = asyncio.run(main())
@@ -75,25 +92,35 @@ def test_calls_return_results_and_every_failure_as_text_for_the_model():
 
 
 def test_tool_calls_are_parsed_in_the_hermes_format_with_an_error_per_malformed_one():
-    text = ('Let me compute. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
-            '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
-            '<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>'
-            '<tool_call>["add"]</tool_call>')
+    text = (
+        'Let me compute. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>'
+        '<tool_call>["add"]</tool_call>'
+    )
     calls, errors = parse_tool_calls(text)
     assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]
-    assert len(errors) == 2 and "not valid JSON" in errors[0] and "needs {\"name\"" in errors[1]
+    assert len(errors) == 2 and "not valid JSON" in errors[0] and 'needs {"name"' in errors[1]
     assert parse_tool_calls("#### 7") == ([], [])
 
 
-@pytest.mark.parametrize("expression, result", [("(12 + 7) * 3", "57"), ("2 ** 10 / 4", "256"), ("7 / 2", "3.5"),
-                                                ("-3 + 10 % 4", "-1"), ("17 // 5", "3")])
+@pytest.mark.parametrize(
+    "expression, result",
+    [("(12 + 7) * 3", "57"), ("2 ** 10 / 4", "256"), ("7 / 2", "3.5"), ("-3 + 10 % 4", "-1"), ("17 // 5", "3")],
+)
 def test_calculator_evaluates_arithmetic(expression, result):
     assert asyncio.run(CALCULATOR.call({"expression": expression})).content == result
 
 
-@pytest.mark.parametrize("expression, error", [("__import__('os').system('true')", "only numbers"),
-                                               ("2 ** 1000", "exponent 1000 is larger than 100"),
-                                               ("1 / 0", "ZeroDivisionError"), ("1 +", "not an arithmetic expression")])
+@pytest.mark.parametrize(
+    "expression, error",
+    [
+        ("__import__('os').system('true')", "only numbers"),
+        ("2 ** 1000", "exponent 1000 is larger than 100"),
+        ("1 / 0", "ZeroDivisionError"),
+        ("1 +", "not an arithmetic expression"),
+    ],
+)
 def test_calculator_refuses_what_is_not_arithmetic(expression, error):
     r = asyncio.run(CALCULATOR.call({"expression": expression}))
     assert r.error and error in r.content
@@ -136,9 +163,18 @@ def run_tool_agent(tokenizer, texts, **args):
     async def main():
         envs = EnvFactory(EnvConfig())
         try:
-            return await run_group(agent, row, prompt, qid="q@0", client=model, envs=envs,
-                                   gconfig=GenerationHyperparameters(), tokenizer=tokenizer, agent_config=config,
-                                   group_size=1)
+            return await run_group(
+                agent,
+                row,
+                prompt,
+                qid="q@0",
+                client=model,
+                envs=envs,
+                gconfig=GenerationHyperparameters(),
+                tokenizer=tokenizer,
+                agent_config=config,
+                group_size=1,
+            )
         finally:
             await envs.aclose()
 
@@ -179,6 +215,7 @@ def test_tools_without_a_chat_template_are_refused(hermes_tokenizer):
     plain = tiny_tokenizer()
     with pytest.raises(PromptEncodingError, match=r"offers tools \(calculator\) but prompts are not chat-templated"):
         encode_prompt(plain, {"query_id": "q", "prompt": "x"}, chat=False, tools=[CALCULATOR.schema()])
-    rendered = hermes_tokenizer.decode(encode_prompt(hermes_tokenizer, {"query_id": "q", "prompt": "x"}, chat=True,
-                                                     tools=[CALCULATOR.schema()]))
+    rendered = hermes_tokenizer.decode(
+        encode_prompt(hermes_tokenizer, {"query_id": "q", "prompt": "x"}, chat=True, tools=[CALCULATOR.schema()])
+    )
     assert json.loads(rendered.split("<tools>")[1].split("</tools>")[0])["function"]["name"] == "calculator"

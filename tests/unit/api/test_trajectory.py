@@ -9,8 +9,7 @@ from realhf.base import serialization
 
 
 def _msg():
-    t = Trajectory("q1", [1, 2, 3], [Sample([4, 5], [-0.5, -0.25], [3, 4], 1.0)], birth_time=12.5,
-                   metadata={"k": "v"})
+    t = Trajectory("q1", [1, 2, 3], [Sample([4, 5], [-0.5, -0.25], [3, 4], 1.0)], birth_time=12.5, metadata={"k": "v"})
     return serialization.loads(serialization.dumps(t.to_msg()))
 
 
@@ -20,15 +19,18 @@ def test_a_trajectory_survives_msgpack_and_validation():
     assert t.samples[0].output_ids.tolist() == [4, 5] and t.samples[0].versions.tolist() == [3, 4]
 
 
-@pytest.mark.parametrize("field, value, says", [
-    ("birth_time", [1], "birth_time: must be a finite number"),
-    ("birth_time", float("nan"), "birth_time: must be a finite number"),
-    ("metadata", [1, 2], "metadata: must be a map"),
-    ("task", 3, "task: must be a string"),
-    ("prompt_ids", [1, "x"], "prompt_ids: expected a 1-d array or list of ints"),
-    ("prompt_ids", [1, True], "prompt_ids: expected a 1-d array or list of ints"),
-    ("prompt_ids", [1, 2**40], "prompt_ids: values outside the int32 range"),
-])
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("birth_time", [1], "birth_time: must be a finite number"),
+        ("birth_time", float("nan"), "birth_time: must be a finite number"),
+        ("metadata", [1, 2], "metadata: must be a map"),
+        ("task", 3, "task: must be a string"),
+        ("prompt_ids", [1, "x"], "prompt_ids: expected a 1-d array or list of ints"),
+        ("prompt_ids", [1, True], "prompt_ids: expected a 1-d array or list of ints"),
+        ("prompt_ids", [1, 2**40], "prompt_ids: values outside the int32 range"),
+    ],
+)
 def test_malformed_fields_are_refused_naming_the_field(field, value, says):
     msg = _msg()
     msg[field] = value
@@ -43,8 +45,9 @@ def test_token_fields_travel_as_typed_arrays_and_plain_lists_are_accepted_too():
     msg = t.to_msg()
     s = msg["samples"][0]
     assert s["output_ids"].dtype == np.int32 and s["logprobs"].dtype == np.float32 and s["loss_mask"].dtype == np.int32
-    as_lists = dict(msg, prompt_ids=[1, 2], samples=[{k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                                                      for k, v in s.items()}])
+    as_lists = dict(
+        msg, prompt_ids=[1, 2], samples=[{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in s.items()}]
+    )
     for m in (serialization.loads(serialization.dumps(msg)), as_lists):
         back = Trajectory.from_msg(m)
         s0 = back.samples[0]
@@ -53,19 +56,28 @@ def test_token_fields_travel_as_typed_arrays_and_plain_lists_are_accepted_too():
         assert s0.logprobs.tolist() == [-0.5, -0.25] and back.prompt_ids.tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("field, value, says", [
-    ("output_ids", "float", "output_ids: expected a 1-d array or list of ints"),
-    ("output_ids", "2d", "output_ids: expected a 1-d array or list of ints"),
-    ("logprobs", "inf", "logprobs: every entry must be a finite number"),
-    ("logprobs", "text", "logprobs: expected a 1-d array or list of numbers"),
-    ("reward", "nan", "reward: must be a finite number"),
-    ("versions", "short", "versions: 1 entries for 2 output tokens"),
-])
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("output_ids", "float", "output_ids: expected a 1-d array or list of ints"),
+        ("output_ids", "2d", "output_ids: expected a 1-d array or list of ints"),
+        ("logprobs", "inf", "logprobs: every entry must be a finite number"),
+        ("logprobs", "text", "logprobs: expected a 1-d array or list of numbers"),
+        ("reward", "nan", "reward: must be a finite number"),
+        ("versions", "short", "versions: 1 entries for 2 output tokens"),
+    ],
+)
 def test_malformed_arrays_are_refused_naming_the_field(field, value, says):
     import numpy as np
 
-    arrays = {"float": np.array([1.0, 2.0]), "2d": np.array([[4, 5]]), "inf": np.array([-1.0, np.inf], np.float32),
-              "short": np.array([3]), "text": ["a", "b"], "nan": float("nan")}
+    arrays = {
+        "float": np.array([1.0, 2.0]),
+        "2d": np.array([[4, 5]]),
+        "inf": np.array([-1.0, np.inf], np.float32),
+        "short": np.array([3]),
+        "text": ["a", "b"],
+        "nan": float("nan"),
+    }
     msg = _msg()
     msg["samples"][0][field] = arrays[value]
     with pytest.raises(TrajectoryFormatError, match=says):
@@ -82,8 +94,9 @@ def test_received_arrays_are_used_without_a_copy():
 
 
 def test_staleness_counts_only_trained_tokens():
-    t = Trajectory("q", [1], [Sample([4, 5, 6], [0.0] * 3, [1, 5, 7], 0.0, loss_mask=[0, 1, 1]),
-                              Sample([4], [0.0], [3], 0.0)])
+    t = Trajectory(
+        "q", [1], [Sample([4, 5, 6], [0.0] * 3, [1, 5, 7], 0.0, loss_mask=[0, 1, 1]), Sample([4], [0.0], [3], 0.0)]
+    )
     assert (t.version_start, t.version_end, t.n_generated_tokens) == (3, 7, 3)
 
 
@@ -95,15 +108,18 @@ def test_an_all_trained_sample_travels_without_a_mask_and_comes_back_all_ones():
     assert back.samples[0].loss_mask.tolist() == [1, 1] and back.samples[1].loss_mask.tolist() == [0]
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda t: setattr(t.samples[0], "reward", float("nan")), r"samples\[0\].reward is nan"),
-    (lambda t: setattr(t.samples[0], "reward", float("-inf")), r"samples\[0\].reward is -inf"),
-    # Finite as a float64, infinite as the float32 it becomes (and its square overflows long before).
-    (lambda t: setattr(t.samples[0], "reward", 1e39), r"samples\[0\].reward is 1e\+39, beyond ±1e\+15"),
-    (lambda t: setattr(t.samples[0], "reward", -2e15), r"samples\[0\].reward is -2000000000000000.0, beyond"),
-    (lambda t: setattr(t, "samples", []), "no samples"),
-    (lambda t: t.samples.append(Sample([], [], [], 0.0)), r"samples\[1\] has no generated tokens"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda t: setattr(t.samples[0], "reward", float("nan")), r"samples\[0\].reward is nan"),
+        (lambda t: setattr(t.samples[0], "reward", float("-inf")), r"samples\[0\].reward is -inf"),
+        # Finite as a float64, infinite as the float32 it becomes (and its square overflows long before).
+        (lambda t: setattr(t.samples[0], "reward", 1e39), r"samples\[0\].reward is 1e\+39, beyond ±1e\+15"),
+        (lambda t: setattr(t.samples[0], "reward", -2e15), r"samples\[0\].reward is -2000000000000000.0, beyond"),
+        (lambda t: setattr(t, "samples", []), "no samples"),
+        (lambda t: t.samples.append(Sample([], [], [], 0.0)), r"samples\[1\] has no generated tokens"),
+    ],
+)
 def test_a_group_the_trainer_would_refuse_is_named_by_problem_and_refused_by_from_msg(change, says):
     t = Trajectory.from_msg(_msg())
     assert t.problem() is None

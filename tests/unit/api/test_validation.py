@@ -11,14 +11,13 @@ import sys
 
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
 from realhf.api.cli_args import AgentConfig, ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.validation import ConfigError, check_agent, check_optimizer
-from realhf.api.worker_validation import validate_worker_config
-from realhf.api.worker_configs import GenerationServerConfig, ModelWorkerConfig
 from realhf.api.validation import validate_experiment as check_config
+from realhf.api.worker_configs import GenerationServerConfig, ModelWorkerConfig
+from realhf.api.worker_validation import validate_worker_config
 from realhf.experiments.config_loading import compose_config
-
-from helpers.paths import REPO, TINY_MATH
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 SFT = os.path.join(TINY_MATH, "sft")
@@ -82,8 +81,10 @@ REFUSED = [
     ("cluster.launcher=ray cluster.ray.placement_strategy=RANDOM", "cluster.ray.placement_strategy"),
     ("cluster.launcher=ray cluster.ray.placement_timeout=0", "cluster.ray.placement_timeout"),
     ("cluster.launcher=ray +cluster.ray.resources.model_worker.CPU=2", "cluster.ray.resources.model_worker.CPU"),
-    ("cluster.launcher=ray +cluster.ray.resources.generation_server.node_a=-1",
-     "cluster.ray.resources.generation_server.node_a"),
+    (
+        "cluster.launcher=ray +cluster.ray.resources.generation_server.node_a=-1",
+        "cluster.ray.resources.generation_server.node_a",
+    ),
     # names become key prefixes and directories
     ("trial_name=a/b", "trial_name"),
     ("experiment_name=..", "experiment_name"),
@@ -107,10 +108,13 @@ def _dataset_with_bad_line(tmp_path, bad_line: str, n_good: int = 40) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("bad_line, what", [
-    ("{not json", "not valid JSON"),
-    ('{"query_id": "x", "prompt": "p", "task": "math"}', "missing field 'solutions'"),
-])
+@pytest.mark.parametrize(
+    "bad_line, what",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"query_id": "x", "prompt": "p", "task": "math"}', "missing field 'solutions'"),
+    ],
+)
 @pytest.mark.parametrize("field", ["dataset.path", "dataset.test_path"])
 def test_bad_dataset_row_is_refused_with_file_and_line(tmp_path, bad_line, what, field):
     path = _dataset_with_bad_line(tmp_path, bad_line)
@@ -123,17 +127,28 @@ def test_command_line_refuses_a_bad_dataset_row_before_starting_anything(tmp_pat
     path = _dataset_with_bad_line(tmp_path, "{not json")
     proc = subprocess.run(
         [sys.executable, "training/main_async_ppo.py", f"dataset.path={path}", f"cluster.fileroot={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{path}:41:" in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("lr_scheduler_type", "linear", r"actor.optimizer.lr_scheduler_type='linear': choose one of \['constant', 'cosine'\]"),
-    ("type", "sgd", r"actor.optimizer.type='sgd': choose one of \['adam'\]"),
-    ("warmup_steps_proportion", 1.0, r"actor.optimizer.warmup_steps_proportion must lie in \[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        (
+            "lr_scheduler_type",
+            "linear",
+            r"actor.optimizer.lr_scheduler_type='linear': choose one of \['constant', 'cosine'\]",
+        ),
+        ("type", "sgd", r"actor.optimizer.type='sgd': choose one of \['adam'\]"),
+        ("warmup_steps_proportion", 1.0, r"actor.optimizer.warmup_steps_proportion must lie in \[0, 1\)"),
+    ],
+)
 def test_bad_optimizer_settings_fail_naming_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):
         check_optimizer(OptimizerConfig(**{field: value}))
@@ -217,11 +232,14 @@ def _model_dir(tmp_path, name: str, **changes) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("key, value, actor_value", [
-    ("hidden_size", 64, 128),
-    ("model_type", "llama", "qwen2"),
-    ("vocab_size", 512, 258),
-])
+@pytest.mark.parametrize(
+    "key, value, actor_value",
+    [
+        ("hidden_size", 64, 128),
+        ("model_type", "llama", "qwen2"),
+        ("vocab_size", 512, 258),
+    ],
+)
 def test_gae_refuses_a_critic_of_another_architecture_naming_critic_path(tmp_path, key, value, actor_value):
     critic = _model_dir(tmp_path, "critic", **{key: value})
     with pytest.raises(ConfigError) as e:
@@ -231,8 +249,9 @@ def test_gae_refuses_a_critic_of_another_architecture_naming_critic_path(tmp_pat
     # the model worker holds a hand-written config to the same rule
     ppo = PPOHyperparameters(adv_estimator="gae")
     with pytest.raises(ConfigError, match=r"^critic\.path=.* has " + key):
-        validate_worker_config(ModelWorkerConfig(actor=ModelTrainEvalConfig(path=SFT),
-                                                 critic=ModelTrainEvalConfig(path=critic), ppo=ppo))
+        validate_worker_config(
+            ModelWorkerConfig(actor=ModelTrainEvalConfig(path=SFT), critic=ModelTrainEvalConfig(path=critic), ppo=ppo)
+        )
 
 
 def test_gae_critic_must_be_an_hf_model_directory(tmp_path):
@@ -250,8 +269,11 @@ def test_gae_accepts_the_actors_architecture(tmp_path):
 
 def test_dp_larger_than_the_batch_is_refused_naming_allocation_mode_and_groups_per_step():
     cfg = load("allocation_mode=native.d1+d4", "groups_per_step=2", "rollout.n_workers=4")
-    with pytest.raises(ConfigError, match=r"^allocation_mode='native\.d1\+d4' trains on 4 DP ranks, more than "
-                                          r"groups_per_step=2 groups per step"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^allocation_mode='native\.d1\+d4' trains on 4 DP ranks, more than "
+        r"groups_per_step=2 groups per step",
+    ):
         check_config(cfg)
 
 
@@ -260,16 +282,26 @@ def test_trainer_tp_or_pp_is_refused_naming_allocation_mode_and_megatron_core():
         check_config(load("allocation_mode=native.d1+d1m2"))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["cluster.device=cuda"], "cluster.device=cuda but torch sees no GPU"),
-    (["allocation_mode=native.d1+d4", "groups_per_step=2", "rollout.n_workers=4"],
-     "trains on 4 DP ranks, more than groups_per_step=2"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["cluster.device=cuda"], "cluster.device=cuda but torch sees no GPU"),
+        (
+            ["allocation_mode=native.d1+d4", "groups_per_step=2", "rollout.n_workers=4"],
+            "trains on 4 DP ranks, more than groups_per_step=2",
+        ),
+    ],
+)
 def test_command_line_refuses_issue_13_bad_inputs_before_starting_anything(tmp_path, overrides, message):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # torch sees no GPU, even on a GPU machine
     proc = subprocess.run(
         [sys.executable, "training/main_async_ppo.py", *overrides, f"cluster.fileroot={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched
@@ -281,9 +313,13 @@ def test_a_multi_node_ray_config_with_pinned_workers_is_accepted():
     assert cfg.cluster.ray.resources.generation_server == {"node_a": 1.0}
 
 
-@pytest.mark.parametrize("override, field", [("+cluster.ray.resources.model_wroker.node_a=1",
-                                               "cluster.ray.resources.model_wroker"),
-                                              ("+actor.lrr=1", "actor.lrr")])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("+cluster.ray.resources.model_wroker.node_a=1", "cluster.ray.resources.model_wroker"),
+        ("+actor.lrr=1", "actor.lrr"),
+    ],
+)
 def test_a_key_added_with_plus_that_is_no_field_is_refused(override, field):
     with pytest.raises(ConfigError, match=f"{field}: no such field"):
         check_config(load(override))
@@ -291,7 +327,10 @@ def test_a_key_added_with_plus_that_is_no_field_is_refused(override, field):
 
 def test_a_message_limit_below_the_largest_group_the_config_can_make_is_refused_with_the_size_it_needs():
     # 8 samples that fill the tiny model's 256-token context: ~101 KB (realhf.api.file_validation).
-    with pytest.raises(ConfigError, match=r"cluster.max_message_bytes=3000 is smaller than the largest prompt group "
-                                          r"this config can produce \(~101376 bytes.*at least 101376"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cluster.max_message_bytes=3000 is smaller than the largest prompt group "
+        r"this config can produce \(~101376 bytes.*at least 101376",
+    ):
         check_config(load("cluster.max_message_bytes=3000"))
     check_config(load("cluster.max_message_bytes=101376"))

@@ -22,6 +22,7 @@ import typing
 
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
 from realhf.api import file_validation
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.file_validation import check_prompts, largest_group_bytes, load_rows
@@ -30,8 +31,6 @@ from realhf.api.validation import MAX_TIMEOUT_SECONDS, ConfigError, validate_exp
 from realhf.experiments.config_loading import compose_config
 from realhf.impl.dataset.prompt_encoding import encode_prompt
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
-
-from helpers.paths import REPO, TINY_MATH
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 SFT = os.path.join(TINY_MATH, "sft")
@@ -48,8 +47,9 @@ def _numeric_fields(cls: type, prefix: str = ""):
         tp, name = hints[f.name], prefix + f.name
         if dataclasses.is_dataclass(tp):
             yield from _numeric_fields(tp, name + ".")
-        elif tp in (int, float) or (typing.get_origin(tp) is typing.Union
-                                    and set(typing.get_args(tp)) - {type(None)} <= {int, float}):
+        elif tp in (int, float) or (
+            typing.get_origin(tp) is typing.Union and set(typing.get_args(tp)) - {type(None)} <= {int, float}
+        ):
             yield name
 
 
@@ -118,9 +118,19 @@ def _n_tokens(tokenizer, text: str) -> int:
 
 
 def test_the_walk_finds_the_fields_it_must():
-    for name in ("seed", "ppo.gen.temperature", "ppo.eps_clip_high", "ppo.max_reward_clip", "ppo.kl_ctl",
-                 "ppo.reward_output_scaling", "cluster.collective_timeout", "gen_server.sglang.mem_fraction_static",
-                 "actor.lora.alpha", "critic.optimizer.lr", "stats.prometheus_port"):
+    for name in (
+        "seed",
+        "ppo.gen.temperature",
+        "ppo.eps_clip_high",
+        "ppo.max_reward_clip",
+        "ppo.kl_ctl",
+        "ppo.reward_output_scaling",
+        "cluster.collective_timeout",
+        "gen_server.sglang.mem_fraction_static",
+        "actor.lora.alpha",
+        "critic.optimizer.lr",
+        "stats.prometheus_port",
+    ):
         assert name in NUMERIC_FIELDS
     assert len(NUMERIC_FIELDS) > 90
 
@@ -134,14 +144,20 @@ def test_every_numeric_field_refuses_nan_and_infinities(cfg, field, value):
     assert str(e.value).startswith(f"{field} must be a finite number, got {value}"), str(e.value)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("ppo.gen.stop_token_ids", [1, math.inf], "ppo.gen.stop_token_ids[1] must be a finite number, got inf"),
-    ("cluster.ray.resources.model_worker", {"node_a": math.nan},
-     "cluster.ray.resources.model_worker.node_a must be a finite number, got nan"),
-    ("group_size", 2.5, "group_size must be an integer, got 2.5"),
-    ("group_size", True, "group_size must be a number, got True"),
-    ("ppo.kl_ctl", "0.1", "ppo.kl_ctl must be a number, got '0.1'"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("ppo.gen.stop_token_ids", [1, math.inf], "ppo.gen.stop_token_ids[1] must be a finite number, got inf"),
+        (
+            "cluster.ray.resources.model_worker",
+            {"node_a": math.nan},
+            "cluster.ray.resources.model_worker.node_a must be a finite number, got nan",
+        ),
+        ("group_size", 2.5, "group_size must be an integer, got 2.5"),
+        ("group_size", True, "group_size must be a number, got True"),
+        ("ppo.kl_ctl", "0.1", "ppo.kl_ctl must be a number, got '0.1'"),
+    ],
+)
 def test_numbers_inside_containers_and_of_the_wrong_type_are_refused(cfg, field, value, message):
     _set(cfg, field, value)
     with pytest.raises(ConfigError, match="^" + re.escape(message)):
@@ -159,9 +175,16 @@ REFUSED = [
     ("cluster.ray.num_cpus", -1, "cluster.ray.num_cpus must be >= 0, got -1"),
     ("cluster.ray.num_gpus", -1, "cluster.ray.num_gpus must be >= 0, got -1"),
     ("cluster.ray.placement_timeout", 0.0, "cluster.ray.placement_timeout must be > 0, got 0.0"),
-    ("cluster.ray.placement_timeout", MAX_TIMEOUT_SECONDS * 1.01,
-     f"cluster.ray.placement_timeout must be <= {MAX_TIMEOUT_SECONDS:g} ({TIMEOUT_RULE}"),
-    ("cluster.ray.resources.model_worker", {"node_a": -0.5}, "cluster.ray.resources.model_worker.node_a=-0.5: must be >= 0"),
+    (
+        "cluster.ray.placement_timeout",
+        MAX_TIMEOUT_SECONDS * 1.01,
+        f"cluster.ray.placement_timeout must be <= {MAX_TIMEOUT_SECONDS:g} ({TIMEOUT_RULE}",
+    ),
+    (
+        "cluster.ray.resources.model_worker",
+        {"node_a": -0.5},
+        "cluster.ray.resources.model_worker.node_a=-0.5: must be >= 0",
+    ),
     ("cluster.name_resolve.keepalive_ttl", 0.0, "cluster.name_resolve.keepalive_ttl must be > 0, got 0.0"),
     ("cluster.name_resolve.keepalive_ttl", MAX_TIMEOUT_SECONDS * 1.01, TIMEOUT_RULE),
     ("cluster.restart_policy.max_restarts", -1, "cluster.restart_policy.max_restarts must be >= 0, got -1"),
@@ -197,8 +220,11 @@ REFUSED = [
     ("ppo.gen.min_new_tokens", -1, "ppo.gen.min_new_tokens must lie in [0, ppo.gen.max_new_tokens=32], got -1"),
     ("ppo.gen.min_new_tokens", 33, "ppo.gen.min_new_tokens must lie in [0, ppo.gen.max_new_tokens=32], got 33"),
     ("ppo.gen.temperature", 0.0, "ppo.gen.temperature must be > 0 for RL (got 0.0)"),
-    ("ppo.gen.temperature", T_LO / 2,
-     f"ppo.gen.temperature must be 0 (greedy) or lie in [{T_LO}, {T_HI}] (the generation server's range), got {T_LO / 2}"),
+    (
+        "ppo.gen.temperature",
+        T_LO / 2,
+        f"ppo.gen.temperature must be 0 (greedy) or lie in [{T_LO}, {T_HI}] (the generation server's range), got {T_LO / 2}",
+    ),
     ("ppo.gen.temperature", T_HI * 1.001, f"ppo.gen.temperature must be 0 (greedy) or lie in [{T_LO}, {T_HI}]"),
     ("ppo.gen.top_p", 0.0, "ppo.gen.top_p must lie in (0, 1], got 0.0"),
     ("ppo.gen.top_p", 1.001, "ppo.gen.top_p must lie in (0, 1], got 1.001"),
@@ -207,11 +233,17 @@ REFUSED = [
     ("ppo.gen.top_k", MAX_TOP_K + 1, f"ppo.gen.top_k must be -1 (off) or lie in [1, {MAX_TOP_K}]"),
     ("ppo.gen.top_k", VOCAB + 1, f"ppo.gen.top_k={VOCAB + 1} exceeds the vocabulary of {VOCAB} tokens"),
     ("ppo.gen.stop_token_ids", [-1], "ppo.gen.stop_token_ids must be token ids >= 0, got [-1]"),
-    ("ppo.gen.stop_token_ids", [2, VOCAB],
-     f"ppo.gen.stop_token_ids has ids beyond the vocabulary of {VOCAB} tokens (actor.path's config.json vocab_size): "
-     f"[{VOCAB}]"),
-    ("ppo.gen.stop_token_ids", [1] * MAX_STOP_TOKEN_IDS,
-     f"ppo.gen.stop_token_ids has {MAX_STOP_TOKEN_IDS} ids; at most {MAX_STOP_TOKEN_IDS - 1}"),
+    (
+        "ppo.gen.stop_token_ids",
+        [2, VOCAB],
+        f"ppo.gen.stop_token_ids has ids beyond the vocabulary of {VOCAB} tokens (actor.path's config.json vocab_size): "
+        f"[{VOCAB}]",
+    ),
+    (
+        "ppo.gen.stop_token_ids",
+        [1] * MAX_STOP_TOKEN_IDS,
+        f"ppo.gen.stop_token_ids has {MAX_STOP_TOKEN_IDS} ids; at most {MAX_STOP_TOKEN_IDS - 1}",
+    ),
     ("ppo.ppo_n_minibatches", 0, "ppo.ppo_n_minibatches must be > 0, got 0"),
     ("ppo.ppo_n_minibatches", 16 * 8 + 1, "ppo.ppo_n_minibatches=129 exceeds the 128 samples a DP rank trains on"),
     ("ppo.micro_batch_tokens", -1, "ppo.micro_batch_tokens must be >= 0, got -1"),
@@ -223,8 +255,11 @@ REFUSED = [
     ("ppo.kl_ctl", -0.001, "ppo.kl_ctl must be >= 0, got -0.001"),
     ("ppo.kl_target", -0.001, "ppo.kl_target must be >= 0"),
     ("ppo.kl_horizon", 0.0, "ppo.kl_horizon must be > 0, got 0.0", {"ppo.kl_target": 0.1}),
-    ("ppo.reward_output_scaling", MAX_ABS_REWARD * 1.01,
-     f"ppo.reward_output_scaling must lie in [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}] (MAX_ABS_REWARD)"),
+    (
+        "ppo.reward_output_scaling",
+        MAX_ABS_REWARD * 1.01,
+        f"ppo.reward_output_scaling must lie in [-{MAX_ABS_REWARD:g}, {MAX_ABS_REWARD:g}] (MAX_ABS_REWARD)",
+    ),
     ("ppo.reward_output_scaling", -MAX_ABS_REWARD * 1.01, "ppo.reward_output_scaling must lie in"),
     ("ppo.reward_output_bias", MAX_ABS_REWARD * 1.01, "ppo.reward_output_bias must lie in"),
     ("ppo.reward_output_bias", -MAX_ABS_REWARD * 1.01, "ppo.reward_output_bias must lie in"),
@@ -238,10 +273,19 @@ REFUSED = [
     ("ppo.critic_warmup_steps", -1, "ppo.critic_warmup_steps must be >= 0, got -1"),
     ("max_head_offpolicyness", -1, "max_head_offpolicyness must be >= 0, got -1"),
     ("max_concurrent_rollouts", 0, "max_concurrent_rollouts must be > 0, got 0"),
-    ("max_concurrent_rollouts", 15, "max_concurrent_rollouts=15 over 2 rollout workers lets DP rank 0 have only 14 groups"),
+    (
+        "max_concurrent_rollouts",
+        15,
+        "max_concurrent_rollouts=15 over 2 rollout workers lets DP rank 0 have only 14 groups",
+    ),
     ("new_tokens_per_chunk", -1, "new_tokens_per_chunk must be >= 0, got -1"),
     ("exp_ctrl.total_train_epochs", -1, "exp_ctrl.total_train_epochs must be >= 0, got -1"),
-    ("exp_ctrl.total_train_epochs", 0, "exp_ctrl.total_train_epochs must be > 0, got 0", {"exp_ctrl.benchmark_steps": 0}),
+    (
+        "exp_ctrl.total_train_epochs",
+        0,
+        "exp_ctrl.total_train_epochs must be > 0, got 0",
+        {"exp_ctrl.benchmark_steps": 0},
+    ),
     ("exp_ctrl.benchmark_steps", -1, "exp_ctrl.benchmark_steps must be >= 0, got -1"),
     ("exp_ctrl.max_train_seconds", -0.001, "exp_ctrl.max_train_seconds must be >= 0"),
     ("exp_ctrl.save_freq_steps", -1, "exp_ctrl.save_freq_steps must be >= 0, got -1"),
@@ -252,8 +296,11 @@ REFUSED = [
     ("stall_timeout", 0.0, "stall_timeout must be > 0, got 0.0"),
     ("stall_timeout", MAX_TIMEOUT_SECONDS * 1.01, TIMEOUT_RULE),
     ("rollout.n_workers", 0, "rollout.n_workers must be > 0, got 0"),
-    ("rollout.agent.success_rate_lb", -0.001,
-     "rollout.agent.success_rate_lb=-0.001 and rollout.agent.success_rate_ub=1.0 must lie in [0, 1]"),
+    (
+        "rollout.agent.success_rate_lb",
+        -0.001,
+        "rollout.agent.success_rate_lb=-0.001 and rollout.agent.success_rate_ub=1.0 must lie in [0, 1]",
+    ),
     ("rollout.agent.success_rate_ub", 1.001, "must lie in [0, 1]"),
     ("rollout.agent.num_turns", 0, "rollout.agent.num_turns must be > 0, got 0"),
     ("rollout.env.grader_workers", 0, "rollout.env.grader_workers must be > 0, got 0"),
@@ -266,15 +313,21 @@ REFUSED = [
     ("gen_server.native.n_threads", 0, "gen_server.native.n_threads must be >= 1, got 0"),
     ("gen_server.native.max_running_requests", 0, "gen_server.native.max_running_requests must be >= 1, got 0"),
     ("gen_server.native.context_length", -1, "gen_server.native.context_length must be >= 0, got -1"),
-    ("gen_server.native.context_length", CONTEXT + 1,
-     f"gen_server.native.context_length={CONTEXT + 1} exceeds the model's max_position_embeddings {CONTEXT}"),
+    (
+        "gen_server.native.context_length",
+        CONTEXT + 1,
+        f"gen_server.native.context_length={CONTEXT + 1} exceeds the model's max_position_embeddings {CONTEXT}",
+    ),
     ("gen_server.native.seed", 2**63, "gen_server.native.seed must lie in [-2**63, 2**63 - 1] (an int64)"),
     ("gen_server.sglang.mem_fraction_static", 0.0, "gen_server.sglang.mem_fraction_static must lie in (0, 1], got 0.0"),
     ("gen_server.sglang.mem_fraction_static", 1.001, "gen_server.sglang.mem_fraction_static must lie in (0, 1]"),
     ("gen_server.sglang.context_length", -1, "gen_server.sglang.context_length must be >= 0, got -1"),
     ("gen_server.sglang.max_running_requests", -1, "gen_server.sglang.max_running_requests must be >= 0, got -1"),
-    ("gen_server.sglang.chunked_prefill_size", 0,
-     "gen_server.sglang.chunked_prefill_size must be -1 (SGLang's default) or >= 1, got 0"),
+    (
+        "gen_server.sglang.chunked_prefill_size",
+        0,
+        "gen_server.sglang.chunked_prefill_size must be -1 (SGLang's default) or >= 1, got 0",
+    ),
     ("gen_server.sglang.chunked_prefill_size", -2, "gen_server.sglang.chunked_prefill_size must be -1"),
     ("gen_server.sglang.startup_timeout", 0.0, "gen_server.sglang.startup_timeout must be > 0, got 0.0"),
     ("gen_server.sglang.startup_timeout", MAX_TIMEOUT_SECONDS * 1.01, TIMEOUT_RULE),
@@ -282,84 +335,168 @@ REFUSED = [
     ("evaluation.max_new_tokens", 0, "evaluation.max_new_tokens must be > 0, got 0"),
     ("evaluation.batch_size", 0, "evaluation.batch_size must be > 0, got 0"),
     ("evaluation.sampled_temperature", -0.001, "evaluation.sampled_temperature must be 0 (greedy) or lie in"),
-    ("evaluation.sampled_temperature", T_LO / 2,
-     f"evaluation.sampled_temperature must be 0 (greedy) or lie in [{T_LO}, {T_HI}]"),
+    (
+        "evaluation.sampled_temperature",
+        T_LO / 2,
+        f"evaluation.sampled_temperature must be 0 (greedy) or lie in [{T_LO}, {T_HI}]",
+    ),
     ("evaluation.sampled_temperature", T_HI * 1.001, "evaluation.sampled_temperature must be 0 (greedy) or lie in"),
-    ("evaluation.during_n_prompts", 0, "evaluation.during_n_prompts must be >= 1, got 0", {"exp_ctrl.eval_freq_steps": 1}),
+    (
+        "evaluation.during_n_prompts",
+        0,
+        "evaluation.during_n_prompts must be >= 1, got 0",
+        {"exp_ctrl.eval_freq_steps": 1},
+    ),
     ("evaluation.during_samples", 0, "evaluation.during_samples must be >= 1, got 0", {"exp_ctrl.eval_freq_steps": 1}),
-    ("evaluation.during_n_threads", 0, "evaluation.during_n_threads must be >= 1, got 0", {"exp_ctrl.eval_freq_steps": 1}),
-    ("evaluation.during_nice", 20, "evaluation.during_nice must lie in [0, 19], got 20", {"exp_ctrl.eval_freq_steps": 1}),
-    ("evaluation.during_nice", -1, "evaluation.during_nice must lie in [0, 19], got -1", {"exp_ctrl.eval_freq_steps": 1}),
+    (
+        "evaluation.during_n_threads",
+        0,
+        "evaluation.during_n_threads must be >= 1, got 0",
+        {"exp_ctrl.eval_freq_steps": 1},
+    ),
+    (
+        "evaluation.during_nice",
+        20,
+        "evaluation.during_nice must lie in [0, 19], got 20",
+        {"exp_ctrl.eval_freq_steps": 1},
+    ),
+    (
+        "evaluation.during_nice",
+        -1,
+        "evaluation.during_nice must lie in [0, 19], got -1",
+        {"exp_ctrl.eval_freq_steps": 1},
+    ),
     ("stats.prometheus_port", 65536, "stats.prometheus_port must lie in [0, 65535], got 65536"),
     ("stats.prometheus_port", -1, "stats.prometheus_port must lie in [0, 65535], got -1"),
 ]
 
 # (field, value just inside the bound[, other settings]): the whole config then validates
 ACCEPTED = [
-    ("seed", 2**63 - 1), ("seed", -(2**63)), ("seed", 0),
-    ("cluster.ray.num_cpus", 0), ("cluster.ray.num_gpus", 0),
-    ("cluster.ray.placement_timeout", 0.001), ("cluster.ray.placement_timeout", MAX_TIMEOUT_SECONDS),
+    ("seed", 2**63 - 1),
+    ("seed", -(2**63)),
+    ("seed", 0),
+    ("cluster.ray.num_cpus", 0),
+    ("cluster.ray.num_gpus", 0),
+    ("cluster.ray.placement_timeout", 0.001),
+    ("cluster.ray.placement_timeout", MAX_TIMEOUT_SECONDS),
     ("cluster.ray.resources.model_worker", {"node_a": 0.0}),
-    ("cluster.name_resolve.keepalive_ttl", 0.001), ("cluster.name_resolve.keepalive_ttl", MAX_TIMEOUT_SECONDS),
-    ("cluster.restart_policy.max_restarts", 0), ("cluster.restart_policy.restart_window", 0.0),
+    ("cluster.name_resolve.keepalive_ttl", 0.001),
+    ("cluster.name_resolve.keepalive_ttl", MAX_TIMEOUT_SECONDS),
+    ("cluster.restart_policy.max_restarts", 0),
+    ("cluster.restart_policy.restart_window", 0.0),
     ("cluster.restart_policy.backoff", 0.0),
     ("cluster.max_request_bytes", 1024),
     # the static floor is 1024; the embedded config's real floor is its largest group (8 samples, 256 tokens)
     ("cluster.max_message_bytes", largest_group_bytes(8, 256)),
-    ("cluster.n_nodes", 1), ("cluster.n_gpus_per_node", 0),
-    ("cluster.collective_timeout", 0.001), ("cluster.collective_timeout", MAX_TIMEOUT_SECONDS),
-    ("actor.n_threads", 1), ("critic.n_threads", 1),
-    ("actor.optimizer.lr", 1e-12), ("actor.optimizer.weight_decay", 0.0),
-    ("actor.optimizer.beta1", 0.0), ("actor.optimizer.beta1", 0.9999), ("actor.optimizer.beta2", 0.9999),
-    ("actor.optimizer.eps", 1e-30), ("actor.optimizer.min_lr_ratio", 0.0), ("actor.optimizer.min_lr_ratio", 1.0),
-    ("actor.optimizer.warmup_steps_proportion", 0.0), ("actor.optimizer.warmup_steps_proportion", 0.999),
-    ("actor.optimizer.gradient_clipping", 0.0), ("actor.optimizer.max_nonfinite_steps", 0),
-    ("actor.lora.r", 0), ("actor.lora.alpha", 0.001, {"actor.lora.r": 4}),
-    ("actor.lora.dropout", 0.999, {"actor.lora.r": 4}), ("actor.lora.dropout", 0.0, {"actor.lora.r": 4}),
-    ("groups_per_step", 1), ("group_size", 1),
+    ("cluster.n_nodes", 1),
+    ("cluster.n_gpus_per_node", 0),
+    ("cluster.collective_timeout", 0.001),
+    ("cluster.collective_timeout", MAX_TIMEOUT_SECONDS),
+    ("actor.n_threads", 1),
+    ("critic.n_threads", 1),
+    ("actor.optimizer.lr", 1e-12),
+    ("actor.optimizer.weight_decay", 0.0),
+    ("actor.optimizer.beta1", 0.0),
+    ("actor.optimizer.beta1", 0.9999),
+    ("actor.optimizer.beta2", 0.9999),
+    ("actor.optimizer.eps", 1e-30),
+    ("actor.optimizer.min_lr_ratio", 0.0),
+    ("actor.optimizer.min_lr_ratio", 1.0),
+    ("actor.optimizer.warmup_steps_proportion", 0.0),
+    ("actor.optimizer.warmup_steps_proportion", 0.999),
+    ("actor.optimizer.gradient_clipping", 0.0),
+    ("actor.optimizer.max_nonfinite_steps", 0),
+    ("actor.lora.r", 0),
+    ("actor.lora.alpha", 0.001, {"actor.lora.r": 4}),
+    ("actor.lora.dropout", 0.999, {"actor.lora.r": 4}),
+    ("actor.lora.dropout", 0.0, {"actor.lora.r": 4}),
+    ("groups_per_step", 1),
+    ("group_size", 1),
     ("ppo.gen.max_new_tokens", 1),
-    ("ppo.gen.min_new_tokens", 0), ("ppo.gen.min_new_tokens", 32),
-    ("ppo.gen.temperature", T_LO), ("ppo.gen.temperature", T_HI),
-    ("ppo.gen.top_p", 1e-6), ("ppo.gen.top_p", 1.0),
-    ("ppo.gen.top_k", -1), ("ppo.gen.top_k", 1), ("ppo.gen.top_k", VOCAB),
-    ("ppo.gen.stop_token_ids", [0, VOCAB - 1]), ("ppo.gen.stop_token_ids", list(range(MAX_STOP_TOKEN_IDS - 1))),
-    ("ppo.ppo_n_minibatches", 1), ("ppo.ppo_n_minibatches", 16 * 8),
+    ("ppo.gen.min_new_tokens", 0),
+    ("ppo.gen.min_new_tokens", 32),
+    ("ppo.gen.temperature", T_LO),
+    ("ppo.gen.temperature", T_HI),
+    ("ppo.gen.top_p", 1e-6),
+    ("ppo.gen.top_p", 1.0),
+    ("ppo.gen.top_k", -1),
+    ("ppo.gen.top_k", 1),
+    ("ppo.gen.top_k", VOCAB),
+    ("ppo.gen.stop_token_ids", [0, VOCAB - 1]),
+    ("ppo.gen.stop_token_ids", list(range(MAX_STOP_TOKEN_IDS - 1))),
+    ("ppo.ppo_n_minibatches", 1),
+    ("ppo.ppo_n_minibatches", 16 * 8),
     ("ppo.micro_batch_tokens", 0),
-    ("ppo.eps_clip", 1e-6), ("ppo.eps_clip_high", 1e-6), ("ppo.c_clip", 1.001), ("ppo.behav_imp_weight_cap", 1.0),
-    ("ppo.entropy_coef", 0.0), ("ppo.kl_ctl", 0.0), ("ppo.kl_target", 0.0),
+    ("ppo.eps_clip", 1e-6),
+    ("ppo.eps_clip_high", 1e-6),
+    ("ppo.c_clip", 1.001),
+    ("ppo.behav_imp_weight_cap", 1.0),
+    ("ppo.entropy_coef", 0.0),
+    ("ppo.kl_ctl", 0.0),
+    ("ppo.kl_target", 0.0),
     ("ppo.kl_horizon", 0.001, {"ppo.kl_target": 0.1}),
-    ("ppo.reward_output_scaling", MAX_ABS_REWARD), ("ppo.reward_output_scaling", -MAX_ABS_REWARD),
-    ("ppo.reward_output_bias", MAX_ABS_REWARD), ("ppo.reward_output_bias", -MAX_ABS_REWARD),
-    ("ppo.max_reward_clip", 1e-6), ("ppo.max_reward_clip", None),
-    ("ppo.discount", 0.0), ("ppo.discount", 1.0), ("ppo.gae_lambda", 0.0), ("ppo.gae_lambda", 1.0),
-    ("ppo.value_eps_clip", 1e-6), ("ppo.critic_warmup_steps", 0),
-    ("max_head_offpolicyness", 0), ("max_concurrent_rollouts", 16), ("new_tokens_per_chunk", 0),
-    ("exp_ctrl.total_train_epochs", 0), ("exp_ctrl.total_train_epochs", 1, {"exp_ctrl.benchmark_steps": 0}),
-    ("exp_ctrl.benchmark_steps", 0), ("exp_ctrl.max_train_seconds", 0.0), ("exp_ctrl.save_freq_steps", 0),
-    ("exp_ctrl.keep_last_saves", 0), ("exp_ctrl.ckpt_freq_steps", 0), ("exp_ctrl.ckpt_freq_secs", 0),
+    ("ppo.reward_output_scaling", MAX_ABS_REWARD),
+    ("ppo.reward_output_scaling", -MAX_ABS_REWARD),
+    ("ppo.reward_output_bias", MAX_ABS_REWARD),
+    ("ppo.reward_output_bias", -MAX_ABS_REWARD),
+    ("ppo.max_reward_clip", 1e-6),
+    ("ppo.max_reward_clip", None),
+    ("ppo.discount", 0.0),
+    ("ppo.discount", 1.0),
+    ("ppo.gae_lambda", 0.0),
+    ("ppo.gae_lambda", 1.0),
+    ("ppo.value_eps_clip", 1e-6),
+    ("ppo.critic_warmup_steps", 0),
+    ("max_head_offpolicyness", 0),
+    ("max_concurrent_rollouts", 16),
+    ("new_tokens_per_chunk", 0),
+    ("exp_ctrl.total_train_epochs", 0),
+    ("exp_ctrl.total_train_epochs", 1, {"exp_ctrl.benchmark_steps": 0}),
+    ("exp_ctrl.benchmark_steps", 0),
+    ("exp_ctrl.max_train_seconds", 0.0),
+    ("exp_ctrl.save_freq_steps", 0),
+    ("exp_ctrl.keep_last_saves", 0),
+    ("exp_ctrl.ckpt_freq_steps", 0),
+    ("exp_ctrl.ckpt_freq_secs", 0),
     ("exp_ctrl.eval_freq_steps", 0),
-    ("stall_timeout", 0.001), ("stall_timeout", MAX_TIMEOUT_SECONDS),
+    ("stall_timeout", 0.001),
+    ("stall_timeout", MAX_TIMEOUT_SECONDS),
     ("rollout.n_workers", 1),
-    ("rollout.agent.success_rate_lb", 0.0), ("rollout.agent.success_rate_ub", 1.0), ("rollout.agent.num_turns", 1),
-    ("rollout.env.grader_workers", 1), ("rollout.env.grader_timeout", 0.001),
-    ("rollout.request_timeout", 0.001), ("rollout.request_timeout", MAX_TIMEOUT_SECONDS),
-    ("rollout.episode_timeout", 0.0), ("rollout.episode_timeout", MAX_TIMEOUT_SECONDS),
-    ("gen_server.native.n_threads", 1), ("gen_server.native.max_running_requests", 1),
-    ("gen_server.native.context_length", 0), ("gen_server.native.context_length", CONTEXT),
+    ("rollout.agent.success_rate_lb", 0.0),
+    ("rollout.agent.success_rate_ub", 1.0),
+    ("rollout.agent.num_turns", 1),
+    ("rollout.env.grader_workers", 1),
+    ("rollout.env.grader_timeout", 0.001),
+    ("rollout.request_timeout", 0.001),
+    ("rollout.request_timeout", MAX_TIMEOUT_SECONDS),
+    ("rollout.episode_timeout", 0.0),
+    ("rollout.episode_timeout", MAX_TIMEOUT_SECONDS),
+    ("gen_server.native.n_threads", 1),
+    ("gen_server.native.max_running_requests", 1),
+    ("gen_server.native.context_length", 0),
+    ("gen_server.native.context_length", CONTEXT),
     ("gen_server.native.seed", 2**63 - 1),
-    ("gen_server.sglang.mem_fraction_static", 0.001), ("gen_server.sglang.mem_fraction_static", 1.0),
-    ("gen_server.sglang.context_length", 0), ("gen_server.sglang.max_running_requests", 0),
-    ("gen_server.sglang.chunked_prefill_size", -1), ("gen_server.sglang.chunked_prefill_size", 1),
-    ("gen_server.sglang.startup_timeout", 0.001), ("gen_server.sglang.startup_timeout", MAX_TIMEOUT_SECONDS),
-    ("evaluation.n_prompts", 0), ("evaluation.max_new_tokens", 1), ("evaluation.batch_size", 1),
-    ("evaluation.sampled_temperature", 0.0), ("evaluation.sampled_temperature", T_LO),
+    ("gen_server.sglang.mem_fraction_static", 0.001),
+    ("gen_server.sglang.mem_fraction_static", 1.0),
+    ("gen_server.sglang.context_length", 0),
+    ("gen_server.sglang.max_running_requests", 0),
+    ("gen_server.sglang.chunked_prefill_size", -1),
+    ("gen_server.sglang.chunked_prefill_size", 1),
+    ("gen_server.sglang.startup_timeout", 0.001),
+    ("gen_server.sglang.startup_timeout", MAX_TIMEOUT_SECONDS),
+    ("evaluation.n_prompts", 0),
+    ("evaluation.max_new_tokens", 1),
+    ("evaluation.batch_size", 1),
+    ("evaluation.sampled_temperature", 0.0),
+    ("evaluation.sampled_temperature", T_LO),
     ("evaluation.sampled_temperature", T_HI),
     ("evaluation.during_n_prompts", 1, {"exp_ctrl.eval_freq_steps": 1}),
     ("evaluation.during_samples", 1, {"exp_ctrl.eval_freq_steps": 1}),
     ("evaluation.during_n_threads", 1, {"exp_ctrl.eval_freq_steps": 1}),
     ("evaluation.during_nice", 0, {"exp_ctrl.eval_freq_steps": 1}),
     ("evaluation.during_nice", 19, {"exp_ctrl.eval_freq_steps": 1}),
-    ("stats.prometheus_port", 0), ("stats.prometheus_port", 65535),
+    ("stats.prometheus_port", 0),
+    ("stats.prometheus_port", 65535),
 ]
 
 
@@ -395,8 +532,12 @@ def test_every_numeric_field_has_a_bound_in_the_tables():
     (fields whose only rule is finiteness are listed here on purpose)."""
     # Any finite value runs: a reward transform of the agent's, a discount per extra turn. (And
     # rollout.agent.reward_timeout, whose rule check_agent holds, is tested with it.)
-    finite_only = {"rollout.agent.reward_scaling", "rollout.agent.reward_bias", "rollout.agent.turn_level_discount",
-                   "rollout.agent.reward_timeout"}
+    finite_only = {
+        "rollout.agent.reward_scaling",
+        "rollout.agent.reward_bias",
+        "rollout.agent.turn_level_discount",
+        "rollout.agent.reward_timeout",
+    }
     tabled = {c[0] for c in REFUSED} | {c[0] for c in ACCEPTED}
     # ref and critic are checked by the actor's rules (check_model)
     fields = {re.sub(r"^(ref|critic)\.", "actor.", name) for name in NUMERIC_FIELDS}
@@ -426,19 +567,27 @@ def test_top_k_and_stop_token_ids_are_checked_against_the_actors_config_json_voc
         validate_experiment(c)
     c = copy.deepcopy(cfg)
     c.ppo.gen.top_k = VOCAB + 101
-    with pytest.raises(ConfigError, match=rf"^ppo\.gen\.top_k={VOCAB + 101} exceeds the vocabulary of {VOCAB + 100} tokens"):
+    with pytest.raises(
+        ConfigError, match=rf"^ppo\.gen\.top_k={VOCAB + 101} exceeds the vocabulary of {VOCAB + 100} tokens"
+    ):
         validate_experiment(c)
     c = copy.deepcopy(cfg)
     c.ppo.gen.stop_token_ids = [5, VOCAB + 100, VOCAB + 200]
-    with pytest.raises(ConfigError, match=rf"^ppo\.gen\.stop_token_ids has ids beyond the vocabulary of {VOCAB + 100} "
-                                          rf"tokens .*\[{VOCAB + 100}, {VOCAB + 200}\]"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^ppo\.gen\.stop_token_ids has ids beyond the vocabulary of {VOCAB + 100} "
+        rf"tokens .*\[{VOCAB + 100}, {VOCAB + 200}\]",
+    ):
         validate_experiment(c)
 
 
 def test_prompt_token_ids_beyond_the_models_vocab_are_refused(tmp_path, cfg, small_data):
     cfg.actor.path = _model_copy(tmp_path, vocab_size=20)  # a tokenizer larger than the model's embedding
-    with pytest.raises(ConfigError, match=rf"^dataset\.path: {small_data}:1: prompt has token id \d+, outside the "
-                                          r"model's vocabulary of 20 tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^dataset\.path: {small_data}:1: prompt has token id \d+, outside the "
+        r"model's vocabulary of 20 tokens",
+    ):
         validate_experiment(cfg)
 
 
@@ -455,8 +604,10 @@ def longest(tokenizer) -> int:
 def test_the_context_bounds_follow_the_longest_prompt(cfg, longest):
     """max_new_tokens and gen_server.native.context_length just inside and just outside the room the
     longest prompt leaves (the server's rule: prompt + max_new_tokens <= context)."""
-    for field, good, bad, context in (("ppo.gen.max_new_tokens", CONTEXT - longest, CONTEXT - longest + 1, CONTEXT),
-                                      ("gen_server.native.context_length", longest + 32, longest + 31, longest + 31)):
+    for field, good, bad, context in (
+        ("ppo.gen.max_new_tokens", CONTEXT - longest, CONTEXT - longest + 1, CONTEXT),
+        ("gen_server.native.context_length", longest + 32, longest + 31, longest + 31),
+    ):
         c = copy.deepcopy(cfg)
         _set(c, field, good)
         validate_experiment(c)
@@ -464,15 +615,20 @@ def test_the_context_bounds_follow_the_longest_prompt(cfg, longest):
         with pytest.raises(ConfigError) as e:
             validate_experiment(c)
         new_tokens = c.ppo.gen.max_new_tokens
-        assert (f"prompt has {longest} tokens; with ppo.gen.max_new_tokens={new_tokens} it exceeds the server's "
-                f"context of {context} tokens") in str(e.value), str(e.value)
+        assert (
+            f"prompt has {longest} tokens; with ppo.gen.max_new_tokens={new_tokens} it exceeds the server's "
+            f"context of {context} tokens"
+        ) in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("line, what", [
-    (_row(prompt=""), "empty prompt"),
-    (_row(messages=[{"role": "user", "content": ""}]), "empty prompt"),
-    (_row(prompt="ééé"), "empty prompt (no tokens)"),  # this tokenizer has no token for them
-])
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        (_row(prompt=""), "empty prompt"),
+        (_row(messages=[{"role": "user", "content": ""}]), "empty prompt"),
+        (_row(prompt="ééé"), "empty prompt (no tokens)"),  # this tokenizer has no token for them
+    ],
+)
 def test_an_empty_prompt_is_refused_naming_file_and_line(tmp_path, cfg, line, what):
     cfg.dataset.path = _rows_file(tmp_path, [line])
     with pytest.raises(ConfigError) as e:
@@ -488,15 +644,20 @@ def test_a_prompt_too_long_for_the_context_is_refused_naming_file_line_and_numbe
     cfg.dataset.path = _rows_file(tmp_path, [_row(prompt="1" * (room + 1))])
     with pytest.raises(ConfigError) as e:
         validate_experiment(cfg)
-    assert str(e.value) == (f"dataset.path: {cfg.dataset.path}:{N_ROWS + 1}: prompt has {room + 1} tokens; with "
-                            f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} it exceeds the server's context of "
-                            f"{CONTEXT} tokens")
+    assert str(e.value) == (
+        f"dataset.path: {cfg.dataset.path}:{N_ROWS + 1}: prompt has {room + 1} tokens; with "
+        f"ppo.gen.max_new_tokens={cfg.ppo.gen.max_new_tokens} it exceeds the server's context of "
+        f"{CONTEXT} tokens"
+    )
 
 
 def test_a_prompt_the_tokenizer_cannot_encode_is_refused_naming_the_row(tmp_path, cfg):
     cfg.dataset.path = _rows_file(tmp_path, [_row(prompt="1+1=\ud800?")])  # a lone surrogate, valid in JSON
-    with pytest.raises(ConfigError, match=rf"^dataset\.path: {cfg.dataset.path}:{N_ROWS + 1}: the tokenizer cannot "
-                                          "encode the prompt"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^dataset\.path: {cfg.dataset.path}:{N_ROWS + 1}: the tokenizer cannot "
+        "encode the prompt",
+    ):
         validate_experiment(cfg)
 
 
@@ -506,8 +667,10 @@ def test_a_10_mb_row_is_refused_before_tokenising_in_well_under_a_second(tmp_pat
     with pytest.raises(ConfigError) as e:
         validate_experiment(cfg)
     elapsed = time.monotonic() - t0
-    assert str(e.value).startswith(f"dataset.path: {cfg.dataset.path}:{N_ROWS + 1}: prompt has 10000000 bytes, more "
-                                   f"than MAX_PROMPT_BYTES={file_validation.MAX_PROMPT_BYTES}"), str(e.value)
+    assert str(e.value).startswith(
+        f"dataset.path: {cfg.dataset.path}:{N_ROWS + 1}: prompt has 10000000 bytes, more "
+        f"than MAX_PROMPT_BYTES={file_validation.MAX_PROMPT_BYTES}"
+    ), str(e.value)
     assert elapsed < 1.0, f"{elapsed:.2f}s"  # tokenising it takes ~9 s here
 
 
@@ -515,8 +678,11 @@ def test_the_byte_limit_counts_utf8_bytes_of_text_and_messages(tmp_path, monkeyp
     monkeypatch.setattr(file_validation, "MAX_PROMPT_BYTES", 1000)
     ok = _rows_file(tmp_path, [_row(prompt="1" * 1000), _row(prompt="é" * 499 + "1", qid="e")], n_good=0)
     check_prompts("dataset.path", load_rows("dataset.path", ok), SFT, "auto", 32, 0)  # no context: bytes only
-    for line in (_row(prompt="1" * 1001), _row(prompt="é" * 501),
-                 _row(messages=[{"role": "system", "content": "1" * 600}, {"role": "user", "content": "1" * 401}])):
+    for line in (
+        _row(prompt="1" * 1001),
+        _row(prompt="é" * 501),
+        _row(messages=[{"role": "system", "content": "1" * 600}, {"role": "user", "content": "1" * 401}]),
+    ):
         path = _rows_file(tmp_path, [line], n_good=2, name="bad.jsonl")
         with pytest.raises(ConfigError, match=rf"^dataset\.path: {path}:3: prompt has (1001|1002) bytes"):
             check_prompts("dataset.path", load_rows("dataset.path", path), SFT, "auto", 32, 0)
@@ -543,8 +709,10 @@ def _chat_model(tmp_path) -> str:
     config_file = os.path.join(path, "tokenizer_config.json")
     with open(config_file) as f:
         config = json.load(f)
-    config["chat_template"] = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    config["chat_template"] = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     with open(config_file, "w") as f:
         json.dump(config, f)
     return path
@@ -555,8 +723,11 @@ def test_token_counts_are_the_rollout_workers_with_a_chat_template(tmp_path):
 
     model = _chat_model(tmp_path)
     tok = AutoTokenizer.from_pretrained(model)
-    path = _rows_file(tmp_path, [_row(messages=[{"role": "system", "content": "Add."},
-                                                {"role": "user", "content": "1+1"}], qid="chat")], n_good=3)
+    path = _rows_file(
+        tmp_path,
+        [_row(messages=[{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1"}], qid="chat")],
+        n_good=3,
+    )
     rows = load_rows("dataset.path", path)
     counts = [len(encode_prompt(tok, row.as_dict(), chat=True)) for row in rows]  # what an episode sends
     assert counts[0] > _n_tokens(tok, rows[0].prompt)  # the template is counted
@@ -569,8 +740,11 @@ def test_token_counts_are_the_rollout_workers_with_a_chat_template(tmp_path):
 
 def test_chat_messages_without_a_template_and_chat_template_on_without_one_are_refused(tmp_path, cfg):
     cfg.dataset.path = _rows_file(tmp_path, [_row(messages=[{"role": "user", "content": "1+1"}])])
-    with pytest.raises(ConfigError, match=rf"^dataset\.path: {cfg.dataset.path}:{N_ROWS + 1}: row 'extra' has chat "
-                                          "'messages' but the tokenizer has no chat template"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^dataset\.path: {cfg.dataset.path}:{N_ROWS + 1}: row 'extra' has chat "
+        "'messages' but the tokenizer has no chat template",
+    ):
         validate_experiment(cfg)
     cfg.dataset.path = _rows_file(tmp_path, [], name="plain.jsonl")
     cfg.dataset.chat_template = "on"
@@ -584,6 +758,9 @@ def test_an_actor_without_a_tokenizer_is_refused_naming_actor_path(tmp_path, cfg
         if name.startswith("tokenizer"):
             os.remove(os.path.join(model, name))
     cfg.actor.path = model
-    with pytest.raises(ConfigError, match=r"^actor\.path=.*: its tokenizer, which the rollout workers encode prompts "
-                                          r"with, has 1 token\(s\): the directory has no tokenizer files"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^actor\.path=.*: its tokenizer, which the rollout workers encode prompts "
+        r"with, has 1 token\(s\): the directory has no tokenizer files",
+    ):
         validate_experiment(cfg)

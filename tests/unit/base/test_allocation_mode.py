@@ -121,9 +121,10 @@ def test_native_engine_supports_only_tp_and_pp_one(text):
         AllocationMode.parse(text).validate(n_nodes=1, n_gpus_per_node=8)
 
 
-@pytest.mark.parametrize("text, got, instead", [("sglang.d1+d2m2", "m2 p1", "d4m1p1"),
-                                                ("sglang.d1+d2p2", "m1 p2", "d4m1p1"),
-                                                ("native.d1+m2", "m2 p1", "d2m1p1")])
+@pytest.mark.parametrize(
+    "text, got, instead",
+    [("sglang.d1+d2m2", "m2 p1", "d4m1p1"), ("sglang.d1+d2p2", "m1 p2", "d4m1p1"), ("native.d1+m2", "m2 p1", "d2m1p1")],
+)
 def test_trainer_tp_or_pp_is_refused_naming_the_missing_megatron_core(text, got, instead):
     mode = AllocationMode.parse(text)
     with pytest.raises(AllocationModeError) as info:

@@ -10,12 +10,11 @@ import time
 
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
 from realhf.api.validation import ConfigError
 from realhf.api.validation import validate_experiment as check_config
 from realhf.base.model_source import HUB_TIMEOUT_S, looks_like_repo_id, resolve_model_path
 from realhf.experiments.config_loading import compose_config
-
-from helpers.paths import REPO, TINY_MATH
 
 MISSING = "realhf-test/NoSuchModel-135M-Instruct"
 
@@ -28,8 +27,11 @@ def _repo_cwd(monkeypatch):
 def test_offline_a_hub_id_fails_config_validation_at_once_naming_offline_mode_and_the_path(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"^actor.path='{MISSING}' is not a local directory, the hub is offline "
-                                          r"\(HF_HUB_OFFLINE=1\) and no copy is cached; run scripts/convert_gguf.py"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^actor.path='{MISSING}' is not a local directory, the hub is offline "
+        r"\(HF_HUB_OFFLINE=1\) and no copy is cached; run scripts/convert_gguf.py",
+    ):
         check_config(compose_config([f"actor.path={MISSING}"]))
     assert time.monotonic() - t0 < 5
 
@@ -38,8 +40,11 @@ def test_without_a_reachable_hub_a_hub_id_fails_within_the_timeout_naming_the_pa
     # This machine kind has no network: the hub is unreachable. With one, the id is not a model.
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"^ref.path='{MISSING}' is (not a local directory, the hub is "
-                                          r"unreachable|neither a local directory nor a model the hub serves)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^ref.path='{MISSING}' is (not a local directory, the hub is "
+        r"unreachable|neither a local directory nor a model the hub serves)",
+    ):
         check_config(compose_config([f"ref.path={MISSING}", "ppo.kl_ctl=0.1"]))
     assert time.monotonic() - t0 < 2 * HUB_TIMEOUT_S + 5
 
@@ -71,9 +76,14 @@ def test_local_directories_and_deeper_paths_are_never_taken_for_repo_ids():
 
 def test_the_command_line_refuses_an_offline_hub_id_before_starting_anything(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "training/main_async_ppo.py", f"actor.path={MISSING}",
-                           f"cluster.fileroot={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "training/main_async_ppo.py", f"actor.path={MISSING}", f"cluster.fileroot={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"actor.path='{MISSING}' is not a local directory, the hub is offline (HF_HUB_OFFLINE=1)" in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched

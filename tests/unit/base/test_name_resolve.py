@@ -9,11 +9,10 @@ import time
 
 import pytest
 
+from helpers.paths import REPO
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
 from realhf.base.name_resolve import NameEntryExistsError, NameEntryNotFoundError
-
-from helpers.paths import REPO
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -163,8 +162,10 @@ def test_eight_processes_adding_subentries_concurrently_lose_nothing(redis_url, 
         except name_resolve.NameEntryExistsError:
             print("lost")
     """)
-    children = [subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE, env=_child_env())
-                for p in range(8)]
+    children = [
+        subprocess.Popen([sys.executable, "-c", code, str(p)], stdout=subprocess.PIPE, env=_child_env())
+        for p in range(8)
+    ]
     outputs = [c.communicate(timeout=60)[0].decode().strip() for c in children]
     assert all(c.returncode == 0 for c in children)
     assert outputs.count("won") == 1, "SET NX must let exactly one process win"

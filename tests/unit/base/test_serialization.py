@@ -13,8 +13,20 @@ from realhf.base import serialization
 from realhf.base.serialization import DeserializationError, dumps, loads
 
 NUMERIC_DTYPES = [
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 ]
 
 
@@ -60,8 +72,13 @@ def test_cpu_torch_tensors_round_trip_as_tensors(dtype):
 
 
 def test_nested_containers_and_scalars_round_trip():
-    obj = {"a": [1, 2.5, None, True, "x", b"\x00\xff"], "b": {"c": (1, 2)}, 3: "int key",
-           "np": np.float32(1.5), "i": np.int64(-7)}
+    obj = {
+        "a": [1, 2.5, None, True, "x", b"\x00\xff"],
+        "b": {"c": (1, 2)},
+        3: "int key",
+        "np": np.float32(1.5),
+        "i": np.int64(-7),
+    }
     out = loads(dumps(obj))
     assert out["a"] == [1, 2.5, None, True, "x", b"\x00\xff"]
     assert out["b"] == {"c": [1, 2]}  # tuples come back as lists
@@ -84,8 +101,9 @@ def test_object_arrays_and_gpu_like_types_are_refused():
 
 
 def test_foreign_or_forged_payloads_raise_the_documented_error():
-    import msgpack
     import pickle
+
+    import msgpack
 
     with pytest.raises(DeserializationError):
         loads(pickle.dumps({"a": 1}))
@@ -117,8 +135,12 @@ def test_property_plain_values_round_trip(obj):
 
 
 @settings(max_examples=200, deadline=None)
-@given(hnp.arrays(dtype=st.sampled_from(NUMERIC_DTYPES).map(np.dtype),
-                  shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
+@given(
+    hnp.arrays(
+        dtype=st.sampled_from(NUMERIC_DTYPES).map(np.dtype),
+        shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5),
+    )
+)
 def test_property_arrays_round_trip_bit_exactly(a):
     assert_same_array(a, loads(dumps({"x": [a]}))["x"][0])
 
@@ -137,7 +159,7 @@ def test_property_random_bytes_never_crash_the_decoder(data):
 def test_property_corrupted_valid_messages_fail_only_through_the_documented_error(noise, pos):
     good = bytearray(dumps({"ids": np.arange(6, dtype=np.int64), "r": math.pi, "t": "x"}))
     p = pos % len(good)
-    good[p:p + len(noise)] = noise
+    good[p : p + len(noise)] = noise
     try:
         loads(bytes(good))
     except DeserializationError:

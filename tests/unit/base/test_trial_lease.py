@@ -12,11 +12,10 @@ import time
 
 import pytest
 
+from helpers.paths import REPO
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import names
 from realhf.base.trial_lease import TrialLease, TrialLeaseError, TrialLeaseHeldError, trial_lease
-
-from helpers.paths import REPO
 
 EXP, TTL = "leasetest", 1.0
 
@@ -55,8 +54,9 @@ def trial(request, redis_client):
 @pytest.fixture
 def holder(redis_url, trial):
     """Another process that holds the trial's lease (renewing it) until killed."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_url, trial, str(TTL)], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, redis_url, trial, str(TTL)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "LEASED"
         yield proc
@@ -83,8 +83,9 @@ def test_the_lease_holds_who_runs_the_trial_with_the_ttl_and_outlives_it_while_h
     assert redis_client.get(key) is None
 
 
-def test_a_second_launch_is_refused_naming_the_live_holder_and_when_its_lease_expires(config, trial, holder,
-                                                                                     no_leftover_processes):
+def test_a_second_launch_is_refused_naming_the_live_holder_and_when_its_lease_expires(
+    config, trial, holder, no_leftover_processes
+):
     with pytest.raises(TrialLeaseHeldError) as refused:
         trial_lease(config, EXP, trial).acquire()
     message = str(refused.value)
@@ -94,8 +95,9 @@ def test_a_second_launch_is_refused_naming_the_live_holder_and_when_its_lease_ex
     assert "realhf-test" not in message  # the Redis password is redacted
 
 
-def test_the_lease_of_a_sigkilled_launcher_expires_and_is_taken_over(config, trial, holder, redis_client,
-                                                                    no_leftover_processes):
+def test_the_lease_of_a_sigkilled_launcher_expires_and_is_taken_over(
+    config, trial, holder, redis_client, no_leftover_processes
+):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     key = names.trial_lease(EXP, trial)
@@ -111,8 +113,11 @@ def test_the_lease_of_a_sigkilled_launcher_expires_and_is_taken_over(config, tri
 
 def test_a_holder_on_another_machine_is_refused_until_its_lease_expires(config, trial, redis_client):
     key = names.trial_lease(EXP, trial)
-    redis_client.set(key, json.dumps({"host": "elsewhere", "pid": 4242, "started": time.time(), "cmdline": "x"}),
-                     px=int(2 * TTL * 1000))
+    redis_client.set(
+        key,
+        json.dumps({"host": "elsewhere", "pid": 4242, "started": time.time(), "cmdline": "x"}),
+        px=int(2 * TTL * 1000),
+    )
     with pytest.raises(TrialLeaseHeldError, match="pid 4242 on host elsewhere"):
         trial_lease(config, EXP, trial).acquire()
     time.sleep(2 * TTL + 0.2)  # it stopped renewing: dead, or cut off from Redis
@@ -158,7 +163,9 @@ def test_the_memory_backend_leases_within_the_process():
 def test_no_lease_without_a_shared_redis_and_a_clear_error_when_redis_is_unreachable():
     # Each launch starts a private redis-server: no other launch can see its keys.
     assert trial_lease(NameResolveConfig(type="redis", redis_url=""), EXP, "t") is None
-    with pytest.raises(TrialLeaseError, match=r"cannot take the trial's lease .* Redis at redis://:\*\*\*@127.0.0.1:1/0"):
+    with pytest.raises(
+        TrialLeaseError, match=r"cannot take the trial's lease .* Redis at redis://:\*\*\*@127.0.0.1:1/0"
+    ):
         trial_lease(NameResolveConfig(type="redis", redis_url="redis://:secret@127.0.0.1:1/0"), EXP, "t").acquire()
 
 
@@ -167,8 +174,9 @@ def test_the_ttl_must_be_positive():
         TrialLease(None, "k", 0)
 
 
-def test_the_launcher_clears_a_trials_leftover_keys_but_not_the_lease_taken_before_it(config, trial, redis_client,
-                                                                                      tmp_path):
+def test_the_launcher_clears_a_trials_leftover_keys_but_not_the_lease_taken_before_it(
+    config, trial, redis_client, tmp_path
+):
     from realhf.scheduler.local import LocalLauncher
 
     lease = trial_lease(config, EXP, trial).acquire()

@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from realhf.base.trial_lock import TrialLock, TrialLockedError
-
 from helpers.paths import REPO
+from realhf.base.trial_lock import TrialLock, TrialLockedError
 
 HOLDER = """
 import sys, time

@@ -9,12 +9,11 @@ import yaml
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from helpers.paths import REPO
 from realhf.api.cli_args import AsyncPPOMATHConfig, ExperimentSaveEvalControl
 from realhf.api.validation import ConfigError, validate_experiment
 from realhf.experiments.async_ppo_math import initial_setup, total_train_steps
 from realhf.experiments.config_loading import CONFIG_DIR, compose_config
-
-from helpers.paths import REPO
 
 check_config = validate_experiment
 
@@ -109,8 +108,14 @@ def test_initial_setup_gives_every_worker_type_its_share():
 
 
 def test_worker_configs_carry_the_root_values_not_their_own_defaults():
-    cfg = load("max_head_offpolicyness=2", "groups_per_step=8", "schedule_policy=least_requests", "seed=7",
-               "stall_timeout=33", "rollout.request_timeout=44")
+    cfg = load(
+        "max_head_offpolicyness=2",
+        "groups_per_step=8",
+        "schedule_policy=least_requests",
+        "seed=7",
+        "stall_timeout=33",
+        "rollout.request_timeout=44",
+    )
     specs = {s.worker_type: s.configs[0] for s in initial_setup(cfg)}
     manager, model, master = specs["gserver_manager"], specs["model_worker"], specs["master_worker"]
     rollout, server = specs["rollout_worker"], specs["generation_server"]
@@ -130,13 +135,15 @@ def test_worker_config_defaults_are_the_root_defaults():
     from realhf.api import worker_configs
 
     root = AsyncPPOMATHConfig()
-    pairs = [(worker_configs.GserverManagerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
-             (worker_configs.ModelWorkerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
-             (worker_configs.GserverManagerConfig, "groups_per_step", root.groups_per_step),
-             (worker_configs.MasterWorkerConfig, "groups_per_step", root.groups_per_step),
-             (worker_configs.GserverManagerConfig, "max_concurrent_rollouts", root.max_concurrent_rollouts),
-             (worker_configs.RolloutWorkerConfig, "group_size", root.group_size),
-             (worker_configs.MasterWorkerConfig, "stall_timeout", root.stall_timeout)]
+    pairs = [
+        (worker_configs.GserverManagerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
+        (worker_configs.ModelWorkerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
+        (worker_configs.GserverManagerConfig, "groups_per_step", root.groups_per_step),
+        (worker_configs.MasterWorkerConfig, "groups_per_step", root.groups_per_step),
+        (worker_configs.GserverManagerConfig, "max_concurrent_rollouts", root.max_concurrent_rollouts),
+        (worker_configs.RolloutWorkerConfig, "group_size", root.group_size),
+        (worker_configs.MasterWorkerConfig, "stall_timeout", root.stall_timeout),
+    ]
     for cls, name, want in pairs:
         assert getattr(cls(), name) == want, f"{cls.__name__}.{name}"
     assert dataclasses.asdict(worker_configs.ModelWorkerConfig().ppo) == dataclasses.asdict(root.ppo)
@@ -148,18 +155,32 @@ def test_a_worker_refuses_a_bad_config_at_its_entry(tmp_path):
     from realhf.apps.remote import load_worker
 
     path = tmp_path / "manager.yaml"
-    path.write_text(OmegaConf.to_yaml({
-        "context": {"experiment_name": "e", "trial_name": "t", "worker_type": "gserver_manager", "worker_index": 0,
-                    "worker_count": 1},
-        "config": OmegaConf.structured(GserverManagerConfig(schedule_policy="fastest")),
-    }))
+    path.write_text(
+        OmegaConf.to_yaml(
+            {
+                "context": {
+                    "experiment_name": "e",
+                    "trial_name": "t",
+                    "worker_type": "gserver_manager",
+                    "worker_index": 0,
+                    "worker_count": 1,
+                },
+                "config": OmegaConf.structured(GserverManagerConfig(schedule_policy="fastest")),
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="gserver_manager.schedule_policy"):
         load_worker(str(path))
 
 
 def test_help_shows_the_values_the_run_will_use():
-    proc = subprocess.run([sys.executable, "training/main_async_ppo.py", "--help", "max_head_offpolicyness=2"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "training/main_async_ppo.py", "--help", "max_head_offpolicyness=2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     # YAML values over the dataclass defaults (0.0, ./runs, 0), and the command line's override.
@@ -173,7 +194,11 @@ def test_help_shows_the_values_the_run_will_use():
 def test_command_line_rejects_a_bad_value_before_starting_anything(tmp_path):
     proc = subprocess.run(
         [sys.executable, "training/main_async_ppo.py", "max_head_offpolicyness=-2", f"cluster.fileroot={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "max_head_offpolicyness must be >= 0" in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched
@@ -201,9 +226,13 @@ def test_every_root_number_a_worker_carries_reaches_it():
         return f
 
     carried = {}  # root path -> [(worker config class, field)]
-    for cls in (worker_configs.GenerationServerConfig, worker_configs.GserverManagerConfig,
-                worker_configs.RolloutWorkerConfig, worker_configs.ModelWorkerConfig,
-                worker_configs.MasterWorkerConfig):
+    for cls in (
+        worker_configs.GenerationServerConfig,
+        worker_configs.GserverManagerConfig,
+        worker_configs.RolloutWorkerConfig,
+        worker_configs.ModelWorkerConfig,
+        worker_configs.MasterWorkerConfig,
+    ):
         for f in dataclasses.fields(cls):
             if "root" in f.metadata:
                 carried.setdefault(f.metadata["root"], []).append((cls, f.name))
@@ -221,9 +250,12 @@ def test_every_root_number_a_worker_carries_reaches_it():
     assert "cluster.max_message_bytes" in changed and "max_head_offpolicyness" in changed
     cfg = load(*(f"{p}={v}" for p, v in changed.items()))
     by_class = {type(c): c for spec in initial_setup(cfg) for c in spec.configs}
-    wrong = [f"{cls.__name__}.{name} = {getattr(by_class[cls], name)!r}, root {path} = {want!r}"
-             for path, want in changed.items() for cls, name in carried[path]
-             if cls in by_class and getattr(by_class[cls], name) != want]
+    wrong = [
+        f"{cls.__name__}.{name} = {getattr(by_class[cls], name)!r}, root {path} = {want!r}"
+        for path, want in changed.items()
+        for cls, name in carried[path]
+        if cls in by_class and getattr(by_class[cls], name) != want
+    ]
     assert not wrong, "\n".join(wrong)
 
 

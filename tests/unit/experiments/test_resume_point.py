@@ -7,14 +7,13 @@ import logging
 import pytest
 import torch
 
+from helpers.fsdp_ranks import engine_config, open_engines, run_steps
+from helpers.paths import REPO
 from realhf.api.validation import ConfigError
 from realhf.base.trial_files import recover_dir, recover_prev_dir
 from realhf.experiments.async_ppo_math import initial_setup, resumed_from, trial_files_of
 from realhf.experiments.config_loading import compose_config
 from realhf.impl.model import recover_checkpoint as recover_ckpt
-
-from helpers.fsdp_ranks import engine_config, open_engines, run_steps
-from helpers.paths import REPO
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +54,9 @@ def test_every_model_worker_is_handed_the_checkpoint_the_launcher_verified_and_c
         path, info = resumed_from(specs)  # what the entry point prints
     assert all(w.recover and w.recover_path == str(recover_prev_dir(run_dir)) for w in _model_workers(specs))
     assert info["version"] == 1 and path == str(recover_prev_dir(run_dir))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "recover_checkpoint" and r.levelno == logging.WARNING]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "recover_checkpoint" and r.levelno == logging.WARNING
+    ]
     assert len(warnings) == 1 and shard.name in warnings[0]  # verified once, however often asked
 
 

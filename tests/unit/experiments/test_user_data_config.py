@@ -9,13 +9,12 @@ import sys
 import datasets
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
+from helpers.user_data import USER_COLUMNS, USER_OVERRIDES, user_rows
 from realhf.api.validation import ConfigError, validate_experiment
 from realhf.api.worker_configs import EvaluatorConfig, RolloutWorkerConfig
 from realhf.experiments.async_ppo_math import initial_setup
 from realhf.experiments.config_loading import compose_config
-
-from helpers.paths import REPO, TINY_MATH
-from helpers.user_data import USER_COLUMNS, USER_OVERRIDES, user_rows
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 TEST = os.path.join(TINY_MATH, "data", "test.jsonl")
@@ -30,8 +29,9 @@ def _repo_cwd(monkeypatch):
 def user_dict(tmp_path_factory):
     """The user's tiny-math as a saved DatasetDict: 'train' (200 rows) and 'heldout' (50 rows)."""
     path = tmp_path_factory.mktemp("data") / "mine"
-    datasets.DatasetDict(train=datasets.Dataset.from_list(user_rows(TRAIN, 200)),
-                         heldout=datasets.Dataset.from_list(user_rows(TEST, 50))).save_to_disk(str(path))
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list(user_rows(TRAIN, 200)), heldout=datasets.Dataset.from_list(user_rows(TEST, 50))
+    ).save_to_disk(str(path))
     return str(path)
 
 
@@ -50,14 +50,27 @@ def _bad_parquet(tmp_path) -> str:
 
 
 def test_a_saved_dataset_dict_with_user_columns_reaches_every_worker(user_dict):
-    cfg = compose_config([f"dataset.path={user_dict}", f"dataset.test_path={user_dict}", "dataset.test_split=heldout",
-                          "dataset.chat_template=off", "exp_ctrl.eval_freq_steps=5", "groups_per_step=4",
-                          "exp_ctrl.benchmark_steps=0", "exp_ctrl.total_train_epochs=2", *USER_OVERRIDES])
+    cfg = compose_config(
+        [
+            f"dataset.path={user_dict}",
+            f"dataset.test_path={user_dict}",
+            "dataset.test_split=heldout",
+            "dataset.chat_template=off",
+            "exp_ctrl.eval_freq_steps=5",
+            "groups_per_step=4",
+            "exp_ctrl.benchmark_steps=0",
+            "exp_ctrl.total_train_epochs=2",
+            *USER_OVERRIDES,
+        ]
+    )
     assert cfg.dataset.columns == USER_COLUMNS
     configs = [c for spec in initial_setup(cfg) for c in spec.configs]
     rollouts = [c for c in configs if isinstance(c, RolloutWorkerConfig)]
-    assert rollouts and all((c.dataset_path, c.dataset_columns, c.dataset_split, c.chat_template)
-                            == (user_dict, USER_COLUMNS, "train", "off") for c in rollouts)
+    assert rollouts and all(
+        (c.dataset_path, c.dataset_columns, c.dataset_split, c.chat_template)
+        == (user_dict, USER_COLUMNS, "train", "off")
+        for c in rollouts
+    )
     (evaluator,) = [c for c in configs if isinstance(c, EvaluatorConfig)]
     assert (evaluator.test_path, evaluator.columns, evaluator.test_split) == (user_dict, USER_COLUMNS, "heldout")
     (master,) = [c for c in configs if type(c).__name__ == "MasterWorkerConfig"]
@@ -75,21 +88,28 @@ def test_a_bad_table_row_is_refused_naming_the_field_file_row_and_column(tmp_pat
 
 def test_user_columns_apply_to_both_files_and_an_id_column_left_unnamed_is_refused(tmp_path):
     path = _parquet(tmp_path, "mine.parquet")  # test_path stays the tiny-math JSONL, which has query_id
-    with pytest.raises(ConfigError, match=r"dataset.test_path: .*test.jsonl:1: the data has a field 'query_id', but "
-                                          r"dataset.columns.query_id is empty"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dataset.test_path: .*test.jsonl:1: the data has a field 'query_id', but "
+        r"dataset.columns.query_id is empty",
+    ):
         validate_experiment(compose_config([f"dataset.path={path}", *USER_OVERRIDES]))
 
 
 def test_a_missing_split_is_refused_naming_the_splits(user_dict):
     with pytest.raises(ConfigError, match=r"dataset.test_path: .* has no split 'test' \(its splits: train, heldout\)"):
-        validate_experiment(compose_config([f"dataset.path={user_dict}", f"dataset.test_path={user_dict}",
-                                            *USER_OVERRIDES]))
+        validate_experiment(
+            compose_config([f"dataset.path={user_dict}", f"dataset.test_path={user_dict}", *USER_OVERRIDES])
+        )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["dataset.columns.prompt="], "dataset.columns.prompt is empty"),
-    (["dataset.columns.task=prompt"], "dataset.columns.prompt and dataset.columns.task both name column 'prompt'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["dataset.columns.prompt="], "dataset.columns.prompt is empty"),
+        (["dataset.columns.task=prompt"], "dataset.columns.prompt and dataset.columns.task both name column 'prompt'"),
+    ],
+)
 def test_column_settings_that_cannot_work_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate_experiment(compose_config(overrides))
@@ -97,9 +117,20 @@ def test_column_settings_that_cannot_work_are_refused(overrides, message):
 
 def test_command_line_refuses_a_bad_table_row_before_starting_anything(tmp_path):
     path, good = _bad_parquet(tmp_path)
-    proc = subprocess.run([sys.executable, "training/main_async_ppo.py", f"dataset.path={path}", f"dataset.test_path={good}",
-                           f"cluster.fileroot={tmp_path}", *USER_OVERRIDES],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "training/main_async_ppo.py",
+            f"dataset.path={path}",
+            f"dataset.test_path={good}",
+            f"cluster.fileroot={tmp_path}",
+            *USER_OVERRIDES,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"dataset.path: {path} row 41: column 'answer'" in proc.stderr
     assert not (tmp_path / "logs").exists()  # nothing was launched
@@ -107,9 +138,14 @@ def test_command_line_refuses_a_bad_table_row_before_starting_anything(tmp_path)
 
 def test_a_table_without_the_datasets_extra_is_refused_naming_it(tmp_path):
     path, _ = _bad_parquet(tmp_path)
-    code = ("import sys; sys.modules['datasets'] = None\n"  # as if not installed
-            "from realhf.api.file_validation import load_rows\nfrom realhf.api.validation import ConfigError\n"
-            f"try:\n    load_rows('dataset.path', {path!r})\n"
-            "except ConfigError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['datasets'] = None\n"  # as if not installed
+        "from realhf.api.file_validation import load_rows\nfrom realhf.api.validation import ConfigError\n"
+        f"try:\n    load_rows('dataset.path', {path!r})\n"
+        "except ConfigError as e:\n    print(e)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip() == f"dataset.path: reading {path} needs the datasets library: pip install 'realhf[datasets]'", proc.stderr[-2000:]
+    assert (
+        proc.stdout.strip()
+        == f"dataset.path: reading {path} needs the datasets library: pip install 'realhf[datasets]'"
+    ), proc.stderr[-2000:]

@@ -466,7 +466,9 @@ def test_with_one_rank_capacity_is_the_single_budget_rule_on_random_event_sequen
             op = rng.random()
             if op < 0.5:
                 q = f"q{step}"
-                old_rule = min(cap - len(running), (eta + trainer.version + 1) * b - (accepted - dropped + len(running)))
+                old_rule = min(
+                    cap - len(running), (eta + trainer.version + 1) * b - (accepted - dropped + len(running))
+                )
                 assert mgr.allocate(q, 0).success == (old_rule > 0)
                 if old_rule > 0:
                     running.add(q)

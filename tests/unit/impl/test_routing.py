@@ -207,7 +207,12 @@ class RouterAgainstModel(RuleBasedStateMachine):
             return
         others = self.model_loads(exclude=qid)
         url = self.router.schedule(
-            qid, prompt_len, group_size, budget, previous_url=previous_url, previous_version=5,
+            qid,
+            prompt_len,
+            group_size,
+            budget,
+            previous_url=previous_url,
+            previous_version=5,
             current_version=5 if same_version else 6,
         )
         assert url in self.servers

@@ -9,12 +9,12 @@ import time
 import psutil
 import pytest
 
+from helpers.dummy_worker import DummyWorkerConfig
+from helpers.launcher_process import LauncherProcess
+from helpers.launcher_process import alive as _alive
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
 from realhf.scheduler.local import LauncherInterrupted, LocalLauncher, WorkerSpec
-
-from helpers.dummy_worker import DummyWorkerConfig
-from helpers.launcher_process import LauncherProcess, alive as _alive
 
 
 class Launcher(LauncherProcess):
@@ -40,8 +40,16 @@ def test_a_slow_exit_after_the_trial_completed_is_not_a_failure(tmp_path, no_lef
     # Worker 0 completes the trial after 4 s, later than the launcher's 3 s startup timeout, then
     # deregisters and takes 3 s more to exit, longer than the 1 s heartbeat grace: leaving slowly
     # at the end of a run (a loaded machine, torch teardown) is neither a hang nor a startup failure.
-    la = Launcher(tmp_path, "slow", 2, "exit_after=4.0", "complete_trial=true", "linger_after_exit=3.0",
-                  "launcher.startup_timeout=3", "launcher.heartbeat_grace=1")
+    la = Launcher(
+        tmp_path,
+        "slow",
+        2,
+        "exit_after=4.0",
+        "complete_trial=true",
+        "linger_after_exit=3.0",
+        "launcher.startup_timeout=3",
+        "launcher.heartbeat_grace=1",
+    )
     info = la.wait_ready()
     code, out = la.finish()
     assert code == 0, out
@@ -108,13 +116,15 @@ def test_worker_that_stops_heart_beating_without_exiting_is_detected(tmp_path, n
 
 
 @pytest.mark.parametrize("caught_by", ["the redis call", "a broad except inside it"])
-def test_a_signal_that_lands_inside_a_redis_call_still_interrupts(tmp_path, monkeypatch, caught_by,
-                                                                 no_leftover_processes):
+def test_a_signal_that_lands_inside_a_redis_call_still_interrupts(
+    tmp_path, monkeypatch, caught_by, no_leftover_processes
+):
     # SIGINT's exception is raised wherever the main thread happens to be; inside a Redis call it
     # was once reported as "Redis unreachable" (exit 1, not 130), and a library that catches
     # broadly could swallow it altogether.
-    launcher = LocalLauncher("dummies", "signal-in-call", str(tmp_path), NameResolveConfig(keepalive_ttl=2.0),
-                             startup_timeout=60)
+    launcher = LocalLauncher(
+        "dummies", "signal-in-call", str(tmp_path), NameResolveConfig(keepalive_ttl=2.0), startup_timeout=60
+    )
     launcher.start()
     try:
         launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class="helpers.dummy_worker:DummyWorker"))

@@ -16,8 +16,17 @@ class Launcher(LauncherProcess):
     """`python -m helpers.launch_dummies` with a restartable spec, in its own process."""
 
     def __init__(self, tmp_path, trial, n, max_restarts, *overrides):
-        super().__init__(["-m", "helpers.launch_dummies", str(tmp_path), trial, str(n),
-                          f"restart.max_restarts={max_restarts}", *overrides])
+        super().__init__(
+            [
+                "-m",
+                "helpers.launch_dummies",
+                str(tmp_path),
+                trial,
+                str(n),
+                f"restart.max_restarts={max_restarts}",
+                *overrides,
+            ]
+        )
 
     def wait_ready(self, timeout: float = 90) -> dict:
         return super().wait_ready(timeout)["pids"]
@@ -33,7 +42,8 @@ def _log(tmp_path, trial, name):
 
 
 def test_a_sigkilled_restartable_worker_comes_back_with_the_same_index_and_the_trial_succeeds(
-        tmp_path, no_leftover_processes):
+    tmp_path, no_leftover_processes
+):
     # dummy/0 ends the trial (COMPLETE) after 8 s; dummy/1 is killed meanwhile.
     la = Launcher(tmp_path, "comeback", 2, 3, "exit_after=8.0", "complete_trial=true")
     pids = la.wait_ready()
@@ -52,7 +62,9 @@ def test_a_worker_that_keeps_crashing_fails_the_trial_after_max_restarts(tmp_pat
     la.wait_ready()
     code, out, restarts = la.finish()
     assert code == 1, out
-    assert "FAILED dummy/0: exited with code 3 after 2 restarts within 600 s (cluster.restart_policy.max_restarts=2" in out
+    assert (
+        "FAILED dummy/0: exited with code 3 after 2 restarts within 600 s (cluster.restart_policy.max_restarts=2" in out
+    )
     assert restarts["dummy/0"] == 2
     log = _log(tmp_path, "crashloop", "dummy-0")
     assert "restart 1 of dummy/0" in log and "restart 2 of dummy/0" in log and "restart 3" not in log

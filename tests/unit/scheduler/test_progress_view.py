@@ -15,10 +15,29 @@ def _write_steps(log_dir, steps, step_time_s=2.0):
     """metrics.jsonl as the master writes it: step_metrics of 2 groups x 4 answers per step."""
     stats = StatsLogger(str(log_dir / "metrics.jsonl"), echo=False)
     for step in steps:
-        batch = {"n_groups": 2, "n_samples": 8, "reward_sum": 2.0 * step - 8, "n_success": step, "n_no_eos": 0,
-                 "gen_tokens": 80, "head_offpolicyness": [0, step % 3], "tail_offpolicyness": [0, 0]}
-        stats.log(step_metrics(step, step, [{"batch": batch}], [{"version": step, "stats": {"loss": 0.1}}], {},
-                               stale_dropped=0, step_time_s=step_time_s, wait_time_s=0.0, training_samples=2 * step))
+        batch = {
+            "n_groups": 2,
+            "n_samples": 8,
+            "reward_sum": 2.0 * step - 8,
+            "n_success": step,
+            "n_no_eos": 0,
+            "gen_tokens": 80,
+            "head_offpolicyness": [0, step % 3],
+            "tail_offpolicyness": [0, 0],
+        }
+        stats.log(
+            step_metrics(
+                step,
+                step,
+                [{"batch": batch}],
+                [{"version": step, "stats": {"loss": 0.1}}],
+                {},
+                stale_dropped=0,
+                step_time_s=step_time_s,
+                wait_time_s=0.0,
+                training_samples=2 * step,
+            )
+        )
     stats.close()
 
 
@@ -38,8 +57,15 @@ def test_bar_shows_step_eta_reward_accuracy_throughput_and_staleness_of_the_last
     assert (f["eta_s"], f["eval_accuracy"], f["stale_mean"], f["stale_max"]) == (12.0, 0.4, 0.5, 1)
     console.print(view.progress.get_renderable())
     shown = buf.getvalue()
-    for text in ("4/10", "ETA 0:00:12", "reward +0.000", "acc 0.500", "eval acc 0.400", "4.0 samples/s",
-                 "stale 0.50 (max 1)"):
+    for text in (
+        "4/10",
+        "ETA 0:00:12",
+        "reward +0.000",
+        "acc 0.500",
+        "eval acc 0.400",
+        "4.0 samples/s",
+        "stale 0.50 (max 1)",
+    ):
         assert text in shown, (text, shown)
 
 
@@ -67,7 +93,7 @@ def test_tail_returns_only_whole_lines(tmp_path):
     tail = JsonlTail(str(path))
     assert tail.read() == [{"step": 1}]
     with open(path, "a") as f:
-        f.write('}\n')
+        f.write("}\n")
     assert tail.read() == [{"step": 2}] and tail.read() == []
 
 

@@ -15,8 +15,14 @@ from helpers.paths import REPO
 
 
 def run_bench(*args, timeout=600):
-    proc = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) > 1, "a table is printed before the JSON line"
@@ -30,9 +36,14 @@ def assert_positive(result, keys):
 
 def generation_bench(*flags):
     """stdout of `scripts.bench.generation --short` (its output has no single shape to parse)."""
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.generation", "--short", *flags],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench.generation", "--short", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -57,8 +68,18 @@ def test_bench_generation_profile_prints_the_decode_step_breakdown(no_leftover_p
 def test_stream_bench_reports_stream_and_raw_rates(no_leftover_processes):
     result, _ = run_bench("scripts.bench.stream", "--short")
     assert result["bench"] == "stream"
-    assert_positive(result, ["stream_msgs_per_s", "stream_mb_per_s", "raw_msgs_per_s", "raw_mb_per_s",
-                             "stream_over_raw_mb_per_s", "msg_bytes", "from_msg_ms"])
+    assert_positive(
+        result,
+        [
+            "stream_msgs_per_s",
+            "stream_mb_per_s",
+            "raw_msgs_per_s",
+            "raw_mb_per_s",
+            "stream_over_raw_mb_per_s",
+            "msg_bytes",
+            "from_msg_ms",
+        ],
+    )
 
 
 def test_manager_bench_reports_requests_per_second(no_leftover_processes):
@@ -86,8 +107,9 @@ def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
 def test_engine_bench_times_unwrapped_fsdp_and_dp2(no_leftover_processes):
     result, _ = run_bench("scripts.bench.engine", "--short")
     assert result["bench"] == "engine"
-    assert_positive(result, ["unwrapped_s", "fsdp_s", "fsdp_over_unwrapped", "dp1_s", "dp2_s", "dp_speedup",
-                             "n_tokens"])
+    assert_positive(
+        result, ["unwrapped_s", "fsdp_s", "fsdp_over_unwrapped", "dp1_s", "dp2_s", "dp_speedup", "n_tokens"]
+    )
     assert [w["way"] for w in result["dp1"]["ways"]] == ["unwrapped", "fsdp"]
     assert [(r["dp"], r["sharded"]) for r in result["dp"]["runs"]] == [(1, False), (2, True)]
 
@@ -123,8 +145,12 @@ def test_e2e_bench_reports_async_over_sync(no_leftover_processes):
 def test_scaling_bench_reports_every_axis_and_a_linearity_figure(no_leftover_processes):
     result, _ = run_bench("scripts.bench.scaling", "--short", timeout=1800)
     assert result["bench"] == "scaling"
-    assert set(result["axes"]) == {"rollout.n_workers", "max_concurrent_rollouts", "group_size",
-                                   "ppo.gen.max_new_tokens"}
+    assert set(result["axes"]) == {
+        "rollout.n_workers",
+        "max_concurrent_rollouts",
+        "group_size",
+        "ppo.gen.max_new_tokens",
+    }
     for points in result["axes"].values():
         assert len(points) >= 2
         for p in points:
@@ -138,7 +164,7 @@ def test_data_parallel_bench_reports_samples_per_s_and_token_balance_per_dp_size
     result, _ = run_bench("scripts.bench.data_parallel", "--short", timeout=1800)
     assert result["bench"] == "data_parallel"
     assert set(result["runs"]) == {"1", "2", "3"}
-    for dp, runs in result["runs"].items():
+    for runs in result["runs"].values():
         assert_positive(runs[0], ["samples_per_s", "dp_token_imbalance", "dp_token_imbalance_before"])
         assert runs[0]["dp_token_imbalance"] <= runs[0]["dp_token_imbalance_before"] + 1e-9
     assert result["token_imbalance"]["1"]["dp_token_imbalance"] == 1.0

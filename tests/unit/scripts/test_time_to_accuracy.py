@@ -13,15 +13,14 @@ import sys
 
 import pytest
 
+from helpers.paths import REPO
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
 from realhf.api.cli_args import ExperimentSaveEvalControl
 from realhf.api.validation import ConfigError, check_exp_ctrl
 from realhf.base.trial_files import TrialFiles
 from scripts.bench import accuracy_curve as ac
 from scripts.bench import peer_trl
 from scripts.bench.time_to_accuracy import summarize, tables
-
-from helpers.paths import REPO
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
 
 
 def _curve(*points):
@@ -43,12 +42,26 @@ def test_default_target_is_three_quarters_of_the_way_to_the_worst_final():
 
 
 def test_summary_reports_time_to_target_and_ratios_against_trl():
-    runs = {"realhf_default": {"overrides": [], "steps": 300, "train_s": 372.0, "samples_per_s": 150.0,
-                               "load_before": [2.0], "load_after": [2.1],
-                               "curve": _curve((0, 0.3), (100, 0.46), (200, 0.55))},
-            "trl": {"overrides": ["trl==x"], "steps": 250, "train_s": 373.0, "samples_per_s": 100.0,
-                    "load_before": [2.0], "load_after": [2.0],
-                    "curve": _curve((0, 0.3), (100, 0.40), (200, 0.45), (300, 0.5))}}
+    runs = {
+        "realhf_default": {
+            "overrides": [],
+            "steps": 300,
+            "train_s": 372.0,
+            "samples_per_s": 150.0,
+            "load_before": [2.0],
+            "load_after": [2.1],
+            "curve": _curve((0, 0.3), (100, 0.46), (200, 0.55)),
+        },
+        "trl": {
+            "overrides": ["trl==x"],
+            "steps": 250,
+            "train_s": 373.0,
+            "samples_per_s": 100.0,
+            "load_before": [2.0],
+            "load_after": [2.0],
+            "curve": _curve((0, 0.3), (100, 0.40), (200, 0.45), (300, 0.5)),
+        },
+    }
     s = summarize(runs, {"accuracy": 0.3}, None)
     assert s["target"] == pytest.approx(0.45)  # 0.3 + 0.75 * (0.5 - 0.3)
     assert runs["realhf_default"]["time_to_target_s"] == 100
@@ -62,7 +75,10 @@ def test_summary_reports_time_to_target_and_ratios_against_trl():
     assert len(titles) == 3 and "target 0.45" in titles[0]
     # An explicit target wins; a never-reached one leaves no ratio.
     s = summarize(runs, {"accuracy": 0.3}, 0.9)
-    assert runs["trl"]["time_to_target_s"] is None and s["ratios"]["realhf_default"]["trl_over_realhf_time_to_target"] is None
+    assert (
+        runs["trl"]["time_to_target_s"] is None
+        and s["ratios"]["realhf_default"]["trl_over_realhf_time_to_target"] is None
+    )
 
 
 def test_saved_at_checkpoints_reads_each_saves_own_time(tmp_path):
@@ -85,11 +101,17 @@ BUDGET_S = 6.0
 
 
 @pytest.mark.e2e
-def test_a_run_stops_at_its_training_time_budget_and_its_saves_map_to_training_seconds(tmp_path,
-                                                                                      no_leftover_processes):
+def test_a_run_stops_at_its_training_time_budget_and_its_saves_map_to_training_seconds(tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(
-        tmp_path, "budget", "exp_ctrl.benchmark_steps=1000", f"exp_ctrl.max_train_seconds={BUDGET_S}",
-        "exp_ctrl.save_freq_steps=2", "exp_ctrl.keep_last_saves=0", *SMALL_RUN, timeout=600)
+        tmp_path,
+        "budget",
+        "exp_ctrl.benchmark_steps=1000",
+        f"exp_ctrl.max_train_seconds={BUDGET_S}",
+        "exp_ctrl.save_freq_steps=2",
+        "exp_ctrl.keep_last_saves=0",
+        *SMALL_RUN,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     times = [m["step_time_s"] for m in metrics]
@@ -110,11 +132,19 @@ def test_a_run_stops_at_its_training_time_budget_and_its_saves_map_to_training_s
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not peer_trl.venv_ready(), reason="the TRL venv (.bench/venvs/trl) is not made: run "
-                    "`python -m scripts.bench.peer_trl --short` once to make it (never in CI)")
+@pytest.mark.skipif(
+    not peer_trl.venv_ready(),
+    reason="the TRL venv (.bench/venvs/trl) is not made: run "
+    "`python -m scripts.bench.peer_trl --short` once to make it (never in CI)",
+)
 def test_trl_driver_short_run_saves_timestamped_checkpoints(no_leftover_processes):
-    proc = subprocess.run([sys.executable, "-m", "scripts.bench.peer_trl", "--short"], capture_output=True,
-                          text=True, timeout=900, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench.peer_trl", "--short"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["bench"] == "peer_trl" and r["trl"] == peer_trl.TRL_VERSION

@@ -6,19 +6,19 @@ import threading
 
 import pytest
 
+from helpers.manager_harness import EXP, TRIAL, manager_config
 from realhf.base import name_resolve, names
 from realhf.system.admission_ledger import AdmissionLedger, accounting, parse
 from realhf.system.manager_service import ManagerService
-
-from helpers.manager_harness import EXP, TRIAL, manager_config
 
 pytestmark = pytest.mark.usefixtures("nr")
 KEY = names.admission_ledger(EXP, TRIAL)
 
 
 def _service(**fields):
-    config = manager_config(**{"groups_per_step": 2, "max_concurrent_rollouts": 6, "max_head_offpolicyness": 1,
-                               "n_servers": 1, **fields})
+    config = manager_config(
+        **{"groups_per_step": 2, "max_concurrent_rollouts": 6, "max_head_offpolicyness": 1, "n_servers": 1, **fields}
+    )
     return ManagerService(config, ["http://127.0.0.1:9"], AdmissionLedger(KEY, config.n_trainer_ranks))
 
 
@@ -27,8 +27,10 @@ def test_records_are_changed_atomically_and_field_by_field_in_redis():
     name_resolve.update_record(KEY, remove=["a"], incr={"n": 3})
     assert name_resolve.get_record(KEY) == {"b": "x", "n": "5"}
     # Concurrent increments from many threads lose nothing (HINCRBY in MULTI/EXEC).
-    threads = [threading.Thread(target=lambda: [name_resolve.update_record(KEY, incr={"n": 1}) for _ in range(50)])
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: [name_resolve.update_record(KEY, incr={"n": 1}) for _ in range(50)])
+        for _ in range(4)
+    ]
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert name_resolve.get_record(KEY)["n"] == "205"
@@ -83,8 +85,16 @@ def test_a_record_of_another_dp_size_or_garbage_is_refused_naming_the_field():
 
 
 def _heads(added, taken, stale, buffered, invalid=0):
-    return [{"added": added, "taken": taken, "stale_dropped": stale, "buffered": buffered, "invalid": invalid,
-             "duplicates": 0}]
+    return [
+        {
+            "added": added,
+            "taken": taken,
+            "stale_dropped": stale,
+            "buffered": buffered,
+            "invalid": invalid,
+            "duplicates": 0,
+        }
+    ]
 
 
 def test_accounting_holds_only_when_every_accepted_group_arrived_and_the_trainer_balances():

@@ -6,11 +6,10 @@ import os
 
 import pytest
 
+from helpers.paths import REPO
 from realhf.impl.eval_schedule import EvalSchedule, take_version
 from realhf.impl.model.checkpoint import prune_versions
 from realhf.impl.pass_at_k import pass_at_k
-
-from helpers.paths import REPO
 
 
 def _publish(root, version, weights=b"w" * 1000):
@@ -122,8 +121,16 @@ def test_the_evaluator_is_launched_only_when_asked_for_with_the_root_values(_rep
 
     off = {s.worker_type for s in initial_setup(compose_config(["trial_name=t"]))}
     assert "evaluator" not in off
-    cfg = compose_config(["trial_name=t", "exp_ctrl.eval_freq_steps=4", "evaluation.during_n_prompts=16",
-                          "evaluation.during_samples=2", "evaluation.sampled_temperature=0.7", "seed=7"])
+    cfg = compose_config(
+        [
+            "trial_name=t",
+            "exp_ctrl.eval_freq_steps=4",
+            "evaluation.during_n_prompts=16",
+            "evaluation.during_samples=2",
+            "evaluation.sampled_temperature=0.7",
+            "seed=7",
+        ]
+    )
     specs = {s.worker_type: s for s in initial_setup(cfg)}
     spec = specs["evaluator"]
     ev = spec.configs[0]
@@ -135,11 +142,14 @@ def test_the_evaluator_is_launched_only_when_asked_for_with_the_root_values(_rep
     assert specs["master_worker"].configs[0].expected_workers["evaluator"] == 1  # named in stall reports
 
 
-@pytest.mark.parametrize("override, field", [
-    ("evaluation.during_nice=20", "evaluation.during_nice"),
-    ("evaluation.during_samples=0", "evaluation.during_samples"),
-    ("dataset.test_path=nowhere.jsonl", "dataset.test_path"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("evaluation.during_nice=20", "evaluation.during_nice"),
+        ("evaluation.during_samples=0", "evaluation.during_samples"),
+        ("dataset.test_path=nowhere.jsonl", "dataset.test_path"),
+    ],
+)
 def test_a_bad_evaluation_setting_is_refused_naming_the_field(_repo_cwd, override, field):
     from realhf.experiments.async_ppo_math import ConfigError, initial_setup
     from realhf.experiments.config_loading import compose_config

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers.paths import TINY_MATH
 from realhf.api.cli_args import NameResolveConfig
 from realhf.api.worker_configs import EvaluatorConfig
 from realhf.base import name_resolve, names
@@ -17,8 +18,6 @@ from realhf.impl.model.checkpoint import prune_versions
 from realhf.system.evaluator_worker import Evaluator
 from realhf.system.stats_logger import read_eval_metrics
 from realhf.system.worker_base import WorkerContext
-
-from helpers.paths import TINY_MATH
 
 EXP, TRIAL = "eval-test", "t"
 
@@ -44,10 +43,19 @@ class FakeTrainer:
 def evaluator(tmp_path):
     name_resolve.reconfigure(NameResolveConfig(type="memory"))
     # nice=0: os.nice(+10) here would lower the priority of the test runner itself for good.
-    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=8,
-                          samples=2, model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=16,
-                          run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
-                          poll_interval=0.01)
+    cfg = EvaluatorConfig(
+        eval_freq_steps=4,
+        test_path=os.path.join(TINY_MATH, "data", "test.jsonl"),
+        n_prompts=8,
+        samples=2,
+        model_path=os.path.join(TINY_MATH, "sft"),
+        device="cpu",
+        nice=0,
+        batch_size=16,
+        run_dir=str(tmp_path / "run"),
+        metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
+        poll_interval=0.01,
+    )
     w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
     w._configure()
     yield w, FakeTrainer(tmp_path / "run"), str(tmp_path / "logs")
@@ -128,11 +136,21 @@ def test_a_resumed_run_drops_the_rows_of_versions_it_trains_again(tmp_path):
     with open(logs / "eval_metrics.jsonl", "w") as f:
         for v in (4, 8):
             f.write(json.dumps({"step": v, "version": v, "eval/accuracy": 0.5}) + "\n")
-    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=2,
-                          model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=4,
-                          run_dir=str(tmp_path / "run"), metrics_path=str(logs / "eval_metrics.jsonl"))
-    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"),
-                  dataclasses.replace(cfg, resumed_version=6))  # the checkpoint of step 6: 8 is trained again
+    cfg = EvaluatorConfig(
+        eval_freq_steps=4,
+        test_path=os.path.join(TINY_MATH, "data", "test.jsonl"),
+        n_prompts=2,
+        model_path=os.path.join(TINY_MATH, "sft"),
+        device="cpu",
+        nice=0,
+        batch_size=4,
+        run_dir=str(tmp_path / "run"),
+        metrics_path=str(logs / "eval_metrics.jsonl"),
+    )
+    w = Evaluator(
+        WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"),
+        dataclasses.replace(cfg, resumed_version=6),
+    )  # the checkpoint of step 6: 8 is trained again
     w._configure()
     try:
         assert [r["version"] for r in read_eval_metrics(str(logs))] == [4]
@@ -150,10 +168,20 @@ def test_evaluations_reach_tensorboard_when_configured(tmp_path):
 
     name_resolve.reconfigure(NameResolveConfig(type="memory"))
     tb = tmp_path / "tb"
-    cfg = EvaluatorConfig(eval_freq_steps=4, test_path=os.path.join(TINY_MATH, "data", "test.jsonl"), n_prompts=4,
-                          samples=2, model_path=os.path.join(TINY_MATH, "sft"), device="cpu", nice=0, batch_size=8,
-                          run_dir=str(tmp_path / "run"), metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
-                          stats=StatsLoggingConfig(tensorboard_path=str(tb)), poll_interval=0.01)
+    cfg = EvaluatorConfig(
+        eval_freq_steps=4,
+        test_path=os.path.join(TINY_MATH, "data", "test.jsonl"),
+        n_prompts=4,
+        samples=2,
+        model_path=os.path.join(TINY_MATH, "sft"),
+        device="cpu",
+        nice=0,
+        batch_size=8,
+        run_dir=str(tmp_path / "run"),
+        metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
+        stats=StatsLoggingConfig(tensorboard_path=str(tb)),
+        poll_interval=0.01,
+    )
     w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
     w._configure()
     try:
@@ -171,10 +199,9 @@ def test_evaluations_reach_tensorboard_when_configured(tmp_path):
 
 
 def test_an_engine_that_does_not_answer_fails_the_evaluation_naming_the_wait():
+    from helpers.trajectories import TINY_SFT
     from realhf.impl.inference.batch_generate import engine_generate_fn
     from realhf.impl.inference.factory import create_engine
-
-    from helpers.trajectories import TINY_SFT
 
     engine = create_engine(TINY_SFT, max_running_requests=4).start()
     try:

@@ -8,13 +8,12 @@ import time
 
 import pytest
 
+from helpers.fake_sglang import FakeSGLangServer
+from helpers.manager_harness import EXP, TRIAL, running_manager
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.base import name_resolve, names
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError
-
-from helpers.fake_sglang import FakeSGLangServer
-from helpers.manager_harness import EXP, TRIAL, running_manager
 
 FAST_HEALTH = {"health_check_interval": 0.1, "health_timeout": 1.0, "max_health_failures": 2}
 
@@ -29,6 +28,7 @@ def test_a_server_killed_between_chunks_is_dropped_and_the_answer_completes_else
     b = FakeSGLangServer(token_delay=0.02).start()
     try:
         with running_manager([a.url, b.url], **FAST_HEALTH) as m:
+
             def kill_a_after_its_first_chunk():
                 while not a.requests:
                     time.sleep(0.005)

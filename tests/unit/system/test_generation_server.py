@@ -3,6 +3,10 @@
 import psutil
 import pytest
 
+from helpers import sglang_standin
+from helpers.http import http
+from helpers.sglang_client import generate
+from helpers.wait import wait_for
 from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.worker_configs import GenerationServerConfig
 from realhf.api.worker_validation import validate_worker_config
@@ -10,11 +14,6 @@ from realhf.base import name_resolve, names
 from realhf.base.secret import auth_headers
 from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail
 from realhf.system.worker_base import STATUS_COMPLETE, WorkerContext
-
-from helpers import sglang_standin
-from helpers.http import http
-from helpers.sglang_client import generate
-from helpers.wait import wait_for
 
 EXP = "gen-server-test"
 
@@ -43,18 +42,26 @@ def _complete(exp, trial, launcher):
 
 
 def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exit(
-        redis_name_resolve, qwen_path, hf_ref, tmp_path, no_leftover_processes):
+    redis_name_resolve, qwen_path, hf_ref, tmp_path, no_leftover_processes
+):
     trial = "native"
-    cfg = GenerationServerConfig(model_path=qwen_path, weight_version=2,
-                                 native=NativeEngineConfig(max_running_requests=8, context_length=256))
+    cfg = GenerationServerConfig(
+        model_path=qwen_path, weight_version=2, native=NativeEngineConfig(max_running_requests=8, context_length=256)
+    )
     launcher = LocalLauncher(EXP, trial, str(tmp_path), name_resolve_config=redis_name_resolve, startup_timeout=60)
     with launcher:
         launcher.submit(WorkerSpec("generation_server", 2, [cfg, cfg]))
         urls = _wait_for_servers(launcher, EXP, trial, 2)
         assert len(set(urls)) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
         for url in urls:
-            out = generate(url, [5, 6, 7], max_new_tokens=8, temperature=0.0, ignore_eos=True,
-                           headers=auth_headers(launcher.secret))
+            out = generate(
+                url,
+                [5, 6, 7],
+                max_new_tokens=8,
+                temperature=0.0,
+                ignore_eos=True,
+                headers=auth_headers(launcher.secret),
+            )
             assert out["output_ids"] == hf_ref.greedy([5, 6, 7], 8)
             assert out["meta_info"]["weight_version"] == 2
         _complete(EXP, trial, launcher)
@@ -64,7 +71,8 @@ def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exi
 
 
 def test_sglang_backend_worker_launches_waits_for_health_and_registers(
-        redis_name_resolve, tmp_path, no_leftover_processes):
+    redis_name_resolve, tmp_path, no_leftover_processes
+):
     trial = "sglang"
     cfg = GenerationServerConfig(backend="sglang", model_path="/models/fake", tp_size=2, base_gpu_id=2)
     cfg.sglang.startup_timeout = 30
@@ -87,12 +95,15 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
         _complete(EXP, trial, launcher)
 
 
-@pytest.mark.parametrize("change,field", [
-    (dict(backend="vllm"), "backend"),
-    (dict(model_path=""), "model_path"),
-    (dict(tp_size=2), "tp_size"),
-    (dict(startup_timeout=0), "startup_timeout"),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        (dict(backend="vllm"), "backend"),
+        (dict(model_path=""), "model_path"),
+        (dict(tp_size=2), "tp_size"),
+        (dict(startup_timeout=0), "startup_timeout"),
+    ],
+)
 def test_config_errors_name_the_field(change, field):
     cfg = GenerationServerConfig(**{"model_path": "/m", **change})
     with pytest.raises(ValueError, match=field):
@@ -112,10 +123,9 @@ def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_
     # (cfg.device, cfg.base_gpu_id) is the one the engine and its runner hold.
     import torch
 
+    from helpers.native_server import held_tensors
     from realhf.base import device as device_module
     from realhf.system.generation_server import GenerationServer
-
-    from helpers.native_server import held_tensors
 
     cpu, asked = torch.device("cpu"), []
 
@@ -124,8 +134,12 @@ def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_
         return cpu
 
     monkeypatch.setattr(device_module, "pick_device", pick)
-    cfg = GenerationServerConfig(model_path=qwen_path, device="cpu", base_gpu_id=3,
-                                 native=NativeEngineConfig(max_running_requests=4, context_length=64))
+    cfg = GenerationServerConfig(
+        model_path=qwen_path,
+        device="cpu",
+        base_gpu_id=3,
+        native=NativeEngineConfig(max_running_requests=4, context_length=64),
+    )
     server = GenerationServer.__new__(GenerationServer)  # no worker context needed for _start_native
     server.name = "generation_server/0"
     server.ctx = WorkerContext(experiment_name=EXP, trial_name="device", worker_type="generation_server")

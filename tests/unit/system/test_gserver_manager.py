@@ -11,12 +11,11 @@ import time
 import aiohttp
 import pytest
 
-from realhf.base import name_resolve, names
-from realhf.base.trial_files import published_version_dir
-
 from helpers.http import http
 from helpers.manager_harness import fake_servers, running_manager, set_version
 from helpers.wait import wait_for
+from realhf.base import name_resolve, names
+from realhf.base.trial_files import published_version_dir
 
 pytestmark = pytest.mark.usefixtures("nr")
 
@@ -43,8 +42,12 @@ async def _allocate_until_refused(url: str, n_clients: int, per_client: int, tag
 def test_admission_with_nothing_finishing_admits_eta_plus_one_batches_then_one_more_per_version(eta, first, after_v1):
     # B = 4 prompt groups per train step, 5 clients of 4 slots each: min(4·5, (1 + η)·4) admissions
     # (AReaL v0.3: 4 / 8 / 20 for η = 0 / 1 / 4), then (2 + η)·4 cumulative at version 1.
-    with fake_servers(1) as servers, running_manager([s.url for s in servers], groups_per_step=4,
-                                                     max_head_offpolicyness=eta, max_concurrent_rollouts=100) as m:
+    with (
+        fake_servers(1) as servers,
+        running_manager(
+            [s.url for s in servers], groups_per_step=4, max_head_offpolicyness=eta, max_concurrent_rollouts=100
+        ) as m,
+    ):
         assert asyncio.run(_allocate_until_refused(m.url, 5, 4, "v0")) == first
         set_version(1)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["version"] == 1, 5, "the manager to read version 1")
@@ -54,17 +57,31 @@ def test_admission_with_nothing_finishing_admits_eta_plus_one_batches_then_one_m
 
 
 def test_finished_and_filtered_rollouts_free_slots_and_only_accepted_ones_count():
-    with fake_servers(1) as servers, running_manager([s.url for s in servers], groups_per_step=2,
-                                                     max_head_offpolicyness=0) as m:
+    with (
+        fake_servers(1) as servers,
+        running_manager([s.url for s in servers], groups_per_step=2, max_head_offpolicyness=0) as m,
+    ):
         for q in ("a", "b"):
-            assert http("POST", f"{m.url}/allocate_rollout", {"qid": q, "rank": 0})[1] == {"success": True, "reason": "ok"}
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c", "rank": 0})[1] == {"success": False, "reason": "staleness"}
+            assert http("POST", f"{m.url}/allocate_rollout", {"qid": q, "rank": 0})[1] == {
+                "success": True,
+                "reason": "ok",
+            }
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c", "rank": 0})[1] == {
+            "success": False,
+            "reason": "staleness",
+        }
         # A filtered group frees its slot and is not counted …
-        assert http("POST", f"{m.url}/finish_rollout", {"qid": "a", "accepted": False, "n_tokens": 5}) == (200, {"success": True})
+        assert http("POST", f"{m.url}/finish_rollout", {"qid": "a", "accepted": False, "n_tokens": 5}) == (
+            200,
+            {"success": True},
+        )
         assert http("POST", f"{m.url}/allocate_rollout", {"qid": "c", "rank": 0})[1]["success"]
         # … an accepted one counts against the (η + v + 1)·B = 2 budget.
         http("POST", f"{m.url}/finish_rollout", {"qid": "b", "accepted": True, "n_tokens": 7})
-        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d", "rank": 0})[1] == {"success": False, "reason": "staleness"}
+        assert http("POST", f"{m.url}/allocate_rollout", {"qid": "d", "rank": 0})[1] == {
+            "success": False,
+            "reason": "staleness",
+        }
         # The trainer reporting a stale drop gives the slot back.
         name_resolve.add(names.stale_dropped("rollout-test", "t0"), "[1]", replace=True)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["stale_dropped"] == 1, 5, "stale_dropped to be read")
@@ -80,10 +97,12 @@ def status_capacity(m):
 
 def test_allocate_requires_a_rank_within_the_trainers_dp_size_and_says_so():
     with fake_servers(1) as servers, running_manager([s.url for s in servers], n_trainer_ranks=2) as m:
-        for body, expected in [({"qid": "q"}, "rank: Field required"),
-                               ({"qid": "q", "rank": -1}, "rank: Input should be greater than or equal to 0"),
-                               ({"qid": "q", "rank": 2}, "rank must be a trainer DP rank in [0, 2), got 2"),
-                               ({"qid": "q", "rank": "one"}, "rank: Input should be a valid integer")]:
+        for body, expected in [
+            ({"qid": "q"}, "rank: Field required"),
+            ({"qid": "q", "rank": -1}, "rank: Input should be greater than or equal to 0"),
+            ({"qid": "q", "rank": 2}, "rank must be a trainer DP rank in [0, 2), got 2"),
+            ({"qid": "q", "rank": "one"}, "rank: Input should be a valid integer"),
+        ]:
             code, answer = http("POST", f"{m.url}/allocate_rollout", body)
             assert code == 422 and expected in answer["detail"], (body, code, answer)
         assert http("GET", f"{m.url}/status")[1]["running"] == 0
@@ -92,8 +111,16 @@ def test_allocate_requires_a_rank_within_the_trainers_dp_size_and_says_so():
 
 def test_with_two_trainer_ranks_a_full_rank_does_not_starve_the_other_and_stale_drops_free_their_rank():
     # η = 1, B = 8, DP = 2 (the deadlock seen in a real run): each rank gets (1 + 0 + 1)·4 = 8.
-    with fake_servers(1) as servers, running_manager([s.url for s in servers], n_trainer_ranks=2, groups_per_step=8,
-                                                     max_head_offpolicyness=1, max_concurrent_rollouts=100) as m:
+    with (
+        fake_servers(1) as servers,
+        running_manager(
+            [s.url for s in servers],
+            n_trainer_ranks=2,
+            groups_per_step=8,
+            max_head_offpolicyness=1,
+            max_concurrent_rollouts=100,
+        ) as m,
+    ):
         assert asyncio.run(_allocate_until_refused(m.url, 1, 10, "fast", rank=1)) == 8
         for i in range(4):  # half of the fast rank's groups finish and are pushed
             assert http("POST", f"{m.url}/finish_rollout", {"qid": f"fast-c0-{i}", "accepted": True})[0] == 200
@@ -149,8 +176,10 @@ def test_numbers_beyond_float_arithmetic_are_refused_and_the_status_page_keeps_a
             ("/schedule_request", {"qid": "q", "prompt_len": huge, "group_size": 1, "new_token_budget": 4}),
             ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": huge, "new_token_budget": 4}),
             ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": 1, "new_token_budget": 2**64}),
-            ("/schedule_request", {"qid": "q", "prompt_len": 3, "group_size": 1, "new_token_budget": 4,
-                                   "previous_version": huge}),
+            (
+                "/schedule_request",
+                {"qid": "q", "prompt_len": 3, "group_size": 1, "new_token_budget": 4, "previous_version": huge},
+            ),
             ("/allocate_rollout", {"qid": "x" * 5000, "rank": 0}),
         ]
         for path, body in cases:
@@ -170,13 +199,17 @@ def test_schedule_keeps_a_group_on_its_server_while_the_version_is_unchanged():
         _, first = http("POST", f"{m.url}/schedule_request", body)
         assert first["version"] == 0
         for _ in range(5):  # the other samples of the group, and later chunks
-            _, again = http("POST", f"{m.url}/schedule_request",
-                            {**body, "previous_server_url": first["url"], "previous_version": 0})
+            _, again = http(
+                "POST",
+                f"{m.url}/schedule_request",
+                {**body, "previous_server_url": first["url"], "previous_version": 0},
+            )
             assert again["url"] == first["url"]
         set_version(1)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["version"] == 1, 5, "version 1")
-        _, moved = http("POST", f"{m.url}/schedule_request",
-                        {**body, "previous_server_url": first["url"], "previous_version": 0})
+        _, moved = http(
+            "POST", f"{m.url}/schedule_request", {**body, "previous_server_url": first["url"], "previous_version": 0}
+        )
         assert moved == {"url": moved["url"], "version": 1} and moved["url"] != first["url"]  # round robin: next
 
 
@@ -193,14 +226,30 @@ def test_scheduling_a_rollout_that_was_never_allocated_or_already_finished_is_re
 
 
 def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
-    with fake_servers(2) as servers, running_manager([s.url for s in servers], schedule_policy="least_requests",
-                                                     max_concurrent_rollouts=100, max_head_offpolicyness=10) as m:
+    with (
+        fake_servers(2) as servers,
+        running_manager(
+            [s.url for s in servers],
+            schedule_policy="least_requests",
+            max_concurrent_rollouts=100,
+            max_head_offpolicyness=10,
+        ) as m,
+    ):
         a, b = (s.url for s in servers)  # the order the manager lists them in
 
         def schedule(qid, gs, prev=None, prev_v=None):
-            return http("POST", f"{m.url}/schedule_request",
-                        {"qid": qid, "prompt_len": 5, "group_size": gs, "new_token_budget": 10,
-                         "previous_server_url": prev, "previous_version": prev_v})[1]["url"]
+            return http(
+                "POST",
+                f"{m.url}/schedule_request",
+                {
+                    "qid": qid,
+                    "prompt_len": 5,
+                    "group_size": gs,
+                    "new_token_budget": 10,
+                    "previous_server_url": prev,
+                    "previous_version": prev_v,
+                },
+            )[1]["url"]
 
         def loads():
             return {x["url"]: x["requests"] for x in http("GET", f"{m.url}/status")[1]["servers"]}
@@ -233,9 +282,12 @@ def test_least_requests_loads_do_not_drift_when_a_group_moves_servers():
 def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_admission_answers(tmp_path):
     fileroot = str(tmp_path)
     os.makedirs(published_version_dir(fileroot, "actor", 1))
-    with fake_servers(2, check_model_path=True, update_delay=0.6) as servers, \
-            running_manager([s.url for s in servers], run_dir=fileroot, max_concurrent_rollouts=1000,
-                            max_head_offpolicyness=100) as m:
+    with (
+        fake_servers(2, check_model_path=True, update_delay=0.6) as servers,
+        running_manager(
+            [s.url for s in servers], run_dir=fileroot, max_concurrent_rollouts=1000, max_head_offpolicyness=100
+        ) as m,
+    ):
         set_version(1)
         # While the updates run (0.6 s per server), admission keeps answering, without waiting
         # for an update to end.
@@ -264,8 +316,7 @@ def test_weight_update_pauses_updates_and_continues_one_server_at_a_time_while_a
 
 def test_a_failed_weight_update_still_continues_the_server_and_is_retried(tmp_path):
     fileroot = str(tmp_path)  # version 1's directory does not exist yet: the server refuses
-    with fake_servers(1, check_model_path=True) as (server,), \
-            running_manager([server.url], run_dir=fileroot) as m:
+    with fake_servers(1, check_model_path=True) as (server,), running_manager([server.url], run_dir=fileroot) as m:
         set_version(1)
         wait_for(lambda: http("GET", f"{m.url}/status")[1]["weight_updates"]["failed"] >= 1, 5, "a failed update")
         assert server.event_names()[:2] == ["pause", "continue"] and server.weight_version == 0
@@ -281,8 +332,11 @@ def test_metrics_are_prometheus_text_with_the_numbers_of_status():
         http("POST", f"{m.url}/allocate_rollout", {"qid": "a", "rank": 0})
         status, text = http("GET", f"{m.url}/metrics")
         assert status == 200
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for family in text_string_to_metric_families(text) for s in family.samples}
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
         assert samples[("realhf_manager_running_rollouts", ())] == 1
         assert samples[("realhf_manager_server_version", (("url", servers[0].url),))] == 0
         assert samples[("realhf_manager_rejections_total", (("reason", "staleness"),))] == 0
@@ -302,8 +356,8 @@ def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come()
 
 def test_manager_config_rejects_bad_values_naming_the_field():
     from realhf.api.validation import ConfigError
-    from realhf.api.worker_validation import validate_worker_config
     from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
+    from realhf.api.worker_validation import validate_worker_config
 
     with pytest.raises(ConfigError, match="gserver_manager.schedule_policy='fastest'.*least_token_usage"):
         validate_worker_config(GserverManagerConfig(schedule_policy="fastest"))

@@ -57,8 +57,13 @@ def _line_of(marker: str) -> int:
 
 
 def test_a_blocked_event_loop_is_logged_with_the_blocking_line_published_and_cleared_when_it_runs_again(caplog):
-    ctx = WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="rollout_worker", worker_index=3,
-                        name_resolve=NameResolveConfig(type="memory"))
+    ctx = WorkerContext(
+        experiment_name=EXP,
+        trial_name=TRIAL,
+        worker_type="rollout_worker",
+        worker_index=3,
+        name_resolve=NameResolveConfig(type="memory"),
+    )
     worker = _BlockedOnce(ctx)
     try:
         with caplog.at_level(logging.INFO):
@@ -68,15 +73,20 @@ def test_a_blocked_event_loop_is_logged_with_the_blocking_line_published_and_cle
         where = f"{__file__}:{_line_of('BLOCKING LINE')} in _blocking_reward_fn"
         published = worker.seen["published"]
         assert published["where"] == where and published["blocked_for_s"] >= 0.3
-        assert worker.seen["report"] == [f"rollout_worker/3: event loop blocked for at least "
-                                         f"{published['blocked_for_s']}s at {where}; nothing else on it runs "
-                                         "meanwhile (its log has the stack)"]
+        assert worker.seen["report"] == [
+            f"rollout_worker/3: event loop blocked for at least "
+            f"{published['blocked_for_s']}s at {where}; nothing else on it runs "
+            "meanwhile (its log has the stack)"
+        ]
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warnings) == 1, warnings  # once per blocking (the reminder is a minute away)
         assert "event loop of rollout_worker/3 blocked for" in warnings[0]
         assert f'File "{__file__}", line {_line_of("BLOCKING LINE")}, in _blocking_reward_fn' in warnings[0]
-        assert any("event loop of rollout_worker/3 runs again after being blocked for" in r.getMessage()
-                   and r.levelno == logging.INFO for r in caplog.records)
+        assert any(
+            "event loop of rollout_worker/3 runs again after being blocked for" in r.getMessage()
+            and r.levelno == logging.INFO
+            for r in caplog.records
+        )
         assert blocked_loop_lines(EXP, TRIAL) == []
     finally:
         name_resolve.reconfigure(NameResolveConfig(type="memory"))

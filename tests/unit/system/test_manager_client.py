@@ -6,10 +6,9 @@ import asyncio
 import aiohttp
 import pytest
 
+from helpers.manager_harness import fake_servers, running_manager
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
-
-from helpers.manager_harness import fake_servers, running_manager
 
 pytestmark = pytest.mark.usefixtures("nr")
 
@@ -24,6 +23,7 @@ def _run(url, calls, timeout=10.0):
 
 def test_allocate_schedule_finish_and_abandon_round_trip():
     with fake_servers(1) as (server,), running_manager([server.url]) as m:
+
         async def calls(manager):
             admitted = [await manager.allocate_rollout(q, 0) for q in ("a", "b")]
             route = await manager.schedule_request("a", prompt_len=3, group_size=2, new_token_budget=8)
@@ -39,14 +39,19 @@ def test_allocate_schedule_finish_and_abandon_round_trip():
 
 
 def test_allocate_sends_the_rank_whose_budget_admits_the_group():
-    with fake_servers(1) as (server,), running_manager([server.url], n_trainer_ranks=2, groups_per_step=2,
-                                                       max_head_offpolicyness=0) as m:
+    with (
+        fake_servers(1) as (server,),
+        running_manager([server.url], n_trainer_ranks=2, groups_per_step=2, max_head_offpolicyness=0) as m,
+    ):
+
         async def calls(manager):
             return [await manager.allocate_rollout(q, 1) for q in ("a", "b")] + [await manager.allocate_rollout("c", 0)]
 
         assert _run(m.url, calls) == [(True, "ok"), (False, "staleness"), (True, "ok")]
         assert m.service.status()["per_rank"]["running"] == [1, 1]
-        with pytest.raises(GenerationError, match="/allocate_rollout returned HTTP 422.*rank must be a trainer DP rank"):
+        with pytest.raises(
+            GenerationError, match="/allocate_rollout returned HTTP 422.*rank must be a trainer DP rank"
+        ):
             _run(m.url, lambda manager: manager.allocate_rollout("d", 2))
 
 
@@ -62,16 +67,23 @@ def test_an_unreachable_manager_is_reported_as_unavailable_naming_the_url():
 
 
 def _reconnecting(url, calls, wait_timeout, stopped=lambda: False):
-    from realhf.base import name_resolve, names
-
     from helpers.manager_harness import EXP, TRIAL
+    from realhf.base import name_resolve, names
 
     key = names.gserver_manager(EXP, TRIAL)
 
     async def main():
         async with aiohttp.ClientSession() as session:
-            return await calls(ManagerClient(url, lambda: session, 2.0, resolve=lambda: name_resolve.get(key),
-                                             wait_timeout=wait_timeout, stopped=stopped))
+            return await calls(
+                ManagerClient(
+                    url,
+                    lambda: session,
+                    2.0,
+                    resolve=lambda: name_resolve.get(key),
+                    wait_timeout=wait_timeout,
+                    stopped=stopped,
+                )
+            )
 
     return asyncio.run(main())
 
@@ -82,9 +94,8 @@ def test_a_call_waits_for_a_restarted_manager_at_its_new_address():
     import threading
     import time
 
-    from realhf.base import name_resolve, names
-
     from helpers.manager_harness import EXP, TRIAL
+    from realhf.base import name_resolve, names
 
     key = names.gserver_manager(EXP, TRIAL)
     with fake_servers(1) as (server,):
@@ -116,14 +127,17 @@ def test_a_call_waits_for_a_restarted_manager_at_its_new_address():
 
 
 def test_a_manager_gone_longer_than_the_wait_fails_naming_the_setting():
-    from realhf.base import name_resolve, names
-
     from helpers.manager_harness import EXP, TRIAL
+    from realhf.base import name_resolve, names
 
     name_resolve.add(names.gserver_manager(EXP, TRIAL), "http://127.0.0.1:9", replace=True)
     with pytest.raises(ServerUnavailableError, match=r"longer than rollout.manager_wait_timeout=1s"):
         _reconnecting("http://127.0.0.1:9", lambda manager: manager.allocate_rollout("q", 0), wait_timeout=1)
     # At the end of a run (stopped) nothing is retried.
     with pytest.raises(ServerUnavailableError, match="127.0.0.1:9/allocate_rollout failed"):
-        _reconnecting("http://127.0.0.1:9", lambda manager: manager.allocate_rollout("q", 0), wait_timeout=60,
-                      stopped=lambda: True)
+        _reconnecting(
+            "http://127.0.0.1:9",
+            lambda manager: manager.allocate_rollout("q", 0),
+            wait_timeout=60,
+            stopped=lambda: True,
+        )

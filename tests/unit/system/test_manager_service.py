@@ -3,9 +3,8 @@ watcher's observations change in routing, weight versions and admission."""
 
 import pytest
 
-from realhf.system.manager_service import ManagerService
-
 from helpers.manager_harness import manager_config
+from realhf.system.manager_service import ManagerService
 
 A, B = "http://a:1", "http://b:1"
 
@@ -45,8 +44,7 @@ def test_stale_drops_are_merged_per_rank_and_a_list_of_another_dp_size_is_an_err
 
 def test_each_trainer_rank_has_its_own_budget_of_its_share():
     # B = 8 over 2 ranks, η = 0: 4 per rank; rank 1 full does not refuse rank 0.
-    service = _service([A], n_trainer_ranks=2, groups_per_step=8, max_head_offpolicyness=0,
-                       max_concurrent_rollouts=100)
+    service = _service([A], n_trainer_ranks=2, groups_per_step=8, max_head_offpolicyness=0, max_concurrent_rollouts=100)
     assert [service.allocate(f"r1-{i}", 1)["success"] for i in range(5)] == [True] * 4 + [False]
     assert service.allocate("r0", 0) == {"success": True, "reason": "ok"}
     assert service.status()["per_rank"]["share"] == [4, 4]
@@ -55,8 +53,7 @@ def test_each_trainer_rank_has_its_own_budget_of_its_share():
 
 
 def test_a_resumed_manager_starts_each_rank_at_the_trained_steps_times_its_share():
-    service = _service([A], n_trainer_ranks=2, groups_per_step=8, max_head_offpolicyness=1,
-                       trained_groups_at_start=24)
+    service = _service([A], n_trainer_ranks=2, groups_per_step=8, max_head_offpolicyness=1, trained_groups_at_start=24)
     service.observe_trainer(3, [0, 0])
     s = service.status()
     assert s["per_rank"]["accepted"] == [12, 12] and s["per_rank"]["capacity"] == [8, 8]

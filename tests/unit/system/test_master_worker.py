@@ -14,8 +14,14 @@ import time
 import pytest
 import torch
 
-from realhf.api.cli_args import (ExperimentSaveEvalControl, ModelTrainEvalConfig, NameResolveConfig, PPOHyperparameters,
-                                 StatsLoggingConfig)
+from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
+from realhf.api.cli_args import (
+    ExperimentSaveEvalControl,
+    ModelTrainEvalConfig,
+    NameResolveConfig,
+    PPOHyperparameters,
+    StatsLoggingConfig,
+)
 from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
@@ -23,12 +29,19 @@ from realhf.system.master_worker import MasterWorker
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import WorkerContext
 
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
-
 EXP, TRIAL = "train-e2e", "t0"
 B, GROUP, ETA, STEPS, N_DP = 4, 4, 1, 3, 2
-METRIC_KEYS = {"step", "version", "reward_mean", "success_rate", "head_offpolicyness_max", "stale_dropped",
-               "samples_per_s", "gen_tokens_per_s", "step_time_s"}
+METRIC_KEYS = {
+    "step",
+    "version",
+    "reward_mean",
+    "success_rate",
+    "head_offpolicyness_max",
+    "stale_dropped",
+    "samples_per_s",
+    "gen_tokens_per_s",
+    "step_time_s",
+}
 
 
 class _FakeStream:
@@ -46,10 +59,17 @@ class _FakeStream:
 
 
 def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out(redis_name_resolve, caplog):
-    ctx = WorkerContext(experiment_name="mlogic", trial_name="t", worker_type="master_worker",
-                        name_resolve=redis_name_resolve)
-    cfg = MasterWorkerConfig(n_model_workers=2, groups_per_step=4, data_poll_interval=0.02, data_log_interval=0.05,
-                             stall_timeout=0.1, data_timeout=0.4)
+    ctx = WorkerContext(
+        experiment_name="mlogic", trial_name="t", worker_type="master_worker", name_resolve=redis_name_resolve
+    )
+    cfg = MasterWorkerConfig(
+        n_model_workers=2,
+        groups_per_step=4,
+        data_poll_interval=0.02,
+        data_log_interval=0.05,
+        stall_timeout=0.1,
+        data_timeout=0.4,
+    )
     w = MasterWorker(ctx, cfg)
     w._stream, w.shares, w.step, w.version = _FakeStream(), [2, 2], 0, 0
     w.stale_dropped, w.rejected, w._stale_dropped_per_rank = 0, 0, None
@@ -81,8 +101,9 @@ def _feed(stop: threading.Event, groups, errors: list, secret: str = ""):
     """Like rollout workers: for every new model version push B fresh groups (B / N_DP per DP
     head); at version 2 also push one group generated at version 0, which eta = 1 makes stale."""
     try:
-        pushers = [NameResolvingZmqPusher(EXP, TRIAL, i, N_DP, N_DP, discovery_timeout=120, secret=secret)
-                   for i in range(N_DP)]
+        pushers = [
+            NameResolvingZmqPusher(EXP, TRIAL, i, N_DP, N_DP, discovery_timeout=120, secret=secret) for i in range(N_DP)
+        ]
         try:
             fed = set()
             key = names.model_version(EXP, TRIAL, "actor")
@@ -93,7 +114,7 @@ def _feed(stop: threading.Event, groups, errors: list, secret: str = ""):
                     v = 0
                 if v not in fed and v < STEPS:
                     fed.add(v)
-                    fresh = [_restamp(g, v) for g in groups[v * B:(v + 1) * B]]
+                    fresh = [_restamp(g, v) for g in groups[v * B : (v + 1) * B]]
                     for i, g in enumerate(fresh):
                         pushers[i % N_DP].push(g)
                     if v == 2:
@@ -107,21 +128,34 @@ def _feed(stop: threading.Event, groups, errors: list, secret: str = ""):
 
 
 @pytest.mark.e2e
-def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(redis_url, tmp_path,
-                                                                             no_leftover_processes):
+def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(
+    redis_url, tmp_path, no_leftover_processes
+):
     torch.set_num_threads(1)
     model, tok = load_tiny()
     groups = make_groups(model, tok, load_rows(B * STEPS + 1), group_size=GROUP)
     ppo = PPOHyperparameters(ppo_n_minibatches=2)
-    worker_cfg = ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT), ppo=ppo, run_dir=str(tmp_path),
-                                   max_head_offpolicyness=ETA, total_train_steps=STEPS)
-    master_cfg = MasterWorkerConfig(n_model_workers=N_DP, groups_per_step=B, group_size=GROUP, ppo=ppo,
-                                    total_train_steps=STEPS, exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS),
-                                    log_dir=str(tmp_path / "logs" / EXP / TRIAL),
-                                    stats=StatsLoggingConfig(tensorboard_path=str(tmp_path / "tb")),
-                                    worker_connect_timeout=120)
-    launcher = LocalLauncher(EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url),
-                             startup_timeout=120)
+    worker_cfg = ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT),
+        ppo=ppo,
+        run_dir=str(tmp_path),
+        max_head_offpolicyness=ETA,
+        total_train_steps=STEPS,
+    )
+    master_cfg = MasterWorkerConfig(
+        n_model_workers=N_DP,
+        groups_per_step=B,
+        group_size=GROUP,
+        ppo=ppo,
+        total_train_steps=STEPS,
+        exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS),
+        log_dir=str(tmp_path / "logs" / EXP / TRIAL),
+        stats=StatsLoggingConfig(tensorboard_path=str(tmp_path / "tb")),
+        worker_connect_timeout=120,
+    )
+    launcher = LocalLauncher(
+        EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url), startup_timeout=120
+    )
     stop, errors = threading.Event(), []
     feeder = threading.Thread(target=_feed, args=(stop, groups, errors, launcher.secret), daemon=True)
     try:

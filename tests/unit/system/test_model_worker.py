@@ -11,14 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.model_worker_harness import ModelWorkerHarness
+from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base.trial_files import published_version_dir
 from realhf.system.request_reply_stream import RemoteError
-
-from helpers.model_worker_harness import ModelWorkerHarness
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 
 GROUP = 4
 
@@ -30,9 +29,13 @@ def _config(run_dir) -> ModelWorkerConfig:
     # shares are equal in rows here; uneven row splits: tests/unit/impl/model/test_algorithms.py.
     return ModelWorkerConfig(
         actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-4, gradient_clipping=1.0)),
-        ppo=PPOHyperparameters(ppo_n_minibatches=2, adv_estimator="grpo", adv_norm=True,
-                               loss_agg_mode="seq-mean-token-mean"),
-        run_dir=str(run_dir), max_head_offpolicyness=4, distributed_timeout=120, master_discovery_timeout=120,
+        ppo=PPOHyperparameters(
+            ppo_n_minibatches=2, adv_estimator="grpo", adv_norm=True, loss_agg_mode="seq-mean-token-mean"
+        ),
+        run_dir=str(run_dir),
+        max_head_offpolicyness=4,
+        distributed_timeout=120,
+        master_discovery_timeout=120,
     )
 
 
@@ -84,8 +87,9 @@ def test_one_train_step_changes_the_weights_bumps_the_version_and_publishes_a_lo
     assert dp1_run["inference"][0]["behav_abs_diff"] < 1e-4
 
 
-def test_dp2_over_gloo_gives_the_same_update_as_dp1_on_the_same_data(dp1_run, groups, redis_url, tmp_path,
-                                                                      no_leftover_processes):
+def test_dp2_over_gloo_gives_the_same_update_as_dp1_on_the_same_data(
+    dp1_run, groups, redis_url, tmp_path, no_leftover_processes
+):
     h = ModelWorkerHarness(str(tmp_path), "dp2", 2, _config(tmp_path), redis_url)
     try:
         # A handler's failure comes back to the master as a RemoteError, and the worker carries on.
@@ -135,7 +139,8 @@ def _as(msg: dict, step: int) -> dict:
 
 
 def test_dp2_resumed_from_the_sharded_checkpoint_makes_the_update_an_uninterrupted_run_makes(
-        groups, redis_url, tmp_path, no_leftover_processes):
+    groups, redis_url, tmp_path, no_leftover_processes
+):
     cfg = dataclasses.replace(_config(tmp_path / "run"), recover=True)  # nothing to resume yet: a fresh start
     uninterrupted = tmp_path / "uninterrupted_v2.safetensors"
     h = ModelWorkerHarness(str(tmp_path), "rec", 2, cfg, redis_url)

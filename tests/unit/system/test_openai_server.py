@@ -7,14 +7,13 @@ import asyncio
 import openai
 import pytest
 
+from helpers.chat_tokenizers import CHATML, tiny_tokenizer
+from realhf.api.agent import make_agent
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
-from realhf.api.agent import make_agent
 from realhf.system.episode import Gen, run_group
 from realhf.system.generation_client import GenerationResult
 from realhf.system.openai_server import OpenAIServer
-
-from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,9 @@ def test_a_conversation_of_two_requests_is_one_sample_at_the_token_level(tokeniz
     # off the loss; the second request continued from all of it.
     eos = tokenizer.eos_token_id
     seven = tokenizer("7", add_special_tokens=False)["input_ids"] + [eos]
-    turn = tokenizer("<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    turn = tokenizer("<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)[
+        "input_ids"
+    ]
     assert gen.output_ids[: len(seven) + len(turn)] == seven + turn
     assert gen.loss_mask[: len(seven) + len(turn)] == [1] * len(seven) + [0] * len(turn)
     assert model.calls[1] == gen.prompt_ids + seven + turn
@@ -84,8 +85,10 @@ def test_a_request_that_rewrites_history_is_refused_and_a_wrong_key_too(tokenize
     async def workflow(client, gen):
         await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "5+2?"}])
         errors = []
-        for messages in ([{"role": "user", "content": "6+2?"}, {"role": "user", "content": "x"}],
-                         [{"role": "user", "content": "5+2?"}]):
+        for messages in (
+            [{"role": "user", "content": "6+2?"}, {"role": "user", "content": "x"}],
+            [{"role": "user", "content": "5+2?"}],
+        ):
             try:
                 await client.chat.completions.create(model="m", messages=messages)
             except openai.BadRequestError as e:
@@ -136,9 +139,18 @@ def test_the_openai_agent_turns_a_workflow_into_a_trained_sample(tokenizer):
     async def main():
         envs = EnvFactory(EnvConfig(type="none"))
         try:
-            return await run_group(agent, row, [0], qid="q@0", client=ScriptedModel(tokenizer, [" #### 7", " #### 8"]),
-                                   envs=envs, gconfig=GenerationHyperparameters(), tokenizer=tokenizer,
-                                   agent_config=config, group_size=2)
+            return await run_group(
+                agent,
+                row,
+                [0],
+                qid="q@0",
+                client=ScriptedModel(tokenizer, [" #### 7", " #### 8"]),
+                envs=envs,
+                gconfig=GenerationHyperparameters(),
+                tokenizer=tokenizer,
+                agent_config=config,
+                group_size=2,
+            )
         finally:
             server = await OpenAIServer.for_this_loop()
             await server.close()

@@ -9,12 +9,10 @@ import sys
 import pytest
 import zmq
 
+from helpers.paths import TESTS_DIR
 from realhf.base import name_resolve, names
 from realhf.system.push_pull_stream import NameResolvingZmqPuller, ZMQPuller, ZMQPusher, grouping
 from realhf.system.stream_dataset import StreamDataset
-
-from helpers.paths import TESTS_DIR
-
 
 # ---- grouping (docs/architecture.md §6) ----------------------------------------------------------------------
 
@@ -46,12 +44,17 @@ def test_grouping_refuses_receivers_without_a_sender():
 
 def _spawn(args):
     env = dict(os.environ, PYTHONPATH=TESTS_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "helpers.stream_procs", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "helpers.stream_procs", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def test_four_pusher_processes_reach_two_puller_processes_exactly_once_in_order(
-        redis_url, tmp_path, no_leftover_processes):
+    redis_url, tmp_path, no_leftover_processes
+):
     n_pushers, n_pullers, n_msgs = 4, 2, 300
     exp, trial = "streams", f"t{os.getpid()}"
     groups = grouping(n_pushers, n_pullers)

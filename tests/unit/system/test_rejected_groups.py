@@ -17,19 +17,19 @@ import time
 
 import pytest
 
+from helpers.model_worker_harness import EXP, ModelWorkerHarness
+from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, PPOHyperparameters
 from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.system.master_worker import MasterWorker
 from realhf.system.worker_base import WorkerContext
 
-from helpers.model_worker_harness import EXP, ModelWorkerHarness
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
-
 
 @pytest.mark.e2e
 def test_malformed_groups_pushed_to_a_dp_head_are_published_as_dropped_for_their_rank(
-        redis_url, redis_name_resolve, tmp_path, no_leftover_processes):
+    redis_url, redis_name_resolve, tmp_path, no_leftover_processes
+):
     model, tok = load_tiny()
     good, nan_group, empty_answer = make_groups(model, tok, load_rows(3), group_size=2)
     nan_group = copy.deepcopy(nan_group)
@@ -39,14 +39,20 @@ def test_malformed_groups_pushed_to_a_dp_head_are_published_as_dropped_for_their
     for field in ("output_ids", "logprobs", "versions"):
         empty_answer["samples"][0][field] = []
 
-    cfg = ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT), ppo=PPOHyperparameters(),
-                            run_dir=str(tmp_path), max_head_offpolicyness=4, master_discovery_timeout=120)
+    cfg = ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT),
+        ppo=PPOHyperparameters(),
+        run_dir=str(tmp_path),
+        max_head_offpolicyness=4,
+        master_discovery_timeout=120,
+    )
     h = ModelWorkerHarness(str(tmp_path), "rejected", 1, cfg, redis_url)
     try:
         # Malformed first: one pusher keeps its order, so all are parsed before `good` is buffered.
         h.push(0, [nan_group, no_samples, empty_answer, good, good])
-        ctx = WorkerContext(experiment_name=EXP, trial_name="rejected", worker_type="master_worker",
-                            name_resolve=redis_name_resolve)
+        ctx = WorkerContext(
+            experiment_name=EXP, trial_name="rejected", worker_type="master_worker", name_resolve=redis_name_resolve
+        )
         master = MasterWorker(ctx, MasterWorkerConfig(n_model_workers=1, groups_per_step=1, data_poll_interval=0.05))
         master._stream, master.shares, master.step, master.version = h.stream, [1], 0, 0
         master.stale_dropped, master.rejected, master._stale_dropped_per_rank = 0, 0, None

@@ -18,20 +18,19 @@ import uuid
 import pytest
 import torch
 
-from realhf.api.cli_args import GenerationHyperparameters
-from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
-from realhf.api.trajectory import Trajectory
-from realhf.base.secret import auth_headers
-from realhf.base import name_resolve, names
-from realhf.base.process import die_with_parent
-from realhf.scheduler.local import LocalLauncher, WorkerSpec
-from realhf.system.push_pull_stream import NameResolvingZmqPuller
-from realhf.system.stream_dataset import StreamDataset, StreamTimeoutError
-from realhf.base.trial_files import published_version_dir
-
 from helpers.http import http
 from helpers.paths import TINY_MATH
 from helpers.wait import wait_for
+from realhf.api.cli_args import GenerationHyperparameters
+from realhf.api.trajectory import Trajectory
+from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
+from realhf.base import name_resolve, names
+from realhf.base.process import die_with_parent
+from realhf.base.secret import auth_headers
+from realhf.base.trial_files import published_version_dir
+from realhf.scheduler.local import LocalLauncher, WorkerSpec
+from realhf.system.push_pull_stream import NameResolvingZmqPuller
+from realhf.system.stream_dataset import StreamDataset, StreamTimeoutError
 
 MODEL = os.path.join(TINY_MATH, "sft")
 DATA = os.path.join(TINY_MATH, "data", "train.jsonl")
@@ -48,7 +47,9 @@ def start_native_server(log_path: str):
     log = open(log_path, "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "realhf.launch_server", "--model-path", MODEL, "--host", "127.0.0.1", "--port", "0"],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     deadline = time.monotonic() + 120
@@ -88,7 +89,8 @@ def recomputed_logprobs(model, prompt_ids, output_ids):
 
 @pytest.mark.e2e
 def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
-        tmp_path, redis_name_resolve, no_leftover_processes):
+    tmp_path, redis_name_resolve, no_leftover_processes
+):
     exp, trial = "rollout-integration", uuid.uuid4().hex[:8]
     fileroot = str(tmp_path)
     server, url = start_native_server(str(tmp_path / "server.log"))
@@ -98,19 +100,50 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
     try:
         launcher.start()
         name_resolve.add_subentry(names.gen_servers(exp, trial), url)
-        dataset = StreamDataset(NameResolvingZmqPuller(exp, trial, 0, secret=launcher.secret), parse=Trajectory.from_msg)
-        launcher.submit(WorkerSpec("gserver_manager", 1, [GserverManagerConfig(
-            groups_per_step=B, max_head_offpolicyness=ETA, n_servers=1, run_dir=fileroot, poll_interval=0.1,
-            max_concurrent_rollouts=8, schedule_policy="least_requests")]))
-        launcher.submit(WorkerSpec("rollout_worker", 2, [RolloutWorkerConfig(
-            dataset_path=DATA, tokenizer_path=MODEL, group_size=GROUP, max_concurrent_rollouts=4,
-            new_tokens_per_chunk=8, gconfig=GenerationHyperparameters(max_new_tokens=MAX_NEW), log_every_groups=1,
-            context_tokens=MAX_NEW + MAX_PROMPT,
-        ) for _ in range(2)]))
+        dataset = StreamDataset(
+            NameResolvingZmqPuller(exp, trial, 0, secret=launcher.secret), parse=Trajectory.from_msg
+        )
+        launcher.submit(
+            WorkerSpec(
+                "gserver_manager",
+                1,
+                [
+                    GserverManagerConfig(
+                        groups_per_step=B,
+                        max_head_offpolicyness=ETA,
+                        n_servers=1,
+                        run_dir=fileroot,
+                        poll_interval=0.1,
+                        max_concurrent_rollouts=8,
+                        schedule_policy="least_requests",
+                    )
+                ],
+            )
+        )
+        launcher.submit(
+            WorkerSpec(
+                "rollout_worker",
+                2,
+                [
+                    RolloutWorkerConfig(
+                        dataset_path=DATA,
+                        tokenizer_path=MODEL,
+                        group_size=GROUP,
+                        max_concurrent_rollouts=4,
+                        new_tokens_per_chunk=8,
+                        gconfig=GenerationHyperparameters(max_new_tokens=MAX_NEW),
+                        log_every_groups=1,
+                        context_tokens=MAX_NEW + MAX_PROMPT,
+                    )
+                    for _ in range(2)
+                ],
+            )
+        )
         # The launcher supervises from this (main) thread; the trainer's part runs beside it and
         # ends the trial by marking it COMPLETE.
-        trainer = threading.Thread(target=_play_trainer, args=(dataset, fileroot, exp, trial, out, auth_headers(launcher.secret)),
-                                   daemon=True)
+        trainer = threading.Thread(
+            target=_play_trainer, args=(dataset, fileroot, exp, trial, out, auth_headers(launcher.secret)), daemon=True
+        )
         trainer.start()
         launcher.wait(timeout=400)
     finally:
@@ -167,7 +200,9 @@ def _play_trainer(dataset, fileroot, exp, trial, out, auth):
         publish_version(fileroot, exp, trial, 1)
         out["v1"] = take(B, timeout=60)
         manager = name_resolve.get(names.gserver_manager(exp, trial))
-        wait_for(lambda: get_json(f"{manager}/status", auth)["servers"][0]["version"] == 1, 30, "the server at version 1")
+        wait_for(
+            lambda: get_json(f"{manager}/status", auth)["servers"][0]["version"] == 1, 30, "the server at version 1"
+        )
         # Version 2: these groups start after the server holds version >= 1.
         publish_version(fileroot, exp, trial, 2)
         out["v2"] = take(B, timeout=60)

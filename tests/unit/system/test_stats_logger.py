@@ -5,10 +5,32 @@ from realhf.system.stats_logger import format_line, step_metrics
 
 def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
     fetch = [
-        {"batch": {"n_groups": 1, "n_samples": 2, "reward_sum": 1.0, "n_success": 2, "n_no_eos": 0,
-                   "gen_tokens": 30, "output_tokens": 30, "head_offpolicyness": [2], "tail_offpolicyness": [1]}},
-        {"batch": {"n_groups": 1, "n_samples": 2, "reward_sum": -1.0, "n_success": 0, "n_no_eos": 1,
-                   "gen_tokens": 10, "output_tokens": 10, "head_offpolicyness": [0], "tail_offpolicyness": [0]}},
+        {
+            "batch": {
+                "n_groups": 1,
+                "n_samples": 2,
+                "reward_sum": 1.0,
+                "n_success": 2,
+                "n_no_eos": 0,
+                "gen_tokens": 30,
+                "output_tokens": 30,
+                "head_offpolicyness": [2],
+                "tail_offpolicyness": [1],
+            }
+        },
+        {
+            "batch": {
+                "n_groups": 1,
+                "n_samples": 2,
+                "reward_sum": -1.0,
+                "n_success": 0,
+                "n_no_eos": 1,
+                "gen_tokens": 10,
+                "output_tokens": 10,
+                "head_offpolicyness": [0],
+                "tail_offpolicyness": [0],
+            }
+        },
     ]
     train = [{"version": 5, "stats": {"loss": 0.5}, "train_time_s": 1.0}] * 2
     m = step_metrics(3, 5, fetch, train, {}, stale_dropped=4, step_time_s=2.0, wait_time_s=0.5, training_samples=6)

@@ -15,10 +15,29 @@ def _write_run(log_dir, n_steps=30):
     stats = StatsLogger(str(log_dir / "metrics.jsonl"), echo=False)
     for step in range(1, n_steps + 1):
         n_success = min(8, step // 4)
-        batch = {"n_groups": 2, "n_samples": 8, "reward_sum": 2.0 * n_success - 8, "n_success": n_success,
-                 "n_no_eos": 0, "gen_tokens": 80, "head_offpolicyness": [1], "tail_offpolicyness": [0]}
-        stats.log(step_metrics(step, step, [{"batch": batch}], [{"version": step, "stats": {"loss": 0.1}}], {},
-                               stale_dropped=0, step_time_s=1.0, wait_time_s=0.0, training_samples=2 * step))
+        batch = {
+            "n_groups": 2,
+            "n_samples": 8,
+            "reward_sum": 2.0 * n_success - 8,
+            "n_success": n_success,
+            "n_no_eos": 0,
+            "gen_tokens": 80,
+            "head_offpolicyness": [1],
+            "tail_offpolicyness": [0],
+        }
+        stats.log(
+            step_metrics(
+                step,
+                step,
+                [{"batch": batch}],
+                [{"version": step, "stats": {"loss": 0.1}}],
+                {},
+                stale_dropped=0,
+                step_time_s=1.0,
+                wait_time_s=0.0,
+                training_samples=2 * step,
+            )
+        )
     stats.close()
     with open(log_dir / EVAL_METRICS_FILE, "w") as f:
         for v, acc in ((10, 0.3), (20, 0.45), (30, 0.6)):

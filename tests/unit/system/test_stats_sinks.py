@@ -13,17 +13,27 @@ from realhf.system.stats_logger import EVAL_METRICS_FILE, StatsLogger
 
 def _rows():
     """Three steps as the master logs them (the fields the sinks and the bar read)."""
-    return [{"step": s, "version": s, "reward_mean": -0.5 + 0.25 * s, "success_rate": 0.125 * s, "n_samples": 16,
-             "samples_per_s": 8.0, "head_offpolicyness_max": s - 1, "loss": 1.0 / s, "actor_inf_behav_abs_diff": 0.5}
-            for s in (1, 2, 3)]
+    return [
+        {
+            "step": s,
+            "version": s,
+            "reward_mean": -0.5 + 0.25 * s,
+            "success_rate": 0.125 * s,
+            "n_samples": 16,
+            "samples_per_s": 8.0,
+            "head_offpolicyness_max": s - 1,
+            "loss": 1.0 / s,
+            "actor_inf_behav_abs_diff": 0.5,
+        }
+        for s in (1, 2, 3)
+    ]
 
 
 def test_wandb_offline_run_holds_every_logged_step_and_the_runs_config(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
+    from helpers.wandb_offline import offline_run
     from realhf.api.cli_args import AsyncPPOMATHConfig
     from realhf.experiments.async_ppo_math import wandb_run_config
-
-    from helpers.wandb_offline import offline_run
 
     for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
         monkeypatch.setenv(var, str(tmp_path / sub))  # nothing written outside tmp_path
@@ -31,8 +41,14 @@ def test_wandb_offline_run_holds_every_logged_step_and_the_runs_config(tmp_path,
     cfg = AsyncPPOMATHConfig(seed=7)
     cfg.cluster.name_resolve.redis_url = "redis://:hunter2@127.0.0.1:6379/0"
     log_dir = tmp_path / "logs"
-    stats = StatsLogger(str(log_dir / "metrics.jsonl"), wandb_project="realhf-test", wandb_run_name="exp/trial",
-                        wandb_mode="offline", wandb_config=wandb_run_config(cfg), echo=False)
+    stats = StatsLogger(
+        str(log_dir / "metrics.jsonl"),
+        wandb_project="realhf-test",
+        wandb_run_name="exp/trial",
+        wandb_mode="offline",
+        wandb_config=wandb_run_config(cfg),
+        echo=False,
+    )
     for row in _rows():
         stats.log(row)
     stats.close()
@@ -41,8 +57,11 @@ def test_wandb_offline_run_holds_every_logged_step_and_the_runs_config(tmp_path,
     assert [h["_step"] for h in history] == [1, 2, 3]
     assert [h["reward_mean"] for h in history] == [-0.25, 0.0, 0.25]
     assert [h["loss"] for h in history] == [1.0, 0.5, 1.0 / 3]
+
     # The whole root config, nested as in the YAML; the Redis password never leaves the machine.
-    value = lambda key: config[key]["value"] if isinstance(config[key], dict) and "value" in config[key] else config[key]
+    def value(key):
+        return config[key]["value"] if isinstance(config[key], dict) and "value" in config[key] else config[key]
+
     assert value("seed") == 7 and value("ppo")["kl_ctl"] == cfg.ppo.kl_ctl
     assert value("cluster")["name_resolve"]["redis_url"] == "redis://:***@127.0.0.1:6379/0"
     assert "hunter2" not in json.dumps(config)

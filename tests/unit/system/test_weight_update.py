@@ -9,11 +9,10 @@ import time
 
 import aiohttp
 
-from realhf.base.trial_files import published_version_dir
-from realhf.system.weight_update import WeightUpdater
-
 from helpers.fake_sglang import FakeSGLangServer
 from helpers.tcp_proxy import TcpProxy
+from realhf.base.trial_files import published_version_dir
+from realhf.system.weight_update import WeightUpdater
 
 
 async def _until(predicate, timeout: float, what: str):

@@ -20,8 +20,9 @@ class _DeletesTheStatusKey(Worker):
 
 
 def _ctx(config) -> WorkerContext:
-    return WorkerContext(experiment_name="wb", trial_name="lost", worker_type="dummy", name_resolve=config,
-                         status_check_interval=0.0)
+    return WorkerContext(
+        experiment_name="wb", trial_name="lost", worker_type="dummy", name_resolve=config, status_check_interval=0.0
+    )
 
 
 def test_a_missing_status_key_fails_the_worker_naming_redis(redis_name_resolve, caplog):

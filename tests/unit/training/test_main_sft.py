@@ -11,11 +11,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers import paths
 from realhf.api.cli_args import SFTConfig
 from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
 from realhf.impl.evaluation import evaluate_math_accuracy
-
-from helpers import paths
 
 REPO = Path(paths.REPO)
 
@@ -139,7 +138,9 @@ def test_evaluation_grades_what_generate_fn_returns(tiny):
     rows = load_jsonl_prompts(tiny / "data" / "test.jsonl")
     tok = AutoTokenizer.from_pretrained(tiny / "base")
     right, calls = _answer_stub(tok, rows, lambda r: r.solutions[0])
-    res = evaluate_math_accuracy(tiny / "base", rows, temperature=1.0, n=3, max_new_tokens=9, batch_size=4, generate_fn=right)
+    res = evaluate_math_accuracy(
+        tiny / "base", rows, temperature=1.0, n=3, max_new_tokens=9, batch_size=4, generate_fn=right
+    )
     assert res["accuracy"] == 1.0 and res["n"] == 3 * len(rows) and res["n_prompts"] == len(rows)
     assert calls == [(3 * len(rows), 1.0, 9)]
     wrong, _ = _answer_stub(tok, rows, lambda r: r.solutions[0].rsplit("#### ", 1)[0] + "#### 1000")

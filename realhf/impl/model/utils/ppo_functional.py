@@ -269,8 +269,10 @@ def gae_masked(
     `[B, L]`, 0 outside the mask. Inputs are treated as constants.
     """
     if rewards.dim() != 2 or rewards.shape != values.shape or rewards.shape != mask.shape:
-        raise ValueError(f"gae_masked expects rewards, values and mask of one [B, L] shape, got "
-                         f"{tuple(rewards.shape)}, {tuple(values.shape)} and {tuple(mask.shape)}")
+        raise ValueError(
+            f"gae_masked expects rewards, values and mask of one [B, L] shape, got "
+            f"{tuple(rewards.shape)}, {tuple(values.shape)} and {tuple(mask.shape)}"
+        )
     rewards = rewards.detach()  # [B, L]
     values = values.detach().to(rewards.dtype)  # [B, L]
     mask = mask.bool()  # [B, L]
@@ -279,8 +281,9 @@ def gae_masked(
         next_value = rewards.new_zeros(n_rows)  # [B]
     else:
         if bootstrap_values.shape != (n_rows,):
-            raise ValueError(f"bootstrap_values must have one entry per row ({n_rows}), "
-                             f"got {tuple(bootstrap_values.shape)}")
+            raise ValueError(
+                f"bootstrap_values must have one entry per row ({n_rows}), got {tuple(bootstrap_values.shape)}"
+            )
         next_value = bootstrap_values.detach().to(rewards.dtype).clone()  # [B]
     next_adv = rewards.new_zeros(n_rows)  # [B]
 

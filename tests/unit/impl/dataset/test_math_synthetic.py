@@ -67,7 +67,9 @@ def test_the_example_from_the_notes_has_this_exact_shape():
     rng = random.Random(0)
     p = next(p for p in (generate_problem(rng) for _ in range(10_000)) if p.ops == (("-", 2),) and p.start == 5)
     assert p.completion == " 5-2=3\n#### 3"
-    assert re.fullmatch(r"Q: \w+ (has|starts with) 5 \w+\. (He|She) \w+( away)? 2\. How many \w+ does \w+ have now\?\nA:", p.prompt)
+    assert re.fullmatch(
+        r"Q: \w+ (has|starts with) 5 \w+\. (He|She) \w+( away)? 2\. How many \w+ does \w+ have now\?\nA:", p.prompt
+    )
 
 
 @settings(max_examples=40, deadline=None)

@@ -12,13 +12,12 @@ import sys
 import datasets
 import pytest
 
+from helpers.paths import REPO, TINY_MATH
+from helpers.user_data import USER_COLUMNS, user_rows
 from realhf.api.cli_args import EnvConfig
 from realhf.api.env import EnvFactory
 from realhf.impl.agent.math_single_step import call_reward_fn, load_reward_fn
 from realhf.impl.dataset.prompt_dataset import DatasetFormatError, count_prompts, load_jsonl_prompts, load_prompts
-
-from helpers.paths import REPO, TINY_MATH
-from helpers.user_data import USER_COLUMNS, user_rows
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 N = 12
@@ -40,8 +39,9 @@ def _saved(path, rows):
 
 
 def _saved_dict(path, rows, bad_split_rows=None):
-    datasets.DatasetDict(train=datasets.Dataset.from_list(rows[:-2]),
-                         test=datasets.Dataset.from_list(bad_split_rows or rows[-2:])).save_to_disk(str(path))
+    datasets.DatasetDict(
+        train=datasets.Dataset.from_list(rows[:-2]), test=datasets.Dataset.from_list(bad_split_rows or rows[-2:])
+    ).save_to_disk(str(path))
     return str(path)
 
 
@@ -91,15 +91,20 @@ def test_user_column_names_string_solutions_and_made_ids(tmp_path, fmt):
 
 
 def test_solutions_may_be_a_list_or_one_string_row_by_row(tmp_path):
-    rows = [{"query_id": "a", "prompt": "p", "solutions": "#### 1"}, {"query_id": "b", "prompt": "p", "solutions": ["#### 2", "#### 2.0"]}]
+    rows = [
+        {"query_id": "a", "prompt": "p", "solutions": "#### 1"},
+        {"query_id": "b", "prompt": "p", "solutions": ["#### 2", "#### 2.0"]},
+    ]
     got = load_prompts(_jsonl(tmp_path / "d.jsonl", rows))
     assert [r.solutions for r in got] == [("#### 1",), ("#### 2", "#### 2.0")]
     assert got[0].as_dict()["solutions"] == ["#### 1"]
 
 
 def test_chat_messages_come_through_a_parquet_file(tmp_path):
-    rows = [{"query_id": "a", "messages": [{"role": "user", "content": "1+1?"}], "prompt": None, "solutions": ["#### 2"]},
-            {"query_id": "b", "messages": None, "prompt": "Q: 2+2?\nA:", "solutions": ["#### 4"]}]
+    rows = [
+        {"query_id": "a", "messages": [{"role": "user", "content": "1+1?"}], "prompt": None, "solutions": ["#### 2"]},
+        {"query_id": "b", "messages": None, "prompt": "Q: 2+2?\nA:", "solutions": ["#### 4"]},
+    ]
     got = load_prompts(_parquet(tmp_path / "chat.parquet", rows))
     assert got[0].as_dict()["messages"] == rows[0]["messages"] and "prompt" not in got[0].fields  # null: absent
     assert got[1].prompt == "Q: 2+2?\nA:" and "messages" not in got[1].fields
@@ -111,8 +116,10 @@ BAD = [
     ({"answer": ["#### 1", None]}, "column 'answer' (dataset.columns.solutions) item 1 must be str, got NoneType"),
     ({"question": None}, "a row needs a prompt text (column 'question' (dataset.columns.prompt)) or chat messages"),
     ({"answer_number": None}, "missing column 'answer_number'"),
-    ({"kind": None, "question": None, "messages": [{"role": "user", "content": None}]},
-     "column 'messages' item 0 must be an object with string 'role' and 'content'"),
+    (
+        {"kind": None, "question": None, "messages": [{"role": "user", "content": None}]},
+        "column 'messages' item 0 must be an object with string 'role' and 'content'",
+    ),
 ]
 
 
@@ -139,7 +146,9 @@ def test_a_duplicate_id_names_both_rows(tmp_path, fmt):
     rows[7] = {**rows[7], "query_id": rows[2]["query_id"]}
     path = _write(tmp_path, fmt, rows)
     first, at = ("line 3", ":8: ") if fmt == "jsonl" else ("row 2", " row 7: ")
-    with pytest.raises(DatasetFormatError, match=f"duplicate query_id '{rows[2]['query_id']}' \\(first on {first}\\)") as e:
+    with pytest.raises(
+        DatasetFormatError, match=f"duplicate query_id '{rows[2]['query_id']}' \\(first on {first}\\)"
+    ) as e:
         load_prompts(path)
     assert str(e.value).startswith(path + at)
 
@@ -147,14 +156,19 @@ def test_a_duplicate_id_names_both_rows(tmp_path, fmt):
 def test_a_column_under_a_name_realhf_gives_another_is_refused(tmp_path):
     rows = [{**r, "prompt": "a second prompt"} for r in user_rows(TRAIN, 3)]
     path = _parquet(tmp_path / "clash.parquet", rows)
-    with pytest.raises(DatasetFormatError, match=r"row 0: column 'prompt' clashes with dataset.columns.prompt='question'"):
+    with pytest.raises(
+        DatasetFormatError, match=r"row 0: column 'prompt' clashes with dataset.columns.prompt='question'"
+    ):
         load_prompts(path, columns=USER_COLUMNS)
 
 
-@pytest.mark.parametrize("name, content, what", [
-    ("broken.parquet", b"not parquet", "not a readable parquet file"),
-    ("plain_dir", None, "not a directory written by datasets' save_to_disk"),
-])
+@pytest.mark.parametrize(
+    "name, content, what",
+    [
+        ("broken.parquet", b"not parquet", "not a readable parquet file"),
+        ("plain_dir", None, "not a directory written by datasets' save_to_disk"),
+    ],
+)
 def test_what_is_no_table_is_refused_naming_the_path(tmp_path, name, content, what):
     path = tmp_path / name
     path.mkdir() if content is None else path.write_bytes(content)
@@ -176,9 +190,11 @@ def _run_without_datasets(code: str) -> subprocess.CompletedProcess:
 
 def test_jsonl_needs_no_datasets_and_a_table_without_it_names_the_extra(tmp_path):
     path = _parquet(tmp_path / "d.parquet", [r.fields for r in load_jsonl_prompts(TRAIN)[:3]])
-    code = (f"from realhf.impl.dataset.prompt_dataset import load_prompts\n"
-            f"assert len(load_prompts({TRAIN!r})) == 10000\n"
-            f"load_prompts({path!r})\n")
+    code = (
+        f"from realhf.impl.dataset.prompt_dataset import load_prompts\n"
+        f"assert len(load_prompts({TRAIN!r})) == 10000\n"
+        f"load_prompts({path!r})\n"
+    )
     proc = _run_without_datasets(code)
     assert proc.returncode == 1 and "ImportError: reading " + path in proc.stderr, proc.stderr[-2000:]
     assert "pip install 'realhf[datasets]'" in proc.stderr
@@ -200,6 +216,11 @@ def test_an_extra_column_reaches_the_users_environment_and_reward_function(tmp_p
     assert asyncio.run(call_reward_fn(reward_fn, row, f"#### {want}")) is True
     # An environment's required column missing from the data fails at load, naming it.
     with pytest.raises(DatasetFormatError, match=r"row 0: missing column 'answer_number'"):
-        load_prompts(_parquet(tmp_path / "no_extra.parquet", [{k: v for k, v in r.items() if k != "answer_number"}
-                                                              for r in user_rows(TRAIN, 3)]),
-                     required=envs.required_fields, columns=USER_COLUMNS)
+        load_prompts(
+            _parquet(
+                tmp_path / "no_extra.parquet",
+                [{k: v for k, v in r.items() if k != "answer_number"} for r in user_rows(TRAIN, 3)],
+            ),
+            required=envs.required_fields,
+            columns=USER_COLUMNS,
+        )

@@ -5,6 +5,7 @@ import asyncio
 import random
 import sys
 
+from helpers.paths import REPO
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.api.prompt import PromptRow
 from realhf.api.tools import parse_tool_calls
@@ -14,8 +15,6 @@ from realhf.impl.dataset.tool_task import tool_rows
 from realhf.impl.tools.calculator import CALCULATOR
 from realhf.system.episode import Gen
 from realhf.system.generation_client import GenerationResult
-
-from helpers.paths import REPO
 
 TOOLS = f"{REPO}/assets/tiny-tools/sft"
 
@@ -42,12 +41,14 @@ def test_the_warm_start_trace_is_the_episode_the_tool_agent_produces():
 
     tok = _tokenizer()
     (raw,) = tool_rows([generate_problem(random.Random(5))], "t")
-    row = PromptRow(query_id=raw["query_id"], prompt=raw["prompt"], solutions=tuple(raw["solutions"]),
-                    task="math", fields=raw)
+    row = PromptRow(
+        query_id=raw["query_id"], prompt=raw["prompt"], solutions=tuple(raw["solutions"]), task="math", fields=raw
+    )
     ids, mask = main_sft.encode_trace(tok, row)
     call, tool_turn, answer = raw["sft_trace"]
-    assert tok.decode(ids) == (raw["prompt"] + call["content"] + "</s>\nResult: " + tool_turn["content"] + "\nA:"
-                               + answer["content"] + "</s>")
+    assert tok.decode(ids) == (
+        raw["prompt"] + call["content"] + "</s>\nResult: " + tool_turn["content"] + "\nA:" + answer["content"] + "</s>"
+    )
     trained = tok.decode([t for t, m in zip(ids, mask) if m])
     assert trained == call["content"] + "</s>" + answer["content"] + "</s>"
 

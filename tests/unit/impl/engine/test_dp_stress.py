@@ -33,8 +33,9 @@ def _results(out, world):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_random_batches_at_dp_n_finish_and_equal_dp1_on_the_union(world, dp1_reference, tmp_path):
-    launch_ranks("helpers.dp_stress_ranks", tmp_path, world_size=world, timeout=900,
-                 extra_env={"STRESS_REF": str(dp1_reference)})
+    launch_ranks(
+        "helpers.dp_stress_ranks", tmp_path, world_size=world, timeout=900, extra_env={"STRESS_REF": str(dp1_reference)}
+    )
     (reference,) = _results(dp1_reference, 1)
     ranks = _results(tmp_path, world)
     assert len(reference) == N_CASES >= 200 and all(len(r) == N_CASES for r in ranks)

@@ -14,7 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-
 from helpers.fsdp_ranks import (
     TINY_SFT,
     critic_config,

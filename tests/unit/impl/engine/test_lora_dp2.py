@@ -9,11 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from realhf.impl.engine.fsdp_engine import FSDPEngine
-
 from helpers.fsdp_ranks import TINY_SFT, dp1_steps, engine_config, make_batch, token_logprobs
 from helpers.gloo_ranks import launch_ranks
 from helpers.lora_ranks import LORA, lora_config
+from realhf.impl.engine.fsdp_engine import FSDPEngine
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,9 @@ def test_dp2_recovery_continues_exactly_as_without_the_save(dp2_run):
     for k, v in continued.items():
         assert torch.allclose(resumed[k], v, atol=1e-6, rtol=0), f"{k}: {(resumed[k] - v).abs().max()}"
     # the base stayed the base through training, saving and restoring
-    assert torch.equal(resumed["base_model.model.model.layers.1.self_attn.v_proj.base_layer.weight"],
-                       base["model.layers.1.self_attn.v_proj.weight"])
+    assert torch.equal(
+        resumed["base_model.model.model.layers.1.self_attn.v_proj.base_layer.weight"],
+        base["model.layers.1.self_attn.v_proj.weight"],
+    )
     stats = json.loads((dp2_run / "stats.json").read_text())
     assert stats[3]["loss"] == pytest.approx(stats[2]["loss"], abs=1e-6)

@@ -5,11 +5,10 @@ micro-batch plan that keeps a group's rows together."""
 import pytest
 import torch
 
+from helpers.tiny_models import make_random_causal_lm
 from realhf.api.trajectory import Sample, Trajectory
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model.batching import micro_batches, pack_trajectories
-
-from helpers.tiny_models import make_random_causal_lm
 
 
 def batch_of(prompt_lens, answers_per_group, seed=0):
@@ -45,10 +44,12 @@ def test_shared_prompt_logits_and_gradients_equal_one_forward_per_row(model):
     # different lengths, one of them empty, and a group of one.
     b = batch_of([5, 9, 3], [[4, 1, 7], [2, 6], [0, 5, 3, 3]])
     mask = b.attention_mask.bool()
-    plain, g_plain = grads_of(model, lambda: model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                                                   use_cache=False).logits, mask)
-    shared, g_shared = grads_of(model, lambda: shared_prompt_logits(model, b.input_ids, b.attention_mask, b.group_ids,
-                                                                    b.prompt_lens), mask)
+    plain, g_plain = grads_of(
+        model, lambda: model(input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False).logits, mask
+    )
+    shared, g_shared = grads_of(
+        model, lambda: shared_prompt_logits(model, b.input_ids, b.attention_mask, b.group_ids, b.prompt_lens), mask
+    )
     assert shared.shape == plain.shape
     torch.testing.assert_close(shared[mask], plain[mask], rtol=1e-4, atol=1e-4)
     assert g_plain.keys() == g_shared.keys()
@@ -75,7 +76,9 @@ def test_by_group_micro_batches_keep_groups_together_and_stay_within_the_budget(
     lengths, prompts = b.attention_mask.sum(1), b.prompt_lens
     for c in chunks:
         if len(c) > 1:
-            cost = len(set(b.group_ids[c].tolist())) * int(prompts[c].max()) + len(c) * int((lengths[c] - prompts[c]).max())
+            cost = len(set(b.group_ids[c].tolist())) * int(prompts[c].max()) + len(c) * int(
+                (lengths[c] - prompts[c]).max()
+            )
             assert cost <= budget
     # Without by_group, rows go in order of length, groups mixed.
     plain = torch.cat(micro_batches(b, rows, budget))

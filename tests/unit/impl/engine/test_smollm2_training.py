@@ -9,12 +9,11 @@ import shutil
 import pytest
 import torch
 
+from helpers.fsdp_ranks import engine_config, full_params, make_batch, open_engines, rank_rows, train_step
+from helpers.smollm2 import N_PARAMS
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
 from realhf.impl.inference.transformer import load_model
 from realhf.impl.model.model_loading import load_causal_lm
-
-from helpers.fsdp_ranks import engine_config, full_params, make_batch, open_engines, rank_rows, train_step
-from helpers.smollm2 import N_PARAMS
 
 
 def test_load_causal_lm_reads_smollm2_with_tied_embeddings(smollm2_path):
@@ -25,8 +24,7 @@ def test_load_causal_lm_reads_smollm2_with_tied_embeddings(smollm2_path):
 
 
 @pytest.mark.slow  # ~16 s; CI trains the real model (LoRA) in tests/system/e2e/test_smollm2_run.py
-def test_one_fsdp_ppo_step_on_smollm2_is_finite_and_published_weights_load_in_the_native_engine(smollm2_path,
-                                                                                                tmp_path):
+def test_one_fsdp_ppo_step_on_smollm2_is_finite_and_published_weights_load_in_the_native_engine(smollm2_path, tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     model = ModelTrainEvalConfig(path=smollm2_path, optimizer=OptimizerConfig(lr=1e-5, gradient_clipping=1.0))

@@ -59,7 +59,17 @@ def test_parse_number_is_exact_not_float():
     assert parse_number("0.1") * 3 == parse_number("0.3")
 
 
-@pytest.mark.parametrize("text, ok", [(" 5-2=3\n3+4=7", True), (" 4-4=1", False), ("12 + 9 = 21", True),
-                                      ("2*3=7", False), ("1.5+2=3.5", True), ("#### 3", True), ("9-12=-3", True)])
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        (" 5-2=3\n3+4=7", True),
+        (" 4-4=1", False),
+        ("12 + 9 = 21", True),
+        ("2*3=7", False),
+        ("1.5+2=3.5", True),
+        ("#### 3", True),
+        ("9-12=-3", True),
+    ],
+)
 def test_work_lines_correct_checks_integer_equations_only(text, ok):
     assert work_lines_correct(text) is ok

@@ -10,6 +10,7 @@ from realhf.api.env import EnvFactory
 
 def grade(answers, solutions, **env):
     """Each answer graded by a fresh episode environment of one factory (one shared grader)."""
+
     async def main():
         envs = EnvFactory(EnvConfig(**env))
         try:
@@ -36,10 +37,12 @@ def test_math_env_reads_boxed_hash_and_last_number_answers():
 
 @pytest.mark.parametrize("check_work, expected", [(False, [1.0, 1.0, 0.0, 1.0]), (True, [1.0, 0.0, 0.0, 1.0])])
 def test_math_env_check_work_also_requires_every_worked_equation_to_hold(check_work, expected):
-    answers = [" 4-2=2\n2+5=7\n#### 7",  # right steps, right answer
-               " 4-2=3\n2+5=7\n#### 7",  # a wrong step, right answer by luck
-               " 4-2=2\n2+5=8\n#### 8",  # wrong answer
-               "#### 7"]                 # no worked lines: nothing to check
+    answers = [
+        " 4-2=2\n2+5=7\n#### 7",  # right steps, right answer
+        " 4-2=3\n2+5=7\n#### 7",  # a wrong step, right answer by luck
+        " 4-2=2\n2+5=8\n#### 8",  # wrong answer
+        "#### 7",
+    ]  # no worked lines: nothing to check
     steps = grade(answers, [" 4-2=2\n2+5=7\n#### 7"], check_work=check_work)
     assert [r for _, r, _, _ in steps] == expected
     assert [i["answer_right"] for *_, i in steps] == [True, True, False, True]

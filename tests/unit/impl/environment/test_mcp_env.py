@@ -160,8 +160,10 @@ def test_one_server_serves_concurrent_episodes_and_closes_from_another_task():
             results, reward, done, info = await env.step([ToolCall("add", {"a": n, "b": 10}), ToolCall("fail")])
             assert (reward, done, info) == (0.0, False, {"errors": []})
             assert results[0].content == str(n + 10) and results[1].error
-            text = ('<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
-                    '<tool_call>{"name": "nope", "arguments": {}}</tool_call><tool_call>{bad</tool_call>')
+            text = (
+                '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+                '<tool_call>{"name": "nope", "arguments": {}}</tool_call><tool_call>{bad</tool_call>'
+            )
             results, _, _, info = await env.step(text)
             assert results[0].content == "hi"
             assert results[1].error and "no tool named 'nope'" in results[1].content

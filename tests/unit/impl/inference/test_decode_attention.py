@@ -39,9 +39,9 @@ def test_kernel_writes_the_new_column_and_equals_the_masked_torch_formula(kernel
     k_ref[rows, :, pos] = k_new
     v_ref[rows, :, pos] = v_new
     T = int(lens.max())
-    want = torch_decode_attention(q.contiguous(), k_ref, v_ref, decode_mask(pos, T, torch.float32), H ** -0.5)
+    want = torch_decode_attention(q.contiguous(), k_ref, v_ref, decode_mask(pos, T, torch.float32), H**-0.5)
 
-    got = kernel(q, k_new, v_new, k_cache, v_cache, lens, T, H ** -0.5)
+    got = kernel(q, k_new, v_new, k_cache, v_cache, lens, T, H**-0.5)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)  # rows >= n untouched too
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
 
@@ -89,7 +89,9 @@ def test_transformer_decode_is_the_same_with_the_kernel_and_with_torch_matmuls(k
     tokens, positions = logits["torch"].argmax(-1), lengths.clone()
     for _ in range(6):
         out = {a: m.decode(tokens, positions) for a, m in models.items()}
-        assert torch.allclose(out["kernel"], out["torch"], atol=1e-4, rtol=1e-4), (out["kernel"] - out["torch"]).abs().max()
+        assert torch.allclose(out["kernel"], out["torch"], atol=1e-4, rtol=1e-4), (
+            (out["kernel"] - out["torch"]).abs().max()
+        )
         tokens, positions = out["torch"].argmax(-1), positions + 1
     n = 5
     assert torch.allclose(models["kernel"].k_cache[:, :n], models["torch"].k_cache[:, :n], atol=1e-5)

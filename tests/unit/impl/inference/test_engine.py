@@ -9,14 +9,13 @@ import time
 import pytest
 import torch
 
+from helpers.native_server import decode_fails_once, held_tensors
 from realhf.impl.inference.factory import create_engine
 from realhf.impl.inference.hf_runner import HFRunner
 from realhf.impl.inference.request import EngineClosedError, GenerateRequest, SamplingParams, check_request
 from realhf.impl.inference.runners import StaticKVRunner
 from realhf.impl.inference.sampling import sample
 from realhf.impl.inference.slots import SlotState
-
-from helpers.native_server import decode_fails_once, held_tensors
 
 
 def wait_active(engine, n, timeout=30.0):
@@ -86,8 +85,9 @@ def test_min_new_tokens_keeps_stop_tokens_out_until_reached(engine_factory, hf_r
     free = hf_ref.greedy(prompt, 12)
     stop = free[0]  # would stop at once
     engine = engine_factory()
-    res = engine.submit(req(prompt, max_new_tokens=12, temperature=0.0, stop_token_ids=[stop],
-                            min_new_tokens=4)).result(30)
+    res = engine.submit(
+        req(prompt, max_new_tokens=12, temperature=0.0, stop_token_ids=[stop], min_new_tokens=4)
+    ).result(30)
     assert stop not in res.output_ids[:4]
     assert len(res.output_ids) >= 4
 
@@ -100,8 +100,16 @@ def test_sampling_frequencies_follow_softmax_of_logits_over_temperature():
     g = torch.Generator().manual_seed(3)
     rows = logits.expand(n, 8).contiguous()
     temp = torch.full((n,), 0.7)
-    tokens, logprobs = sample(rows, temp, torch.ones(n), torch.full((n,), 8), all_greedy=False, any_greedy=False,
-                              any_filter=False, generator=g)
+    tokens, logprobs = sample(
+        rows,
+        temp,
+        torch.ones(n),
+        torch.full((n,), 8),
+        all_greedy=False,
+        any_greedy=False,
+        any_filter=False,
+        generator=g,
+    )
     probs = torch.softmax(logits[0] / 0.7, -1)
     freq = torch.bincount(tokens, minlength=8).float() / n
     assert (freq - probs).abs().max() < 0.02
@@ -112,20 +120,44 @@ def test_top_k_and_top_p_restrict_the_sampled_set():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]).expand(5000, 6).contiguous()
     n = logits.shape[0]
     g = torch.Generator().manual_seed(1)
-    tokens, _ = sample(logits, torch.ones(n), torch.ones(n), torch.full((n,), 2), all_greedy=False,
-                       any_greedy=False, any_filter=True, generator=g)
+    tokens, _ = sample(
+        logits,
+        torch.ones(n),
+        torch.ones(n),
+        torch.full((n,), 2),
+        all_greedy=False,
+        any_greedy=False,
+        any_filter=True,
+        generator=g,
+    )
     assert set(tokens.tolist()) == {0, 1}
     probs = torch.softmax(logits[0], -1)  # 0.64, 0.24, ...: top_p 0.7 keeps tokens 0 and 1
-    tokens, _ = sample(logits, torch.ones(n), torch.full((n,), 0.7), torch.full((n,), 6), all_greedy=False,
-                       any_greedy=False, any_filter=True, generator=g)
+    tokens, _ = sample(
+        logits,
+        torch.ones(n),
+        torch.full((n,), 0.7),
+        torch.full((n,), 6),
+        all_greedy=False,
+        any_greedy=False,
+        any_filter=True,
+        generator=g,
+    )
     assert set(tokens.tolist()) == {0, 1}, probs
 
 
 def test_greedy_and_sampled_rows_mix_in_one_batch():
     logits = torch.tensor([[0.0, 1.0, 0.5]] * 4)
     temp = torch.tensor([0.0, 1.0, 0.0, 1.0])
-    tokens, lps = sample(logits, temp, torch.ones(4), torch.full((4,), 3), all_greedy=False, any_greedy=True,
-                         any_filter=False, generator=torch.Generator().manual_seed(0))
+    tokens, lps = sample(
+        logits,
+        temp,
+        torch.ones(4),
+        torch.full((4,), 3),
+        all_greedy=False,
+        any_greedy=True,
+        any_filter=False,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert tokens[0] == 1 and tokens[2] == 1
     assert torch.allclose(lps[0], torch.log_softmax(logits[0], -1)[1])
 
@@ -157,8 +189,7 @@ def test_duplicate_rid_and_invalid_requests_are_refused_with_the_field_named(eng
     engine.abort_all().result(5)
 
 
-def test_weight_swap_between_steps_aborts_running_requests_and_bumps_the_version(engine_factory, qwen_path_b,
-                                                                               hf_ref_b):
+def test_weight_swap_between_steps_aborts_running_requests_and_bumps_the_version(engine_factory, qwen_path_b, hf_ref_b):
     engine = engine_factory(max_running_requests=4, context_length=2048)
     running = engine.submit(req([3, 4], max_new_tokens=2000, temperature=1.0))
     wait_active(engine, 1)
@@ -199,7 +230,9 @@ def test_identical_prompts_admitted_together_are_prefilled_once_and_answer_as_if
         assert r.output_ids == hf_ref.greedy(p, 9)
     for r in results[:3] + results[5:]:
         assert r.output_ids == alone.output_ids
-        torch.testing.assert_close(torch.tensor(r.output_logprobs), torch.tensor(alone.output_logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(r.output_logprobs), torch.tensor(alone.output_logprobs), atol=1e-4, rtol=0
+        )
 
 
 def test_pause_keeps_new_requests_queued_until_continue(engine_factory):
@@ -265,8 +298,9 @@ def test_the_step_loop_creates_every_tensor_on_the_engine_device(qwen_path, hf_r
     # fail, so equal answers mean every per-step tensor was put on the engine's device.
     engine = create_engine(qwen_path, max_running_requests=2, context_length=128, device=torch.device("cpu"))
     prompts, lengths = [[9, 8, 7], [5], [3, 4, 5, 6]], [6, 3, 5]
-    futures = [engine.submit(req(p, max_new_tokens=n, temperature=0.0, stop_token_ids=[1]))
-               for p, n in zip(prompts, lengths)]
+    futures = [
+        engine.submit(req(p, max_new_tokens=n, temperature=0.0, stop_token_ids=[1])) for p, n in zip(prompts, lengths)
+    ]
     futures.append(engine.submit(req([3, 4], max_new_tokens=4, temperature=1.0, top_k=5, top_p=0.9)))
     with torch.device("meta"):
         while engine._waiting or engine.n_active:

@@ -3,13 +3,12 @@
 import pytest
 import torch
 
-from realhf.impl.inference.factory import engine_kind_for
-from realhf.impl.inference.hf_runner import HFRunner
-from realhf.impl.inference.request import GenerateRequest, SamplingParams
-
 from helpers.hf_reference import HFReference
 from helpers.http import http
 from helpers.sglang_client import generate
+from realhf.impl.inference.factory import engine_kind_for
+from realhf.impl.inference.hf_runner import HFRunner
+from realhf.impl.inference.request import GenerateRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +45,10 @@ def test_gpt2_greedy_over_http_equals_hf_greedy_with_exact_logprobs(gpt2_server,
 def test_gpt2_sampled_answers_in_a_continuous_batch_have_exact_logprobs(gpt2_server, gpt2_ref):
     engine, _ = gpt2_server
     prompts = [[3 + i] * (1 + i % 4) for i in range(10)]  # 10 requests through 4 slots
-    futures = [engine.submit(GenerateRequest(p, SamplingParams(max_new_tokens=6 + i, temperature=0.9,
-                                                               ignore_eos=True)))
-               for i, p in enumerate(prompts)]
+    futures = [
+        engine.submit(GenerateRequest(p, SamplingParams(max_new_tokens=6 + i, temperature=0.9, ignore_eos=True)))
+        for i, p in enumerate(prompts)
+    ]
     for i, (p, f) in enumerate(zip(prompts, futures)):
         res = f.result(60)
         assert len(res.output_ids) == 6 + i

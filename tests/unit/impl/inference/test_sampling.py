@@ -15,9 +15,16 @@ def draw(logits_row, n, temperature=1.0, top_p=1.0, top_k=None, seed=0):
     logits = logits_row.expand(n, V).contiguous()
     top_k = V if top_k is None else top_k
     any_filter = top_p < 1 or top_k < V
-    return sample(logits, torch.full((n,), temperature), torch.full((n,), top_p), torch.full((n,), top_k),
-                  all_greedy=False, any_greedy=False, any_filter=any_filter,
-                  generator=torch.Generator().manual_seed(seed))
+    return sample(
+        logits,
+        torch.full((n,), temperature),
+        torch.full((n,), top_p),
+        torch.full((n,), top_k),
+        all_greedy=False,
+        any_greedy=False,
+        any_filter=any_filter,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def chi_square(tokens, probs):
@@ -79,8 +86,16 @@ def test_logprobs_are_log_softmax_over_temperature_and_greedy_rows_use_temperatu
     logits = torch.randn(64, 50, generator=g) * 3
     temp = torch.rand(64, generator=g) + 0.3
     temp[::4] = 0.0  # every fourth row greedy
-    tokens, logprobs = sample(logits, temp, torch.ones(64), torch.full((64,), 50), all_greedy=False, any_greedy=True,
-                              any_filter=False, generator=g)
+    tokens, logprobs = sample(
+        logits,
+        temp,
+        torch.ones(64),
+        torch.full((64,), 50),
+        all_greedy=False,
+        any_greedy=True,
+        any_filter=False,
+        generator=g,
+    )
     t = torch.where(temp > 0, temp, torch.ones_like(temp))
     want = torch.log_softmax(logits / t[:, None], -1).gather(1, tokens[:, None]).squeeze(1)
     assert torch.allclose(logprobs, want, atol=1e-5)

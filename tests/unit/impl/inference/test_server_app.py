@@ -31,6 +31,7 @@ def server_url(request):
         return external.rstrip("/")
     return request.getfixturevalue("native_server")[0]
 
+
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19], [200]]
 
 
@@ -83,9 +84,13 @@ def test_greedy_does_not_depend_on_what_else_is_running(server_url, hf_ref):
     # Requests of different lengths join and leave the batch around this one.
     async def run():
         async with aiohttp.ClientSession() as session:
+
             async def one(prompt, n, temperature):
-                body = {"input_ids": prompt, "return_logprob": True,
-                        "sampling_params": {"max_new_tokens": n, "temperature": temperature, "ignore_eos": True}}
+                body = {
+                    "input_ids": prompt,
+                    "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": n, "temperature": temperature, "ignore_eos": True},
+                }
                 async with session.post(f"{server_url}/generate", json=body) as resp:
                     assert resp.status == 200
                     return (await resp.json())["output_ids"]
@@ -99,10 +104,15 @@ def test_greedy_does_not_depend_on_what_else_is_running(server_url, hf_ref):
 def test_64_concurrent_clients_all_complete(server_url, hf_ref):
     async def run():
         async with aiohttp.ClientSession() as session:
+
             async def one(i):
                 prompt = [(7 * i + k) % 250 + 3 for k in range(4 + i % 9)]
-                body = {"input_ids": prompt, "return_logprob": True, "rid": f"c64-{i}",
-                        "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True}}
+                body = {
+                    "input_ids": prompt,
+                    "return_logprob": True,
+                    "rid": f"c64-{i}",
+                    "sampling_params": {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True},
+                }
                 async with session.post(f"{server_url}/generate", json=body) as resp:
                     assert resp.status == 200
                     return prompt, await resp.json()
@@ -111,7 +121,7 @@ def test_64_concurrent_clients_all_complete(server_url, hf_ref):
 
     results = asyncio.run(run())
     assert len(results) == 64
-    for prompt, out in results:
+    for _prompt, out in results:
         assert len(out["output_ids"]) == 24 and out["meta_info"]["finish_reason"]["type"] == "length"
     prompt, out = results[17]  # spot-check one against the reference
     got = torch.tensor([t[0] for t in out["meta_info"]["output_token_logprobs"]])
@@ -153,8 +163,9 @@ def test_pause_returns_partial_tokens_with_abort_and_resubmitting_continues(serv
     assert 0 < len(done) < budget
     assert all(results[i]["meta_info"]["finish_reason"]["type"] == "abort" for i in range(32))
     # Partial rollout: prompt + tokens so far, the rest of the budget.
-    rest = generate(server_url, prompt + done, max_new_tokens=budget - len(done), temperature=0.0, ignore_eos=True,
-                    timeout=120)
+    rest = generate(
+        server_url, prompt + done, max_new_tokens=budget - len(done), temperature=0.0, ignore_eos=True, timeout=120
+    )
     full = done + rest["output_ids"]
     assert len(full) == budget
     assert full[:200] == hf_ref.greedy(prompt, 200)  # the reference, on a length it generates quickly
@@ -164,8 +175,19 @@ def test_pause_returns_partial_tokens_with_abort_and_resubmitting_continues(serv
 
 def test_abort_request_ends_one_request_with_its_partial_tokens(server_url):
     out = {}
-    t = threading.Thread(target=lambda: out.update(generate(server_url, PROMPTS[0], rid="to-abort", max_new_tokens=1500,
-                                                            temperature=1.0, ignore_eos=True, timeout=60)))
+    t = threading.Thread(
+        target=lambda: out.update(
+            generate(
+                server_url,
+                PROMPTS[0],
+                rid="to-abort",
+                max_new_tokens=1500,
+                temperature=1.0,
+                ignore_eos=True,
+                timeout=60,
+            )
+        )
+    )
     t.start()
     wait_running(server_url, 1)
     status, body = http("POST", f"{server_url}/abort_request", {"rid": "to-abort"})
@@ -186,8 +208,9 @@ def test_stop_token_ids_end_the_answer_at_the_first_occurrence(server_url):
     assert out["output_ids"] == free[: first + 1]  # the stop token is part of the output, as in SGLang
     assert out["meta_info"]["finish_reason"]["type"] == "stop"
     # Several stop ids: whichever comes first.
-    out = generate(server_url, prompt, max_new_tokens=30, temperature=0.0, ignore_eos=True,
-                   stop_token_ids=[free[9], free[4]])
+    out = generate(
+        server_url, prompt, max_new_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[free[9], free[4]]
+    )
     assert out["output_ids"] == free[: min(free.index(free[9]), free.index(free[4])) + 1]
 
 
@@ -293,10 +316,15 @@ EXTREME_SAMPLING = [
 ]
 
 
-@pytest.mark.parametrize("sampling,field", EXTREME_SAMPLING, ids=[f"{f}-{i}" for i, (_, f) in enumerate(EXTREME_SAMPLING)])
+@pytest.mark.parametrize(
+    "sampling,field", EXTREME_SAMPLING, ids=[f"{f}-{i}" for i, (_, f) in enumerate(EXTREME_SAMPLING)]
+)
 def test_extreme_sampling_values_get_4xx_and_the_engine_keeps_serving(server_url, sampling, field):
-    status, out = http("POST", f"{server_url}/generate",
-                       {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, **sampling}})
+    status, out = http(
+        "POST",
+        f"{server_url}/generate",
+        {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, **sampling}},
+    )
     assert 400 <= status < 500, (status, out)
     assert field in str(out), out
     out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)  # the engine still serves
@@ -332,13 +360,20 @@ def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_
     from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
 
     # Declared: refused from the headers alone, the body is never read.
-    assert _post_raw(server_url, {"Content-Type": "application/json",
-                                  "Content-Length": str(DEFAULT_MAX_REQUEST_BYTES + 1)}) == 413
+    assert (
+        _post_raw(
+            server_url, {"Content-Type": "application/json", "Content-Length": str(DEFAULT_MAX_REQUEST_BYTES + 1)}
+        )
+        == 413
+    )
     # Chunked: no length to refuse up front, so the bound is counted as the body arrives.
     chunks = [b"x" * (1024 * 1024)] * (DEFAULT_MAX_REQUEST_BYTES // (1024 * 1024) + 1)
     assert _post_raw(server_url, {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, chunks) == 413
-    status, _ = http("POST", f"{server_url}/generate", {"input_ids": PROMPTS[0], "pad": "x" * 1000,
-                                                       "sampling_params": {"max_new_tokens": 2}})
+    status, _ = http(
+        "POST",
+        f"{server_url}/generate",
+        {"input_ids": PROMPTS[0], "pad": "x" * 1000, "sampling_params": {"max_new_tokens": 2}},
+    )
     assert status == 200  # a body under the bound is served
     out = generate(server_url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)
     assert len(out["output_ids"]) == 3
@@ -347,8 +382,11 @@ def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_
 def test_a_request_whose_engine_step_fails_gets_500_and_the_next_one_is_served(native_server):
     url, engine = native_server
     with decode_fails_once(engine):
-        status, out = http("POST", f"{url}/generate",
-                           {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+        status, out = http(
+            "POST",
+            f"{url}/generate",
+            {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
+        )
         assert status == 500 and "injected fault" in str(out), (status, out)
         assert http("GET", f"{url}/health")[0] == 200
         out = generate(url, PROMPTS[0], max_new_tokens=3, ignore_eos=True)

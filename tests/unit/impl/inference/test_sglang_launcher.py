@@ -7,11 +7,10 @@ import time
 import psutil
 import pytest
 
+from helpers import sglang_standin
 from realhf.api.cli_args import SGLangConfig
 from realhf.base.network import find_free_port
 from realhf.impl.inference.sglang_launcher import SGLangLaunchError, SGLangProcess, build_sglang_command, http_healthy
-
-from helpers import sglang_standin
 
 
 def flag(cmd, name):
@@ -19,21 +18,33 @@ def flag(cmd, name):
 
 
 def test_command_has_the_required_sglang_flags_and_only_the_configured_optional_ones():
-    cmd = build_sglang_command("/models/m", "10.0.0.5", 30001, SGLangConfig(), tp_size=2, base_gpu_id=4, seed=7,
-                               python="/usr/bin/python3")
+    cmd = build_sglang_command(
+        "/models/m", "10.0.0.5", 30001, SGLangConfig(), tp_size=2, base_gpu_id=4, seed=7, python="/usr/bin/python3"
+    )
     assert cmd[:3] == ["/usr/bin/python3", "-m", "sglang.launch_server"]
     assert flag(cmd, "--model-path") == "/models/m" and "--skip-tokenizer-init" in cmd
     assert flag(cmd, "--tp-size") == "2" and flag(cmd, "--base-gpu-id") == "4"
     assert flag(cmd, "--random-seed") == "7" and flag(cmd, "--host") == "10.0.0.5" and flag(cmd, "--port") == "30001"
     assert flag(cmd, "--mem-fraction-static") == "0.8" and flag(cmd, "--dtype") == "bfloat16"
     assert "--enable-metrics" in cmd
-    for default_off in ("--context-length", "--max-running-requests", "--chunked-prefill-size",
-                        "--attention-backend", "--disable-radix-cache"):
+    for default_off in (
+        "--context-length",
+        "--max-running-requests",
+        "--chunked-prefill-size",
+        "--attention-backend",
+        "--disable-radix-cache",
+    ):
         assert default_off not in cmd
 
-    cfg = SGLangConfig(context_length=4096, max_running_requests=64, chunked_prefill_size=8192,
-                       attention_backend="triton", disable_radix_cache=True, enable_metrics=False,
-                       extra_args=["--schedule-policy", "lpm"])
+    cfg = SGLangConfig(
+        context_length=4096,
+        max_running_requests=64,
+        chunked_prefill_size=8192,
+        attention_backend="triton",
+        disable_radix_cache=True,
+        enable_metrics=False,
+        extra_args=["--schedule-policy", "lpm"],
+    )
     cmd = build_sglang_command("/m", "127.0.0.1", 1, cfg)
     assert flag(cmd, "--context-length") == "4096" and flag(cmd, "--max-running-requests") == "64"
     assert flag(cmd, "--chunked-prefill-size") == "8192" and flag(cmd, "--attention-backend") == "triton"
@@ -52,8 +63,15 @@ def _process(tmp_path, env, timeout=30.0, cfg=None):
     port = find_free_port()
     cmd = build_sglang_command("/models/m", "127.0.0.1", port, cfg or SGLangConfig(context_length=128))
     env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake"), **env}
-    return SGLangProcess(cmd, f"http://127.0.0.1:{port}", str(tmp_path / "sglang.log"), startup_timeout=timeout,
-                         health_timeout=2.0, env=env, poll_interval=0.1)
+    return SGLangProcess(
+        cmd,
+        f"http://127.0.0.1:{port}",
+        str(tmp_path / "sglang.log"),
+        startup_timeout=timeout,
+        health_timeout=2.0,
+        env=env,
+        poll_interval=0.1,
+    )
 
 
 def test_start_waits_for_health_and_stop_kills_the_whole_tree(tmp_path, no_leftover_processes):
@@ -105,12 +123,19 @@ def test_with_a_key_file_the_server_requires_the_key_and_no_command_line_shows_i
     assert cmd[1:5] == ["-m", "realhf.impl.inference.sglang_entry", "--api-key-file", str(key_file)] and key not in cmd
     env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake")}
     url = f"http://127.0.0.1:{port}"
-    server = SGLangProcess(cmd, url, str(tmp_path / "sglang.log"), startup_timeout=30, health_timeout=2.0, env=env,
-                           poll_interval=0.1, headers={"Authorization": f"Bearer {key}"}).start()
+    server = SGLangProcess(
+        cmd,
+        url,
+        str(tmp_path / "sglang.log"),
+        startup_timeout=30,
+        health_timeout=2.0,
+        env=env,
+        poll_interval=0.1,
+        headers={"Authorization": f"Bearer {key}"},
+    ).start()
     try:
         assert http_healthy(url, 2.0, {"Authorization": f"Bearer {key}"})
         assert not http_healthy(url, 2.0) and not http_healthy(url, 2.0, {"Authorization": "Bearer nope"})
         assert key not in " ".join(psutil.Process(server.popen.pid).cmdline())
     finally:
         server.stop()
-

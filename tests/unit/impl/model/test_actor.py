@@ -5,20 +5,23 @@ owns a one-rank gloo group). No processes, no sockets."""
 import pytest
 import torch
 
+from helpers.fsdp_ranks import open_engines
+from helpers.trajectories import TINY_SFT, load_rows, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
 from realhf.impl.model import actor
 from realhf.impl.model.batching import TrainBatch, micro_batches, minibatch_rows, pack_trajectories
 
-from helpers.fsdp_ranks import open_engines
-from helpers.trajectories import TINY_SFT, load_rows, make_groups
-
 
 def _config(lr: float = 1e-3, micro_batch_tokens: int = 0, **overrides) -> FSDPEngineConfig:
     optimizer = OptimizerConfig(lr=lr, gradient_clipping=1.0)
-    return FSDPEngineConfig(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), device="cpu",
-                            micro_batch_tokens=micro_batch_tokens, **overrides)
+    return FSDPEngineConfig(
+        model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
+        device="cpu",
+        micro_batch_tokens=micro_batch_tokens,
+        **overrides,
+    )
 
 
 def _batch(msgs) -> TrainBatch:
@@ -80,8 +83,9 @@ def test_engine_forward_in_length_sorted_micro_batches_matches_the_plain_forward
         assert len(micro_batches(batch, torch.arange(batch.n_seqs), 100)) > 1
         got = _logprobs(engine, batch)
     with torch.no_grad():
-        whole = actor.token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                                     batch)
+        whole = actor.token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch
+        )
     assert torch.allclose(got, whole, atol=1e-5)
 
 
@@ -157,8 +161,14 @@ def test_grpo_gives_every_trained_token_its_group_normalised_reward():
 def test_reinforce_gives_each_trained_token_its_discounted_sequence_score(tiny):
     model, tok = tiny
     batch = _batch(make_groups(model, tok, load_rows(2), group_size=2))
-    cfg = PPOHyperparameters(adv_estimator="reinforce", adv_norm=False, discount=1.0, gae_lambda=1.0,
-                             reward_output_scaling=2.0, reward_output_bias=0.5)
+    cfg = PPOHyperparameters(
+        adv_estimator="reinforce",
+        adv_norm=False,
+        discount=1.0,
+        gae_lambda=1.0,
+        reward_output_scaling=2.0,
+        reward_output_bias=0.5,
+    )
     adv, returns = actor.compute_advantages(batch, cfg)
     for i in range(batch.n_seqs):
         m = batch.loss_mask[i]
@@ -177,8 +187,15 @@ def test_reinforce_gives_each_trained_token_its_discounted_sequence_score(tiny):
 def test_gae_and_reinforce_on_a_ragged_batch_match_a_per_sample_reference(kl_ctl, estimator):
     # The padded batch goes through GAE in one masked pass; reinforce ignores batch.values.
     batch = _ragged_batch()
-    cfg = PPOHyperparameters(adv_estimator=estimator, adv_norm=False, kl_ctl=kl_ctl, discount=0.9, gae_lambda=0.8,
-                             reward_output_scaling=2.0, reward_output_bias=0.5)
+    cfg = PPOHyperparameters(
+        adv_estimator=estimator,
+        adv_norm=False,
+        kl_ctl=kl_ctl,
+        discount=0.9,
+        gae_lambda=0.8,
+        reward_output_scaling=2.0,
+        reward_output_bias=0.5,
+    )
     adv, returns = actor.compute_advantages(batch, cfg)
     want_adv, want_ret = _reference_gae(batch, cfg, values=estimator == "gae")
     assert torch.allclose(adv.double(), want_adv, atol=1e-5)

@@ -6,22 +6,24 @@ to step, logs, and keeps across a recovery checkpoint. No processes, no sockets.
 import pytest
 import torch
 
-from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
+from helpers.fsdp_ranks import open_engines
+from helpers.trajectories import TINY_SFT, load_rows, make_groups
 from realhf.api.choices import LOSS_AGG_MODES
+from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
 from realhf.impl.model import actor, recover_checkpoint
 from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
 from realhf.impl.model.ppo_actor import PPOActor
 
-from helpers.fsdp_ranks import open_engines
-from helpers.trajectories import TINY_SFT, load_rows, make_groups
-
 
 def _config(lr: float = 1e-3, micro_batch_tokens: int = 0) -> FSDPEngineConfig:
     optimizer = OptimizerConfig(lr=lr, gradient_clipping=1.0)
-    return FSDPEngineConfig(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), device="cpu",
-                            micro_batch_tokens=micro_batch_tokens)
+    return FSDPEngineConfig(
+        model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
+        device="cpu",
+        micro_batch_tokens=micro_batch_tokens,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +83,8 @@ def test_entropy_is_logged_always_and_the_bonus_alone_raises_it(msgs):
         batch = _batch(msgs)
         cfg = PPOHyperparameters(ppo_n_minibatches=1, entropy_coef=coef, reward_output_scaling=0.0)
         with open_engines(_config(lr=1e-3)) as (engine,):
-            def mean_entropy():
+
+            def mean_entropy(batch=batch):
                 h = engine.forward(batch, lambda out, mb: actor.token_logprobs_and_entropy(out, mb)[1])
                 return float(h[batch.loss_mask].mean())
 
@@ -126,8 +129,7 @@ def test_aggregation_gives_the_same_update_whole_or_in_micro_batches_and_the_ref
         want = float(per_token.sum()) / int(m.sum())
         assert s_whole["weight"] == int(m.sum())
     else:
-        per_seq = [float(per_token[i].sum()) / (int(m[i].sum()) if mode == "seq-mean-token-mean" else 1)
-                   for i in seqs]
+        per_seq = [float(per_token[i].sum()) / (int(m[i].sum()) if mode == "seq-mean-token-mean" else 1) for i in seqs]
         want = sum(per_seq) / len(seqs)
         assert s_whole["weight"] == len(seqs)
     assert s_whole["loss"] == pytest.approx(want, abs=1e-5)
@@ -158,8 +160,9 @@ def test_the_actor_adapts_logs_and_recovers_its_kl_coefficient(msgs, tmp_path):
 
         # The model worker's recovery checkpoint carries PPOActor.state_dict() in its info.
         path = tmp_path / "recover"
-        recover_checkpoint.save(path, {"actor": engine}, 0, 1, engine.device,
-                                extra={"version": 2, "actor_state": trainer.state_dict()})
+        recover_checkpoint.save(
+            path, {"actor": engine}, 0, 1, engine.device, extra={"version": 2, "actor_state": trainer.state_dict()}
+        )
         resumed = PPOActor(fresh_engine, cfg)
         info = recover_checkpoint.load(path, {"actor": fresh_engine}, 0, fresh_engine.device)
         resumed.load_state_dict(info["actor_state"])

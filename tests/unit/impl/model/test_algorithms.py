@@ -21,10 +21,14 @@ def _batch(rewards, group_ids, width: int = 6, seed: int = 0) -> TrainBatch:
     n = len(rewards)
     loss_mask = torch.rand(n, width - 1, generator=g) < 0.7
     loss_mask[:, 0] = True
-    return TrainBatch(input_ids=torch.zeros(n, width, dtype=torch.long),
-                      attention_mask=torch.ones(n, width, dtype=torch.long), loss_mask=loss_mask,
-                      behav_logprobs=torch.zeros(n, width - 1), rewards=torch.tensor(rewards, dtype=torch.float32),
-                      group_ids=torch.tensor(group_ids))
+    return TrainBatch(
+        input_ids=torch.zeros(n, width, dtype=torch.long),
+        attention_mask=torch.ones(n, width, dtype=torch.long),
+        loss_mask=loss_mask,
+        behav_logprobs=torch.zeros(n, width - 1),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        group_ids=torch.tensor(group_ids),
+    )
 
 
 # ---- registries ---------------------------------------------------------------------------------
@@ -43,8 +47,7 @@ def test_every_choice_has_a_registry_entry_and_an_unknown_name_is_refused_naming
 
 
 def test_the_kl_is_a_loss_term_for_per_sample_estimators_and_a_reward_term_for_gae_and_reinforce():
-    in_loss = {name: actor.kl_in_loss(PPOHyperparameters(adv_estimator=name, kl_ctl=0.1))
-               for name in ADV_ESTIMATORS}
+    in_loss = {name: actor.kl_in_loss(PPOHyperparameters(adv_estimator=name, kl_ctl=0.1)) for name in ADV_ESTIMATORS}
     assert in_loss == {"grpo": True, "dr_grpo": True, "batch_norm": True, "gae": False, "reinforce": False}
     assert not actor.kl_in_loss(PPOHyperparameters(adv_estimator="batch_norm", kl_ctl=0.0))
 
@@ -86,7 +89,9 @@ def _batch_norm_on_rank(rank, world_size, init_file, shards, out_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         rewards, groups = shards[rank]
-        adv, _ = actor.compute_advantages(_batch(rewards, groups, seed=rank), PPOHyperparameters(adv_estimator="batch_norm"))
+        adv, _ = actor.compute_advantages(
+            _batch(rewards, groups, seed=rank), PPOHyperparameters(adv_estimator="batch_norm")
+        )
         torch.save(adv[:, 0].clone(), f"{out_file}.{rank}")  # column 0 is trained in every row
     finally:
         dist.destroy_process_group()
@@ -95,8 +100,9 @@ def _batch_norm_on_rank(rank, world_size, init_file, shards, out_file):
 def test_batch_norm_statistics_are_global_across_dp_ranks(tmp_path):
     # Rank 1's rewards are all higher: local statistics would give each rank mean-zero advantages.
     shards = [([1.0, -1.0, -1.0, -1.0], [0, 0, 1, 1]), ([3.0, 1.0, 3.0], [2, 2, 3])]
-    torch.multiprocessing.spawn(_batch_norm_on_rank, args=(2, str(tmp_path / "init"), shards, str(tmp_path / "out")),
-                                nprocs=2)
+    torch.multiprocessing.spawn(
+        _batch_norm_on_rank, args=(2, str(tmp_path / "init"), shards, str(tmp_path / "out")), nprocs=2
+    )
     got = torch.cat([torch.load(tmp_path / f"out.{r}") for r in range(2)])
     whole = [r for rewards, _ in shards for r in rewards]
     mean = sum(whole) / len(whole)
@@ -164,16 +170,19 @@ def test_the_adaptive_kl_controller_follows_the_proportional_rule_and_saves_its_
 # ---- config rules -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(policy_loss="trpo"), "ppo.policy_loss='trpo': choose one of ['ppo', 'gspo', 'cpgd', 'gpg']"),
-    (dict(loss_agg_mode="seq-sum"), "ppo.loss_agg_mode='seq-sum': choose one of"),
-    (dict(adv_estimator="drgrpo"), "ppo.adv_estimator='drgrpo': choose one of"),
-    (dict(policy_loss="gpg", c_clip=3.0), "ppo.c_clip=3.0: the dual clip bounds a clipped loss"),
-    (dict(entropy_coef=-0.01), "ppo.entropy_coef must be >= 0"),
-    (dict(kl_target=0.01), "ppo.kl_target=0.01 adapts the KL coefficient starting from ppo.kl_ctl"),
-    (dict(kl_target=0.01, kl_ctl=0.1, kl_horizon=0), "ppo.kl_horizon must be > 0"),
-    (dict(kl_target=-1.0), "ppo.kl_target must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(policy_loss="trpo"), "ppo.policy_loss='trpo': choose one of ['ppo', 'gspo', 'cpgd', 'gpg']"),
+        (dict(loss_agg_mode="seq-sum"), "ppo.loss_agg_mode='seq-sum': choose one of"),
+        (dict(adv_estimator="drgrpo"), "ppo.adv_estimator='drgrpo': choose one of"),
+        (dict(policy_loss="gpg", c_clip=3.0), "ppo.c_clip=3.0: the dual clip bounds a clipped loss"),
+        (dict(entropy_coef=-0.01), "ppo.entropy_coef must be >= 0"),
+        (dict(kl_target=0.01), "ppo.kl_target=0.01 adapts the KL coefficient starting from ppo.kl_ctl"),
+        (dict(kl_target=0.01, kl_ctl=0.1, kl_horizon=0), "ppo.kl_horizon must be > 0"),
+        (dict(kl_target=-1.0), "ppo.kl_target must be >= 0"),
+    ],
+)
 def test_menu_values_that_cannot_run_are_refused_naming_the_field(fields, message):
     with pytest.raises(ConfigError) as e:
         check_ppo(PPOHyperparameters(**fields))
@@ -194,9 +203,8 @@ def test_every_menu_choice_passes_the_rules():
 
 
 def test_a_users_own_policy_loss_from_their_module_is_wrapped_like_the_built_ins():
-    from realhf.impl.model.utils.ppo_functional import actor_loss_fn
-
     from helpers.user_algorithms import sigmoid_ratio
+    from realhf.impl.model.utils.ppo_functional import actor_loss_fn
 
     g = torch.Generator().manual_seed(0)
     logp = (-torch.rand(3, 5, generator=g, dtype=torch.float64)).requires_grad_()
@@ -217,9 +225,14 @@ def test_a_users_own_policy_loss_from_their_module_is_wrapped_like_the_built_ins
 
 
 def test_a_users_policy_loss_and_estimator_pass_validation_and_bad_ones_are_refused_naming_the_field():
-    check_ppo(PPOHyperparameters(policy_loss="helpers.user_algorithms:sigmoid_ratio",
-                                 adv_estimator="helpers.user_algorithms:rloo"))
-    with pytest.raises(ConfigError, match=r"ppo.c_clip=3.0: .*ppo.policy_loss=helpers.user_algorithms:SIGMOID has none"):
+    check_ppo(
+        PPOHyperparameters(
+            policy_loss="helpers.user_algorithms:sigmoid_ratio", adv_estimator="helpers.user_algorithms:rloo"
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"ppo.c_clip=3.0: .*ppo.policy_loss=helpers.user_algorithms:SIGMOID has none"
+    ):
         check_ppo(PPOHyperparameters(policy_loss="helpers.user_algorithms:SIGMOID", c_clip=3.0))
     with pytest.raises(ConfigError, match=r"cannot import module 'no_such_pkg.losses' for ppo.policy_loss"):
         check_ppo(PPOHyperparameters(policy_loss="no_such_pkg.losses:mine"))

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
+from helpers.trajectories import load_rows, make_groups
 from realhf.api.trajectory import Trajectory
 from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
-
-from helpers.trajectories import load_rows, make_groups
 
 
 def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_it(tiny):
@@ -17,9 +16,9 @@ def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_i
     p = len(traj.prompt_ids)
     for i, s in enumerate(traj.samples):
         o = len(s.output_ids)
-        assert batch.input_ids[i, p: p + o].tolist() == s.output_ids.tolist()
+        assert batch.input_ids[i, p : p + o].tolist() == s.output_ids.tolist()
         assert batch.loss_mask[i].nonzero().flatten().tolist() == list(range(p - 1, p - 1 + o))
-        assert torch.allclose(batch.behav_logprobs[i, p - 1: p - 1 + o], torch.from_numpy(s.logprobs.copy()))
+        assert torch.allclose(batch.behav_logprobs[i, p - 1 : p - 1 + o], torch.from_numpy(s.logprobs.copy()))
     assert batch.group_ids.tolist() == [0, 0] and batch.rewards.tolist() == [1.0, -1.0]
 
 

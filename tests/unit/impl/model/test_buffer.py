@@ -10,8 +10,15 @@ def _group(qid, versions_per_sample, loss_masks=None):
     samples = []
     for i, versions in enumerate(versions_per_sample):
         mask = None if loss_masks is None else loss_masks[i]
-        samples.append(Sample(output_ids=[5] * len(versions), logprobs=[-1.0] * len(versions),
-                              versions=list(versions), reward=0.0, loss_mask=mask))
+        samples.append(
+            Sample(
+                output_ids=[5] * len(versions),
+                logprobs=[-1.0] * len(versions),
+                versions=list(versions),
+                reward=0.0,
+                loss_mask=mask,
+            )
+        )
     return Trajectory(qid=qid, prompt_ids=[1, 2], samples=samples)
 
 

@@ -9,10 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.trajectories import TINY_SFT
 from realhf.base.trial_files import published_version_dir, published_weights_dir
 from realhf.impl.model import checkpoint
-
-from helpers.trajectories import TINY_SFT
 
 
 def _publish(model, run_dir, version: int, keep: int = 2, tokenizer_source=TINY_SFT, current=None):

@@ -12,10 +12,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from realhf.impl.model.gguf_import import MANIFEST, GGUFImportError, convert, is_up_to_date, sha256_of
-
 from helpers.paths import REPO
 from helpers.smollm2 import IM_END, IM_START, N_HEADS, N_KV_HEADS, N_LAYERS, N_PARAMS, VOCAB
+from realhf.impl.model.gguf_import import MANIFEST, GGUFImportError, convert, is_up_to_date, sha256_of
 
 
 def test_converted_smollm2_is_a_plain_llama_directory_with_tied_embeddings(smollm2_path):
@@ -63,8 +62,9 @@ def test_a_changed_weight_file_or_source_is_not_up_to_date(tmp_path):
     save_file({"w": torch.arange(6.0)}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text("{}")
     digest = sha256_of(tmp_path / "model.safetensors")
-    (tmp_path / MANIFEST).write_text(json.dumps({"source_sha256": "abc", "n_params": 6,
-                                                 "safetensors_sha256": {"model.safetensors": digest}}))
+    (tmp_path / MANIFEST).write_text(
+        json.dumps({"source_sha256": "abc", "n_params": 6, "safetensors_sha256": {"model.safetensors": digest}})
+    )
     assert is_up_to_date(tmp_path, "abc")
     assert not is_up_to_date(tmp_path, "another source")
     save_file({"w": torch.arange(6.0) + 1}, str(tmp_path / "model.safetensors"))
@@ -72,8 +72,13 @@ def test_a_changed_weight_file_or_source_is_not_up_to_date(tmp_path):
 
 
 def test_the_command_names_the_pip_command_when_the_package_is_missing(tmp_path):
-    out = subprocess.run([sys.executable, "scripts/convert_gguf.py", "--package", "no-such-gguf-wheel",
-                          "--out", str(tmp_path / "m")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "scripts/convert_gguf.py", "--package", "no-such-gguf-wheel", "--out", str(tmp_path / "m")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "'no-such-gguf-wheel' is not installed" in out.stderr and "pip install" in out.stderr
     assert not (tmp_path / "m").exists()

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from realhf.impl.model.group_exchange import check_assignment, group_cost
-
 from helpers.exchange_ranks import ASSIGNMENT, HELD, describe, group
 from helpers.gloo_ranks import launch_ranks
+from realhf.impl.model.group_exchange import check_assignment, group_cost
 
 
 def test_three_ranks_end_with_exactly_the_groups_the_plan_gives_them(tmp_path):

@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 
+from helpers.fsdp_ranks import TINY_SFT, engine_config, full_params, make_batch, open_engines, run_steps, token_logprobs
+from helpers.lora_ranks import LORA, lora_config
 from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.lora import BaseModelView
 
-from helpers.fsdp_ranks import TINY_SFT, engine_config, full_params, make_batch, open_engines, run_steps, token_logprobs
-from helpers.lora_ranks import LORA, lora_config
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -65,8 +65,10 @@ def test_published_checkpoint_is_the_merged_model_peft_computes(tmp_path, shard_
         adapters = {k: v for k, v in full_params(engine).items() if ".lora_" in k}
 
     # peft's own merge of the same adapters into a fresh copy of the base
-    ref = get_peft_model(AutoModelForCausalLM.from_pretrained(TINY_SFT),
-                         LoraConfig(r=LORA.r, lora_alpha=LORA.alpha, target_modules=LORA.target_modules))
+    ref = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(TINY_SFT),
+        LoraConfig(r=LORA.r, lora_alpha=LORA.alpha, target_modules=LORA.target_modules),
+    )
     loaded = ref.load_state_dict(adapters, strict=False)
     assert not loaded.unexpected_keys
     expected = ref.merge_and_unload().state_dict()
@@ -77,8 +79,10 @@ def test_published_checkpoint_is_the_merged_model_peft_computes(tmp_path, shard_
     assert set(published) <= set(expected)
     for k, v in published.items():
         assert torch.allclose(v, expected[k], atol=1e-5, rtol=0), f"{k}: {(v - expected[k]).abs().max()}"
-    delta = published["model.layers.0.self_attn.q_proj.weight"] - load_file(f"{TINY_SFT}/model.safetensors")[
-        "model.layers.0.self_attn.q_proj.weight"]
+    delta = (
+        published["model.layers.0.self_attn.q_proj.weight"]
+        - load_file(f"{TINY_SFT}/model.safetensors")["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert float(delta.abs().max()) > 1e-4  # the adapters are in it
     assert (tmp_path / "hf" / "tokenizer.json").is_file()
 
@@ -131,8 +135,10 @@ def test_recovery_restores_adapters_and_optimizer_and_keeps_no_base_weights(tmp_
         resumed = full_params(fresh)
     for k, v in continued.items():
         assert torch.allclose(resumed[k], v, atol=1e-6, rtol=0), f"{k}: {(resumed[k] - v).abs().max()}"
-    assert torch.equal(resumed["base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"],
-                       base_weights["model.layers.0.mlp.up_proj.weight"])
+    assert torch.equal(
+        resumed["base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"],
+        base_weights["model.layers.0.mlp.up_proj.weight"],
+    )
 
 
 def test_a_target_module_the_model_lacks_is_refused_naming_it_and_the_linear_modules():
@@ -194,5 +200,6 @@ def test_a_gqa_llama_with_tied_embeddings_trains_the_same_adapters_with_activati
     module = "base_model.model.model.layers.1.self_attn.k_proj"  # [kv heads x head dim, hidden] under GQA
     a, b = adapters[1][f"{module}.lora_A.default.weight"], adapters[1][f"{module}.lora_B.default.weight"]
     base = load_file(f"{path}/model.safetensors")["model.layers.1.self_attn.k_proj.weight"]
-    assert torch.allclose(published["model.layers.1.self_attn.k_proj.weight"], base + LORA.alpha / LORA.r * b @ a,
-                          atol=1e-5, rtol=0)
+    assert torch.allclose(
+        published["model.layers.1.self_attn.k_proj.weight"], base + LORA.alpha / LORA.r * b @ a, atol=1e-5, rtol=0
+    )

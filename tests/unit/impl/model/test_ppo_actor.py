@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers.fsdp_ranks import open_engines
+from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
@@ -22,9 +24,6 @@ from realhf.impl.model.ppo_actor import (
     reference_logprobs,
     roles_of,
 )
-
-from helpers.fsdp_ranks import open_engines
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +39,13 @@ def _batch(msgs):
 
 def _config(**ppo) -> ModelWorkerConfig:
     # The critic has its own optimizer (and no path: it loads the actor's).
-    return ModelWorkerConfig(actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
-                             critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
-                             ppo=PPOHyperparameters(**ppo), device="cpu", seed=5)
+    return ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
+        critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
+        ppo=PPOHyperparameters(**ppo),
+        device="cpu",
+        seed=5,
+    )
 
 
 def _params(engine) -> torch.Tensor:

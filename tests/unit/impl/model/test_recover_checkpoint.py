@@ -12,8 +12,6 @@ import random
 import pytest
 import torch
 
-from realhf.impl.model import checkpoint, recover_checkpoint
-
 from helpers.fsdp_ranks import (
     critic_config,
     engine_config,
@@ -22,6 +20,7 @@ from helpers.fsdp_ranks import (
     run_critic_steps,
     run_steps,
 )
+from realhf.impl.model import checkpoint, recover_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +87,11 @@ def test_read_info_returns_the_counters_the_version_and_what_was_saved(tmp_path)
     with open_engines(*_configs()) as (actor, critic):
         _save(tmp_path / "recover", actor, critic, version=7, global_step=9)
     assert recover_checkpoint.read_info(tmp_path / "recover") == {
-        "version": 7, "global_step": 9, "dp_size": 1, "roles": ["actor", "critic"]}
+        "version": 7,
+        "global_step": 9,
+        "dp_size": 1,
+        "roles": ["actor", "critic"],
+    }
     assert sorted(p.name for p in tmp_path.iterdir()) == ["recover"]  # the temporary directory was renamed
 
 
@@ -123,8 +126,12 @@ def test_a_leftover_temporary_directory_of_a_killed_save_is_replaced(tmp_path):
         _save(tmp_path / "recover", actor, critic, version=5)
         assert not leftover.exists()
         assert recover_checkpoint.read_info(tmp_path / "recover")["version"] == 5
-        assert recover_checkpoint.load(tmp_path / "recover", {"actor": actor, "critic": critic}, 0,
-                                       actor.device)["version"] == 5
+        assert (
+            recover_checkpoint.load(tmp_path / "recover", {"actor": actor, "critic": critic}, 0, actor.device)[
+                "version"
+            ]
+            == 5
+        )
 
 
 def test_loading_a_role_the_checkpoint_lacks_names_the_role(tmp_path):
@@ -187,7 +194,8 @@ def test_a_truncated_shard_of_the_newest_is_named_and_resume_falls_back_to_the_p
     size = _truncate(shard)
     rel = shard.relative_to(tmp_path / "recover").as_posix()
     assert recover_checkpoint.verify(tmp_path / "recover") == (
-        f"{tmp_path / 'recover'}: {rel} has {size // 2} bytes, expected {size}")
+        f"{tmp_path / 'recover'}: {rel} has {size // 2} bytes, expected {size}"
+    )
 
     with caplog.at_level(logging.WARNING, logger="recover_checkpoint"):
         path, info = recover_checkpoint.choose(tmp_path)
@@ -209,7 +217,8 @@ def test_a_changed_byte_of_the_same_size_fails_the_checksum(tmp_path):
     rel = shard.relative_to(tmp_path / "recover").as_posix()
     assert recover_checkpoint.verify(tmp_path / "recover", checksums=False) is None  # sizes still match
     assert recover_checkpoint.verify(tmp_path / "recover") == (
-        f"{tmp_path / 'recover'}: {rel} fails its checksum (its sha256 is not the manifest's)")
+        f"{tmp_path / 'recover'}: {rel} fails its checksum (its sha256 is not the manifest's)"
+    )
 
 
 def test_a_damaged_previous_and_a_damaged_newest_make_an_error_naming_both(tmp_path):
@@ -256,8 +265,9 @@ def test_loading_a_damaged_checkpoint_names_the_bad_file_instead_of_a_bare_eof(t
         _save(tmp_path / "recover", actor, critic, version=1)
         shard = _shard(tmp_path / "recover")
         _truncate(shard)
-        with pytest.raises(recover_checkpoint.DamagedCheckpointError,
-                           match=f"cannot load actor .*{shard.name} has .* bytes, expected"):
+        with pytest.raises(
+            recover_checkpoint.DamagedCheckpointError, match=f"cannot load actor .*{shard.name} has .* bytes, expected"
+        ):
             recover_checkpoint.load(tmp_path / "recover", {"actor": actor, "critic": critic}, 0, actor.device)
 
 

@@ -12,8 +12,7 @@ import psutil
 import pytest
 
 from realhf.api.tools import load_tool
-from realhf.impl.tools.python_code import (PYTHON_TOOL, PythonSandboxLimits, make_python_tool,
-                                           run_python)
+from realhf.impl.tools.python_code import PYTHON_TOOL, PythonSandboxLimits, make_python_tool, run_python
 
 
 def call(code: str, **limits):
@@ -92,9 +91,11 @@ def test_writing_a_big_file_hits_the_file_size_limit():
 
 
 def test_the_limits_are_set_in_the_child():
-    code = ("import resource as r\n"
-            "for n in ('CPU', 'AS', 'FSIZE', 'CORE', 'NPROC'):\n"
-            "    print(n, *r.getrlimit(getattr(r, 'RLIMIT_' + n)))")
+    code = (
+        "import resource as r\n"
+        "for n in ('CPU', 'AS', 'FSIZE', 'CORE', 'NPROC'):\n"
+        "    print(n, *r.getrlimit(getattr(r, 'RLIMIT_' + n)))"
+    )
     r = call(code, cpu_seconds=2, memory_mb=300, file_mb=3, max_processes=7)
     got = {line.split()[0]: tuple(map(int, line.split()[1:])) for line in r.content.splitlines()}
     assert got["CPU"] == (2, 3)
@@ -153,9 +154,11 @@ def test_cancelling_the_call_kills_the_child():
 
 def test_cancelling_the_call_kills_what_the_code_started():
     m = marker()
-    code = (f"import subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)  # {m}'])\n"
-            f"time.sleep(100)  # {m}")
+    code = (
+        f"import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)  # {m}'])\n"
+        f"time.sleep(100)  # {m}"
+    )
 
     async def main():
         task = asyncio.ensure_future(PYTHON_TOOL.call({"code": code}))
@@ -177,9 +180,11 @@ def test_cancelling_the_call_kills_what_the_code_started():
 
 def test_a_background_process_does_not_outlive_or_hold_up_the_call():
     m = marker()
-    code = (f"import subprocess, sys\n"
-            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)  # {m}'])\n"
-            f"print('done')")
+    code = (
+        f"import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(100)  # {m}'])\n"
+        f"print('done')"
+    )
     start = time.monotonic()
     r = call(code, wall_seconds=10)
     assert (r.error, r.content) == (False, "done\n")
@@ -199,8 +204,9 @@ def test_calls_run_concurrently_in_one_event_loop():
     assert time.monotonic() - start < 3.5
 
 
-@pytest.mark.parametrize("bad", [dict(cpu_seconds=0), dict(memory_mb=-1), dict(wall_seconds="10"),
-                                 dict(output_chars=True)])
+@pytest.mark.parametrize(
+    "bad", [dict(cpu_seconds=0), dict(memory_mb=-1), dict(wall_seconds="10"), dict(output_chars=True)]
+)
 def test_bad_limits_are_named(bad):
     with pytest.raises(ValueError, match=f"PythonSandboxLimits.{next(iter(bad))}"):
         PythonSandboxLimits(**bad)

@@ -85,8 +85,18 @@ def test_policy_loss_matches_a_per_sequence_per_token_reference_in_value_and_gra
     prox = prox if decoupled else None
     eps, eps_high = (0.05, 0.08) if kind == "gspo" else (0.2, 0.28)
     got_leaf, want_leaf = logp.clone().requires_grad_(), logp.clone().requires_grad_()
-    per_token, stats = actor_loss_fn(got_leaf, old, adv, eps, mask, c_clip=c_clip, proximal_logprobs=prox,
-                                     eps_clip_high=eps_high, reduce="none", policy_loss=kind)
+    per_token, stats = actor_loss_fn(
+        got_leaf,
+        old,
+        adv,
+        eps,
+        mask,
+        c_clip=c_clip,
+        proximal_logprobs=prox,
+        eps_clip_high=eps_high,
+        reduce="none",
+        policy_loss=kind,
+    )
     # seq-mean-token-mean, written out: the aggregation GSPO's gradient is defined under.
     got = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).sum()
     want, want_tokens, gspo_grad = _reference(kind, want_leaf, old, prox, adv, mask, eps, eps_high, c_clip)
@@ -130,8 +140,9 @@ def test_gspo_clips_a_whole_sequence_at_once():
     # (zero gradient), even the token whose own ratio is below 1.
     logp = torch.tensor([[0.0, 0.0, 0.0]], requires_grad=True)
     old = torch.tensor([[-0.5, -0.5, 0.2]])  # token ratios e^0.5, e^0.5, e^-0.2; mean log-ratio 0.267
-    loss, stats = actor_loss_fn(logp, old, torch.ones(1, 3), 0.2, torch.ones(1, 3, dtype=torch.bool),
-                                policy_loss="gspo")
+    loss, stats = actor_loss_fn(
+        logp, old, torch.ones(1, 3), 0.2, torch.ones(1, 3, dtype=torch.bool), policy_loss="gspo"
+    )
     loss.backward()
     assert float(stats["clip_fraction"]) == 1.0
     assert torch.equal(logp.grad, torch.zeros(1, 3))
@@ -155,5 +166,6 @@ def test_gpg_is_the_plain_policy_gradient_weighted_by_the_behaviour_correction()
 def test_every_policy_loss_choice_has_a_surrogate_and_an_unknown_one_is_refused():
     assert MENU.names()[:4] == list(POLICY_LOSSES) and all(MENU.get(n).surrogate for n in POLICY_LOSSES)
     with pytest.raises(ValueError, match=r"ppo.policy_loss='trpo': choose one of \['ppo', 'gspo', 'cpgd', 'gpg'"):
-        actor_loss_fn(torch.zeros(2), torch.zeros(2), torch.ones(2), 0.2, torch.ones(2, dtype=torch.bool),
-                      policy_loss="trpo")
+        actor_loss_fn(
+            torch.zeros(2), torch.zeros(2), torch.ones(2), 0.2, torch.ones(2, dtype=torch.bool), policy_loss="trpo"
+        )

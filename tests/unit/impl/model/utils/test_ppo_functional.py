@@ -26,7 +26,9 @@ T = torch.tensor
 
 
 def close(a, b, tol=1e-6):
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0
+    )
 
 
 # =============================================================================================
@@ -100,8 +102,9 @@ def test_gae_bootstraps_from_the_value_after_the_last_step():
     # Row 1: δ2 = 1.0 + 0.9·0.4 − 0.1 = 1.26                A2 = 1.26
     #        A1 = −0.31 + 0.45·1.26 = 0.257                A0 = −0.02 + 0.45·0.257 = 0.09565
     # Row 2 is unchanged: [0.77, −0.6].
-    adv, ret = gae_masked(T(GAE_REWARDS), T(GAE_VALUES), T(GAE_MASK), gamma=0.9, lam=0.5,
-                          bootstrap_values=T([0.4, 0.0]))
+    adv, ret = gae_masked(
+        T(GAE_REWARDS), T(GAE_VALUES), T(GAE_MASK), gamma=0.9, lam=0.5, bootstrap_values=T([0.4, 0.0])
+    )
     assert close(adv, [[0.09565, 0.257, 1.26], [0.77, -0.6, 0.0]])
     assert close(ret, [[0.39565, 0.457, 1.36], [0.77, 0.0, 0.0]])
 
@@ -132,8 +135,14 @@ def test_gae_matches_per_sequence_reference_on_random_ragged_batches():
         values = [[rng.uniform(-1, 1) for _ in range(width)] for _ in range(n_rows)]
         boot = [rng.uniform(-1, 1) if rng.random() < 0.5 else 0.0 for _ in range(n_rows)]
         gamma, lam = rng.uniform(0.5, 1.0), rng.uniform(0.0, 1.0)
-        adv, ret = gae_masked(T(rewards, dtype=torch.float64), T(values, dtype=torch.float64), T(mask), gamma, lam,
-                              bootstrap_values=T(boot, dtype=torch.float64))
+        adv, ret = gae_masked(
+            T(rewards, dtype=torch.float64),
+            T(values, dtype=torch.float64),
+            T(mask),
+            gamma,
+            lam,
+            bootstrap_values=T(boot, dtype=torch.float64),
+        )
         ref_adv, ref_ret = reference_gae(rewards, values, mask, boot, gamma, lam)
         assert close(adv, ref_adv, 1e-12) and close(ret, ref_ret, 1e-12)
 
@@ -258,7 +267,13 @@ def test_gradient_flows_only_through_the_current_logprobs():
     g = torch.Generator().manual_seed(2)
     logp, old, prox, adv = (torch.randn(8, generator=g).requires_grad_() for _ in range(4))
     loss, stats = actor_loss_fn(
-        logp, old, adv, 0.2, torch.ones(8, dtype=torch.bool), c_clip=3.0, proximal_logprobs=prox,
+        logp,
+        old,
+        adv,
+        0.2,
+        torch.ones(8, dtype=torch.bool),
+        c_clip=3.0,
+        proximal_logprobs=prox,
         behav_imp_weight_cap=5.0,
     )
     loss.backward()
@@ -317,7 +332,9 @@ def test_actor_loss_matches_per_token_reference(tokens, eps, eps_high, c_clip, u
 
 def test_actor_loss_accepts_bfloat16_inputs_and_computes_in_float32():
     logp = torch.tensor([-1.0, -0.5], dtype=torch.bfloat16)
-    loss, _ = actor_loss_fn(logp, logp.clone(), torch.tensor([1.0, 3.0], dtype=torch.bfloat16), 0.2, torch.ones(2, dtype=torch.bool))
+    loss, _ = actor_loss_fn(
+        logp, logp.clone(), torch.tensor([1.0, 3.0], dtype=torch.bfloat16), 0.2, torch.ones(2, dtype=torch.bool)
+    )
     assert loss.dtype == torch.float32 and close(loss, -2.0)
 
 
