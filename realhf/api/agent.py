@@ -111,8 +111,16 @@ def keep_group(successes: List[bool], success_rate_lb: float, success_rate_ub: f
     return not (rate < success_rate_lb or rate > success_rate_ub)
 
 
-def shape_reward(reward: float, reward_bias: float, reward_scaling: float) -> float:
-    return (float(reward) - reward_bias) * reward_scaling
+def shape_reward(r, scaling: float = 1.0, bias: float = 0.0, clip: Optional[float] = None):
+    """`(r + bias)·scaling`, then clipped to `[−clip, clip]` when `clip` is given: the one reward
+    shaping, of a float (an agent's reward, `rollout.agent.reward_*`) or a tensor (the trainer's,
+    `ppo.reward_output_*`, `ppo.max_reward_clip`)."""
+    if clip is not None and clip <= 0:
+        raise ValueError(f"reward clip must be > 0, got {clip}; use None to disable it")
+    shaped = (r + bias) * scaling
+    if clip is None:
+        return shaped
+    return shaped.clamp(-clip, clip) if hasattr(shaped, "clamp") else min(max(shaped, -clip), clip)
 
 
 def register_agent(name: str) -> Callable[[Type[Agent]], Type[Agent]]:

@@ -23,5 +23,3 @@ DEVICES = DEVICE_NAMES
 RECOVER_MODES = ("disabled", "auto", "resume")
 NAME_RESOLVE_BACKENDS = ("redis", "memory")
 WANDB_MODES = ("offline", "online")
-BUILTIN_AGENTS = ("math-single-step", "math-multi-turn")
-BUILTIN_ENVS = ("math",)

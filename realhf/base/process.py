@@ -1,9 +1,7 @@
 """Child processes that never outlive their parent, and killing whole process trees."""
 
 import ctypes
-import os
 import signal
-import time
 from typing import Iterable, List
 
 import psutil
@@ -61,16 +59,3 @@ def pid_alive(pid: int) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def own_pid_str() -> str:
-    return f"{os.uname().nodename}:{os.getpid()}"

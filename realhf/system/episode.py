@@ -203,8 +203,9 @@ async def run_group(
     successes = [o.succeeded for _, o in episodes]
     if not keep_group(successes, agent_config.success_rate_lb, agent_config.success_rate_ub):
         return None
+    # rollout.agent.reward_bias is subtracted (what its config help says), the shaping adds: hence the sign.
     samples = [
-        g.sample(shape_reward(o.reward, agent_config.reward_bias, agent_config.reward_scaling)) for g, o in episodes
+        g.sample(shape_reward(o.reward, agent_config.reward_scaling, -agent_config.reward_bias)) for g, o in episodes
     ]
     return Trajectory(
         qid=qid,

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from realhf.api.agent import shape_reward
 from realhf.api.cli_args import PPOHyperparameters
 from realhf.base.device import all_reduce_sum
 from realhf.impl.model.algorithms import aggregation, estimator
@@ -114,9 +115,7 @@ def compute_advantages(
     `kl_coef` is the step's KL coefficient (realhf.impl.model.algorithms.KLController); None: `kl_ctl`.
     """
     mask = batch.loss_mask  # [N, T-1]
-    scores = F.shape_reward(
-        batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias, cfg.max_reward_clip
-    )  # [N]
+    scores = shape_reward(batch.rewards, cfg.reward_output_scaling, cfg.reward_output_bias, cfg.max_reward_clip)  # [N]
     per_sample_fn = estimator(cfg.adv_estimator).per_sample
     if per_sample_fn is not None:
         per_sample = per_sample_fn(scores, batch.group_ids)  # [N]

@@ -73,11 +73,3 @@ def load_value_model(m: ModelTrainEvalConfig, seed: int, path: Optional[str] = N
     finally:
         transformers.utils.logging.set_verbosity(verbosity)
     return _finish(model, m)
-
-
-def load_frozen(m: ModelTrainEvalConfig, path: Optional[str] = None) -> torch.nn.Module:
-    """`load_causal_lm` in eval mode with every parameter frozen (the reference policy)."""
-    model = load_causal_lm(m, path).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model

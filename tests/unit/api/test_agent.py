@@ -83,8 +83,9 @@ def run(config: AgentConfig, tokenizer, texts, group_size, env=None, row=ROW):
 
 
 def test_reward_shaping_is_reward_minus_bias_times_scaling():
-    assert shape_reward(1.0, 0.0, 1.0) == 1.0 and shape_reward(-1.0, 0.0, 1.0) == -1.0
-    assert shape_reward(1.0, 0.5, 5.0) == 2.5 and shape_reward(-1.0, 0.5, 5.0) == -7.5
+    assert shape_reward(1.0, 1.0, 0.0) == 1.0 and shape_reward(-1.0, 1.0, 0.0) == -1.0
+    assert shape_reward(1.0, 5.0, -0.5) == 2.5 and shape_reward(-1.0, 5.0, -0.5) == -7.5
+    assert shape_reward(-1.0, 5.0, -0.5, clip=4.0) == -4.0  # floats clip like tensors
 
 
 def test_group_filter_bounds_are_strict():

@@ -422,16 +422,3 @@ def rewards_with_kl(
     rewards = torch.where(mask, rewards, torch.zeros_like(rewards))
     rewards[torch.arange(mask.shape[0]), last] += score
     return rewards
-
-
-def shape_reward(
-    r: torch.Tensor,
-    scaling: float = 1.0,
-    bias: float = 0.0,
-    clip: Optional[float] = None,
-) -> torch.Tensor:
-    """`(r + bias)·scaling`, then clipped to `[−clip, clip]` when `clip` is given."""
-    if clip is not None and clip <= 0:
-        raise ValueError(f"reward clip must be > 0, got {clip}; use None to disable it")
-    shaped = (r + bias) * scaling
-    return shaped if clip is None else shaped.clamp(-clip, clip)

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from realhf.api.agent import shape_reward  # the one definition, agent and trainer alike
 from realhf.impl.model.utils.ppo_functional import (
     actor_loss_fn,
     gae_masked,
@@ -19,7 +20,6 @@ from realhf.impl.model.utils.ppo_functional import (
     kl_estimate,
     masked_normalization,
     rewards_with_kl,
-    shape_reward,
 )
 
 T = torch.tensor
