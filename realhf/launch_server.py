@@ -25,12 +25,12 @@ from typing import Any, Dict, Optional, Sequence
 
 from realhf.api.choices import DECODE_ATTENTION, NATIVE_ENGINE_KINDS
 from realhf.api.cli_args import NativeEngineConfig
-from realhf.api.validation import ConfigError, check_native_engine
 from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from realhf.base.device import DEVICE_NAMES, pick_device
 from realhf.base.dtypes import DTYPE_NAMES
 from realhf.base.model_source import ModelPathError, resolve_model_path
+from realhf.experiments.validation import ConfigError, check_native_engine
 
 # Choice lists of NativeEngineConfig's str fields (the dataclass cannot carry them: see choices.py).
 _ENGINE_CHOICES = {"dtype": DTYPE_NAMES, "kind": NATIVE_ENGINE_KINDS, "decode_attention": DECODE_ATTENTION}

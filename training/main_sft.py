@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from realhf.api.cli_args import SFTConfig
 from realhf.api.prompt import PromptRow
-from realhf.api.validation import ConfigError, check_sft
+from realhf.experiments.validation import ConfigError, check_sft
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
 from realhf.impl.evaluation import evaluate_math_accuracy

@@ -12,7 +12,10 @@
 (`realhf/system/episode.py`): `await gen(**sampling)` continues the episode's tokens — the row's
 prompt (chat template applied when the model has one) and whatever the episode added since —
 and returns a `Completion`; `gen.append(text | token ids | messages)` adds tokens the model did
-not generate (feedback, a tool's result), which carry no loss. The episode's tokens are never
+not generate (feedback, a tool's result), which carry no loss; `async with
+gen.openai_endpoint(tokenizer) as (base_url, api_key)` serves an OpenAI-compatible endpoint whose
+every call is generated through this episode (for agent code written against an OpenAI client:
+the `openai-agent`). The episode's tokens are never
 decoded and re-encoded, and each generated token keeps the weight version that produced it.
 `env` is this episode's `Environment` (or None when no environment is configured).
 

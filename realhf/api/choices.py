@@ -1,7 +1,7 @@
 """Every closed list of values a config field may take, defined once (the open ones, policy losses
 and advantage estimators, are menus of realhf.api.algorithms).
 
-Hydra/OmegaConf cannot express `Literal`, so choice fields are plain `str`; `realhf.api.validation`
+Hydra/OmegaConf cannot express `Literal`, so choice fields are plain `str`; `realhf.experiments.validation`
 checks them against these tuples and the code that acts on a choice imports the same tuple.
 """
 

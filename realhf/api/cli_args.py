@@ -5,7 +5,7 @@ The root is `AsyncPPOMATHConfig`; Hydra builds the command line from it
 `training/configs/async-ppo.yaml` sets the embedded run's values on top of these defaults.
 Per-worker configs (`realhf.api.worker_configs`) are derived from this tree by
 `realhf.experiments.async_ppo_math`; every rule a value must satisfy lives in
-`realhf.api.validation` and choice lists in `realhf.api.choices`.
+`realhf.experiments.validation` and choice lists in `realhf.api.choices`.
 
 Defaults run on a small CPU machine; docs/benchmarks.md records the measurements behind them.
 """

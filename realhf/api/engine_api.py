@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from realhf.impl.model.batching import TrainBatch
+from realhf.api.train_batch import TrainBatch
 
 OutputFn = Callable[[torch.Tensor, TrainBatch], torch.Tensor]
 LossFn = Callable[[torch.Tensor, TrainBatch, torch.Tensor], torch.Tensor]

@@ -4,7 +4,7 @@ A field that carries a fact of the root tree (`realhf.api.cli_args.AsyncPPOMATHC
 declared with `same_as("<root field>")`: it takes the root's default and help, so a fact has
 one default however many workers read it. The remaining fields are a worker's own mechanics
 (poll intervals, discovery timeouts) or values the experiment computes (a worker's share of the
-rollouts, the trial's run directory); their rules live in `realhf.api.validation`.
+rollouts, the trial's run directory); their rules live in `realhf.experiments.validation`.
 """
 
 import dataclasses

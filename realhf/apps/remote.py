@@ -9,8 +9,8 @@ import sys
 
 from omegaconf import OmegaConf
 
-from realhf.api.worker_validation import validate_worker_config
 from realhf.base import logging
+from realhf.experiments.worker_validation import validate_worker_config
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext
 

@@ -1,6 +1,6 @@
 """Asynchronous PPO on math prompts: the experiment config → one config per worker process.
 
-`initial_setup` validates the root config (`realhf.api.validation`: a bad value fails here,
+`initial_setup` validates the root config (`realhf.experiments.validation`: a bad value fails here,
 naming the field, before a process starts) and turns it into the launcher's `WorkerSpec`s
 (docs/architecture.md §2, §8):
 
@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
-from realhf.api.file_validation import server_context
-from realhf.api.validation import ConfigError, rollouts_per_worker, validate_experiment
 from realhf.api.worker_configs import (
     EvaluatorConfig,
     GenerationServerConfig,
@@ -31,10 +29,13 @@ from realhf.api.worker_configs import (
     ModelWorkerConfig,
     RolloutWorkerConfig,
 )
-from realhf.api.worker_validation import validate_worker_config
 from realhf.base import trial_files
 from realhf.base.network import redact_url
 from realhf.base.trial_files import TrialFiles
+from realhf.experiments.file_validation import server_context
+from realhf.experiments.validate import validate_experiment
+from realhf.experiments.validation import ConfigError, rollouts_per_worker
+from realhf.experiments.worker_validation import validate_worker_config
 from realhf.impl.dataset.prompt_dataset import count_prompts
 from realhf.impl.model import recover_checkpoint as recover_ckpt
 from realhf.scheduler.worker_spec import WorkerSpec

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from realhf.api.agent import Agent, Completion, Outcome, as_outcome, keep_group, shape_reward
 from realhf.api.env import EnvFactory
@@ -37,9 +37,17 @@ class Gen:
     """One episode's generation handle (see the module docstring)."""
 
     def __init__(
-        self, client: Any, qid: str, prompt_ids: Sequence[int], gconfig: Any, tokenizer: Any, group_size: int = 1
+        self,
+        client: Any,
+        qid: str,
+        prompt_ids: Sequence[int],
+        gconfig: Any,
+        tokenizer: Any,
+        group_size: int = 1,
+        openai_endpoint: Optional[Callable] = None,
     ):
         self._client, self._qid, self._gconfig, self._group_size = client, qid, gconfig, group_size
+        self._openai_endpoint = openai_endpoint
         self.tokenizer = tokenizer
         self.prompt_ids: List[int] = list(prompt_ids)
         self.output_ids: List[int] = []
@@ -49,6 +57,16 @@ class Gen:
         self.no_eos = False
         self.n_calls = 0
         self.n_requests = 0
+
+    def openai_endpoint(self, tokenizer: Any):
+        """`async with gen.openai_endpoint(tokenizer) as (base_url, api_key)`: an OpenAI-compatible
+        endpoint whose every call is generated through this episode (realhf.system.openai_server;
+        the rollout worker provides it)."""
+        if self._openai_endpoint is None:
+            raise AgentError(
+                "this episode has no OpenAI-compatible endpoint: run_group(openai_endpoint=...) was not given one"
+            )
+        return self._openai_endpoint(self, tokenizer)
 
     def set_prompt(self, prompt_ids: Sequence[int]) -> None:
         """Start the episode from other tokens than the row's prompt (an agent that builds its own
@@ -181,6 +199,7 @@ async def run_group(
     tokenizer: Any,
     agent_config: Any,
     group_size: int,
+    openai_endpoint: Optional[Callable] = None,
 ) -> Optional[Trajectory]:
     """The agent run `group_size` times on `row`; the trajectory to push, or None when the
     group is filtered out (or every episode dropped its sample)."""
@@ -188,7 +207,7 @@ async def run_group(
     name = getattr(agent_config, "type", type(agent).__name__)
 
     async def one() -> Tuple[Gen, Optional[Outcome]]:
-        gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size)
+        gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size, openai_endpoint)
         return gen, await run_episode(agent, name, row, gen, envs)
 
     episodes = [(g, o) for g, o in await _gather_or_cancel(one() for _ in range(group_size)) if o is not None]

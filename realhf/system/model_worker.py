@@ -31,13 +31,14 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from realhf.api.train_batch import TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
 from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
-from realhf.impl.model.batching import TrainBatch, batch_summary, pack_trajectories
+from realhf.impl.model.batching import batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
 from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
 from realhf.system.push_pull_stream import NameResolvingZmqPuller

@@ -213,3 +213,12 @@ class OpenAIServer:
     def _usage(completion) -> Dict[str, int]:
         n_in, n_out = len(completion.input_ids), len(completion.output_ids)
         return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+@contextlib.asynccontextmanager
+async def episode_endpoint(gen: Gen, tokenizer: Any):
+    """What the rollout worker hands each episode as `gen.openai_endpoint`: this event loop's
+    server, serving `gen` while the block runs; yields (base_url, api_key)."""
+    server = await OpenAIServer.for_this_loop()
+    with server.episode(gen, tokenizer) as pair:
+        yield pair

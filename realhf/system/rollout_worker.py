@@ -57,7 +57,7 @@ from realhf.system.episode import run_group
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
-from realhf.system.openai_server import OpenAIServer
+from realhf.system.openai_server import OpenAIServer, episode_endpoint
 from realhf.system.push_pull_stream import MessageTooLarge, NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, experiment_status
 
@@ -317,6 +317,7 @@ class RolloutWorker(AsyncWorker):
             tokenizer=self.tokenizer,
             agent_config=cfg.agent,
             group_size=cfg.group_size,
+            openai_endpoint=episode_endpoint,
         )
         limit = self.config.episode_timeout
         if limit <= 0:

@@ -95,7 +95,7 @@ def save_batch(batch, path: Path) -> None:
 def load_batch(path: Path):
     from safetensors.torch import load_file
 
-    from realhf.impl.model.batching import TrainBatch
+    from realhf.api.train_batch import TrainBatch
 
     return TrainBatch(**load_file(str(path)))
 

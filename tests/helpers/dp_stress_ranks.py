@@ -33,8 +33,8 @@ import torch.distributed as dist
 from helpers.fsdp_ranks import TINY_SFT, critic_train_step, full_params, token_logprobs, train_step
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig, ModelTrainEvalConfig, OptimizerConfig
+from realhf.api.train_batch import TrainBatch
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
-from realhf.impl.model.batching import TrainBatch
 
 N_CASES = int(os.environ.get("STRESS_CASES", "200"))
 KINDS = ("actor", "critic", "lora", "ref")

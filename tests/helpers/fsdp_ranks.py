@@ -31,10 +31,10 @@ import torch.distributed as dist
 from helpers.gloo_ranks import join_gloo_group
 from helpers.paths import TINY_MATH
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
+from realhf.api.train_batch import TrainBatch
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.actor import token_values
-from realhf.impl.model.batching import TrainBatch
 from realhf.impl.model.utils import ppo_functional as F
 
 TINY_SFT = os.path.join(TINY_MATH, "sft")

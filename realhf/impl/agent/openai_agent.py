@@ -9,7 +9,7 @@
     rollout.agent.type=openai-agent +rollout.agent.args.workflow=my_pkg.workflows:solve
 
 Every call the workflow makes goes to this episode's OpenAI-compatible endpoint
-(`realhf/system/openai_server.py`) and is generated through realhf — admission, routing,
+(`gen.openai_endpoint`, served by `realhf/system/openai_server.py`) and is generated through realhf — admission, routing,
 versions, partial rollouts — with its tokens recorded for training. The workflow's return value is
 the episode's reward (a number, True/False for ±1, an Outcome, or None to drop the sample).
 Needs the `openai` package (pip install 'realhf[openai]').
@@ -22,7 +22,6 @@ from typing import Any, Dict
 
 from realhf.api.agent import Agent, EpisodeResult, register_agent
 from realhf.base.importing import import_object
-from realhf.system.openai_server import OpenAIServer
 
 
 @register_agent("openai-agent")
@@ -39,8 +38,7 @@ class OpenAIAgent(Agent):
     async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:
         import openai
 
-        server = await OpenAIServer.for_this_loop()
-        with server.episode(gen, self.tokenizer) as (base_url, api_key):
+        async with gen.openai_endpoint(self.tokenizer) as (base_url, api_key):
             client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=self.request_timeout)
             try:
                 return await self.workflow(client, row)

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from realhf.api.prompt import PromptRow
+from realhf.impl.dataset import table_formats
+from realhf.impl.dataset.table_formats import DatasetFormatError
 
 # The facts realhf reads from a row, by the name a row carries them under inside realhf.
 FIELDS = ("query_id", "prompt", "messages", "solutions", "task")
-
-
-class DatasetFormatError(ValueError):
-    """A dataset row that does not follow the prompt schema; the message is `where: what`."""
 
 
 class _Columns:
@@ -178,8 +176,6 @@ def load_prompts(
     """All rows of a JSONL file, a `.parquet` file or a `datasets` directory (`split` picks one of a
     DatasetDict's splits), in stored order; see `load_jsonl_prompts` for `required` and `columns`.
     Raises ImportError naming the extra when a table format needs `datasets` and it is missing."""
-    from realhf.impl.dataset import table_formats  # here: it imports this module's DatasetFormatError
-
     if not table_formats.is_table_path(path):
         return load_jsonl_prompts(path, required, columns)
     table, label = table_formats.open_table(path, split)
@@ -193,8 +189,6 @@ def load_prompts(
 
 def count_prompts(path: Union[str, Path], split: str = "train") -> int:
     """How many rows `load_prompts` would return, without checking them (for the step plan)."""
-    from realhf.impl.dataset import table_formats
-
     if table_formats.is_table_path(path):
         return table_formats.open_table(path, split)[0].num_rows
     with open(path, "rb") as f:

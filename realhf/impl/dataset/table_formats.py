@@ -13,7 +13,11 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterator, Tuple, Union
 
-from realhf.impl.dataset.prompt_dataset import DatasetFormatError
+
+class DatasetFormatError(ValueError):
+    """A dataset row that does not follow the prompt schema; the message is `where: what`
+    (raised here and by realhf.impl.dataset.prompt_dataset, which reads every format)."""
+
 
 EXTRA_HINT = "pip install 'realhf[datasets]'"
 

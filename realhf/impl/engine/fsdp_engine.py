@@ -54,12 +54,13 @@ from torch.distributed.tensor import DTensor
 
 from realhf.api.cli_args import ModelTrainEvalConfig
 from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
+from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model import checkpoint, lora
-from realhf.impl.model.batching import TrainBatch, micro_batches
+from realhf.impl.model.batching import micro_batches
 from realhf.impl.model.model_loading import load_causal_lm, load_value_model
 from realhf.impl.model.optim import make_optimizer
 

@@ -22,9 +22,10 @@ import torch
 
 from realhf.api.agent import shape_reward
 from realhf.api.cli_args import PPOHyperparameters
+from realhf.api.train_batch import TrainBatch
 from realhf.base.device import all_reduce_sum
 from realhf.impl.model.algorithms import aggregation, estimator
-from realhf.impl.model.batching import TrainBatch, minibatch_rows
+from realhf.impl.model.batching import minibatch_rows
 from realhf.impl.model.utils import ppo_functional as F
 
 # ---------------------------------------------------------------------------------------------

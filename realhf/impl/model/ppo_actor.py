@@ -26,6 +26,7 @@ import torch
 
 from realhf.api.cli_args import PPOHyperparameters
 from realhf.api.engine_api import TrainEngine
+from realhf.api.train_batch import TrainBatch
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base.device import all_reduce_sum
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
@@ -39,7 +40,7 @@ from realhf.impl.model.actor import (
     token_values,
 )
 from realhf.impl.model.algorithms import KLController, estimator
-from realhf.impl.model.batching import TrainBatch, minibatch_rows
+from realhf.impl.model.batching import minibatch_rows
 from realhf.impl.model.lora import BaseModelView
 from realhf.impl.model.step_calls import step_models
 

@@ -1,14 +1,14 @@
-"""actor.lora is validated before any process starts (realhf.api.validation), and the same rules
-hold for a model worker's own config (realhf.api.worker_validation)."""
+"""actor.lora is validated before any process starts (realhf.experiments.validation), and the same rules
+hold for a model worker's own config (realhf.experiments.worker_validation)."""
 
 import pytest
 
 from helpers.paths import REPO, TINY_MATH
-from realhf.api.validation import ConfigError
-from realhf.api.validation import validate_experiment as check_config
 from realhf.api.worker_configs import ModelWorkerConfig
-from realhf.api.worker_validation import validate_worker_config
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.validate import validate_experiment as check_config
+from realhf.experiments.validation import ConfigError
+from realhf.experiments.worker_validation import validate_worker_config
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from realhf.api.cli_args import AgentConfig
-from realhf.api.validation import ConfigError, check_agent
 from realhf.base.daemon_threads import DaemonThreads
+from realhf.experiments.validation import ConfigError, check_agent
 from realhf.impl.agent.math_single_step import MathSingleStepAgent, RewardTimeout, call_reward_fn
 
 ROW = {"query_id": "q-7", "prompt": "Q: 5+2?\nA:", "solutions": ["#### 7"]}

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from helpers.paths import REPO, TINY_MATH
-from realhf.api.validation import ConfigError
-from realhf.api.validation import validate_experiment as check_config
 from realhf.base.model_source import HUB_TIMEOUT_S, looks_like_repo_id, resolve_model_path
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.validate import validate_experiment as check_config
+from realhf.experiments.validation import ConfigError
 
 MISSING = "realhf-test/NoSuchModel-135M-Instruct"
 

@@ -11,9 +11,10 @@ from omegaconf import OmegaConf
 
 from helpers.paths import REPO
 from realhf.api.cli_args import AsyncPPOMATHConfig, ExperimentSaveEvalControl
-from realhf.api.validation import ConfigError, validate_experiment
 from realhf.experiments.async_ppo_math import initial_setup, total_train_steps
 from realhf.experiments.config_loading import CONFIG_DIR, compose_config
+from realhf.experiments.validate import validate_experiment
+from realhf.experiments.validation import ConfigError
 
 check_config = validate_experiment
 

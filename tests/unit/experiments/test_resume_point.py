@@ -9,10 +9,10 @@ import torch
 
 from helpers.fsdp_ranks import engine_config, open_engines, run_steps
 from helpers.paths import REPO
-from realhf.api.validation import ConfigError
 from realhf.base.trial_files import recover_dir, recover_prev_dir
 from realhf.experiments.async_ppo_math import initial_setup, resumed_from, trial_files_of
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.validation import ConfigError
 from realhf.impl.model import recover_checkpoint as recover_ckpt
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from helpers.paths import REPO, TINY_MATH
 from helpers.user_data import USER_COLUMNS, USER_OVERRIDES, user_rows
-from realhf.api.validation import ConfigError, validate_experiment
 from realhf.api.worker_configs import EvaluatorConfig, RolloutWorkerConfig
 from realhf.experiments.async_ppo_math import initial_setup
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.validate import validate_experiment
+from realhf.experiments.validation import ConfigError
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 TEST = os.path.join(TINY_MATH, "data", "test.jsonl")
@@ -140,7 +141,7 @@ def test_a_table_without_the_datasets_extra_is_refused_naming_it(tmp_path):
     path, _ = _bad_parquet(tmp_path)
     code = (
         "import sys; sys.modules['datasets'] = None\n"  # as if not installed
-        "from realhf.api.file_validation import load_rows\nfrom realhf.api.validation import ConfigError\n"
+        "from realhf.experiments.file_validation import load_rows\nfrom realhf.experiments.validation import ConfigError\n"
         f"try:\n    load_rows('dataset.path', {path!r})\n"
         "except ConfigError as e:\n    print(e)\n"
     )

@@ -16,8 +16,8 @@ import pytest
 from helpers.paths import REPO
 from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
 from realhf.api.cli_args import ExperimentSaveEvalControl
-from realhf.api.validation import ConfigError, check_exp_ctrl
 from realhf.base.trial_files import TrialFiles
+from realhf.experiments.validation import ConfigError, check_exp_ctrl
 from scripts.bench import accuracy_curve as ac
 from scripts.bench import peer_trl
 from scripts.bench.time_to_accuracy import summarize, tables

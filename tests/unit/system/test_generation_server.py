@@ -9,9 +9,9 @@ from helpers.sglang_client import generate
 from helpers.wait import wait_for
 from realhf.api.cli_args import NativeEngineConfig
 from realhf.api.worker_configs import GenerationServerConfig
-from realhf.api.worker_validation import validate_worker_config
 from realhf.base import name_resolve, names
 from realhf.base.secret import auth_headers
+from realhf.experiments.worker_validation import validate_worker_config
 from realhf.scheduler.local import LocalLauncher, WorkerSpec, log_tail
 from realhf.system.worker_base import STATUS_COMPLETE, WorkerContext
 

@@ -355,9 +355,9 @@ def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come()
 
 
 def test_manager_config_rejects_bad_values_naming_the_field():
-    from realhf.api.validation import ConfigError
     from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
-    from realhf.api.worker_validation import validate_worker_config
+    from realhf.experiments.validation import ConfigError
+    from realhf.experiments.worker_validation import validate_worker_config
 
     with pytest.raises(ConfigError, match="gserver_manager.schedule_policy='fastest'.*least_token_usage"):
         validate_worker_config(GserverManagerConfig(schedule_policy="fastest"))

@@ -13,7 +13,7 @@ from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameter
 from realhf.api.env import EnvFactory
 from realhf.system.episode import Gen, run_group
 from realhf.system.generation_client import GenerationResult
-from realhf.system.openai_server import OpenAIServer
+from realhf.system.openai_server import OpenAIServer, episode_endpoint
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +148,7 @@ def test_the_openai_agent_turns_a_workflow_into_a_trained_sample(tokenizer):
                 envs=envs,
                 gconfig=GenerationHyperparameters(),
                 tokenizer=tokenizer,
+                openai_endpoint=episode_endpoint,
                 agent_config=config,
                 group_size=2,
             )

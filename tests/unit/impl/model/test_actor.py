@@ -8,10 +8,11 @@ import torch
 from helpers.fsdp_ranks import open_engines
 from helpers.trajectories import TINY_SFT, load_rows, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
+from realhf.api.train_batch import TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
 from realhf.impl.model import actor
-from realhf.impl.model.batching import TrainBatch, micro_batches, minibatch_rows, pack_trajectories
+from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
 
 
 def _config(lr: float = 1e-3, micro_batch_tokens: int = 0, **overrides) -> FSDPEngineConfig:

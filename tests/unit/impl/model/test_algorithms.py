@@ -11,9 +11,9 @@ import torch
 from realhf.api import choices
 from realhf.api.algorithms import ADV_ESTIMATORS as ADV_ESTIMATORS_MENU
 from realhf.api.cli_args import PPOHyperparameters
-from realhf.api.validation import ConfigError, check_ppo
+from realhf.api.train_batch import TrainBatch
+from realhf.experiments.validation import ConfigError, check_ppo
 from realhf.impl.model import actor, algorithms
-from realhf.impl.model.batching import TrainBatch
 
 
 def _batch(rewards, group_ids, width: int = 6, seed: int = 0) -> TrainBatch:

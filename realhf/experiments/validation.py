@@ -1,7 +1,7 @@
 """Every rule a config value must satisfy, in one place.
 
-`validate_experiment(cfg)` runs before any process starts (the entry point calls it through
-`realhf.experiments`); `validate_worker_config(cfg)` (`realhf.api.worker_validation`, the same
+`check_values(cfg)` (of `realhf.experiments.validate.validate_experiment`) runs before any process starts (the entry point calls it through
+`realhf.experiments`); `validate_worker_config(cfg)` (`realhf.experiments.worker_validation`, the same
 rules applied to one worker's config) runs at every worker's entry, so a worker config written
 by hand or by another tool is held to the same rules. Each refusal is a
 `ConfigError` whose message names the field as the user spells it (`ppo.eps_clip`,
@@ -41,6 +41,7 @@ from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
+from realhf.system.push_pull_stream import grouping
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
@@ -256,7 +257,7 @@ def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native"
     f.choice("decode_attention", choices.DECODE_ATTENTION)
     f.at_least("n_threads", 1)
     f.at_least("max_running_requests", 1)
-    f.at_least("context_length", 0)  # and at most the model's (realhf.api.file_validation)
+    f.at_least("context_length", 0)  # and at most the model's (realhf.experiments.file_validation)
 
 
 def check_sglang(c: SGLangConfig, prefix: str = "gen_server.sglang") -> None:
@@ -510,8 +511,9 @@ def check_known_keys(obj: Any, prefix: str = "") -> None:
         check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name)
 
 
-def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
-    """Raise ConfigError naming the first field that cannot work; return the parsed allocation."""
+def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
+    """Raise ConfigError naming the first value that cannot work; return the parsed allocation.
+    (The files it names and the shapes that tie values together: `realhf.experiments.validate`.)"""
     check_known_keys(cfg)
     check_numbers(cfg)  # first: NaN, +-inf and wrong types anywhere in the tree, named
     f = _Fields(cfg)
@@ -582,17 +584,11 @@ def validate_experiment(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     if cfg.exp_ctrl.eval_freq_steps > 0:  # the evaluator during training
         check_evaluation_during(cfg.evaluation)
 
-    from realhf.api.file_validation import check_files  # it imports this module
-
-    check_files(cfg)
-    _check_shapes(cfg, alloc)
     return alloc
 
 
-def _check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
+def check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
     """Rules that tie the batch, the DP size and the rollout workers together."""
-    from realhf.system.push_pull_stream import grouping
-
     need = _Fields.need
     dp, B = alloc.train.dp, cfg.groups_per_step
     # Checked before divisibility: "16 % 32" would blame groups_per_step for what is a DP size too large.

@@ -2,7 +2,7 @@
 snapshot first), the critic's architecture against the actor's, sampling values against the
 actor's vocabulary and context, every row of the datasets, and the training prompts in tokens,
 so that a bad path or row fails before any process starts, naming the field, the file and the row.
-Called by `validation.validate_experiment` after the checks of the values themselves."""
+Called by `validate.validate_experiment` after the checks of the values themselves."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any, List, Sequence
 
 from realhf.api.algorithms import adv_estimator
 from realhf.api.cli_args import AsyncPPOMATHConfig, DatasetColumnsConfig, GenerationHyperparameters
-from realhf.api.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.model_source import ModelPathError, resolve_model_path
+from realhf.experiments.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.impl.dataset.prompt_encoding import (
     CHAT_TEMPLATE_SETTINGS,
     PromptEncodingError,
@@ -197,7 +197,7 @@ def check_prompts(
         _Fields.need(
             n_bytes <= MAX_PROMPT_BYTES,
             f"{field}: {row.source}: prompt has {n_bytes} bytes, more than MAX_PROMPT_BYTES="
-            f"{MAX_PROMPT_BYTES} (realhf/api/file_validation.py); refused without tokenising it",
+            f"{MAX_PROMPT_BYTES} (realhf/experiments/file_validation.py); refused without tokenising it",
         )
         if i < n_scan:
             scanned_bytes += n_bytes

@@ -1,6 +1,6 @@
 """The rules for one worker's config, at every worker's entry (realhf.apps.remote) and for every
 worker config the entry point derives (realhf.experiments): a config written by hand or by
-another tool is held to the rules `realhf.api.validation` applies to the experiment's root."""
+another tool is held to the rules `realhf.experiments.validation` applies to the experiment's root."""
 
 from __future__ import annotations
 
@@ -8,8 +8,16 @@ from typing import Any
 
 from realhf.api import choices
 from realhf.api.algorithms import adv_estimator
-from realhf.api.file_validation import check_critic_matches_actor, check_dataset_columns
-from realhf.api.validation import (
+from realhf.api.worker_configs import (
+    EvaluatorConfig,
+    GenerationServerConfig,
+    GserverManagerConfig,
+    MasterWorkerConfig,
+    ModelWorkerConfig,
+    RolloutWorkerConfig,
+)
+from realhf.experiments.file_validation import check_critic_matches_actor, check_dataset_columns
+from realhf.experiments.validation import (
     _Fields,
     check_agent,
     check_device,
@@ -20,14 +28,6 @@ from realhf.api.validation import (
     check_model,
     check_native_engine,
     check_ppo,
-)
-from realhf.api.worker_configs import (
-    EvaluatorConfig,
-    GenerationServerConfig,
-    GserverManagerConfig,
-    MasterWorkerConfig,
-    ModelWorkerConfig,
-    RolloutWorkerConfig,
 )
 
 

@@ -2,7 +2,7 @@
 field (issue 6, bullet 5). Complements tests/unit/experiments/test_async_ppo_math.py (which
 covers eta < 0, lb > ub, missing paths, group_size=0, ...) and
 tests/unit/impl/dataset/test_prompt_dataset.py (the loader's own file:line messages): here, what
-realhf.api.validation adds on top."""
+realhf.experiments.validation adds on top."""
 
 import json
 import os
@@ -13,11 +13,11 @@ import pytest
 
 from helpers.paths import REPO, TINY_MATH
 from realhf.api.cli_args import AgentConfig, ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
-from realhf.api.validation import ConfigError, check_agent, check_optimizer
-from realhf.api.validation import validate_experiment as check_config
 from realhf.api.worker_configs import GenerationServerConfig, ModelWorkerConfig
-from realhf.api.worker_validation import validate_worker_config
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.validate import validate_experiment as check_config
+from realhf.experiments.validation import ConfigError, check_agent, check_optimizer
+from realhf.experiments.worker_validation import validate_worker_config
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 SFT = os.path.join(TINY_MATH, "sft")
@@ -161,7 +161,7 @@ def test_agent_config_rejects_inverted_success_bounds():
 
 def test_sft_config_is_refused_naming_the_field():
     from realhf.api.cli_args import SFTConfig
-    from realhf.api.validation import check_sft
+    from realhf.experiments.validation import check_sft
 
     with pytest.raises(ConfigError, match=r"model_path is required"):
         check_sft(SFTConfig())
@@ -326,7 +326,7 @@ def test_a_key_added_with_plus_that_is_no_field_is_refused(override, field):
 
 
 def test_a_message_limit_below_the_largest_group_the_config_can_make_is_refused_with_the_size_it_needs():
-    # 8 samples that fill the tiny model's 256-token context: ~101 KB (realhf.api.file_validation).
+    # 8 samples that fill the tiny model's 256-token context: ~101 KB (realhf.experiments.file_validation).
     with pytest.raises(
         ConfigError,
         match=r"cluster.max_message_bytes=3000 is smaller than the largest prompt group "

@@ -7,7 +7,7 @@
 - sampling values against the actor's vocabulary (its config.json);
 - the training prompts in tokens: empty ones, ones too long for the servers' context, rows over
   MAX_PROMPT_BYTES (refused before tokenising), and the scan bound.
-Complements tests/unit/api/test_validation.py."""
+Complements tests/unit/experiments/test_validation.py."""
 
 import copy
 import dataclasses
@@ -23,12 +23,13 @@ import typing
 import pytest
 
 from helpers.paths import REPO, TINY_MATH
-from realhf.api import file_validation
 from realhf.api.cli_args import AsyncPPOMATHConfig
-from realhf.api.file_validation import check_prompts, largest_group_bytes, load_rows
 from realhf.api.trajectory import MAX_ABS_REWARD
-from realhf.api.validation import MAX_TIMEOUT_SECONDS, ConfigError, validate_experiment
+from realhf.experiments import file_validation
 from realhf.experiments.config_loading import compose_config
+from realhf.experiments.file_validation import check_prompts, largest_group_bytes, load_rows
+from realhf.experiments.validate import validate_experiment
+from realhf.experiments.validation import MAX_TIMEOUT_SECONDS, ConfigError
 from realhf.impl.dataset.prompt_encoding import encode_prompt
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 
