@@ -31,7 +31,7 @@ from realhf.system.http_json import GenerationError, ServerUnavailableError, pos
 
 logger = logging.getLogger("manager_client")
 
-_DUPLICATE_QID = "duplicate_qid"  # realhf.impl.admission.DUPLICATE_QID (not imported: the wire is the contract)
+_DUPLICATE_QID = "duplicate_qid"  # realhf.impl.staleness.DUPLICATE_QID (not imported: the wire is the contract)
 
 
 class ManagerClient:

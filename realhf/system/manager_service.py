@@ -1,6 +1,6 @@
 """The GserverManager's state and the logic behind each endpoint, without sockets.
 
-It wires together admission (`realhf.impl.admission.StalenessManager`, docs/architecture.md §4), routing
+It wires together admission (`realhf.impl.staleness.StalenessManager`, docs/architecture.md §4), routing
 (`realhf.impl.routing.Router`), server health (`realhf.impl.server_health.ServerHealth`), the
 per-server weight versions (`realhf.system.weight_update.WeightUpdater`) and the counters of
 `/status`. The HTTP app and the watcher (`realhf.system.gserver_manager`) call into it from one
@@ -26,9 +26,9 @@ from typing import List, Optional
 
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging
-from realhf.impl.admission import StalenessManager, dp_shares, resumed_accepted
 from realhf.impl.routing import Router
 from realhf.impl.server_health import DROPPED, UP, ServerHealth
+from realhf.impl.staleness import StalenessManager, dp_shares, resumed_accepted
 from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger
 from realhf.system.manager_metrics import ThroughputWindow
 from realhf.system.weight_update import WeightUpdater

@@ -21,8 +21,8 @@ from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import metrics_path, read_metrics
 from realhf.impl import dp_balance
-from realhf.impl.admission import dp_shares, resumed_accepted
 from realhf.impl.model.step_calls import step_calls
+from realhf.impl.staleness import dp_shares, resumed_accepted
 from realhf.system import stall_report
 from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
 from realhf.system.request_reply_stream import MasterStream
