@@ -11,7 +11,7 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
     POST /finish_rollout   {qid, accepted, n_tokens, reason} → {success}; `reason`: why a rollout
                                                          that is not accepted ended without a group
                                                          (admission_ledger.ENDED_REASONS)
-    POST /routed_servers   {}                          → {servers}: the URLs routed now (a client
+    GET  /routed_servers                               → {servers}: the URLs routed now (a client
                                                          gives up a request on a server dropped
                                                          from routing instead of waiting it out)
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
@@ -148,7 +148,7 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
         except ValueError as e:  # an unknown reason
             raise HTTPException(422, f"invalid request body: {e}") from None
 
-    @app.post("/routed_servers")
+    @app.get("/routed_servers")
     async def routed_servers():
         return {"servers": service.routed_servers()}
 

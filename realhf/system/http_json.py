@@ -29,23 +29,30 @@ class ServerUnavailableError(GenerationError):
 
 async def post_json(session: aiohttp.ClientSession, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
     """POST JSON, return the JSON answer; errors name the URL (and the server's message)."""
+    return await request_json(session, "POST", url, timeout, body)
+
+
+async def request_json(
+    session: aiohttp.ClientSession, method: str, url: str, timeout: float, body: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """`method` (GET, or POST with a JSON `body`), return the JSON answer; errors as `post_json`'s."""
     try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with session.request(method, url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             text = await r.text()
             if r.status in (502, 503):
-                raise ServerUnavailableError(f"POST {url} returned HTTP {r.status}: {text[:300]}", r.status)
+                raise ServerUnavailableError(f"{method} {url} returned HTTP {r.status}: {text[:300]}", r.status)
             if r.status != 200:
-                raise GenerationError(f"POST {url} returned HTTP {r.status}: {text[:300]}")
+                raise GenerationError(f"{method} {url} returned HTTP {r.status}: {text[:300]}")
     except asyncio.TimeoutError:
-        raise TimeoutError(f"POST {url}: no answer within {timeout:.1f}s") from None
+        raise TimeoutError(f"{method} {url}: no answer within {timeout:.1f}s") from None
     except aiohttp.ClientConnectionError as e:  # refused, reset, dropped mid-answer
-        raise ServerUnavailableError(f"POST {url} failed: {type(e).__name__}: {e}") from None
+        raise ServerUnavailableError(f"{method} {url} failed: {type(e).__name__}: {e}") from None
     except aiohttp.ClientError as e:
-        raise GenerationError(f"POST {url} failed: {type(e).__name__}: {e}") from None
+        raise GenerationError(f"{method} {url} failed: {type(e).__name__}: {e}") from None
     try:
         answer = json.loads(text)
     except ValueError:
-        raise GenerationError(f"POST {url} answered with non-JSON: {text[:200]!r}") from None
+        raise GenerationError(f"{method} {url} answered with non-JSON: {text[:200]!r}") from None
     if not isinstance(answer, dict):
-        raise GenerationError(f"POST {url} answered with {type(answer).__name__}, expected a JSON object")
+        raise GenerationError(f"{method} {url} answered with {type(answer).__name__}, expected a JSON object")
     return answer

@@ -27,7 +27,7 @@ from typing import Callable, List, Optional, Tuple
 import aiohttp
 
 from realhf.base import logging
-from realhf.system.http_json import GenerationError, ServerUnavailableError, post_json
+from realhf.system.http_json import GenerationError, ServerUnavailableError, request_json
 
 logger = logging.getLogger("manager_client")
 
@@ -52,12 +52,12 @@ class ManagerClient:
         self._resolve, self._wait_timeout, self._stopped = resolve, wait_timeout, stopped
         self.n_reconnects = 0
 
-    async def _post(self, endpoint: str, body: dict) -> Tuple[dict, bool]:
+    async def _post(self, endpoint: str, body: Optional[dict], method: str = "POST") -> Tuple[dict, bool]:
         """(answer, whether an earlier attempt of this call may have reached the manager)."""
         down_since, attempt = None, 0
         while True:
             try:
-                answer = await post_json(self._session(), f"{self.url}/{endpoint}", body, self.timeout)
+                answer = await request_json(self._session(), method, f"{self.url}/{endpoint}", self.timeout, body)
             except ServerUnavailableError as e:
                 if e.status is not None or self._resolve is None or self._wait_timeout <= 0 or self._stopped():
                     raise  # it answered (overloaded, no server): the caller's to handle
@@ -131,7 +131,7 @@ class ManagerClient:
     async def routed_servers(self) -> List[str]:
         """The generation servers the manager routes to now (one it dropped after failed health
         checks is not among them)."""
-        r, _ = await self._post("routed_servers", {})
+        r, _ = await self._post("routed_servers", None, method="GET")
         servers = r.get("servers")
         if not isinstance(servers, list):
             raise GenerationError(f"{self.url}/routed_servers answered {r!r}; expected {{servers: [...]}}")
