@@ -19,6 +19,7 @@ import typing
 from typing import Any, Iterable, Optional
 
 from realhf.api import algorithms, choices
+from realhf.api.arguments import check_arguments
 from realhf.api.cli_args import (
     AgentConfig,
     AsyncPPOMATHConfig,
@@ -284,7 +285,7 @@ def _check_class(f: _Fields, field: str, lookup) -> None:
 
 
 def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
-    from realhf.api.agent import agent_class
+    from realhf.api.agent import Agent, agent_class
 
     f = _Fields(c, prefix)
     f.need(
@@ -300,6 +301,10 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
     f.at_least("num_turns", 0, strict=True)
     f.at_least("reward_timeout", 0, strict=True)
     _check_class(f, "type", agent_class)
+    try:
+        check_arguments(agent_class(c.type), Agent, dict(c.args or {}), f.name("args"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if c.reward_fn:
         from realhf.impl.agent.math_single_step import load_reward_fn
 
@@ -310,7 +315,7 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
 
 
 def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
-    from realhf.api.env import env_class
+    from realhf.api.env import Environment, env_class
 
     check_numbers(c, prefix)
     f = _Fields(c, prefix)
@@ -318,6 +323,12 @@ def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
     f.timeout("grader_timeout")
     if c.type != "none":
         _check_class(f, "type", env_class)
+        try:
+            check_arguments(
+                env_class(c.type), Environment, dict(c.args or {}), f.name("args"), methods=("__init__", "open_shared")
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def env_required_fields(c: EnvConfig) -> tuple:

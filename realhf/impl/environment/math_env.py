@@ -23,9 +23,11 @@ from realhf.impl.environment.math_grader import MathGrader
 class MathEnv(Environment):
     required_fields = ("solutions",)
 
-    def __init__(self, row: Dict[str, Any], *, shared: Any = None, config: Any = None, **kwargs: Any):
+    def __init__(
+        self, row: Dict[str, Any], *, shared: Any = None, config: Any = None, check_work: bool = False, **kwargs: Any
+    ):
         super().__init__(row, shared=shared, config=config)
-        self.check_work = bool(getattr(config, "check_work", kwargs.get("check_work", False)))
+        self.check_work = bool(getattr(config, "check_work", check_work))
         self.solutions = list(row["solutions"])
         self._own_grader = shared is None  # made alone (a test, a script): grade with a pool of its own
         if self._own_grader:
