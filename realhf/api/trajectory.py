@@ -20,6 +20,7 @@ malformed message is rejected at the receiver instead of failing inside the trai
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -37,6 +38,26 @@ _INT32 = np.iinfo(np.int32)
 # and the whole optimizer step is skipped as non-finite, good groups with it. 1e15 leaves room
 # for 1e8 samples; no reward a task means to give is anywhere near it.
 MAX_ABS_REWARD = 1e15
+
+
+MAX_SAMPLE_METRICS = 32  # an agent's numbers per sample (Outcome.info)
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")  # safe as a metrics key in every sink
+
+
+def metrics_problem(metrics: Any) -> Optional[str]:
+    """Why a sample's `metrics` (an agent's Outcome.info) cannot travel and be logged, or None:
+    at most MAX_SAMPLE_METRICS names of letters, digits, `_ . -` mapping to finite numbers within
+    ±MAX_ABS_REWARD (bools count as 0/1)."""
+    if not isinstance(metrics, dict):
+        return f"must be a map of names to numbers, got {type(metrics).__name__}"
+    if len(metrics) > MAX_SAMPLE_METRICS:
+        return f"{len(metrics)} entries, at most {MAX_SAMPLE_METRICS}"
+    for k, v in metrics.items():
+        if not isinstance(k, str) or not METRIC_NAME.match(k):
+            return f"name {k!r:.80} is not a metric name (letters, digits, '_', '.', '-'; at most 64)"
+        if not isinstance(v, (int, float)) or isinstance(v, float) and not math.isfinite(v) or abs(v) > MAX_ABS_REWARD:
+            return f"{k}={v!r:.80} is not a finite number within ±{MAX_ABS_REWARD:g} (only numbers reach the metrics)"
+    return None
 
 
 def reward_problem(reward: Any) -> Optional[str]:
@@ -104,6 +125,7 @@ class Sample:
     reward: float
     no_eos: bool = False  # True when the answer was cut at max_new_tokens
     loss_mask: Optional[np.ndarray] = None  # None on construction: every output token is trained on
+    metrics: Dict[str, float] = field(default_factory=dict)  # the agent's numbers (Outcome.info), per sample
 
     def __post_init__(self):
         self.output_ids = _int_array(self.output_ids, "sample.output_ids")
@@ -120,12 +142,13 @@ class Sample:
                 )
 
     @classmethod
-    def _checked(cls, output_ids, logprobs, versions, reward, no_eos, loss_mask) -> "Sample":
+    def _checked(cls, output_ids, logprobs, versions, reward, no_eos, loss_mask, metrics=None) -> "Sample":
         """A Sample of fields `from_msg` has already checked (skips `__post_init__`: receiving
         a group builds thousands of these per second)."""
         s = cls.__new__(cls)
         s.output_ids, s.logprobs, s.versions, s.reward, s.no_eos = output_ids, logprobs, versions, reward, no_eos
         s.loss_mask = np.ones(len(output_ids), dtype=np.int32) if loss_mask is None else loss_mask
+        s.metrics = dict(metrics or {})
         return s
 
     def mask(self) -> np.ndarray:
@@ -177,6 +200,9 @@ class Trajectory:
                 return f"samples[{i}].logprobs has non-finite entries"
             if not len(s.output_ids):
                 return f"samples[{i}] has no generated tokens"
+            bad = metrics_problem(s.metrics)
+            if bad is not None:
+                return f"samples[{i}].metrics: {bad}"
         return None
 
     # ---- wire format --------------------------------------------------------------------------
@@ -239,7 +265,12 @@ class Trajectory:
             if not n:
                 raise TrajectoryFormatError(f"trajectory {sw}.output_ids: empty (a sample without generated tokens)")
             no_eos = bool(s.get("no_eos", False))
-            samples.append(Sample._checked(output_ids, logprobs, versions, float(reward), no_eos, loss_mask))
+            metrics = s.get("metrics") or {}
+            bad = metrics_problem(metrics)
+            if bad is not None:
+                raise TrajectoryFormatError(f"trajectory {sw}.metrics: {bad}")
+            metrics = {k: float(v) for k, v in metrics.items()}
+            samples.append(Sample._checked(output_ids, logprobs, versions, float(reward), no_eos, loss_mask, metrics))
         birth_time = msg.get("birth_time", 0.0)
         if not isinstance(birth_time, (int, float)) or isinstance(birth_time, bool) or not math.isfinite(birth_time):
             raise TrajectoryFormatError(
@@ -271,6 +302,8 @@ def _sample_msg(s: Sample) -> Dict[str, Any]:
     }
     if not s.loss_mask.all():
         msg["loss_mask"] = s.loss_mask
+    if s.metrics:
+        msg["metrics"] = dict(s.metrics)  # checked by `problem` before sending, and on receipt
     return msg
 
 

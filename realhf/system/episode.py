@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from realhf.api.agent import Agent, Completion, Outcome, as_outcome, keep_group, shape_reward
 from realhf.api.env import EnvFactory
-from realhf.api.trajectory import Sample, Trajectory
+from realhf.api.trajectory import Sample, Trajectory, metrics_problem
 from realhf.impl.dataset.prompt_encoding import has_chat_template, render_chat
 
 Messages = List[Dict[str, Any]]
@@ -146,7 +146,7 @@ class Gen:
             ids = head[end + 1 :] + ids
         return ids
 
-    def sample(self, reward: float) -> Sample:
+    def sample(self, reward: float, metrics: Optional[Dict[str, float]] = None) -> Sample:
         return Sample(
             output_ids=self.output_ids,
             logprobs=self.logprobs,
@@ -154,6 +154,7 @@ class Gen:
             reward=reward,
             no_eos=self.no_eos,
             loss_mask=self.loss_mask,
+            metrics=dict(metrics or {}),
         )
 
 
@@ -185,6 +186,15 @@ async def run_episode(
     if outcome is not None and gen.n_calls == 0:
         raise AgentError(f"agent {agent_name!r} returned a reward without generating anything (call `await gen()`)")
     return outcome
+
+
+def _agent_metrics(outcome: Outcome, agent: str) -> Dict[str, float]:
+    """The agent's Outcome.info as the sample's metrics (averaged per step into `agent/<name>`);
+    anything but numbers is the agent's error, named."""
+    bad = metrics_problem(outcome.info)
+    if bad is not None:
+        raise AgentError(f"agent {agent!r}: Outcome.info: {bad}")
+    return {k: float(v) for k, v in outcome.info.items()}
 
 
 async def run_group(
@@ -224,7 +234,10 @@ async def run_group(
         return None
     # rollout.agent.reward_bias is subtracted (what its config help says), the shaping adds: hence the sign.
     samples = [
-        g.sample(shape_reward(o.reward, agent_config.reward_scaling, -agent_config.reward_bias)) for g, o in episodes
+        g.sample(
+            shape_reward(o.reward, agent_config.reward_scaling, -agent_config.reward_bias), _agent_metrics(o, name)
+        )
+        for g, o in episodes
     ]
     return Trajectory(
         qid=qid,

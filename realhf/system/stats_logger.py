@@ -79,6 +79,14 @@ def step_metrics(
         "train_time_s": max((r.get("train_time_s", 0.0) for r in train_replies), default=0.0),
         "publish_time_s": max((r.get("publish_time_s", 0.0) for r in train_replies), default=0.0),
     }
+    # The agents' own numbers: the mean over the samples that reported each (Outcome.info).
+    sums: Dict[str, List[float]] = {}
+    for b in batches:
+        for k, (total, n) in b.get("agent_metrics", {}).items():
+            acc = sums.setdefault(k, [0.0, 0])
+            acc[0], acc[1] = acc[0] + total, acc[1] + n
+    for k, (total, n) in sorted(sums.items()):
+        m[f"agent/{k}"] = total / max(n, 1)
     # Train stats are already global (all-reduced) and identical on every rank.
     if train_replies:
         for k, v in train_replies[0].get("stats", {}).items():

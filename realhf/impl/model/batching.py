@@ -120,4 +120,15 @@ def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:
         "output_tokens": sum(len(s.output_ids) for s in samples),
         "head_offpolicyness": [int(version - g.version_start) for g in groups],
         "tail_offpolicyness": [int(version - g.version_end) for g in groups],
+        # The agents' own numbers (Outcome.info): sum and count per name, merged over DP ranks.
+        "agent_metrics": _metric_sums(samples),
     }
+
+
+def _metric_sums(samples) -> dict:
+    sums: dict = {}
+    for s in samples:
+        for k, v in s.metrics.items():
+            total, n = sums.get(k, (0.0, 0))
+            sums[k] = (total + float(v), n + 1)
+    return {k: [total, n] for k, (total, n) in sums.items()}

@@ -144,5 +144,7 @@ def test_the_tool_agent_trains_on_the_embedded_tool_task(tmp_path, no_leftover_p
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     assert any(m["success_rate"] > 0 for m in metrics)
+    # The agent's own numbers (Outcome.info) reach the metrics, averaged per step.
+    assert all(0.0 <= m["agent/tool_calls"] <= 2.0 and "agent/tool_errors" in m for m in metrics), metrics[-1]
     # Most episodes called the tool once, then answered.
     assert all(1.5 < g <= 2.0 for g in _generations_per_episode(log_dir)), _generations_per_episode(log_dir)

@@ -336,6 +336,37 @@ def test_none_drops_a_sample_and_an_all_dropped_group_is_not_pushed(tokenizer):
     assert asyncio.run(main(["skip"] * 3)) is None
 
 
+def test_an_outcomes_numbers_reach_the_sample_and_anything_else_is_the_agents_error(tokenizer):
+    class Counting(Agent):
+        def __init__(self, config=None, *, note=None, **kwargs):
+            super().__init__(config, **kwargs)
+            self.note = note
+
+        async def run_episode(self, row, gen, env):
+            await gen()
+            info = {"turns": 2, "solved": True} if self.note is None else {"note": self.note}
+            return Outcome(1.0, info=info)
+
+    async def main(agent):
+        return await run_group(
+            agent,
+            ROW,
+            prompt_ids(tokenizer),
+            qid="q@0",
+            client=ScriptedClient(tokenizer, ["a", "b"]),
+            envs=EnvFactory(EnvConfig(type="none")),
+            gconfig=GenerationHyperparameters(),
+            tokenizer=tokenizer,
+            agent_config=AgentConfig(type="counting"),
+            group_size=2,
+        )
+
+    traj = asyncio.run(main(Counting(AgentConfig())))
+    assert [s.metrics for s in traj.samples] == [{"turns": 2.0, "solved": 1.0}] * 2
+    with pytest.raises(AgentError, match=r"agent 'counting': Outcome.info: note='hi' is not a finite number"):
+        asyncio.run(main(Counting(AgentConfig(), note="hi")))
+
+
 # ---- rows and chat ----------------------------------------------------------------------------------
 
 

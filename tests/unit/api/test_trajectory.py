@@ -127,3 +127,32 @@ def test_a_group_the_trainer_would_refuse_is_named_by_problem_and_refused_by_fro
     assert re.search(says, t.problem())
     with pytest.raises(TrajectoryFormatError):  # the receiver's check agrees with the sender's
         Trajectory.from_msg(serialization.loads(serialization.dumps(t.to_msg())))
+
+
+# ---- an agent's own numbers (Outcome.info → Sample.metrics, issue 29 item 2) --------------------
+
+
+def test_a_samples_metrics_travel_and_come_back_as_floats():
+    t = Trajectory("q", [1], [Sample([4], [-0.5], [0], 1.0, metrics={"turns": 2, "solved": True, "x.y-z": 0.5})])
+    back = Trajectory.from_msg(serialization.loads(serialization.dumps(t.to_msg())))
+    assert back.samples[0].metrics == {"turns": 2.0, "solved": 1.0, "x.y-z": 0.5}
+    assert "metrics" not in Trajectory("q", [1], [Sample([4], [-0.5], [0], 1.0)]).to_msg()["samples"][0]
+
+
+@pytest.mark.parametrize(
+    "metrics, says",
+    [
+        ({"note": "hello"}, "note='hello' is not a finite number"),
+        ({"x": float("nan")}, "x=nan is not a finite number"),
+        ({"bad name": 1}, "name 'bad name' is not a metric name"),
+        ({f"m{i}": i for i in range(33)}, "33 entries, at most 32"),
+    ],
+)
+def test_metrics_that_are_not_numbers_are_refused_by_the_sender_and_the_receiver(metrics, says):
+    t = Trajectory("q", [1], [Sample([4], [-0.5], [0], 1.0, metrics=metrics)])
+    assert says in t.problem()
+    msg = serialization.loads(
+        serialization.dumps({**t.to_msg(), "samples": [{**t.to_msg()["samples"][0], "metrics": metrics}]})
+    )
+    with pytest.raises(TrajectoryFormatError, match=re.escape("samples[0].metrics: " + says)):
+        Trajectory.from_msg(msg)

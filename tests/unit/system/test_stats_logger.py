@@ -16,6 +16,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "output_tokens": 30,
                 "head_offpolicyness": [2],
                 "tail_offpolicyness": [1],
+                "agent_metrics": {"turns": [3.0, 2], "tool_calls": [1.0, 1]},
             }
         },
         {
@@ -29,6 +30,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "output_tokens": 10,
                 "head_offpolicyness": [0],
                 "tail_offpolicyness": [0],
+                "agent_metrics": {"turns": [5.0, 2]},
             }
         },
     ]
@@ -38,6 +40,8 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
     assert (m["head_offpolicyness_mean"], m["head_offpolicyness_max"]) == (1.0, 2)
     assert (m["tail_offpolicyness_mean"], m["tail_offpolicyness_max"]) == (0.5, 1)
     assert m["samples_per_s"] == 2.0 and m["gen_tokens_per_s"] == 20.0 and m["loss"] == 0.5
+    # The agents' own numbers: the mean over every sample that reported one, across the ranks.
+    assert m["agent/turns"] == 2.0 and m["agent/tool_calls"] == 1.0
     line = format_line(m)
     assert line.startswith("[bold]step 3[/bold] v5") and "head_stale 1.00 | /max 2" in line and "dropped 4" in line
 
