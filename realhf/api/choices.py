@@ -8,6 +8,7 @@ checks them against these tuples and the code that acts on a choice imports the 
 from realhf.base.allocation_mode import ENGINES
 from realhf.base.device import DEVICE_NAMES
 from realhf.base.dtypes import DTYPE_NAMES
+from realhf.base.placement import PLACEMENT_MODES
 
 GENERATION_BACKENDS = ENGINES  # the <engine> of allocation_mode: "native" or "sglang"
 NATIVE_ENGINE_KINDS = ("auto", "static_kv", "hf")
@@ -20,6 +21,7 @@ OPTIMIZERS = ("adam",)
 LR_SCHEDULES = ("constant", "cosine")
 TRAINER_BACKENDS = ("torch",)
 DEVICES = DEVICE_NAMES
+GPU_PLACEMENTS = PLACEMENT_MODES  # cluster.gpu_placement: "auto", "separate" or "shared"
 RECOVER_MODES = ("disabled", "auto", "resume")
 NAME_RESOLVE_BACKENDS = ("redis", "memory")
 WANDB_MODES = ("offline", "online")

@@ -135,12 +135,23 @@ class ClusterSpecConfig:
     )
     n_nodes: int = _f(
         1,
-        "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode is checked against n_nodes * n_gpus_per_node.",
+        "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode's processes are placed on n_nodes * n_gpus_per_node GPUs (gpu_placement).",
     )
-    n_gpus_per_node: int = _f(0, "GPUs per node; 0 on a CPU machine.")
+    n_gpus_per_node: int = _f(
+        0,
+        "GPUs per node; 0: the GPUs torch sees on this machine when device is 'cuda' or 'auto', none when it is 'cpu'.",
+    )
     device: str = _f(
         "auto",
-        "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' or 'cuda'.",
+        "Where the trainer and the native generation engine compute: 'auto' (a GPU when torch sees one, else the CPU), 'cpu' (the whole run on the CPU, also on a GPU node) or 'cuda'.",
+    )
+    gpu_placement: str = _f(
+        "auto",
+        "Which GPUs the generation servers and the trainer ranks get: 'separate' (servers on the first GPUs, the trainer on the next ones, each process with its GPUs alone), 'shared' (both from GPU 0; a GPU holding a server and a trainer rank splits its memory by gen_memory_fraction) or 'auto' (separate when the GPUs suffice, else shared).",
+    )
+    gen_memory_fraction: float = _f(
+        0.5,
+        "On a GPU shared by a generation server and a trainer rank (gpu_placement), the server's fraction of its memory (sglang: of that, sglang.mem_fraction_static for weights and KV cache); the trainer rank keeps the rest. In (0, 1).",
     )
     collective_timeout: float = _f(
         60.0,

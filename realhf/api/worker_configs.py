@@ -63,7 +63,11 @@ class GenerationServerConfig:
     tp_size: int = _f(1, "Tensor parallelism of the sglang backend (native: must be 1).")
     base_gpu_id: int = _f(
         0,
-        "This server's first GPU on its node (sglang: its first tensor-parallel GPU; native: its device). Unused on the CPU.",
+        "This server's first GPU on its node (realhf.base.placement; sglang: its first tensor-parallel GPU, the next tp_size - 1 follow; native: its device). Unused on the CPU, and where the launcher gives the process its own GPUs (Ray): then device 0.",
+    )
+    gpu_memory_fraction: float = _f(
+        1.0,
+        "Fraction of its GPUs' memory this server may use (realhf.base.placement): below 1 where it shares a GPU with a trainer rank (native: torch's per-process cap; sglang: scales sglang.mem_fraction_static).",
     )
     seed: int = same_as("seed", "Sampler seed; server i uses seed + i (overrides native.seed).")
     weight_version: int = _f(0, "Weight version reported until the first update_weights_from_disk.")
@@ -185,9 +189,13 @@ class ModelWorkerConfig:
     critic: ModelTrainEvalConfig = same_as("critic")
     ppo: PPOHyperparameters = same_as("ppo")
     device: str = same_as("cluster.device")
-    first_gpu: int = _f(
+    gpu: int = _f(
         0,
-        "GPU index of DP rank 0 on its node (rank r takes first_gpu + r); on one node the generation servers hold the GPUs before it. Unused on the CPU.",
+        "This DP rank's GPU on its node (realhf.base.placement). Unused on the CPU, and where the launcher gives the process its own GPU (Ray): then device 0.",
+    )
+    gpu_memory_fraction: float = _f(
+        1.0,
+        "Fraction of its GPU's memory this rank may use (torch's per-process cap; realhf.base.placement): below 1 where it shares the GPU with a generation server.",
     )
     run_dir: str = _f("./runs", "The trial's run directory: published_weights/, checkpoints/ and recover/ go under it.")
     bind_host: str = same_as("cluster.bind_host")

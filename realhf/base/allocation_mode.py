@@ -9,7 +9,8 @@ Grammar:
     engine = native (built-in engine, CPU or GPU) or sglang (SGLang servers, GPU).
 
 The first part describes the generation servers (`gen.dp` servers, each `tp·pp` devices), the
-second the trainer. Both parts are required.
+second the trainer. Both parts are required. Which GPUs each process gets is
+`realhf.base.placement`'s (cluster.gpu_placement).
 """
 
 from __future__ import annotations
@@ -87,10 +88,9 @@ class AllocationMode:
         gen, train = (_parse_strategy(value, half, role) for half, role in zip(halves, ("generation", "trainer")))
         return cls(engine, gen, train)
 
-    def validate(self, n_nodes: int, n_gpus_per_node: int) -> None:
-        """Check that this allocation can run on the cluster; raise AllocationModeError if not."""
-        if n_nodes < 1 or n_gpus_per_node < 0:
-            raise ValueError(f"need n_nodes >= 1 and n_gpus_per_node >= 0, got {n_nodes} and {n_gpus_per_node}")
+    def validate(self) -> None:
+        """Check what the engines and the trainer support; raise AllocationModeError if not. (Whether
+        the processes fit the cluster's GPUs: `realhf.base.placement`.)"""
 
         def fail(problem: str) -> None:
             raise AllocationModeError(str(self), problem, show_grammar=False)
@@ -105,20 +105,6 @@ class AllocationMode:
                 f"the trainer part needs m1 p1 (got m{self.train.tp} p{self.train.pp}): trainer tensor and "
                 f"pipeline parallelism (Megatron-core TP/PP) is not built yet, the trainer runs FSDP2 data "
                 f"parallelism only; use d{self.train.world_size}m1p1"
-            )
-        if n_gpus_per_node == 0:
-            if self.gen_engine != "native":
-                fail(
-                    f"the {self.gen_engine} engine needs GPUs but n_gpus_per_node=0; "
-                    f"on a CPU machine use the native engine, e.g. 'native.{self.gen}+{self.train}'"
-                )
-            return
-        n_devices = n_nodes * n_gpus_per_node
-        used = self.gen.world_size + self.train.world_size
-        if used > n_devices:
-            fail(
-                f"needs {self.gen.world_size} GPUs for generation + {self.train.world_size} for the "
-                f"trainer = {used}, but the cluster has {n_nodes} node(s) × {n_gpus_per_node} GPUs = {n_devices}"
             )
 
 

@@ -38,11 +38,29 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(_GPU, local_rank)
 
 
+def why_device(name: str, device: torch.device) -> str:
+    """Why `pick_device(name, ...)` gave `device`, for the one log line each process writes."""
+    if name == "cpu":
+        return "cluster.device=cpu"
+    if device.type == "cpu":
+        return f"cluster.device={name} and torch {torch.__version__} sees no GPU"
+    n = torch.cuda.device_count()
+    return f"cluster.device={name}: torch {torch.__version__} sees {n} GPU{'s' if n != 1 else ''}, {torch.cuda.get_device_name(device)}"
+
+
 def bind_device(device: torch.device) -> None:
     """Make `device` this process's current GPU (FSDP's device mesh and NCCL use the current
     one); nothing to do on the CPU."""
     if device.type == _GPU:
         torch.cuda.set_device(device)
+
+
+def cap_memory(device: torch.device, fraction: float) -> None:
+    """Hold this process to `fraction` of `device`'s memory: its share of a GPU it shares with
+    another process (realhf.base.placement), so neither starves the other. Nothing to do on the
+    CPU or with a GPU of its own (fraction 1)."""
+    if device.type == _GPU and fraction < 1.0:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
 def dist_backend(device: torch.device) -> str:

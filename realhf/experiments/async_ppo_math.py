@@ -9,7 +9,9 @@ naming the field, before a process starts) and turns it into the launcher's `Wor
     evaluator × 1, only when exp_ctrl.eval_freq_steps > 0
 
 Each worker config is derived here and nowhere else: a fact of the root tree reaches every
-worker that needs it with the root's value.
+worker that needs it with the root's value. The GPU of every generation server and trainer rank,
+and its memory share, come from one placement (`realhf.experiments.gpu_layout`, cluster.gpu_placement),
+logged once per role.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
 from realhf.api.worker_configs import (
@@ -29,10 +31,12 @@ from realhf.api.worker_configs import (
     ModelWorkerConfig,
     RolloutWorkerConfig,
 )
-from realhf.base import trial_files
+from realhf.base import logging, trial_files
 from realhf.base.network import redact_url
+from realhf.base.placement import Slot
 from realhf.base.trial_files import TrialFiles
 from realhf.experiments.file_validation import server_context
+from realhf.experiments.gpu_layout import run_placement
 from realhf.experiments.validate import validate_experiment
 from realhf.experiments.validation import ConfigError, rollouts_per_worker
 from realhf.experiments.worker_validation import validate_worker_config
@@ -42,6 +46,8 @@ from realhf.scheduler.worker_spec import WorkerSpec
 from realhf.system.stats_logger import EVAL_METRICS_FILE
 
 __all__ = ["ConfigError", "initial_setup", "resume_point", "resumed_from", "trial_files_of", "total_train_steps"]
+
+logger = logging.getLogger("async_ppo_math")
 
 
 def trial_files_of(cfg: AsyncPPOMATHConfig) -> TrialFiles:
@@ -123,10 +129,23 @@ def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version
     )
 
 
+def ray_gpus(slots: Sequence[Slot]) -> float:
+    """The GPUs one worker of a role asks Ray for: its whole GPUs, or the fraction of its one GPU
+    it may use (under Ray every slot of a role has the same: gpu_layout.run_placement). A float,
+    never rounded: Ray packs two workers of 0.5 onto one GPU."""
+    slot = slots[0]
+    if not slot.gpus:
+        return 0
+    return slot.memory_fraction if slot.memory_fraction < 1 else float(len(slot.gpus))
+
+
 def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     """The worker processes of one trial, with their configs; raises ConfigError first if the
     config cannot run."""
     alloc = validate_experiment(cfg)
+    placement = run_placement(cfg, alloc)  # the GPUs of every server and trainer rank, decided once
+    for line in placement.describe():
+        logger.info(line)
     files = trial_files_of(cfg)
     point = resume_point(cfg)
     resume = point[1] if point else {}
@@ -144,12 +163,13 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
             native=dataclasses.replace(cfg.gen_server.native),
             sglang=dataclasses.replace(cfg.gen_server.sglang),
             tp_size=alloc.gen.tp,
-            base_gpu_id=i * alloc.gen.tp * alloc.gen.pp,
+            base_gpu_id=slot.gpus[0] if slot.gpus else 0,
+            gpu_memory_fraction=slot.memory_fraction,
             seed=cfg.seed,
             # a restarted server loads the current weights from here
             weights_root=str(trial_files.published_weights_dir(files.run_dir, "actor")),
         )
-        for i in range(alloc.gen.dp)
+        for slot in placement.servers
     ]
     manager = GserverManagerConfig(
         host=host,
@@ -189,7 +209,6 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         critic=cfg.critic,
         ppo=cfg.ppo,
         device=cfg.cluster.device,
-        first_gpu=alloc.gen.dp * alloc.gen.tp * alloc.gen.pp,
         run_dir=files.run_dir,
         bind_host=host,
         max_head_offpolicyness=cfg.max_head_offpolicyness,
@@ -230,9 +249,13 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         )
         for i in range(cfg.rollout.n_workers)
     ]
-    # What each worker holds on a Ray cluster: its torch threads as CPUs, its GPUs; the others
-    # (master, manager, rollout workers) mostly wait on sockets and hold none.
-    gpus = cfg.cluster.n_gpus_per_node > 0 and cfg.cluster.device != "cpu"
+    models = [
+        dataclasses.replace(model, gpu=slot.gpus[0] if slot.gpus else 0, gpu_memory_fraction=slot.memory_fraction)
+        for slot in placement.trainer
+    ]
+    # What each worker holds on a Ray cluster: its torch threads as CPUs, its GPUs (a fraction of
+    # one where it shares it); the others (master, manager, rollout workers) mostly wait on
+    # sockets and hold none.
     server_cpus = cfg.gen_server.native.n_threads if alloc.gen_engine == "native" else 1
     specs = [
         WorkerSpec(
@@ -240,16 +263,16 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
             alloc.gen.dp,
             gen_servers,
             cpus=server_cpus,
-            gpus=alloc.gen.tp * alloc.gen.pp if gpus else 0,
+            gpus=ray_gpus(placement.servers),
             placement_group=True,
         ),
         WorkerSpec("gserver_manager", 1, [manager]),
         WorkerSpec(
             "model_worker",
             alloc.train.dp,
-            [model] * alloc.train.dp,
+            models,
             cpus=cfg.actor.n_threads,
-            gpus=1 if gpus else 0,
+            gpus=ray_gpus(placement.trainer),
             placement_group=True,
         ),
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),

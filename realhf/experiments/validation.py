@@ -41,6 +41,7 @@ from realhf.api.cli_args import (
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
+from realhf.experiments.gpu_layout import run_placement
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 from realhf.system.push_pull_stream import grouping
 
@@ -522,6 +523,38 @@ def check_known_keys(obj: Any, prefix: str = "") -> None:
         check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name)
 
 
+def check_gpu_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
+    """cluster.gpu_placement and gen_memory_fraction, and whether allocation_mode's processes fit
+    the cluster's GPUs that way (realhf.experiments.gpu_layout)."""
+    f = _Fields(cfg)
+    f.choice("cluster.gpu_placement", choices.GPU_PLACEMENTS)
+    fraction = cfg.cluster.gen_memory_fraction
+    f.need(
+        0 < fraction < 1,
+        f"cluster.gen_memory_fraction must lie in (0, 1) (the generation server's part of a GPU it shares with "
+        f"a trainer rank, which keeps the rest), got {fraction}",
+    )
+    f.need(
+        alloc.gen_engine == "native" or cfg.cluster.device != "cpu",
+        f"allocation_mode={cfg.allocation_mode!r}: the {alloc.gen_engine} engine runs on GPUs, but cluster.device=cpu "
+        "keeps the whole run on the CPU; use cluster.device=auto or cuda, or the native engine",
+    )
+    try:
+        placement = run_placement(cfg, alloc)
+    except ValueError as e:
+        raise ConfigError(f"allocation_mode: {e}") from None
+    if cfg.cluster.launcher == "ray":
+        for i, slot in enumerate(placement.servers):
+            # Ray hands out a fraction of one GPU, or whole GPUs: not a part of each of several.
+            f.need(
+                len(slot.gpus) <= 1 or slot.memory_fraction == 1,
+                f"cluster.launcher=ray: generation server {i} would share its {len(slot.gpus)} GPUs (m{alloc.gen.tp} "
+                f"p{alloc.gen.pp}) with trainer ranks (cluster.gpu_placement={cfg.cluster.gpu_placement} placed them "
+                f"{placement.mode}), but Ray lends a fraction of one GPU only; use cluster.gpu_placement=separate "
+                "with enough GPUs, or servers of one GPU (m1p1)",
+            )
+
+
 def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     """Raise ConfigError naming the first value that cannot work; return the parsed allocation.
     (The files it names and the shapes that tie values together: `realhf.experiments.validate`.)"""
@@ -532,7 +565,7 @@ def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     f.at_least("cluster.n_gpus_per_node", 0)
     try:
         alloc = AllocationMode.parse(cfg.allocation_mode)
-        alloc.validate(cfg.cluster.n_nodes, cfg.cluster.n_gpus_per_node)
+        alloc.validate()
     except ValueError as e:
         raise ConfigError(f"allocation_mode: {e}") from None
     f.choice("cluster.launcher", LAUNCHERS)
@@ -554,6 +587,7 @@ def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)
+    check_gpu_placement(cfg, alloc)
 
     for name in ("group_size", "groups_per_step", "max_concurrent_rollouts", "rollout.n_workers"):
         f.at_least(name, 0, strict=True)

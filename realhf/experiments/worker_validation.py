@@ -31,6 +31,11 @@ from realhf.experiments.validation import (
 )
 
 
+def _check_gpu_share(f: _Fields) -> None:
+    share = f.value("gpu_memory_fraction")
+    f.need(0 < share <= 1, f"{f.name('gpu_memory_fraction')} must lie in (0, 1], got {share}")
+
+
 def _check_generation_server(c: GenerationServerConfig) -> None:
     f = _Fields(c, "generation_server")
     f.choice("backend", choices.GENERATION_BACKENDS)
@@ -43,6 +48,8 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
         f"generation_server.tp_size must be 1 with backend=native, got {c.tp_size}",
     )
     f.within("port", 0, 65535)
+    f.at_least("base_gpu_id", 0)
+    _check_gpu_share(f)
     for name in ("startup_timeout", "health_check_interval", "health_timeout", "keepalive_ttl"):
         f.at_least(name, 0, strict=True)
     f.at_least("max_health_failures", 1)
@@ -83,6 +90,8 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_lora_reference(c.actor, c.ref, c.ppo)
     check_ppo(c.ppo)
     check_device(c.device, f.name("device"))
+    f.at_least("gpu", 0)
+    _check_gpu_share(f)
     if adv_estimator(c.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(c.critic.path, c.actor.path)
     f.at_least("max_head_offpolicyness", 0)

@@ -46,7 +46,7 @@ class Evaluator(Worker):
         os.nice(cfg.nice)  # first: the engine's and the grader's threads and processes inherit it
         import torch
 
-        from realhf.base.device import pick_device
+        from realhf.base.device import pick_device, why_device
         from realhf.impl.dataset.prompt_dataset import load_prompts
         from realhf.impl.environment.math_grader import MathGrader
         from realhf.impl.inference.batch_generate import engine_generate_fn
@@ -70,8 +70,10 @@ class Evaluator(Worker):
 
         self._rows = load_prompts(cfg.test_path, columns=cfg.columns, split=cfg.test_split)[: cfg.n_prompts]
         native = dataclasses.replace(cfg.native, n_threads=cfg.n_threads, max_running_requests=cfg.batch_size)
+        device = pick_device(cfg.device)
+        self.logger.info(f"evaluation engine on {device} ({why_device(cfg.device, device)})")
         self._engine = create_engine_from_config(
-            cfg.model_path, native, seed=cfg.seed, name=self.name, device=pick_device(cfg.device)
+            cfg.model_path, native, seed=cfg.seed, name=self.name, device=device
         ).start()
         # Bounded: an engine that stopped answering fails this evaluation (and the worker, which restarts).
         self._generate = engine_generate_fn(self._engine, timeout=cfg.answer_timeout)

@@ -5,7 +5,8 @@
                else `model_path` at `weight_version`
                start the backend on `host` and a free port
                native: the built-in engine thread + uvicorn (realhf.impl.inference) in this process,
-                       on `pick_device(device, base_gpu_id)`: weights, cache and steps all there
+                       on `pick_device(device, base_gpu_id)`: weights, cache and steps all there,
+                       held to `gpu_memory_fraction` of a GPU it shares with a trainer rank
                sglang: `python -m sglang.launch_server` as a child process, wait for /health
                then register `http://host:port` under gen_servers/ (keep-alive key)
     loop:      check every `health_check_interval` s that the backend is alive and answers: a
@@ -106,13 +107,20 @@ class GenerationServer(Worker):
         raise AssertionError("unreachable")
 
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
-        from realhf.base.device import bind_device, pick_device
+        from realhf.base.device import bind_device, cap_memory, pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
         from realhf.impl.inference.server_app import create_app
         from realhf.system.http_thread import HttpServerThread
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
         bind_device(device)
+        cap_memory(device, cfg.gpu_memory_fraction)  # a GPU shared with a trainer rank: our part of it
+        share = (
+            f", {cfg.gpu_memory_fraction:g} of its memory"
+            if device.type != "cpu" and cfg.gpu_memory_fraction < 1
+            else ""
+        )
+        self.logger.info(f"native engine on {device}{share} ({why_device(cfg.device, device)})")
         self._engine = create_engine_from_config(
             cfg.model_path, cfg.native, weight_version=cfg.weight_version, seed=seed, name=self.name, device=device
         ).start()
@@ -146,6 +154,7 @@ class GenerationServer(Worker):
             cfg.sglang,
             tp_size=cfg.tp_size,
             base_gpu_id=0 if self.ctx.gpus_assigned else cfg.base_gpu_id,
+            gpu_share=cfg.gpu_memory_fraction,
             seed=seed,
             api_key_file=key_file,
         )

@@ -35,7 +35,7 @@ from realhf.api.train_batch import TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
-from realhf.base.device import bind_device, dist_backend, pick_device
+from realhf.base.device import bind_device, cap_memory, dist_backend, pick_device, why_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
 from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
 from realhf.impl.model.batching import batch_summary, pack_trajectories
@@ -77,11 +77,12 @@ class ModelWorker(Worker):
             puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg, name=f"dp{self.dp_rank}-stream"
         )
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
-        # On one node the generation servers hold the first GPUs; DP rank r takes first_gpu + r,
-        # unless the launcher gave the process its own GPUs (Ray): then it is device 0.
-        local_rank = 0 if self.ctx.gpus_assigned else cfg.first_gpu + self.dp_rank
+        # The placement's GPU (realhf.base.placement), unless the launcher gave the process its
+        # own GPU (Ray): then it is device 0. A GPU shared with a generation server caps our memory.
+        local_rank = 0 if self.ctx.gpus_assigned else cfg.gpu
         self.device = pick_device(cfg.device, local_rank)
         bind_device(self.device)
+        cap_memory(self.device, cfg.gpu_memory_fraction)
         self._init_distributed()
 
         t0 = time.monotonic()
@@ -108,8 +109,13 @@ class ModelWorker(Worker):
             )
         else:
             sizes += " params"
+        share = (
+            f" ({cfg.gpu_memory_fraction:g} of its memory)"
+            if self.device.type != "cpu" and cfg.gpu_memory_fraction < 1
+            else ""
+        )
         self.logger.info(
-            f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}: {sizes} "
+            f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}{share} ({why_device(cfg.device, self.device)}): {sizes} "
             f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
             f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}"
         )

@@ -47,7 +47,7 @@ class WorkerContext:
     # (single-process tests that build workers by hand).
     secret: str = ""
     # The launcher narrowed CUDA_VISIBLE_DEVICES to this worker's own GPUs (Ray does, per actor):
-    # its first GPU is device 0 whatever first_gpu/base_gpu_id say. Unused on the CPU.
+    # its first GPU is device 0 whatever the config's gpu/base_gpu_id say. Unused on the CPU.
     gpus_assigned: bool = False
 
 

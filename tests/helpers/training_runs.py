@@ -57,11 +57,14 @@ def trial_processes(marker: str):
 
 
 def training_command(tmp_path, trial, *overrides):
+    # The suite's expectations are CPU numbers: on a machine with a GPU, `auto` would take it.
+    device = [] if any(o.startswith("cluster.device=") for o in overrides) else ["cluster.device=cpu"]
     return [
         sys.executable,
         "training/main_async_ppo.py",
         f"trial_name={trial}",
         f"cluster.fileroot={tmp_path}",
+        *device,
         *overrides,
     ]
 

@@ -55,7 +55,7 @@ from torch.distributed.tensor import DTensor
 from realhf.api.cli_args import ModelTrainEvalConfig
 from realhf.api.engine_api import LossFn, LossWeightFn, OutputFn, TrainEngine
 from realhf.api.train_batch import TrainBatch
-from realhf.base import collectives
+from realhf.base import collectives, memory_budget
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
@@ -140,6 +140,16 @@ class FSDPEngine(TrainEngine):
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
         if self.sharded:
             self._shard(model, mp or MixedPrecisionPolicy())
+        shards = self.world_size if self.sharded else 1
+        memory_budget.check_device_fits(
+            f"the {self.config.name} engine ({self.config.model.path}: weights"
+            + (", gradients and AdamW states" if self.config.trainable else "")
+            + f" over {shards} FSDP shard(s))",
+            memory_budget.trainer_bytes(model, self.config.trainable, shards),
+            self.device,
+            "raise the trainer's data parallelism in allocation_mode (FSDP2 shards all of it over the ranks), "
+            "train LoRA adapters (actor.lora.r), or give the trainer more of a shared GPU (cluster.gen_memory_fraction)",
+        )
         model.to(self.device)
         self.model = model.train(self.config.trainable)
         if self.config.trainable:

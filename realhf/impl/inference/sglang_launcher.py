@@ -42,6 +42,7 @@ def build_sglang_command(
     *,
     tp_size: int = 1,
     base_gpu_id: int = 0,
+    gpu_share: float = 1.0,
     seed: int = 1,
     python: str = sys.executable,
     api_key_file: str = "",
@@ -49,13 +50,18 @@ def build_sglang_command(
     """The `python -m sglang.launch_server ...` argv. Optional SGLang fields are passed only when
     set away from their "SGLang's default" value, so SGLang keeps choosing them itself. With
     `api_key_file` (the run's secret, in an owner-only file) the server requires the key, handed
-    over by `realhf.impl.inference.sglang_entry` so that it is on no command line."""
+    over by `realhf.impl.inference.sglang_entry` so that it is on no command line. `gpu_share`
+    is the server's part of GPUs it shares with a trainer rank (realhf.base.placement):
+    `config.mem_fraction_static` is a fraction of a whole GPU, so SGLang gets that much of its
+    share, and its activations stay inside the share too."""
     if not model_path:
         raise ValueError("sglang backend: model_path is empty")
     if tp_size < 1:
         raise ValueError(f"sglang backend: tp_size must be >= 1, got {tp_size}")
     if base_gpu_id < 0:
         raise ValueError(f"sglang backend: base_gpu_id must be >= 0, got {base_gpu_id}")
+    if not 0 < gpu_share <= 1:
+        raise ValueError(f"sglang backend: gpu_share must lie in (0, 1], got {gpu_share}")
     entry = (
         ["realhf.impl.inference.sglang_entry", "--api-key-file", api_key_file]
         if api_key_file
@@ -79,7 +85,7 @@ def build_sglang_command(
         "--port",
         str(port),
         "--mem-fraction-static",
-        str(config.mem_fraction_static),
+        f"{config.mem_fraction_static * gpu_share:.6g}",
         "--dtype",
         config.dtype,
         "--kv-cache-dtype",

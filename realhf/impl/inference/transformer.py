@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from realhf.base.memory_budget import check_device_fits
 from realhf.impl.inference.decode_attention import decode_mask, resolve_attention, torch_decode_attention
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -309,22 +310,19 @@ def mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
 
 
 def check_cache_fits(shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    """A KV cache larger than the host's free memory fails here, naming the settings that size it,
-    rather than as an allocator error (a 30-layer model at its 8192-token context and 256 slots
-    asks for tens of GB)."""
-    if device.type != "cpu":
-        return
-    import psutil
-
+    """A KV cache larger than the device's free memory (a GPU's: this process's share of it) fails
+    here, naming the settings that size it, rather than as an allocator error (a 30-layer model
+    at its 8192-token context and 256 slots asks for tens of GB)."""
+    n_layers, n_slots, _, context_len, _ = shape
     need = 2 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    free = psutil.virtual_memory().available
-    if need > 0.8 * free:
-        n_layers, n_slots, _, context_len, _ = shape
-        raise MemoryError(
-            f"the KV cache of {n_slots} slots x {context_len} tokens x {n_layers} layers needs {need / 2**30:.1f} GiB, "
-            f"this host has {free / 2**30:.1f} GiB free: lower gen_server.native.context_length (0 = the model's "
-            f"max_position_embeddings) or gen_server.native.max_running_requests"
-        )
+    check_device_fits(
+        f"the KV cache of {n_slots} slots x {context_len} tokens x {n_layers} layers",
+        need,
+        device,
+        "lower gen_server.native.context_length (0 = the model's max_position_embeddings) or "
+        "gen_server.native.max_running_requests"
+        + ("; on a GPU shared with the trainer, raise cluster.gen_memory_fraction" if device.type == "cuda" else ""),
+    )
 
 
 class StaticKVTransformer:

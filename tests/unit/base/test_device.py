@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from realhf.base.device import dist_backend, pick_device
+from realhf.base.device import cap_memory, dist_backend, pick_device
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts what a machine without a GPU does")
 
@@ -33,3 +33,13 @@ def test_the_cpu_collectives_run_on_gloo():
 
 def test_gpu_collectives_run_on_nccl():
     assert dist_backend(torch.device("cuda", 0)) == "nccl"
+
+
+def test_a_shared_gpu_caps_this_process_memory_and_a_whole_one_or_the_cpu_does_not(monkeypatch):
+    capped = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: capped.append((f, d)))
+    cap_memory(torch.device("cuda", 1), 0.5)
+    assert capped == [(0.5, torch.device("cuda", 1))]
+    cap_memory(torch.device("cuda", 0), 1.0)  # its GPU alone
+    cap_memory(torch.device("cpu"), 0.5)  # the CPU has no cap
+    assert len(capped) == 1

@@ -20,3 +20,9 @@ def test_a_worker_holds_its_threads_gpus_and_custom_resources(tmp_path):
     assert launcher.bundle(WorkerSpec("model_worker", 2, cpus=2, gpus=1)) == {"CPU": 2.0, "GPU": 1.0, "node_b": 1.0}
     # Ray refuses an empty bundle: a worker that declares no CPU holds a sliver of one.
     assert launcher.bundle(WorkerSpec("master_worker", 1)) == {"CPU": 0.01}
+
+
+def test_a_shared_gpu_is_asked_for_as_a_fraction_not_rounded(tmp_path):
+    launcher = RayLauncher("e", "t", str(tmp_path))
+    assert launcher.bundle(WorkerSpec("generation_server", 1, cpus=1, gpus=0.5)) == {"CPU": 1.0, "GPU": 0.5}
+    assert launcher.bundle(WorkerSpec("model_worker", 1, cpus=1, gpus=0.25))["GPU"] == 0.25

@@ -120,11 +120,13 @@ def test_config_errors_name_the_field(change, field):
 
 def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_index(monkeypatch, qwen_path):
     # The worker's own wiring, without a launcher: the device object pick_device returns for
-    # (cfg.device, cfg.base_gpu_id) is the one the engine and its runner hold.
+    # (cfg.device, cfg.base_gpu_id) is the one the engine and its runner hold, capped at the
+    # config's gpu_memory_fraction.
     import torch
 
     from helpers.native_server import held_tensors
     from realhf.base import device as device_module
+    from realhf.base import logging
     from realhf.system.generation_server import GenerationServer
 
     cpu, asked = torch.device("cpu"), []
@@ -134,18 +136,23 @@ def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_
         return cpu
 
     monkeypatch.setattr(device_module, "pick_device", pick)
+    capped = []
+    monkeypatch.setattr(device_module, "cap_memory", lambda device, fraction: capped.append((device, fraction)))
     cfg = GenerationServerConfig(
         model_path=qwen_path,
         device="cpu",
         base_gpu_id=3,
+        gpu_memory_fraction=0.5,
         native=NativeEngineConfig(max_running_requests=4, context_length=64),
     )
     server = GenerationServer.__new__(GenerationServer)  # no worker context needed for _start_native
     server.name = "generation_server/0"
+    server.logger = logging.getLogger(server.name)
     server.ctx = WorkerContext(experiment_name=EXP, trial_name="device", worker_type="generation_server")
     try:
         port = server._start_native(cfg, seed=1)
         assert asked == [("cpu", 3)]
+        assert capped == [(cpu, 0.5)]  # the placement's share of a GPU it would share with the trainer
         assert server._engine.device is cpu and server._engine.runner.device is cpu
         assert all(t.device == cpu for _, t in held_tensors(server._engine))
         out = generate(f"http://127.0.0.1:{port}", [5, 6, 7], max_new_tokens=4, temperature=0.0, ignore_eos=True)

@@ -57,6 +57,16 @@ def test_command_refuses_bad_values_naming_the_field():
         build_sglang_command("", "h", 1, SGLangConfig())
     with pytest.raises(ValueError, match="tp_size"):
         build_sglang_command("/m", "h", 1, SGLangConfig(), tp_size=0)
+    with pytest.raises(ValueError, match=r"gpu_share must lie in \(0, 1\], got 0"):
+        build_sglang_command("/m", "h", 1, SGLangConfig(), gpu_share=0)
+
+
+def test_a_server_sharing_its_gpus_with_the_trainer_keeps_its_static_memory_inside_its_share():
+    # mem_fraction_static is of a whole GPU; with half a GPU, SGLang gets 0.8 of that half.
+    cmd = build_sglang_command("/m", "h", 1, SGLangConfig(mem_fraction_static=0.8), gpu_share=0.5)
+    assert flag(cmd, "--mem-fraction-static") == "0.4"
+    cmd = build_sglang_command("/m", "h", 1, SGLangConfig(mem_fraction_static=0.85), gpu_share=1.0)
+    assert flag(cmd, "--mem-fraction-static") == "0.85"
 
 
 def _process(tmp_path, env, timeout=30.0, cfg=None):
