@@ -2,7 +2,8 @@
 
 Everything a run writes goes under `cluster.fileroot` (docs/architecture.md §11):
 
-    logs/<experiment>/<trial>/        <type>-<index>.log, configs/, metrics.jsonl, accuracy.json
+    logs/<experiment>/<trial>/        <type>-<index>.log, configs/, metrics.jsonl, accuracy.json,
+                                      completions.jsonl (stats.log_completions > 0)
     runs/<experiment>/<trial>/        the run directory:
         published_weights/<role>/<v>/   weights the generation servers load (HF dir, atomic rename)
         checkpoints/<role>/version<v>/  saves (exp_ctrl.save_freq_steps and the final one)
@@ -53,6 +54,21 @@ class TrialFiles:
 def metrics_path(log_dir: str) -> str:
     """One JSON object per completed train step, written by the master."""
     return os.path.join(log_dir, "metrics.jsonl")
+
+
+def completions_path(log_dir: str) -> str:
+    """A few decoded samples per train step (`stats.log_completions`), one JSON object each with
+    its step, written by the master (realhf.impl.completion_log)."""
+    return os.path.join(log_dir, "completions.jsonl")
+
+
+def read_completions(log_dir: str) -> List[dict]:
+    """The rows of `completions.jsonl` under `log_dir` ([] when none were logged)."""
+    path = completions_path(str(log_dir))
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def read_metrics(log_dir: str) -> List[dict]:

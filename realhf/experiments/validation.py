@@ -42,6 +42,7 @@ from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
 from realhf.experiments.gpu_layout import run_placement
+from realhf.impl.completion_log import MAX_LOG_COMPLETIONS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 from realhf.system.push_pull_stream import grouping
 
@@ -487,6 +488,7 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
             f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'",
         )
     f.within("prometheus_port", 0, 65535)
+    f.within("log_completions", 0, MAX_LOG_COMPLETIONS)
 
 
 def check_sft(c: SFTConfig) -> None:
@@ -653,6 +655,12 @@ def check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
         cfg.ppo.ppo_n_minibatches <= samples_per_rank,
         f"ppo.ppo_n_minibatches={cfg.ppo.ppo_n_minibatches} exceeds the {samples_per_rank} samples a DP rank trains on "
         "per step (groups_per_step x group_size / DP): some minibatches would be empty",
+    )
+    # DP rank 0 picks the logged samples from its own share (no other rank's text travels).
+    need(
+        cfg.stats.log_completions <= samples_per_rank,
+        f"stats.log_completions={cfg.stats.log_completions} exceeds the {samples_per_rank} samples DP rank 0 trains "
+        "per step (groups_per_step x group_size / DP), which it picks them from: lower it",
     )
     # Starvation: a DP rank waits for B/dp groups, all of which come from its own rollout
     # workers; if those may not keep that many in flight, the step never fills.

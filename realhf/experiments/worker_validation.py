@@ -28,6 +28,7 @@ from realhf.experiments.validation import (
     check_model,
     check_native_engine,
     check_ppo,
+    check_stats,
 )
 
 
@@ -111,6 +112,7 @@ def _check_master(c: MasterWorkerConfig) -> None:
     f.at_least("total_train_steps", 0, strict=True)
     check_exp_ctrl(c.exp_ctrl)
     check_ppo(c.ppo)
+    check_stats(c.stats, "master_worker.stats")
 
 
 def _check_evaluator(c: EvaluatorConfig) -> None:

@@ -19,14 +19,22 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
-from realhf.base.trial_files import metrics_path, read_metrics
+from realhf.base.trial_files import completions_path, metrics_path, read_metrics
 from realhf.impl import dp_balance
+from realhf.impl.completion_log import console_lines
 from realhf.impl.model.step_calls import step_calls
 from realhf.impl.staleness import dp_shares, resumed_accepted
 from realhf.system import stall_report
 from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
 from realhf.system.request_reply_stream import MasterStream
-from realhf.system.stats_logger import TRAINED_QIDS_FILE, StatsLogger, TrainedQidsLog, step_metrics, truncate_metrics
+from realhf.system.stats_logger import (
+    TRAINED_QIDS_FILE,
+    CompletionsLog,
+    StatsLogger,
+    TrainedQidsLog,
+    step_metrics,
+    truncate_metrics,
+)
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
@@ -78,6 +86,9 @@ class MasterWorker(Worker):
         # killed-and-resumed run neither repeats nor skips a prompt; resumed steps lose theirs too.
         self._qids_log = TrainedQidsLog(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE), last_step=self.version)
         self._trained = self._read_trained(os.path.join(cfg.log_dir, TRAINED_QIDS_FILE))
+        self._completions: Optional[CompletionsLog] = None
+        if cfg.stats.log_completions > 0:
+            self._completions = CompletionsLog(completions_path(cfg.log_dir), last_step=self.version)
         if self.version > 0:
             self.logger.info(
                 f"resuming after step {self.version} (recovery checkpoint); metrics.jsonl keeps {kept} steps"
@@ -220,9 +231,11 @@ class MasterWorker(Worker):
     def _run_step(self) -> None:
         cfg = self.config
         wait_s = self._wait_for_data()
-        fetched = self._stream.call_all(
-            "fetch", per_worker_data={i: {"take": s} for i, s in enumerate(self.shares)}, timeout=cfg.request_timeout
-        )
+        take = {i: {"take": s} for i, s in enumerate(self.shares)}
+        if cfg.stats.log_completions:
+            # DP rank 0 decodes the step's logged samples from its share (realhf.impl.completion_log).
+            take[0]["completions"] = cfg.stats.log_completions
+        fetched = self._stream.call_all("fetch", per_worker_data=take, timeout=cfg.request_timeout)
         self._update_stale_dropped(fetched)
         balance = self._balance(fetched)
         inference, train = self._train_calls()
@@ -240,6 +253,10 @@ class MasterWorker(Worker):
         metrics.update(balance)
         metrics.update(self._admission_metrics())
         self._stats.log(metrics)
+        rows = next((r.get("completions", []) for r in fetched if r["dp_rank"] == 0), [])
+        if self._completions is not None and rows:
+            self._stats.echo_lines(console_lines(rows))
+            self._completions.write(self.step, rows)
         qids = [q for r in fetched for q in r["batch"].get("qids", [])]
         self._qids_log.write(self.step, qids)
         self._trained.update(qids)
@@ -406,6 +423,8 @@ class MasterWorker(Worker):
     def _exit_hook(self) -> None:
         if getattr(self, "_stats", None) is not None:
             self._stats.close()
+        if getattr(self, "_completions", None) is not None:
+            self._completions.close()
         if getattr(self, "_qids_log", None) is not None:
             self._qids_log.close()
         if getattr(self, "_stream", None) is not None:

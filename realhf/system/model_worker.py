@@ -7,7 +7,8 @@
     loop:      poll one request → run its handler → reply (errors go back as RemoteError)
 
 Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
-applying the staleness guard), `balance` (move the taken groups between ranks as the master's
+applying the staleness guard; with `completions: n`, also n of the taken samples decoded for the
+master to log, realhf.impl.completion_log), `balance` (move the taken groups between ranks as the master's
 token-balancing plan says, then build the step's batch), `inference` (`model`: actor → proximal log-probs, ref → reference
 log-probs, critic → values of the taken batch), `critic_train`, `train_step` (the actor's
 ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`, `checkpoint`,
@@ -37,6 +38,7 @@ from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, cap_memory, dist_backend, pick_device, why_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
+from realhf.impl import completion_log
 from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
 from realhf.impl.model.batching import batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
@@ -63,6 +65,7 @@ class ModelWorker(Worker):
         self.version = 0
         self._taken: List[Trajectory] = []  # this rank's share of the step, before balancing
         self._batch: Optional[TrainBatch] = None
+        self._tokenizer: Any = None  # loaded when the master first asks for completions (stats.log_completions)
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
         puller = NameResolvingZmqPuller(
@@ -308,12 +311,22 @@ class ModelWorker(Worker):
             # What the master balances the ranks by (realhf.impl.dp_balance).
             reply["group_costs"] = [group_exchange.group_cost(g, self.config.ppo.shared_prompt) for g in groups]
             reply["buffered"], reply["taken"] = len(self._buffer), self._buffer.n_taken
+            if int(data.get("completions", 0)) > 0:
+                reply["completions"] = completion_log.completion_rows(groups, int(data["completions"]), self._decode)
             self.logger.info(
                 f"version {self.version}: took {take} groups ({summary['n_samples']} samples, "
                 f"{summary['gen_tokens']} trained tokens, head staleness max "
                 f"{max(summary['head_offpolicyness'])}); {len(self._buffer)} still buffered"
             )
         return reply
+
+    def _decode(self, ids: List[int]) -> str:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer  # only the rank that logs completions needs it
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.actor.path)
+        # Special tokens left out, as the agent's grader saw the answer (realhf.system.episode).
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def _balance(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """Collective `{assignment}`: the master's plan for where each rank's taken groups train

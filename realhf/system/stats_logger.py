@@ -3,7 +3,8 @@
 `step_metrics(...)` turns one step's replies into a flat dict of numbers; `StatsLogger` prints
 it as one console line (rich), appends it as one JSON object to `metrics.jsonl`, and, when
 configured, writes it to tensorboard and wandb (the run's config attached) and serves it as
-Prometheus gauges (realhf/system/stats_prometheus.py).
+Prometheus gauges (realhf/system/stats_prometheus.py). With `stats.log_completions`, a few of the
+step's samples follow its line (`echo_lines`) and go to `completions.jsonl` (`CompletionsLog`).
 """
 
 from __future__ import annotations
@@ -196,6 +197,13 @@ class StatsLogger:
         if self._prometheus is not None:
             self._prometheus.collector.update(m)
 
+    def echo_lines(self, lines: Sequence[str]) -> None:
+        """Plain lines under the step's line (the logged completions): their text is the model's,
+        so rich must not read `[...]` as markup or `:name:` as an emoji."""
+        if self.echo:
+            for line in lines:
+                self._console.print(line, markup=False, emoji=False, highlight=False)
+
     def close(self) -> None:
         self._file.close()
         if self._prometheus is not None:
@@ -225,6 +233,25 @@ def read_eval_metrics(log_dir: str) -> List[Dict[str, Any]]:
                 except ValueError:
                     continue
     return sorted(rows, key=lambda r: r["step"])
+
+
+class CompletionsLog:
+    """`<log_dir>/completions.jsonl`: the rows of realhf.impl.completion_log, one line each with
+    `step` first (stats.log_completions). Lines of steps after `last_step` (a resumed run repeats
+    them) are dropped on open, like metrics.jsonl's."""
+
+    def __init__(self, path: str, last_step: int):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        truncate_metrics(path, last_step)
+        self.path = path
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # the model's text, unescaped
+
+    def write(self, step: int, rows: Sequence[Dict[str, Any]]) -> None:
+        for row in rows:
+            self._file.write(json.dumps({"step": int(step), **row}, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class TrainedQidsLog:

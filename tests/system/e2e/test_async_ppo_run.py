@@ -2,28 +2,65 @@
 rollout workers, a model worker and the master, driven by training/main_async_ppo.py. The runs
 at DP=2 and DP=3 (GRPO as shipped, a critic, LoRA): test_data_parallel_runs.py."""
 
+import asyncio
+import json
 import os
 
 import pytest
 
-from helpers.paths import TESTS_DIR
+from helpers.paths import TESTS_DIR, TINY_MATH
 from helpers.training_runs import CRITIC_RUN, check_finished_run, reward_gain, run_training
 from helpers.training_runs import trial_processes as _trial_processes
+from realhf.base.trial_files import read_completions
+from realhf.impl.completion_log import console_lines
+from realhf.impl.environment.math_env import MathEnv
 
 
 @pytest.mark.e2e
 def test_synchronous_baseline_trains_only_on_the_current_version(tmp_path, no_leftover_processes):
     steps = 10
-    proc, metrics, _ = run_training(
+    proc, metrics, log_dir = run_training(
         tmp_path,
         "sync",
         f"exp_ctrl.benchmark_steps={steps}",
         "max_head_offpolicyness=0",
         "ppo.use_decoupled_loss=false",
         "evaluation.n_prompts=0",
+        "stats.log_completions=2",
     )
     check_finished_run(proc, metrics, steps, 0, tmp_path)
     assert all(m["head_offpolicyness_max"] == 0 for m in metrics)
+    check_logged_completions(proc.stdout, log_dir, steps, per_step=2)
+
+
+async def _graded(row: dict, text: str) -> float:
+    env = MathEnv(row, check_work=True)
+    try:
+        return (await env.step(text))[1]
+    finally:
+        await env.aclose()
+
+
+def check_logged_completions(stdout: str, log_dir, steps: int, per_step: int) -> None:
+    """stats.log_completions: `per_step` rows a step in completions.jsonl, each the decoded text
+    of a trained sample — its prompt is the dataset row's, and grading its completion as the
+    environment did (check_work, as the shipped config) gives its reward — and on the console
+    under the step's line, as `console_lines` cuts them."""
+    rows = read_completions(log_dir)
+    assert [r["step"] for r in rows] == [s for s in range(1, steps + 1) for _ in range(per_step)]
+    with open(os.path.join(TINY_MATH, "data", "train.jsonl")) as f:
+        dataset = {r["query_id"]: r for r in map(json.loads, f)}
+    for r in rows:
+        row = dataset[r["qid"].rsplit("@", 1)[0]]
+        assert r["prompt"] == row["prompt"] and r["completion"].strip(), r
+        # Synchronous: every token of a step's samples is from the version just before it.
+        assert r["version_start"] == r["version_end"] == r["step"] - 1, r
+        assert (r["reward"] > 0) == (asyncio.run(_graded(row, r["completion"])) > 0), r
+    for step in range(1, steps + 1):
+        lines = console_lines([r for r in rows if r["step"] == step])
+        at = stdout.index(f"step {step} v{step} | ")
+        below = stdout[at:].split("\n")[1 : 1 + 2 * per_step]  # the launcher's own lines may come between
+        assert [line for line in below if line.startswith("  completion ")][:per_step] == lines, stdout[at : at + 2000]
 
 
 @pytest.mark.e2e

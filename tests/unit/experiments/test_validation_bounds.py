@@ -371,6 +371,14 @@ REFUSED = [
     ),
     ("stats.prometheus_port", 65536, "stats.prometheus_port must lie in [0, 65535], got 65536"),
     ("stats.prometheus_port", -1, "stats.prometheus_port must lie in [0, 65535], got -1"),
+    ("stats.log_completions", -1, "stats.log_completions must lie in [0, 64], got -1"),
+    ("stats.log_completions", 65, "stats.log_completions must lie in [0, 64], got 65"),
+    (
+        "stats.log_completions",
+        7,
+        "stats.log_completions=7 exceeds the 6 samples DP rank 0 trains per step",
+        {"groups_per_step": 3, "group_size": 2, "ppo.ppo_n_minibatches": 1},
+    ),
 ]
 
 # (field, value just inside the bound[, other settings]): the whole config then validates
@@ -502,6 +510,8 @@ ACCEPTED = [
     ("evaluation.during_nice", 19, {"exp_ctrl.eval_freq_steps": 1}),
     ("stats.prometheus_port", 0),
     ("stats.prometheus_port", 65535),
+    ("stats.log_completions", 0),
+    ("stats.log_completions", 64),
 ]
 
 

@@ -24,6 +24,7 @@ from realhf.api.cli_args import (
 )
 from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
+from realhf.base.trial_files import read_completions
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
 from realhf.system.master_worker import MasterWorker
 from realhf.system.push_pull_stream import NameResolvingZmqPusher
@@ -150,7 +151,7 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(
         total_train_steps=STEPS,
         exp_ctrl=ExperimentSaveEvalControl(benchmark_steps=STEPS),
         log_dir=str(tmp_path / "logs" / EXP / TRIAL),
-        stats=StatsLoggingConfig(tensorboard_path=str(tmp_path / "tb")),
+        stats=StatsLoggingConfig(tensorboard_path=str(tmp_path / "tb"), log_completions=2),
         worker_connect_timeout=120,
     )
     launcher = LocalLauncher(
@@ -195,3 +196,13 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(
     events.Reload()  # the master's events, read back: the same numbers as metrics.jsonl
     assert [(e.step, e.value) for e in events.Scalars("success_rate")] == [(1, 0.5), (2, 0.5), (3, 0.5)]
     assert [e.value for e in events.Scalars("reward_mean")] == [m["reward_mean"] for m in metrics]
+    # stats.log_completions=2: DP rank 0 decoded the first sample of each of its two groups; the
+    # text is exactly the pushed tokens' (sample 0 is the row's solution, graded right).
+    by_qid = {g["qid"]: g for g in groups}
+    shown = read_completions(str(tmp_path / "logs" / EXP / TRIAL))
+    assert [r["step"] for r in shown] == [1, 1, 2, 2, 3, 3]
+    for r in shown:
+        sent = by_qid[r["qid"].rsplit("@", 1)[0]]
+        assert r["prompt"] == tok.decode(sent["prompt_ids"], skip_special_tokens=True) != ""
+        assert r["completion"] == tok.decode(sent["samples"][0]["output_ids"], skip_special_tokens=True) != ""
+        assert r["reward"] == 1.0 and r["version_start"] == r["version_end"] == r["step"] - 1

@@ -61,3 +61,31 @@ def test_trained_qids_log_keeps_the_steps_up_to_the_resumed_checkpoint(tmp_path)
     log.close()
     lines = [json.loads(line) for line in open(path)]
     assert lines == [{"step": 1, "qids": ["a1", "b1"]}, {"step": 2, "qids": ["a2", "b2"]}, {"step": 3, "qids": ["c3"]}]
+
+
+def test_completions_go_to_their_file_with_the_step_and_print_literally(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from realhf.system.stats_logger import CompletionsLog, StatsLogger
+
+    path = str(tmp_path / "logs" / "completions.jsonl")
+    log = CompletionsLog(path, last_step=0)
+    for step in (1, 2):
+        log.write(step, [{"qid": f"q{step}", "completion": "[bold]é :smile:"}, {"qid": "r", "completion": ""}])
+    log.close()
+    log = CompletionsLog(path, last_step=1)  # resumed from the checkpoint of step 1: step 2 runs again
+    log.close()
+    rows = [json.loads(line) for line in open(path, encoding="utf-8")]
+    assert rows == [
+        {"step": 1, "qid": "q1", "completion": "[bold]é :smile:"},
+        {"step": 1, "qid": "r", "completion": ""},
+    ]
+
+    out = io.StringIO()
+    stats = StatsLogger(str(tmp_path / "metrics.jsonl"), console=Console(file=out, highlight=False, soft_wrap=True))
+    stats.echo_lines(["  completion 1/1 | [bold]x[/bold] :smile:"])  # the model's text, not markup
+    stats.close()
+    assert out.getvalue() == "  completion 1/1 | [bold]x[/bold] :smile:\n"
