@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import hydra
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOMATHConfig
 from realhf.api.config_help import help_text
@@ -46,6 +48,7 @@ from realhf.experiments.async_ppo_math import (
     resumed_from,
     trial_files_of,
 )
+from realhf.experiments.config_keys import check_overrides
 from realhf.experiments.config_loading import compose_config, register_schema
 from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.scheduler.factory import make_launcher
@@ -302,8 +305,20 @@ if __name__ == "__main__":
     # `module.path:Class` agent or environment is importable from the working directory.
     sys.path.insert(1, os.getcwd())
     args = sys.argv[1:]
+    # Before Hydra: its answer to a misspelt key is to prepend '+' (which fails as well), not
+    # the key that was meant.
+    unknown = check_overrides(args, AsyncPPOMATHConfig)
+    if unknown is not None:
+        print(f"config error: {unknown}; `python training/main_async_ppo.py --help` lists every field", file=sys.stderr)
+        sys.exit(2)
     if "--help" in args or "-h" in args:  # the values this run would use: YAML and overrides merged
         overrides = [a for a in args if a not in ("--help", "-h")]
-        print(help_text(compose_config(overrides), "main_async_ppo: asynchronous PPO on math prompts.", USAGE))
+        try:
+            cfg = compose_config(overrides)
+        except (HydraException, OmegaConfBaseException) as e:  # a value of the wrong type: said, not a traceback
+            cause = str(e.__cause__).splitlines()[0] if e.__cause__ is not None else ""
+            print(f"config error: {e}" + (f" ({cause})" if cause else ""), file=sys.stderr)
+            sys.exit(2)
+        print(help_text(cfg, "main_async_ppo: asynchronous PPO on math prompts.", USAGE))
         sys.exit(0)
     main()

@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from realhf.api.cli_args import SFTConfig
 from realhf.api.prompt import PromptRow
+from realhf.experiments.config_keys import check_overrides
 from realhf.experiments.validation import ConfigError, check_sft
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_jsonl_prompts
 from realhf.impl.environment.math_grader import MathGrader
@@ -254,4 +255,9 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    # Hydra's answer to a misspelt key is to prepend '+' (which fails too): name the key meant.
+    unknown = check_overrides(sys.argv[1:], SFTConfig)
+    if unknown is not None:
+        print(f"config error: {unknown}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())

@@ -39,6 +39,16 @@ def loop_blocked(experiment: str, trial: str, worker_type: str, index: int) -> s
     return f"{loop_blocked_root(experiment, trial)}/{_check(worker_type, 'worker type')}/{int(index)}"
 
 
+def user_errors_root(experiment: str, trial: str) -> str:
+    return f"{trial_root(experiment, trial)}/user_errors"
+
+
+def user_errors(experiment: str, trial: str, worker_type: str, index: int) -> str:
+    """Parent of one worker's reports of errors in user code (realhf.system.user_errors): a JSON
+    record per place an error came from, and one when such an error ends the run."""
+    return f"{user_errors_root(experiment, trial)}/{_check(worker_type, 'worker type')}/{int(index)}"
+
+
 def experiment_status(experiment: str, trial: str) -> str:
     """RUNNING / COMPLETE / ABORTED, written by the launcher and the master."""
     return f"{trial_root(experiment, trial)}/experiment_status"

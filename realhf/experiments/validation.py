@@ -41,6 +41,7 @@ from realhf.api.cli_args import (
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
+from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
 from realhf.impl.completion_log import MAX_LOG_COMPLETIONS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
@@ -508,21 +509,21 @@ def check_sft(c: SFTConfig) -> None:
 # ---- the experiment ----------------------------------------------------------------------------
 
 
-def check_known_keys(obj: Any, prefix: str = "") -> None:
-    """Refuse keys that are no field of their config: Hydra's `+key=value` adds a key without
-    checking it against the schema, so a misspelt `+` override would otherwise be ignored."""
+def check_known_keys(obj: Any, prefix: str = "", root: Optional[type] = None) -> None:
+    """Refuse keys that are no field of their config, naming the closest valid keys: Hydra's
+    `+key=value` adds a key without checking it against the schema, so a misspelt `+` override
+    would otherwise be ignored."""
     if not dataclasses.is_dataclass(obj):
         return
+    root = root or (None if prefix else type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
     for key in vars(obj):
         if key not in names:
             where = f"{prefix}.{key}" if prefix else key
-            raise ConfigError(
-                f"{where}: no such field (a '+' override adds keys the schema does not know; "
-                f"the fields here are {', '.join(sorted(names))})"
-            )
+            why = (unknown_key(where, root) if root else None) or f"{where}: no such field"
+            raise ConfigError(f"{why}; a '+' override adds keys the schema does not know")
     for name in names:
-        check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name)
+        check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name, root)
 
 
 def check_gpu_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:

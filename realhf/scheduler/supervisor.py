@@ -19,6 +19,12 @@ is a failure like any other ("N restarts within W s"); restarts older than the w
 count, so a long run survives rare, spaced deaths. Its old heartbeat key is deleted before the
 restart, so the new process is judged by its own registration (with the full `startup_timeout`).
 
+Errors in user code (`realhf.system.user_errors`): a rollout worker publishes the first error
+from each line of the user's agent, environment or reward function, and the launcher prints it
+on its console once (whichever worker saw it). A worker that exits with EXIT_DO_NOT_RESTART (one
+such error failed every episode of a streak: a new process would only repeat it) is never
+restarted: the run fails at once with the error and its traceback instead of the log's tail.
+
 Redis is the run's coordination: if the private redis-server dies, Redis cannot be reached, or
 the experiment status key is gone, the trial fails with `RedisLostError` naming Redis and its URL
 (password redacted) — workers fail the same way (worker_base.experiment_status) instead of
@@ -55,7 +61,14 @@ from realhf.scheduler.worker_spec import (
     WorkerFailedError,
     WorkerSpec,
 )
-from realhf.system.worker_base import STATUS_ABORTED, STATUS_COMPLETE, STATUS_RUNNING, WorkerContext
+from realhf.system.user_errors import UserErrorFeed
+from realhf.system.worker_base import (
+    EXIT_DO_NOT_RESTART,
+    STATUS_ABORTED,
+    STATUS_COMPLETE,
+    STATUS_RUNNING,
+    WorkerContext,
+)
 
 logger = logging.getLogger("launcher")
 
@@ -119,6 +132,7 @@ class Supervisor:
         self.secret = secrets.token_hex(32)  # this trial's shared secret (WorkerContext.secret)
         self.marker = uuid.uuid4().hex  # REALHF_TRIAL in every worker's environment (watchdog.py)
         self._watchdog: Optional[Watchdog] = None
+        self._user_errors = UserErrorFeed(experiment_name, trial_name, self._redis_call)
 
     # ---- set-up -----------------------------------------------------------------------------
     def start(self) -> "Supervisor":
@@ -289,6 +303,7 @@ class Supervisor:
                 failure = self._check_workers()
                 if failure is not None:
                     self._fail(*failure)
+                self._tell_user_errors()
                 if all(p.exited is not None and p.restart_at is None for p in self._procs):
                     logger.info("all workers exited normally")
                     return
@@ -364,6 +379,8 @@ class Supervisor:
             code = p.process.poll()
             if code is not None:
                 p.exited = code
+                if code == EXIT_DO_NOT_RESTART:
+                    return p, self._not_to_restart(p)
                 if code != 0:
                     reason = f"exited with code {code}" + (f" ({signal.Signals(-code).name})" if code < 0 else "")
                     if self._schedule_restart(p, reason, now):
@@ -456,13 +473,32 @@ class Supervisor:
             f"{p.restarts} restart(s) in all)"
         )
 
+    def _tell_user_errors(self) -> None:
+        """Print errors in user code the workers reported since the last look, each place once."""
+        for line in self._user_errors.poll():
+            self._echo.write(line)
+
+    def _not_to_restart(self, p: _Proc) -> str:
+        """The reason a worker that exited with EXIT_DO_NOT_RESTART gave (its fatal record)."""
+        self._tell_user_errors()
+        record = self._user_errors.fatal(p.name)
+        if record is not None and record.get("reason"):
+            return record["reason"]
+        return f"exited with code {EXIT_DO_NOT_RESTART}: an error a restart would only repeat (see its log)"
+
     def _fail(self, proc: _Proc, reason: str):
         self._set_status(STATUS_ABORTED)
         self.stop_all()
         tail = log_tail(proc.log_path, 30)
-        message = (
-            f"\n{'=' * 30} worker {proc.name} failed: {reason}\nlast 30 lines of {proc.log_path}:\n{tail}\n{'=' * 80}"
-        )
+        record = self._user_errors.fatal(proc.name)
+        if record is not None and record.get("report", {}).get("traceback"):
+            # The user's error and its traceback say what the log's last lines would bury.
+            shown = (
+                f"its traceback (the first of them; the whole log: {proc.log_path}):\n{record['report']['traceback']}"
+            )
+        else:
+            shown = f"last 30 lines of {proc.log_path}:\n{tail}"
+        message = f"\n{'=' * 30} worker {proc.name} failed: {reason}\n{shown.rstrip()}\n{'=' * 80}"
         print(message, file=sys.stderr, flush=True)
         raise WorkerFailedError(proc.name, reason, proc.log_path, tail)
 

@@ -15,7 +15,10 @@ a thread), then reports POST /finish_rollout {qid, accepted, n_tokens, reason}. 
 retried first, so no row of the shard is skipped. An episode that runs past
 `episode_timeout` is cancelled, or whose group the trainer would refuse (a non-finite reward,
 no samples: `Trajectory.problem`), fails: its slot is freed unaccepted and it is logged by qid,
-agent and environment.
+agent and environment. The first error from each line of the user's code is also reported to
+the launcher's console (`realhf.system.user_errors`); after `max_consecutive_failures` failures
+in a row the worker exits — for a restart, or, when they were all one error in user code, with
+`DoNotRestart`: a new process would only repeat it (`realhf.impl.episode_failures`).
 
 Surviving its own death, and a resumed run: the worker keeps one record of every prompt it has
 drawn and not seen to its end under the name-resolve key `rollout_record/<index>` (kept on exit),
@@ -51,15 +54,18 @@ from realhf.api.prompt import PromptRow
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import RolloutWorkerConfig
 from realhf.base import name_resolve, names
+from realhf.base.user_code import ErrorReport
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
-from realhf.system.episode import run_group
+from realhf.impl.episode_failures import FailureStreak, ReportedSites
+from realhf.system import user_errors
+from realhf.system.episode import AgentError, run_group
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
 from realhf.system.openai_server import OpenAIServer, episode_endpoint
 from realhf.system.push_pull_stream import MessageTooLarge, NameResolvingZmqPusher
-from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, experiment_status
+from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, DoNotRestart, experiment_status
 
 # Backoff after a refusal when no own episode ends first: short, and reset on every admission,
 # so it bounds the reaction time to capacity freed elsewhere without capping the admission rate.
@@ -187,7 +193,9 @@ class RolloutWorker(AsyncWorker):
         self.manager: Optional[ManagerClient] = None  # self.client.manager
         self.tasks: Dict[str, asyncio.Task] = {}
         self.backoff = _MIN_BACKOFF_S
-        self.consecutive_failures = 0
+        self.streak = FailureStreak(cfg.max_consecutive_failures)  # failed episodes in a row
+        self.reported = ReportedSites()  # places in user code already told to the launcher
+        self.gave_up = False  # the run's end was asked for (a fatal record published)
         self.bad_prompts: set = set()  # query ids no server can answer (dropped once)
         self.stats = {
             "pushed": 0,
@@ -346,14 +354,33 @@ class RolloutWorker(AsyncWorker):
             )
 
     def _failed(self, qid: str, e: Exception) -> None:
+        """Count and log a failed episode; report the user's errors to the launcher (once per
+        place); give up after max_consecutive_failures in a row (realhf.impl.episode_failures)."""
         self.stats["failed"] += 1
         self.stats["too_large"] += isinstance(e, MessageTooLarge)
-        self.consecutive_failures += 1
+        report = ErrorReport.of(e)
+        self.streak.failed(report)
         named = isinstance(e, (EpisodeTimeout, MalformedGroup))  # their message names the episode
-        what = str(e) if named else f"{self._names(qid)}: {type(e).__name__}: {e}"
-        self.logger.error(f"failed ({self.consecutive_failures} in a row): {what}")
-        if self.consecutive_failures >= self.config.max_consecutive_failures:
-            raise RuntimeError(f"{self.consecutive_failures} episodes failed in a row; last: {e}") from e
+        what = str(e) if named else f"{self._names(qid)}: {report.one_line()}"
+        self.logger.error(f"failed ({self.streak.n} in a row): {what}")
+        # The agent's own error, or its misuse of the episode API that realhf names (AgentError).
+        users = report.by_user or isinstance(e, AgentError)
+        if users and self.reported.first_time(report):
+            self.logger.error(f"(reported to the launcher; its traceback:)\n{report.traceback}")
+            user_errors.publish(self.ctx, report, self._names(qid))
+        if not self.streak.exhausted:
+            return
+        same = self.streak.one_error()
+        if users and same is not None:
+            reason = (
+                f"failed {self.streak.n} episodes in a row with one error in user code, which a restart "
+                f"would only repeat: {same.one_line()}"
+            )
+            if not self.gave_up:  # episodes still ending until the exit would say it again
+                self.gave_up = True
+                user_errors.publish(self.ctx, same, self._names(qid), fatal=True, reason=reason)
+            raise DoNotRestart(reason) from e
+        raise RuntimeError(f"{self.streak.n} episodes failed in a row; last: {report.one_line()}") from e
 
     async def _episode(self, row: PromptRow, qid: str) -> None:
         accepted, n_tokens, cancelled, push, traj, reason = False, 0, False, None, None, "filtered"
@@ -368,7 +395,7 @@ class RolloutWorker(AsyncWorker):
                 accepted, n_tokens = self._pushed(row, qid, traj)
             else:
                 self.stats["filtered"] += 1
-            self.consecutive_failures = 0
+            self.streak.succeeded()
         except Exception as e:  # noqa: BLE001 - one bad episode must not end the worker
             if self._experiment_ended():
                 # At the end of a trial the manager and servers leave first: not a failure.

@@ -5,7 +5,9 @@
 The loop ends when `experiment_status` is no longer RUNNING, on SIGTERM/SIGINT, or when the
 worker itself asks to stop. A missing status key or an unreachable Redis is not "stop": the run's
 coordination is gone, so the worker fails (`NameResolveLost`, exit 1) naming Redis — never an
-exit 0 that would end the run early and look like success. A worker subclass implements `_configure`, `_poll` (sync) or
+exit 0 that would end the run early and look like success. A worker whose failure a new process
+would only repeat raises `DoNotRestart` and exits with EXIT_DO_NOT_RESTART (the launcher ends
+the run instead of restarting it). A worker subclass implements `_configure`, `_poll` (sync) or
 `_poll_async` (asyncio, see AsyncWorker), and `_exit_hook` to release what it started.
 """
 
@@ -27,6 +29,11 @@ logger = logging.getLogger("worker")
 STATUS_RUNNING = "RUNNING"
 STATUS_COMPLETE = "COMPLETE"
 STATUS_ABORTED = "ABORTED"
+
+# The exit status of a worker whose failure a restart would only repeat (DoNotRestart): the
+# launcher ends the run instead of restarting it. sysexits' EX_CONFIG ("configuration error"):
+# the run as configured, user code included, cannot go on; no worker exits 78 otherwise.
+EXIT_DO_NOT_RESTART = 78
 
 
 @dataclass
@@ -53,6 +60,11 @@ class WorkerContext:
 
 class WorkerExit(Exception):
     """Raised inside a worker to end its loop normally."""
+
+
+class DoNotRestart(RuntimeError):
+    """Raised inside a worker whose failure a new process would repeat (the same error in user
+    code, every time): it exits with EXIT_DO_NOT_RESTART, and the launcher ends the run."""
 
 
 class NameResolveLost(RuntimeError):
@@ -153,6 +165,9 @@ class Worker:
             self._loop()
         except WorkerExit as e:
             self.request_stop(str(e) or "worker finished")
+        except DoNotRestart as e:
+            self.logger.exception(f"failed, not to be restarted: {e}")
+            code = EXIT_DO_NOT_RESTART
         except BaseException as e:
             self.logger.exception(f"failed: {type(e).__name__}: {e}")
             code = 1

@@ -80,3 +80,12 @@ def blocking_reward(prompt, completion, *, query_id, solutions, **row):
     if bucket(query_id, 3) == 2:
         time.sleep(3600)
     return answer_matches(prompt, completion, solutions)
+
+
+class MissingFieldAgent(MathSingleStepAgent):
+    """`math-single-step` written for rows with a `tgt` field the embedded data does not have: every
+    episode raises the same KeyError at the same line (a deterministic error in user code)."""
+
+    async def run_episode(self, row, gen, env):
+        target = row["tgt"]  # the embedded rows call it "solutions"
+        return await super().run_episode(dict(row, solutions=[target]), gen, env)

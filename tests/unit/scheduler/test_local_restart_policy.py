@@ -81,3 +81,14 @@ def test_a_hung_restartable_worker_is_killed_and_restarted(tmp_path, no_leftover
     assert code == 1, out
     assert "FAILED dummy/0: stopped heart-beating" in out and "after 1 restarts within 600 s" in out
     assert "restart 1 of dummy/0" in _log(tmp_path, "hang", "dummy-0")
+
+
+def test_a_worker_that_exits_as_not_to_be_restarted_fails_the_trial_at_once(tmp_path, no_leftover_processes):
+    # EXIT_DO_NOT_RESTART (78): a rollout worker whose streak of failures was one error in user
+    # code; without its record (realhf.system.user_errors) the launcher still names the code.
+    la = Launcher(tmp_path, "norestart", 2, 3, "exit_after=0.5", "exit_code=78")
+    la.wait_ready()
+    code, out, restarts = la.finish()
+    assert code == 1, out
+    assert "FAILED dummy/0: exited with code 78: an error a restart would only repeat (see its log)" in out
+    assert restarts["dummy/0"] == 0 and "restart 1" not in _log(tmp_path, "norestart", "dummy-0")
