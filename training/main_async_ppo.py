@@ -29,8 +29,9 @@ import hydra
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOMATHConfig
-from realhf.api.config_help import help_text
+from realhf.api.config_help import help_text, plugins_text
 from realhf.base import logging
+from realhf.base.importing import use_import_roots
 from realhf.base.trial_files import (
     TrialFiles,
     checkpoints_dir,
@@ -228,7 +229,7 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
             flush=True,
         )
 
-    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name)
+    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
     total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
     view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
     launcher.echo_to(view.print_lines)
@@ -298,12 +299,10 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    # Like `python -m`, and like the workers (started in this directory): a user's
-    # `module.path:Class` agent or environment is importable from the working directory.
-    sys.path.insert(1, os.getcwd())
     args = sys.argv[1:]
     if "--help" in args or "-h" in args:  # the values this run would use: YAML and overrides merged
-        overrides = [a for a in args if a not in ("--help", "-h")]
-        print(help_text(compose_config(overrides), "main_async_ppo: asynchronous PPO on math prompts.", USAGE))
+        cfg = compose_config([a for a in args if a not in ("--help", "-h")])
+        use_import_roots(os.getcwd(), cfg.user_paths)  # as a run would (validate_experiment)
+        print(help_text(cfg, "main_async_ppo: asynchronous PPO on math prompts.", USAGE) + "\n" + plugins_text(cfg))
         sys.exit(0)
     main()
