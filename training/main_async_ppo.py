@@ -31,8 +31,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOMATHConfig
-from realhf.api.config_help import help_text
+from realhf.api.config_help import help_text, plugins_text
 from realhf.base import logging
+from realhf.base.importing import use_import_roots
 from realhf.base.trial_files import (
     TrialFiles,
     checkpoints_dir,
@@ -231,7 +232,7 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
             flush=True,
         )
 
-    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name)
+    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
     total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
     view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
     launcher.echo_to(view.print_lines)
@@ -301,9 +302,6 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    # Like `python -m`, and like the workers (started in this directory): a user's
-    # `module.path:Class` agent or environment is importable from the working directory.
-    sys.path.insert(1, os.getcwd())
     args = sys.argv[1:]
     # Before Hydra: its answer to a misspelt key is to prepend '+' (which fails as well), not
     # the key that was meant.
@@ -319,6 +317,7 @@ if __name__ == "__main__":
             cause = str(e.__cause__).splitlines()[0] if e.__cause__ is not None else ""
             print(f"config error: {e}" + (f" ({cause})" if cause else ""), file=sys.stderr)
             sys.exit(2)
-        print(help_text(cfg, "main_async_ppo: asynchronous PPO on math prompts.", USAGE))
+        use_import_roots(os.getcwd(), cfg.user_paths)  # as a run would (validate_experiment)
+        print(help_text(cfg, "main_async_ppo: asynchronous PPO on math prompts.", USAGE) + "\n" + plugins_text(cfg))
         sys.exit(0)
     main()

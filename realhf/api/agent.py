@@ -26,8 +26,9 @@ group whose success rate is outside [success_rate_lb, success_rate_ub], shapes t
 and partial-rollout resubmission never reach the agent. An exception fails this episode's group
 (logged with its qid, its admission slot freed); the worker goes on.
 
-Agents are chosen in config by a registered name (`rollout.agent.type=math-single-step`) or by
-import path (`rollout.agent.type=my_pkg.agents:MyAgent`); a class is constructed as
+Agents are chosen in config by a registered name (`rollout.agent.type=math-single-step`), by
+import path (`rollout.agent.type=my_pkg.agents:MyAgent`) or by file (`rollout.agent.type=
+agents/my_agent.py:MyAgent`, relative to the launch directory; realhf.base.importing); a class is constructed as
 `cls(config, tokenizer=..., **config.args)`, once per rollout worker.
 """
 
@@ -45,7 +46,7 @@ _BUILTIN_PATHS = {
     "tool-agent": "realhf.impl.agent.tool_agent:ToolAgent",
     "openai-agent": "realhf.impl.agent.openai_agent:OpenAIAgent",
 }
-_REGISTRY = ClassRegistry("agent", "agent.type", _BUILTIN_PATHS)
+_REGISTRY = ClassRegistry("agent", "rollout.agent.type", _BUILTIN_PATHS)
 
 
 @dataclass
@@ -133,6 +134,11 @@ def register_agent(name: str) -> Callable[[Type[Agent]], Type[Agent]]:
 
 def agent_class(name: str) -> Type[Agent]:
     return _REGISTRY.get(name)
+
+
+def agent_names() -> Dict[str, str]:
+    """Every registered agent name (built-ins, and those of user modules imported so far) -> its class."""
+    return _REGISTRY.names()
 
 
 def make_agent(config: Any, *, tokenizer: Any = None) -> Agent:

@@ -1,7 +1,7 @@
 """Plug-in points of the algorithm: the policy loss (`ppo.policy_loss`) and the advantage estimator
 (`ppo.adv_estimator`), each chosen in config by a built-in name, a name registered with the
-decorator below, or `module.path:function` of the user's own module (imported in every process
-that needs it, like an agent's type):
+decorator below, or `module.path:function` / `path/to/file.py:function` of the user's own code
+(imported in every process that needs it, like an agent's type; realhf.base.importing):
 
     # my_pkg/losses.py                                 # ppo.policy_loss=my_pkg.losses:sigmoid_ratio
     def sigmoid_ratio(log_ratio, advantages, eps_clip, eps_clip_high):
@@ -72,13 +72,24 @@ class _Menu:
     def names(self) -> list:
         return list(self._builtins) + list(self._registered)
 
+    def registered(self) -> Dict[str, str]:
+        """Every name `get` accepts, with where its object lives (a registered one: its module)."""
+        found = dict(self._builtins)
+        for name, obj in self._registered.items():
+            fn = getattr(obj, "surrogate", None) or getattr(obj, "per_sample", None) or obj
+            found[name] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', name)}"
+        return found
+
     def get(self, name: str) -> Any:
         """The object `name` chooses; a ValueError naming the field and the choices otherwise."""
         if name in self._registered:
             return self._registered[name]
         path = self._builtins.get(name) or (name if ":" in name else None)
         if path is None:
-            raise ValueError(f"{self.field}={name!r}: choose one of {self.names()} or 'module.path:function'")
+            raise ValueError(
+                f"{self.field}={name!r}: choose one of {self.names()} or 'module.path:function' / "
+                "'path/to/file.py:function'"
+            )
         obj = import_object(path, self.field)
         obj = obj if isinstance(obj, self.kind) else self._wrap(obj)
         if not isinstance(obj, self.kind):

@@ -230,7 +230,7 @@ class AgentConfig:
 
     type: str = _f(
         "math-single-step",
-        "Agent: 'math-single-step', 'math-multi-turn' or a user class 'module.path:ClassName'.",
+        "Agent: a built-in or registered name ('math-single-step', 'math-multi-turn', 'tool-agent', 'openai-agent'; `--help` lists them) or a user class 'module.path:ClassName' or 'path/to/file.py:ClassName' (relative to the launch directory).",
     )
     reward_scaling: float = _f(
         1.0, "Trained reward = (agent's reward - reward_bias) * reward_scaling (the math agents' rewards are +1/-1)."
@@ -243,7 +243,7 @@ class AgentConfig:
     feedback: str = _f("\nWrong. Try again.\nA:", "math-multi-turn: text appended after a wrong answer.")
     reward_fn: str = _f(
         "",
-        "math-single-step: 'module:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.",
+        "math-single-step: 'module:function' or 'path/to/file.py:function' called as reward_fn(prompt, completion, **row) for the reward (a number; True/False mean +1/-1) instead of the environment.",
     )
     reward_timeout: float = _f(
         60.0,
@@ -258,7 +258,7 @@ class EnvConfig:
 
     type: str = _f(
         "math",
-        "Environment: 'math', a user class 'module.path:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).",
+        "Environment: a built-in or registered name ('math', 'mcp'), a user class 'module.path:ClassName' or 'path/to/file.py:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).",
     )
     grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).")
     grader_timeout: float = _f(5.0, "math: seconds before a math-verify check is killed and graded wrong.")
@@ -353,7 +353,7 @@ class PPOHyperparameters:
     c_clip: Optional[float] = _f(None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.")
     policy_loss: str = _f(
         "ppo",
-        "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight. Your own: 'module.path:function' (a surrogate, realhf.api.algorithms) or a name registered with @register_policy_loss.",
+        "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight. Your own: 'module.path:function' or 'path/to/file.py:function' (a surrogate, realhf.api.algorithms) or a name registered with @register_policy_loss.",
     )
     loss_agg_mode: str = _f(
         "token-mean",
@@ -384,7 +384,7 @@ class PPOHyperparameters:
     max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.")
     adv_estimator: str = _f(
         "grpo",
-        "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward. Your own: 'module.path:function' (scores, group ids -> one advantage per sample; realhf.api.algorithms) or a name registered with @register_adv_estimator.",
+        "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward. Your own: 'module.path:function' or 'path/to/file.py:function' (scores, group ids -> one advantage per sample; realhf.api.algorithms) or a name registered with @register_adv_estimator.",
     )
     discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).")
     gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).")
@@ -561,6 +561,10 @@ class AsyncPPOMATHConfig:
     )
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
+    user_paths: List[str] = _f(
+        [],
+        "Directories your own code (agents, environments, reward functions, losses named 'module.path:Name') is imported from, besides the launch directory (always first); relative ones are from the launch directory. Each must exist; every worker puts them on its import path.",
+    )
     evaluation: EvaluationConfig = _sub(
         EvaluationConfig,
         "Accuracy report before and after training, and evaluations during it (exp_ctrl.eval_freq_steps).",

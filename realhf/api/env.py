@@ -17,8 +17,9 @@ is made once per rollout worker by the class's `open_shared(config, **args)` and
 every episode as `shared`; `close_shared(shared)` releases it when the worker exits. The
 factory that does this is `EnvFactory`.
 
-Environments are chosen in config by a registered name (`rollout.env.type=math`) or by import
-path (`rollout.env.type=my_pkg.envs:MyEnv`); `rollout.env.type=none` runs agents without one.
+Environments are chosen in config by a registered name (`rollout.env.type=math`), by import
+path (`rollout.env.type=my_pkg.envs:MyEnv`) or by file (`rollout.env.type=envs/my_env.py:MyEnv`);
+`rollout.env.type=none` runs agents without one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from realhf.base.importing import ClassRegistry
 
 # Built-ins are imported on first use, so importing the API costs nothing.
 _BUILTIN_PATHS = {"math": "realhf.impl.environment.math_env:MathEnv", "mcp": "realhf.impl.environment.mcp_env:MCPEnv"}
-_REGISTRY = ClassRegistry("environment", "env.type", _BUILTIN_PATHS)
+_REGISTRY = ClassRegistry("environment", "rollout.env.type", _BUILTIN_PATHS)
 NO_ENV = "none"
 
 
@@ -121,6 +122,11 @@ def register_env(name: str) -> Callable[[Type[Environment]], Type[Environment]]:
 
 def env_class(name: str) -> Type[Environment]:
     return _REGISTRY.get(name)
+
+
+def env_names() -> Dict[str, str]:
+    """Every registered environment name (built-ins, and those of user modules imported so far) -> its class."""
+    return _REGISTRY.names()
 
 
 _REGISTRY.base = Environment

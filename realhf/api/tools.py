@@ -197,15 +197,15 @@ BUILTIN_TOOLS = {
 }
 
 
-def load_tool(name: str) -> Tool:
-    """A built-in tool by name (calculator, python) or `module:object` (a Tool, or a function
-    made into one)."""
-    from realhf.base.importing import import_object
+def load_tool(name: str, key: str = "rollout.agent.args.tools") -> Tool:
+    """A built-in tool by name (calculator, python) or `module:object` / `path/to/file.py:object`
+    (a Tool, or a function made into one)."""
+    from realhf.base.importing import IMPORT_PATH_FORMS, import_object
 
     path = BUILTIN_TOOLS.get(name, name)
     if ":" not in path:
-        raise ValueError(f"unknown tool {name!r}: use one of {', '.join(BUILTIN_TOOLS)} or 'module.path:function'")
-    obj = import_object(path, "tool")
+        raise ValueError(f"{key}: unknown tool {name!r}: use one of {', '.join(BUILTIN_TOOLS)} or {IMPORT_PATH_FORMS}")
+    obj = import_object(path, key)
     if isinstance(obj, Tool):
         return obj
     if callable(obj):

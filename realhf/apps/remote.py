@@ -1,15 +1,18 @@
 """Process entry point of every worker: `python -m realhf.apps.remote worker --config PATH`.
 
 The launcher writes one YAML file per worker: `worker_class` (a built-in worker type or a
-`module:Class` path), its `WorkerContext` under `context`, and its config under `config`.
+`module:Class` path), its `WorkerContext` under `context` (with the launch directory and the
+user_paths that the user's code is imported from), and its config under `config`.
 """
 
 import argparse
+import os
 import sys
 
 from omegaconf import OmegaConf
 
 from realhf.base import logging
+from realhf.base.importing import use_import_roots
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext
@@ -18,6 +21,8 @@ from realhf.system.worker_base import WorkerContext
 def load_worker(config_path: str):
     raw = OmegaConf.load(config_path)
     ctx = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(WorkerContext), raw.context))
+    # Before anything of the user's is imported (a worker class, or its config's checks).
+    use_import_roots(ctx.launch_dir or os.getcwd(), ctx.user_paths)
     cls = worker_class(raw.get("worker_class") or ctx.worker_type)
     config = None
     if cls.config_cls is not None:

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import os
 import threading
 import typing
 from typing import Any, Iterable, Optional
@@ -41,6 +42,7 @@ from realhf.api.cli_args import (
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import pick_device
+from realhf.base.importing import import_roots
 from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
 from realhf.impl.completion_log import MAX_LOG_COMPLETIONS
@@ -283,8 +285,8 @@ def _check_class(f: _Fields, field: str, lookup) -> None:
     """Resolve a registered name or `module:Class` now, so a typo fails before any process starts."""
     try:
         lookup(f.value(field))
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"{f.name(field)}: {e}") from None
+    except ValueError as e:  # its message names the key, the path tried and what was missing
+        raise ConfigError(str(e)) from None
 
 
 def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
@@ -313,8 +315,8 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
 
         try:
             load_reward_fn(c.reward_fn)
-        except (ValueError, ImportError, TypeError) as e:
-            raise ConfigError(f"{f.name('reward_fn')}: {e}") from None
+        except (ValueError, TypeError) as e:  # its message names the key
+            raise ConfigError(str(e)) from None
 
 
 def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
@@ -524,6 +526,18 @@ def check_known_keys(obj: Any, prefix: str = "", root: Optional[type] = None) ->
             raise ConfigError(f"{why}; a '+' override adds keys the schema does not know")
     for name in names:
         check_known_keys(getattr(obj, name), f"{prefix}.{name}" if prefix else name, root)
+
+
+def check_user_paths(paths: Iterable[str], launch_dir: Optional[str] = None) -> None:
+    """user_paths: directories that exist (relative ones from the launch directory), checked before
+    any process starts or imports from them."""
+    launch_dir, paths = launch_dir or os.getcwd(), list(paths)
+    for i, (path, full) in enumerate(zip(paths, import_roots(launch_dir, paths)[1:])):
+        _Fields.need(
+            bool(path) and os.path.isdir(full),
+            f"user_paths[{i}]={path!r}: {full} is not a directory (a relative path is read from the launch "
+            f"directory {launch_dir}); name a directory that holds your modules, or remove it",
+        )
 
 
 def check_gpu_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:

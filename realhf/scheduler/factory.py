@@ -1,11 +1,15 @@
 """`cluster.launcher` → the launcher that runs a trial (Ray imported only when chosen)."""
 
+from typing import Sequence
+
 from realhf.api.cli_args import ClusterSpecConfig
 from realhf.scheduler.supervisor import Supervisor
 
 
-def make_launcher(cluster: ClusterSpecConfig, experiment_name: str, trial_name: str) -> Supervisor:
-    common = dict(name_resolve_config=cluster.name_resolve, bind_host=cluster.bind_host)
+def make_launcher(
+    cluster: ClusterSpecConfig, experiment_name: str, trial_name: str, user_paths: Sequence[str] = ()
+) -> Supervisor:
+    common = dict(name_resolve_config=cluster.name_resolve, bind_host=cluster.bind_host, user_paths=user_paths)
     if cluster.launcher == "ray":
         from realhf.scheduler.ray import RayLauncher
 

@@ -34,7 +34,7 @@ class LocalLauncher(Supervisor):
     launcher_name = "local"
 
     def _new_process(self, p: _Proc, spec: WorkerSpec, config: Any, env: Dict[str, str]) -> LocalProcess:
-        return LocalProcess(p.config_path, p.log_path, {**os.environ, **env})
+        return LocalProcess(p.config_path, p.log_path, {**os.environ, **env}, cwd=self.launch_dir)
 
     def _process_started(self, p: _Proc) -> None:
         self._watchdog.track(p.process.pid)  # each worker leads its own session: pgid == pid

@@ -24,7 +24,8 @@ On a cluster of several nodes, workers bind to their node's address instead of l
 binds to the launcher's node, and the launcher checks first that every node sees the same
 `cluster.fileroot` (published weights, checkpoints and logs travel through it). Every node needs
 realhf installed with the same Python environment at the same paths; workers start in the
-launcher's working directory, so relative paths in the config mean the same everywhere.
+launcher's working directory, so relative paths in the config mean the same everywhere, and import
+the user's code from it and from `user_paths` (realhf.base.importing), which every node must see too.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ class RayProcess:
             self._place()
             if self.node.get("ip") != old_ip and self.config is not None:
                 self.launcher.rewrite_config(self.p, self.config)
-        self.pid = self._call("start", self.p.config_path, self.p.log_path, self.env, self.launcher.cwd, banner)
+        self.pid = self._call("start", self.p.config_path, self.p.log_path, self.env, self.launcher.launch_dir, banner)
         return self.pid
 
     def poll(self) -> Optional[int]:
@@ -261,7 +262,6 @@ class RayLauncher(Supervisor):
         super().__init__(*args, **kw)
         self.ray_config = ray_config or RayClusterConfig()
         self.ray = None
-        self.cwd = os.getcwd()
         self.node_addresses = False  # workers bind to their node's address (a multi-node cluster)
         self._own_cluster = False
         self._groups: Dict[str, Any] = {}  # worker type -> its placement group

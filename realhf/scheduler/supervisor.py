@@ -40,12 +40,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
+from realhf.base.importing import import_roots
 from realhf.base.network import redact_url
 from realhf.base.process import pid_alive
 from realhf.base.redis_server import RedisServer
@@ -112,6 +113,7 @@ class Supervisor:
         poll_interval: float = 0.2,
         bind_host: str = "127.0.0.1",
         heartbeat_grace: float = 5.0,
+        user_paths: Sequence[str] = (),
     ):
         self.experiment_name = experiment_name
         self.trial_name = trial_name
@@ -122,6 +124,9 @@ class Supervisor:
         self.poll_interval = poll_interval
         self.heartbeat_grace = heartbeat_grace
         self.bind_host = bind_host
+        # Every worker starts here and imports the user's code from here and from user_paths
+        # (realhf.base.importing): a module beside the user's command is found without PYTHONPATH.
+        self.launch_dir, *self.user_paths = import_roots(os.getcwd(), user_paths)
         self._redis: Optional[RedisServer] = None
         self._procs: List[_Proc] = []
         self._echo = LogEcho()
@@ -221,6 +226,8 @@ class Supervisor:
             log_dir=self.log_dir,
             secret=self.secret,
             gpus_assigned=self.assigns_gpus and spec.gpus > 0,
+            launch_dir=self.launch_dir,
+            user_paths=list(self.user_paths),
         )
         config_path = os.path.join(self.log_dir, "configs", f"{spec.worker_type}-{index}.yaml")
         log_path = os.path.join(self.log_dir, f"{spec.worker_type}-{index}.log")

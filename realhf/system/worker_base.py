@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, List
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
@@ -56,6 +56,11 @@ class WorkerContext:
     # The launcher narrowed CUDA_VISIBLE_DEVICES to this worker's own GPUs (Ray does, per actor):
     # its first GPU is device 0 whatever the config's gpu/base_gpu_id say. Unused on the CPU.
     gpus_assigned: bool = False
+    # Where the user's code is imported from (realhf.base.importing.use_import_roots): the
+    # launcher's working directory (relative file paths of user code are read from it) and the
+    # config's user_paths, absolute. Empty: this process's working directory.
+    launch_dir: str = ""
+    user_paths: List[str] = field(default_factory=list)
 
 
 class WorkerExit(Exception):

@@ -56,15 +56,34 @@ def trial_processes(marker: str):
     return found
 
 
-def training_command(tmp_path, trial, *overrides):
+# The YAML's paths, relative to the repository root: a run launched elsewhere names them absolute.
+EMBEDDED_PATHS = {
+    "actor.path": "assets/tiny-math/sft",
+    "dataset.path": "assets/tiny-math/data/train.jsonl",
+    "dataset.test_path": "assets/tiny-math/data/test.jsonl",
+}
+
+
+def training_command(tmp_path, trial, *overrides, launch_dir=REPO):
+    """The command line of a run launched from `launch_dir` (a user's own folder: the script and
+    the embedded task named by their absolute paths)."""
     # The suite's expectations are CPU numbers: on a machine with a GPU, `auto` would take it.
     device = [] if any(o.startswith("cluster.device=") for o in overrides) else ["cluster.device=cpu"]
+    script, paths = "training/main_async_ppo.py", []
+    if os.path.abspath(launch_dir) != os.path.abspath(REPO):
+        script = os.path.join(REPO, script)
+        paths = [
+            f"{key}={os.path.join(REPO, path)}"
+            for key, path in EMBEDDED_PATHS.items()
+            if not any(o.startswith(f"{key}=") for o in overrides)
+        ]
     return [
         sys.executable,
-        "training/main_async_ppo.py",
+        script,
         f"trial_name={trial}",
         f"cluster.fileroot={tmp_path}",
         *device,
+        *paths,
         *overrides,
     ]
 
@@ -117,11 +136,12 @@ def success_thirds(metrics):
     return first, last
 
 
-def run_training(tmp_path, trial, *overrides, timeout=900, env=None):
-    """Run to the end; returns (CompletedProcess, metrics.jsonl rows, the trial's log dir)."""
+def run_training(tmp_path, trial, *overrides, timeout=900, env=None, launch_dir=REPO):
+    """Run to the end, launched from `launch_dir`; returns (CompletedProcess, metrics.jsonl rows,
+    the trial's log dir)."""
     proc = subprocess.run(
-        training_command(tmp_path, trial, *overrides),
-        cwd=REPO,
+        training_command(tmp_path, trial, *overrides, launch_dir=launch_dir),
+        cwd=launch_dir,
         capture_output=True,
         text=True,
         timeout=timeout,

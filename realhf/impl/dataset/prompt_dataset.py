@@ -37,12 +37,28 @@ class _Columns:
     def __init__(self, columns: Any, noun: str):
         self.source = {f: (getattr(columns, f) if columns is not None else f) for f in FIELDS}
         self.noun = noun  # "field" for JSON objects, "column" for tables
+        self.renamable = columns is not None  # the caller reads dataset.columns (SFT's data has fixed names)
         self._field_of = {src: f for f, src in self.source.items() if src}
         self._identity = all(self.source[f] == f for f in FIELDS)
 
     def name(self, field: str) -> str:
         src = self.source.get(field, field)
         return f"{self.noun} {src!r}" + ("" if src == field else f" (dataset.columns.{field})")
+
+    def missing(self, field: str, row: Dict[str, Any]) -> str:
+        """Why a row lacks `field`, with the override that names the column holding it."""
+        if not self.renamable:
+            return f"missing {self.name(field)}; {self.listed(row)}"
+        if field not in self.source:  # a field an environment requires: it has no dataset.columns key
+            return f"missing {self.noun} {field!r}, which rollout.env.type requires in every row; {self.listed(row)}"
+        fix = f"set dataset.columns.{field}=<{self.noun}> to the {self.noun} that holds it"
+        if field == "query_id":
+            fix += " (or dataset.columns.query_id='' to make ids from the file name and row)"
+        return f"missing {self.name(field)}: {fix}; {self.listed(row)}"
+
+    def listed(self, row: Dict[str, Any]) -> str:
+        names = list(row)
+        return f"the row's {self.noun}s: {', '.join(map(repr, names[:12]))}{', ...' if len(names) > 12 else ''}"
 
     def rename(self, obj: Dict[str, Any], where: str) -> Dict[str, Any]:
         if self._identity:
@@ -100,13 +116,20 @@ def _parse_row(raw: Any, where: str, cols: _Columns, required: Sequence[str], ma
         obj = {**obj, "query_id": made_id}
     for name in ("query_id", *required):
         if name not in obj:
-            raise DatasetFormatError(f"{where}: missing {cols.name(name)}")
+            raise DatasetFormatError(f"{where}: {cols.missing(name, raw)}")
     qid = obj["query_id"]
     if not isinstance(qid, str) or not qid:
         raise DatasetFormatError(f"{where}: {cols.name('query_id')} must be a non-empty string")
     if "prompt" not in obj and "messages" not in obj:
         raise DatasetFormatError(
             f"{where}: a row needs a prompt text ({cols.name('prompt')}) or chat messages ({cols.name('messages')})"
+            + (
+                f": set dataset.columns.prompt=<{cols.noun}> or dataset.columns.messages=<{cols.noun}> to the "
+                f"{cols.noun} that holds it"
+                if cols.renamable
+                else ""
+            )
+            + f"; {cols.listed(raw)}"
         )
     for name in ("prompt", "task"):
         if name in obj and not isinstance(obj[name], str):

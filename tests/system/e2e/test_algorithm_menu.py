@@ -6,6 +6,7 @@ reach. Slow (about three minutes each on two loaded cores), so not in CI."""
 
 import math
 import os
+import shutil
 
 import pytest
 
@@ -77,21 +78,52 @@ def test_menu_choice_trains(name, tmp_path, no_leftover_processes):
     assert _trial_processes(str(tmp_path)) == []
 
 
+# The user's agent (issue 29, item 6): math-single-step that marks each process it runs in, in a
+# file of its own that imports a helper module from a folder named in user_paths.
+MARKED_AGENT = """
+import os
+
+from marks import mark
+from realhf.impl.agent.math_single_step import MathSingleStepAgent
+
+
+class MarkedAgent(MathSingleStepAgent):
+    def __init__(self, config=None, **kwargs):
+        super().__init__(config, **kwargs)
+        mark(os.getpid())
+"""
+MARKS = "def mark(pid):\n    open(f'agent-ran-in-{pid}', 'w').close()  # in the launch directory, the workers' cwd\n"
+
+
 @pytest.mark.e2e
-def test_a_users_own_loss_and_estimator_train_in_the_whole_system(tmp_path, no_leftover_processes):
+def test_a_users_own_agent_loss_and_estimator_train_in_the_whole_system(tmp_path, no_leftover_processes):
     """Item 4 of issue 28: a policy loss and an advantage estimator written in the user's own
     module, chosen by one config line each, run in every worker that needs them (validation at
-    start, the trainer's loss); whether they learn is the slow menu test above."""
+    start, the trainer's loss); whether they learn is the slow menu test above. Issue 29, item 6:
+    the user's code lives in their own folder outside the repository and off PYTHONPATH, where
+    they launch the run: the module beside them by its name, the agent by its file path, the
+    agent's helper module from a folder named in user_paths."""
+    user = tmp_path / "my_project"
+    (user / "agents").mkdir(parents=True)
+    (user / "lib").mkdir()
+    shutil.copy(os.path.join(TESTS_DIR, "helpers", "user_algorithms.py"), user / "user_algorithms.py")
+    (user / "agents" / "marked.py").write_text(MARKED_AGENT)
+    (user / "lib" / "marks.py").write_text(MARKS)
+    assert str(user) not in os.environ.get("PYTHONPATH", "")
     steps = 8
     proc, metrics, _ = run_training(
         tmp_path,
         "user-algorithms",
         f"exp_ctrl.benchmark_steps={steps}",
         *SMALL_RUN,
-        *USER_ALGORITHMS,
+        "ppo.policy_loss=user_algorithms:sigmoid_ratio",
+        "ppo.adv_estimator=user_algorithms:rloo",
+        "rollout.agent.type=agents/marked.py:MarkedAgent",
+        "user_paths=[lib]",
         timeout=600,
-        env=ENV,
+        launch_dir=user,
     )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
-    assert "policy loss helpers.user_algorithms:sigmoid_ratio, advantages helpers.user_algorithms:rloo" in proc.stdout
+    assert "policy loss user_algorithms:sigmoid_ratio, advantages user_algorithms:rloo" in proc.stdout
     assert all(math.isfinite(m["loss"]) and m["clip_fraction"] == 0.0 for m in metrics)  # the user's never clips
+    assert len(list(user.glob("agent-ran-in-*"))) >= 2  # each rollout worker (2) ran the user's agent

@@ -407,11 +407,13 @@ class RegisteredTwoStep(TwoStepAgent):
 def test_registered_names_resolve_and_unknown_names_fail_with_the_choices():
     assert agent_class("test-two-step") is RegisteredTwoStep
     assert agent_class("math-single-step").__name__ == "MathSingleStepAgent"
-    with pytest.raises(ValueError, match="agent.type 'nope'.*math-multi-turn.*module.path:ClassName"):
+    with pytest.raises(ValueError, match=r"rollout.agent.type='nope'.*math-multi-turn.*'path/to/file.py:Name'"):
         agent_class("nope")
+    with pytest.raises(ValueError, match="rollout.agent.type='math-single-stop'.*did you mean 'math-single-step'"):
+        agent_class("math-single-stop")
     with pytest.raises(ValueError, match="not a subclass of realhf.api.agent.Agent"):
         agent_class(f"{__name__}:CountingEnv")
-    with pytest.raises(ValueError, match="cannot import module 'no_such_pkg.envs' for env.type"):
+    with pytest.raises(ValueError, match="rollout.env.type='no_such_pkg.envs:Env': no module 'no_such_pkg'"):
         env_class("no_such_pkg.envs:Env")
 
 

@@ -85,6 +85,8 @@ def test_wrong_type_override_fails_naming_the_key():
         ("allocation_mode=native.d1+d2 groups_per_step=15", "groups_per_step"),
         ("allocation_mode=native.d1+d4 rollout.n_workers=2 groups_per_step=16", "rollout.n_workers"),
         ("rollout.agent.type=no_such_module:Agent", "rollout.agent.type"),
+        ("rollout.agent.type=agents/no_such_file.py:Agent", "rollout.agent.type"),
+        ("user_paths=[no_such_dir]", r"user_paths\[0\]"),
         ("rollout.env.type=realhf.api.env:make_env", "rollout.env.type"),
         ("cluster.restart_policy.max_restarts=-1", "cluster.restart_policy.max_restarts"),
     ],
@@ -174,9 +176,32 @@ def test_a_worker_refuses_a_bad_config_at_its_entry(tmp_path):
         load_worker(str(path))
 
 
-def test_help_shows_the_values_the_run_will_use():
+USER_PLUGINS = """
+from realhf.api.agent import register_agent
+from realhf.impl.agent.math_single_step import MathSingleStepAgent
+
+
+@register_agent("echo-agent")
+class EchoAgent(MathSingleStepAgent):
+    pass
+
+
+def rloo(scores, group_ids):
+    return scores
+"""
+
+
+def test_help_shows_the_values_the_run_will_use_and_the_names_of_the_plug_ins(tmp_path):
+    (tmp_path / "my_plugins.py").write_text(USER_PLUGINS)
     proc = subprocess.run(
-        [sys.executable, "training/main_async_ppo.py", "--help", "max_head_offpolicyness=2"],
+        [
+            sys.executable,
+            "training/main_async_ppo.py",
+            "--help",
+            "max_head_offpolicyness=2",
+            f"rollout.agent.type={tmp_path}/my_plugins.py:EchoAgent",  # the user's code, with its registrations
+            f"ppo.adv_estimator={tmp_path}/my_plugins.py:rlo",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -190,6 +215,21 @@ def test_help_shows_the_values_the_run_will_use():
     assert "exp_ctrl.benchmark_steps = 350\n" in out
     assert "max_head_offpolicyness = 2\n" in out
     assert "$\\{" not in out
+    # The open keys: built-in names, the names the user's code on the command line registered (with
+    # its file), and what is wrong with a path that does not load.
+    plugins = out.split("\nPlug-ins (")[1]
+    assert (
+        f"agents: math-single-step, math-multi-turn, tool-agent, openai-agent, echo-agent ({tmp_path}/my_plugins.py)\n"
+        in plugins
+    )
+    assert "environments: math, mcp, none\n" in plugins
+    assert "rewards: the environment's" in plugins
+    assert "policy losses: ppo, gspo, cpgd, gpg\n" in plugins
+    assert "advantage estimators: grpo, dr_grpo, batch_norm, gae, reinforce\n" in plugins
+    assert (
+        f"cannot be loaded: ppo.adv_estimator='{tmp_path}/my_plugins.py:rlo': file {tmp_path}/my_plugins.py has no attribute 'rlo'; did you mean 'rloo'?"
+        in plugins
+    )
 
 
 def test_command_line_rejects_a_bad_value_before_starting_anything(tmp_path):

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from realhf.api.cli_args import DatasetColumnsConfig
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_dataset import (
     DatasetFormatError,
@@ -78,6 +79,32 @@ def test_malformed_row_names_file_and_line(tmp_path, bad_line, what):
         load_jsonl_prompts(path)
     assert str(e.value).startswith(f"{path}:3: ")
     assert what in str(e.value)
+
+
+def test_every_missing_column_names_the_override_that_finds_it(tmp_path):
+    """A column realhf reads is missing: the message says which `dataset.columns.<name>=` names the
+    column that holds it, and lists the row's columns to choose from."""
+    row = {"id": "q0", "question": "Q: 1?\nA:", "answer": ["#### 1"]}
+    path = _write(tmp_path, [json.dumps(row)])
+    with pytest.raises(DatasetFormatError) as e:
+        load_jsonl_prompts(path, columns=DatasetColumnsConfig())
+    assert str(e.value) == (
+        f"{path}:1: missing field 'query_id': set dataset.columns.query_id=<field> to the field that holds it (or "
+        "dataset.columns.query_id='' to make ids from the file name and row); the row's fields: 'id', 'question', "
+        "'answer'"
+    )
+    columns = DatasetColumnsConfig(query_id="id", prompt="question")
+    with pytest.raises(DatasetFormatError) as e:
+        load_jsonl_prompts(path, required=("solutions",), columns=columns)
+    assert "missing field 'solutions': set dataset.columns.solutions=<field> to the field that holds it" in str(e.value)
+    with pytest.raises(DatasetFormatError) as e:
+        load_jsonl_prompts(path, required=(), columns=DatasetColumnsConfig(query_id="id"))
+    assert "set dataset.columns.prompt=<field> or dataset.columns.messages=<field>" in str(e.value)
+    with pytest.raises(DatasetFormatError, match="missing field 'level', which rollout.env.type requires"):
+        load_jsonl_prompts(path, required=("level",), columns=columns)
+    # A caller without dataset.columns (training/main_sft.py's fixed format) has no override to offer.
+    with pytest.raises(DatasetFormatError, match=r"missing field 'query_id'; the row's fields: 'id', 'question'"):
+        load_jsonl_prompts(path)
 
 
 def test_non_utf8_line_names_file_and_line(tmp_path):

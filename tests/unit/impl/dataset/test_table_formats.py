@@ -115,6 +115,8 @@ BAD = [
     ({"answer": []}, "column 'answer' (dataset.columns.solutions) is empty"),
     ({"answer": ["#### 1", None]}, "column 'answer' (dataset.columns.solutions) item 1 must be str, got NoneType"),
     ({"question": None}, "a row needs a prompt text (column 'question' (dataset.columns.prompt)) or chat messages"),
+    ({"question": None}, "set dataset.columns.prompt=<column> or dataset.columns.messages=<column>"),
+    ({"answer": None}, "missing column 'answer' (dataset.columns.solutions): set dataset.columns.solutions=<column>"),
     ({"answer_number": None}, "missing column 'answer_number'"),
     (
         {"kind": None, "question": None, "messages": [{"role": "user", "content": None}]},
@@ -130,7 +132,7 @@ def test_a_bad_row_is_reported_with_its_file_row_and_column(tmp_path, fmt, bad, 
     rows[5].update(bad)
     if fmt == "jsonl":  # a JSONL user leaves an absent field out; a table holds a null there
         rows = [{k: v for k, v in r.items() if v is not None} for r in rows]
-        what = what.replace("column '", "field '")  # what a JSON object has
+        what = what.replace("column '", "field '").replace("<column>", "<field>")  # what a JSON object has
     if fmt == "saved_dict":
         path, split, where = _saved_dict(tmp_path / "dd", rows, bad_split_rows=rows), "test", " split 'test' row 5: "
     else:

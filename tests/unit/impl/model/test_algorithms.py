@@ -234,7 +234,7 @@ def test_a_users_policy_loss_and_estimator_pass_validation_and_bad_ones_are_refu
         ConfigError, match=r"ppo.c_clip=3.0: .*ppo.policy_loss=helpers.user_algorithms:SIGMOID has none"
     ):
         check_ppo(PPOHyperparameters(policy_loss="helpers.user_algorithms:SIGMOID", c_clip=3.0))
-    with pytest.raises(ConfigError, match=r"cannot import module 'no_such_pkg.losses' for ppo.policy_loss"):
+    with pytest.raises(ConfigError, match=r"ppo.policy_loss='no_such_pkg.losses:mine': no module 'no_such_pkg'"):
         check_ppo(PPOHyperparameters(policy_loss="no_such_pkg.losses:mine"))
     with pytest.raises(ConfigError, match=r"module 'helpers.user_algorithms' has no attribute 'nope'"):
         check_ppo(PPOHyperparameters(adv_estimator="helpers.user_algorithms:nope"))
