@@ -4,12 +4,14 @@ Defaults come from training/configs/async-ppo.yaml (the schema is
 realhf.api.cli_args.AsyncPPOMATHConfig; `--help` lists every field). The run:
 
   1. checks the config (a bad value fails here, naming the field, before any process starts);
-  2. measures greedy and sampled accuracy of the initial model on held-out prompts;
+  2. measures greedy and sampled accuracy of the initial model on held-out prompts: the success
+     rate of the task's own agent and environment (realhf/system/task_eval.py);
   3. launches Redis, the generation servers, the manager, rollout workers, model workers and the
      master (and the evaluator, with exp_ctrl.eval_freq_steps > 0), and supervises them until the
      master marks the trial COMPLETE (or anything fails);
-  4. prints the reward curve, the accuracy curve of the evaluations during training (if any) and
-     the accuracy of the last published weights, and saves the curves as <log dir>/curves.png.
+  4. prints the reward curve, evaluates the last version if the evaluator did not, prints the
+     accuracy curve of the evaluations during training (if any) and the accuracy of the last
+     published weights, and saves the curves as <log dir>/curves.png.
 
 While it runs, a progress bar (realhf/scheduler/progress_view.py) sits below the master's
 echoed lines when stdout is a terminal.
@@ -17,13 +19,14 @@ echoed lines when stdout is a terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import hydra
 from hydra.errors import HydraException
@@ -45,6 +48,7 @@ from realhf.base.trial_lease import TrialLeaseError, TrialLeaseHeldError, trial_
 from realhf.base.trial_lock import TrialLock, TrialLockedError
 from realhf.experiments.async_ppo_math import (
     ConfigError,
+    evaluator_config,
     initial_setup,
     resumed_from,
     trial_files_of,
@@ -61,27 +65,54 @@ from realhf.system.stats_plot import write_curves_png
 logger = logging.getLogger("main_async_ppo")
 
 
-def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, float]:
-    """Greedy and sampled (T = evaluation.sampled_temperature) accuracy on the first n held-out prompts."""
-    import torch
+def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, Any]:
+    """The task's success rate ("greedy", "sampled": at T = evaluation.sampled_temperature, one
+    answer per prompt), mean reward and agent metrics on the first evaluation.n_prompts held-out
+    prompts: the rollout's agent and environment, answering with an engine in this process
+    (realhf.system.task_eval)."""
+    from realhf.system.task_eval import evaluate_weights
 
-    from realhf.impl.dataset.prompt_dataset import load_prompts
-    from realhf.impl.environment.math_grader import MathGrader
-    from realhf.impl.evaluation import evaluate_math_accuracy
-
-    torch.set_num_threads(max(1, cfg.actor.n_threads))
-    ds = cfg.dataset
-    rows = load_prompts(ds.test_path, columns=ds.columns, split=ds.test_split)[: cfg.evaluation.n_prompts]
-    out = {}
-    with MathGrader(n_workers=1) as grader:
-        for name, temperature in (("greedy", 0.0), ("sampled", cfg.evaluation.sampled_temperature)):
-            res = evaluate_math_accuracy(
-                model_path, rows, temperature=temperature, max_new_tokens=cfg.evaluation.max_new_tokens,
-                batch_size=cfg.evaluation.batch_size, grader=grader, seed=cfg.seed,
-                chat_template=cfg.dataset.chat_template,
-            )  # fmt: skip
-            out[name] = res["accuracy"]
+    ev = dataclasses.replace(
+        evaluator_config(cfg, trial_files_of(cfg), 0), n_threads=max(1, cfg.actor.n_threads), nice=0
+    )
+    runs = [(0.0, 1), (cfg.evaluation.sampled_temperature, 1)]
+    greedy, sampled = evaluate_weights(ev, model_path, runs, cfg.evaluation.n_prompts)
+    out: Dict[str, Any] = {"n_prompts": greedy["n_prompts"]}
+    for name, res in (("greedy", greedy), ("sampled", sampled)):
+        out[name] = res["accuracy"]
+        out[f"{name}_reward_mean"] = res["reward_mean"]
+        out[f"{name}_metrics"] = res["metrics"]
     return out
+
+
+def evaluate_last_version(cfg: AsyncPPOMATHConfig, paths: TrialFiles, final: str) -> None:
+    """The last trained version belongs on the curve of the evaluations during training, whether
+    or not it is a multiple of exp_ctrl.eval_freq_steps (the evaluator is stopped by now)."""
+    from realhf.system.evaluator_worker import evaluate_final_version
+    from realhf.system.task_eval import eval_line
+
+    row = evaluate_final_version(evaluator_config(cfg, paths, 0), final, int(os.path.basename(final)))
+    if row is not None:
+        print("after the run, the last version: " + eval_line(row), flush=True)
+
+
+def evaluation_line(when: str, now: Dict[str, Any], before: Optional[Dict[str, Any]], cfg: AsyncPPOMATHConfig) -> str:
+    """The report's line for the evaluation before or after training (the change since before, after)."""
+
+    def value(key: str, sign: str = "") -> str:
+        text = f"{now[key]:{sign}.3f}"
+        return text + (f" ({now[key] - before[key]:+.3f})" if before is not None and key in before else "")
+
+    extra = "".join(
+        f"; {key} {now['greedy_metrics'][key]:.3f} greedy, {now['sampled_metrics'].get(key, float('nan')):.3f} sampled"
+        for key in sorted(now["greedy_metrics"])
+    )
+    return (
+        f"{when} greedy accuracy {value('greedy')}, sampled accuracy {value('sampled')} "
+        f"on {now['n_prompts']} held-out prompts (the success rate of agent {cfg.rollout.agent.type} with env "
+        f"{cfg.rollout.env.type}; mean reward {value('greedy_reward_mean', '+')} greedy, "
+        f"{value('sampled_reward_mean', '+')} sampled{extra})"
+    )
 
 
 def prune_run_dir(run_dir: str, keep_last_saves: int) -> None:
@@ -226,11 +257,7 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
     before = {}
     if cfg.evaluation.n_prompts > 0:
         before = evaluate(cfg.actor.path, cfg)
-        print(
-            f"before training: greedy accuracy {before['greedy']:.3f}, sampled accuracy {before['sampled']:.3f} "
-            f"({cfg.evaluation.n_prompts} held-out prompts)",
-            flush=True,
-        )
+        print(evaluation_line("before training:", before, None, cfg), flush=True)
 
     launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
     total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
@@ -258,7 +285,10 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
 
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
+    final = latest_weights(paths)
     print("\nreward curve (mean over windows of steps):\n" + reward_curve(metrics), flush=True)
+    if cfg.exp_ctrl.eval_freq_steps > 0 and final is not None:
+        evaluate_last_version(cfg, paths, final)
     if cfg.exp_ctrl.eval_freq_steps > 0:
         print(
             "\naccuracy curve (evaluations during training, exp_ctrl.eval_freq_steps="
@@ -268,14 +298,9 @@ def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
     png = write_curves_png(paths.log_dir, metrics, read_eval_metrics(paths.log_dir))
     if png is not None:
         print(f"\nreward and accuracy curves (PNG): {png}", flush=True)
-    final = latest_weights(paths)
     if cfg.evaluation.n_prompts > 0 and final is not None:
         after = evaluate(final, cfg)
-        print(
-            f"after training:  greedy accuracy {after['greedy']:.3f} ({after['greedy'] - before['greedy']:+.3f}), "
-            f"sampled accuracy {after['sampled']:.3f} ({after['sampled'] - before['sampled']:+.3f})",
-            flush=True,
-        )
+        print(evaluation_line("after training: ", after, before, cfg), flush=True)
         with open(os.path.join(paths.log_dir, "accuracy.json"), "w") as f:
             json.dump({"before": before, "after": after, "weights": final, "steps": len(metrics)}, f)
     print(f"logs and metrics.jsonl: {paths.log_dir}\nfinal weights (HF format): {final}", flush=True)

@@ -416,7 +416,7 @@ class ExperimentSaveEvalControl:
     ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")
     eval_freq_steps: int = _f(
         0,
-        "Evaluate the published weights on held-out prompts every N versions (train steps), in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.",
+        "Evaluate the published weights (the task's agent and environment on held-out prompts) every N versions (train steps) and the last one, in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.",
     )
 
 
@@ -467,18 +467,21 @@ class DatasetConfig:
 
 @dataclass
 class EvaluationConfig:
-    n_prompts: int = _f(500, "Held-out prompts for the greedy and sampled accuracy before and after training; 0: skip.")
-    max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
+    n_prompts: int = _f(
+        500,
+        "Held-out prompts (dataset.test_path, at most all its rows) the task's agent and environment are evaluated on before and after training: greedy and sampled success rate (accuracy), mean reward; 0: skip.",
+    )
+    max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
     batch_size: int = _f(128, "Prompts per generate call during evaluation.")
     sampled_temperature: float = _f(
-        1.0, "Temperature of the 'sampled' accuracy (independent of the rollout temperature, so runs compare)."
+        1.0, "Temperature of the 'sampled' evaluation (independent of the rollout temperature, so runs compare)."
     )
     during_n_prompts: int = _f(
         100, "Held-out prompts of each evaluation during training (exp_ctrl.eval_freq_steps > 0)."
     )
     during_samples: int = _f(
         4,
-        "k: answers sampled per prompt at sampled_temperature in each evaluation during training; logs their accuracy and pass@k.",
+        "k: answers sampled per prompt at sampled_temperature in each evaluation during training; logs their success rate (accuracy), mean reward and pass@k.",
     )
     during_n_threads: int = _f(1, "torch threads of the evaluator process.")
     during_nice: int = _f(
@@ -596,5 +599,5 @@ class SFTConfig:
     log_interval: int = _f(10, "Log the training loss every N steps.")
     eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
-    max_new_tokens: int = _f(32, "Maximum new tokens per answer during evaluation.")
+    max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
     n_threads: int = _f(1, "torch threads.")

@@ -248,14 +248,22 @@ class MasterWorkerConfig:
 
 @dataclass
 class EvaluatorConfig:
-    """The evaluator: accuracy and pass@k of the published weights every eval_freq_steps versions,
-    in its own niced process (realhf/system/evaluator_worker.py)."""
+    """The evaluator: the task's success rate, mean reward and pass@k of the published weights every
+    eval_freq_steps versions, in its own niced process (realhf/system/evaluator_worker.py). The
+    launcher's evaluation before and after training uses the same config (realhf/system/task_eval.py)."""
 
     eval_freq_steps: int = same_as("exp_ctrl.eval_freq_steps")
     test_path: str = same_as("dataset.test_path")
     columns: DatasetColumnsConfig = same_as("dataset.columns")
     test_split: str = same_as("dataset.test_split")
     chat_template: str = same_as("dataset.chat_template")
+    agent: AgentConfig = same_as("rollout.agent", "The agent the evaluation episodes run (the rollout workers').")
+    env: EnvConfig = same_as("rollout.env", "The environment of the evaluation episodes (the rollout workers').")
+    gconfig: GenerationHyperparameters = same_as(
+        "ppo.gen",
+        "Sampling of the evaluation episodes: these, with the evaluation's temperature and max_new_tokens, top_p 1 and top_k off.",
+    )
+    episode_timeout: float = same_as("rollout.episode_timeout")
     n_prompts: int = same_as("evaluation.during_n_prompts")
     samples: int = same_as("evaluation.during_samples")
     temperature: float = same_as("evaluation.sampled_temperature")

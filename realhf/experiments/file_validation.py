@@ -67,11 +67,6 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
         )
     if adv_estimator(cfg.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
-    if cfg.evaluation.n_prompts > 0:
-        need(
-            os.path.exists(cfg.dataset.test_path),
-            f"dataset.test_path={cfg.dataset.test_path!r} does not exist (set evaluation.n_prompts=0 to skip evaluation)",
-        )
     context, context_field = server_context(cfg)
     if context:
         need(
@@ -96,15 +91,8 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
     check_dataset_columns(ds.columns)
     rows = load_rows("dataset.path", ds.path, env_required_fields(cfg.rollout.env), ds.columns, ds.split)
     n_rows = len(rows)
-    if cfg.evaluation.n_prompts > 0:  # math accuracy: solutions needed
-        load_rows("dataset.test_path", ds.test_path, columns=ds.columns, split=ds.test_split)
-    if cfg.exp_ctrl.eval_freq_steps > 0:
-        need(
-            os.path.exists(ds.test_path),
-            f"dataset.test_path={ds.test_path!r} does not exist "
-            "(the evaluator of exp_ctrl.eval_freq_steps reads it; set exp_ctrl.eval_freq_steps=0 to turn it off)",
-        )
-        load_rows("dataset.test_path", ds.test_path, columns=ds.columns, split=ds.test_split)
+    if cfg.evaluation.n_prompts > 0 or cfg.exp_ctrl.eval_freq_steps > 0:
+        check_eval_rows(cfg)
     _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
     need(
         cfg.rollout.env.type != "none"
@@ -117,6 +105,25 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
         f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})",
     )
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
+
+
+def check_eval_rows(cfg: AsyncPPOMATHConfig) -> None:
+    """The held-out rows the evaluation runs the task on (realhf.system.task_eval: the rollout's
+    agent and environment) exist and carry what the environment needs; else the error says how to
+    fix the rows or turn evaluation off."""
+    from realhf.system.task_eval import eval_rows_advice
+
+    ds, required = cfg.dataset, env_required_fields(cfg.rollout.env)
+    advice = eval_rows_advice(cfg.rollout.env.type, required, cfg.rollout.agent.type)
+    _Fields.need(
+        os.path.exists(ds.test_path),
+        f"dataset.test_path={ds.test_path!r} does not exist (relative paths are from {os.getcwd()}); {advice}",
+    )
+    try:
+        rows = load_rows("dataset.test_path", ds.test_path, required, ds.columns, ds.test_split)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {advice}") from None
+    _Fields.need(bool(rows), f"dataset.test_path={ds.test_path!r} has no rows; {advice}")
 
 
 # A group's message (Trajectory.to_msg, msgpack with raw arrays): per token an int32 id, a float32

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from realhf.api.agent import Agent, Completion, Outcome, as_outcome, keep_group, shape_reward
 from realhf.api.env import EnvFactory
 from realhf.api.trajectory import Sample, Trajectory, metrics_problem
-from realhf.impl.dataset.prompt_encoding import has_chat_template, render_chat
+from realhf.impl.dataset.prompt_encoding import encode_prompt, has_chat_template, render_chat
 
 Messages = List[Dict[str, Any]]
 SAMPLING_FIELDS = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids")
@@ -158,7 +158,7 @@ class Gen:
         )
 
 
-async def _gather_or_cancel(coros) -> list:
+async def gather_or_cancel(coros) -> list:
     """Run concurrently; if one fails, cancel the others (and wait for them) before re-raising."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -168,6 +168,14 @@ async def _gather_or_cancel(coros) -> list:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def episode_prompt(agent: Agent, envs: EnvFactory, tokenizer: Any, row: Dict[str, Any], chat: bool) -> List[int]:
+    """The tokens an episode of `row` starts from: its prompt (chat template applied when `chat`)
+    with the schemas of the agent's and the environment's tools."""
+    tools = {**agent.tools, **await envs.tools()}
+    schemas = [t.schema() for t in tools.values()] or None
+    return encode_prompt(tokenizer, row, chat, tools=schemas)
 
 
 async def run_episode(
@@ -220,7 +228,7 @@ async def run_group(
         gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size, openai_endpoint)
         return gen, await run_episode(agent, name, row, gen, envs)
 
-    episodes = [(g, o) for g, o in await _gather_or_cancel(one() for _ in range(group_size)) if o is not None]
+    episodes = [(g, o) for g, o in await gather_or_cancel(one() for _ in range(group_size)) if o is not None]
     if not episodes:
         return None
     prompt_ids = episodes[0][0].prompt_ids

@@ -1,5 +1,7 @@
-"""Evaluator worker: accuracy and pass@k of the published weights every N versions, while training
-goes on (docs/architecture.md §2; launched only when exp_ctrl.eval_freq_steps = N > 0).
+"""Evaluator worker: the task's success rate, mean reward and pass@k of the published weights
+every N versions, while training goes on (docs/architecture.md §2; launched only when
+exp_ctrl.eval_freq_steps = N > 0). The episodes are the task's own: the configured agent and
+environment on the held-out rows (realhf.system.task_eval).
 
     configure: lower this process's CPU priority (nice +evaluation.during_nice) before anything
                else, so every thread it starts inherits it; load the held-out prompts, start a
@@ -14,7 +16,9 @@ goes on (docs/architecture.md §2; launched only when exp_ctrl.eval_freq_steps =
                never waits for it), drop the taken versions, close the sinks
 
 It holds nothing another worker needs, so the launcher restarts it by default; a restarted
-evaluator carries on after the last version in eval_metrics.jsonl.
+evaluator carries on after the last version in eval_metrics.jsonl. The run's end does not wait
+for it: the last trained version, when it was not evaluated here, is evaluated by the launcher
+after every worker stopped (`evaluate_final_version`).
 """
 
 from __future__ import annotations
@@ -43,18 +47,16 @@ class Evaluator(Worker):
 
     def _configure(self) -> None:
         cfg: EvaluatorConfig = self.config
-        os.nice(cfg.nice)  # first: the engine's and the grader's threads and processes inherit it
+        os.nice(cfg.nice)  # first: the engine's and the environment's threads and processes inherit it
         import torch
 
         from realhf.base.device import pick_device, why_device
-        from realhf.impl.dataset.prompt_dataset import load_prompts
-        from realhf.impl.environment.math_grader import MathGrader
-        from realhf.impl.inference.batch_generate import engine_generate_fn
         from realhf.impl.inference.factory import create_engine_from_config
         from realhf.system.stats_logger import StatsLogger
+        from realhf.system.task_eval import TaskEval, load_eval_rows
 
         torch.set_num_threads(cfg.n_threads)
-        self._engine = self._grader = self._sink = None
+        self._engine = self._task = self._sink = None
         self._running: Optional[Tuple[Pick, Future, float]] = None
         self._version_key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, cfg.model_role)
         self._published = trial_files.published_weights_dir(cfg.run_dir, cfg.model_role)
@@ -68,16 +70,14 @@ class Evaluator(Worker):
         done = read_eval_metrics(os.path.dirname(cfg.metrics_path))
         self._schedule = EvalSchedule(cfg.eval_freq_steps, evaluated=done[-1]["step"] if done else 0)
 
-        self._rows = load_prompts(cfg.test_path, columns=cfg.columns, split=cfg.test_split)[: cfg.n_prompts]
+        rows = load_eval_rows(cfg, cfg.n_prompts)
         native = dataclasses.replace(cfg.native, n_threads=cfg.n_threads, max_running_requests=cfg.batch_size)
         device = pick_device(cfg.device)
         self.logger.info(f"evaluation engine on {device} ({why_device(cfg.device, device)})")
         self._engine = create_engine_from_config(
             cfg.model_path, native, seed=cfg.seed, name=self.name, device=device
         ).start()
-        # Bounded: an engine that stopped answering fails this evaluation (and the worker, which restarts).
-        self._generate = engine_generate_fn(self._engine, timeout=cfg.answer_timeout)
-        self._grader = MathGrader(n_workers=1)
+        self._task = TaskEval(cfg, self._engine, rows)
         self._sink = StatsLogger(
             cfg.metrics_path,
             cfg.stats.tensorboard_path,
@@ -88,8 +88,8 @@ class Evaluator(Worker):
         )
         self.logger.info(
             f"evaluating every {cfg.eval_freq_steps} versions from version {self._schedule.evaluated}: "
-            f"{len(self._rows)} prompts x {cfg.samples} answers at T={cfg.temperature:g}, "
-            f"nice {os.nice(0)}, {cfg.n_threads} thread(s); rows to {cfg.metrics_path}"
+            f"agent {cfg.agent.type}, env {cfg.env.type} on {len(rows)} held-out prompts x {cfg.samples} "
+            f"answers at T={cfg.temperature:g}, nice {os.nice(0)}, {cfg.n_threads} thread(s); rows to {cfg.metrics_path}"
         )
 
     def _trainer_version(self) -> int:
@@ -142,48 +142,19 @@ class Evaluator(Worker):
         self._running = (pick, future, time.monotonic())
 
     def _evaluate(self, version: int) -> dict:
-        from realhf.impl.pass_at_k import accuracy_and_pass_at_k
-
         cfg = self.config
         self._engine.update_weights(str(self._taken / str(version)), weight_version=version)
-        return accuracy_and_pass_at_k(
-            cfg.model_path,
-            self._rows,
-            cfg.samples,
-            temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens,
-            generate_fn=self._generate,
-            grader=self._grader,
-            chat_template=cfg.chat_template,
-        )
+        return self._task.run(cfg.temperature, cfg.samples)
 
     def _record(self, pick: Pick, future: Future, started: float) -> None:
+        from realhf.system.task_eval import eval_line, eval_row
+
         result = future.result()  # an evaluation that raised fails the worker (it is restarted)
         seconds = time.monotonic() - started
         release_version(self._taken / str(pick.version))
-        trainer = self._trainer_version()
-        row = {
-            "step": pick.version,
-            "version": pick.version,
-            "time": time.time(),
-            "eval/accuracy": result["accuracy"],
-            "eval/pass_at_k": result["pass_at_k"],
-            "eval/k": result["k"],
-            "eval/n_prompts": result["n_prompts"],
-            "eval/temperature": result["temperature"],
-            "eval/mean_new_tokens": result["mean_new_tokens"],
-            "eval/truncated": result["truncated"],
-            "eval/seconds": seconds,
-            "eval/trainer_version": trainer,
-            "eval/skipped": pick.skipped,
-        }
+        row = eval_row(pick.version, result, seconds, self._trainer_version(), pick.skipped)
         self._sink.log(row)
-        self.logger.info(
-            f"evaluated version {pick.version} (step {pick.version}): accuracy {result['accuracy']:.3f}, "
-            f"pass@{result['k']} {result['pass_at_k']:.3f} on {result['n_prompts']} prompts x "
-            f"{result['k']} at T={result['temperature']:g} in {seconds:.1f}s (trainer now at version "
-            f"{trainer})" + (f"; skipped {pick.skipped}" if pick.skipped else "")
-        )
+        self.logger.info(eval_line(row))
 
     def _exit_hook(self) -> None:
         if getattr(self, "_engine", None) is not None:
@@ -191,9 +162,41 @@ class Evaluator(Worker):
         if getattr(self, "_running", None) is not None:
             pick = self._running[0]
             self.logger.info(f"stopping: the evaluation of version {pick.version} is abandoned, not recorded")
-        if getattr(self, "_grader", None) is not None:
-            self._grader.close()
+        if getattr(self, "_task", None) is not None:
+            self._task.close()  # the environment's shared part (a grader pool, a sandbox)
         if getattr(self, "_sink", None) is not None:
             self._sink.close()
         if getattr(self, "_taken", None) is not None:
             shutil.rmtree(self._taken, ignore_errors=True)
+
+
+def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> Optional[dict]:
+    """The last trained version, evaluated as the evaluator evaluates a due one, when its row is not
+    in eval_metrics.jsonl yet: it is not a multiple of N, or its evaluation was still running when
+    the run ended (the run's end never waits for the evaluator). Run by the launcher after every
+    worker stopped; returns the row written, or None when there was nothing to do."""
+    from realhf.system.stats_logger import StatsLogger
+    from realhf.system.task_eval import eval_row, evaluate_weights
+
+    done = read_eval_metrics(os.path.dirname(cfg.metrics_path))
+    if any(r["version"] == version for r in done) or version <= 0:
+        return None
+    schedule = EvalSchedule(cfg.eval_freq_steps, evaluated=done[-1]["step"] if done else 0)
+    schedule.took(version, ok=True)
+    pick = schedule.next()
+    started = time.monotonic()
+    (result,) = evaluate_weights(cfg, weights, [(cfg.temperature, cfg.samples)], cfg.n_prompts)
+    row = eval_row(version, result, time.monotonic() - started, version, pick.skipped)
+    sink = StatsLogger(
+        cfg.metrics_path,
+        cfg.stats.tensorboard_path,
+        wandb_project=cfg.stats.wandb_project,
+        wandb_run_name=cfg.wandb_run_name,
+        wandb_mode=cfg.stats.wandb_mode,
+        echo=False,
+    )
+    try:
+        sink.log(row)
+    finally:
+        sink.close()
+    return row

@@ -56,10 +56,10 @@ from realhf.api.worker_configs import RolloutWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.user_code import ErrorReport
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
-from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
+from realhf.impl.dataset.prompt_encoding import chat_template_on
 from realhf.impl.episode_failures import FailureStreak, ReportedSites
 from realhf.system import user_errors
-from realhf.system.episode import AgentError, run_group
+from realhf.system.episode import AgentError, episode_prompt, run_group
 from realhf.system.generation_client import GenerationClient
 from realhf.system.http_json import GenerationError, ServerUnavailableError
 from realhf.system.manager_client import ManagerClient
@@ -310,9 +310,7 @@ class RolloutWorker(AsyncWorker):
         Cancelling runs the agent's own clean-up (finally/async with) and closes every
         environment of the group."""
         cfg, fields = self.config, row.as_dict()
-        tools = {**self.agent.tools, **await self.envs.tools()}
-        schemas = [t.schema() for t in tools.values()] or None
-        prompt = encode_prompt(self.tokenizer, fields, self.chat, tools=schemas)
+        prompt = await episode_prompt(self.agent, self.envs, self.tokenizer, fields, self.chat)
         self._check_prompt(row, prompt)
         coro = run_group(
             self.agent,

@@ -103,37 +103,26 @@ def _override(overrides: Sequence[str], key: str, default: str) -> str:
     return found[-1] if found else default
 
 
-def evaluate_fallback(fileroot: str, repo: str, n_prompts: int, seed: int) -> Dict:
-    """The entry point's before/after evaluation (same defaults), for a run whose shutdown failed."""
+def evaluate_fallback(fileroot: str, repo: str, overrides: Sequence[str]) -> Dict:
+    """The entry point's before/after evaluation (the same task, settings and code:
+    realhf.system.task_eval), for a run whose shutdown failed."""
     import glob
 
-    import torch
+    from realhf.experiments.async_ppo_math import evaluator_config, trial_files_of
+    from realhf.experiments.config_loading import compose_config
+    from realhf.system.task_eval import evaluate_weights
 
-    from realhf.api.cli_args import EvaluationConfig
-    from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
-    from realhf.impl.environment.math_grader import MathGrader
-    from realhf.impl.evaluation import evaluate_math_accuracy
-
-    torch.set_num_threads(1)
     versions = glob.glob(os.path.join(fileroot, "**", "published_weights", "actor", "[0-9]*"), recursive=True)
     final = max(versions, key=lambda d: int(os.path.basename(d)))
-    ev = EvaluationConfig()
-    rows = load_jsonl_prompts(os.path.join(repo, "assets/tiny-math/data/test.jsonl"))[:n_prompts]
+    sft = os.path.join(repo, "assets/tiny-math/sft")
+    test = os.path.join(repo, "assets/tiny-math/data/test.jsonl")
+    cfg = compose_config([*overrides, f"actor.path={sft}", f"dataset.test_path={test}", f"cluster.fileroot={fileroot}"])
+    ev = evaluator_config(cfg, trial_files_of(cfg), 0)
+    runs = [(0.0, 1), (cfg.evaluation.sampled_temperature, 1)]
     out = {}
-    with MathGrader(n_workers=1) as grader:
-        for when, path in (("before", os.path.join(repo, "assets/tiny-math/sft")), ("after", final)):
-            out[when] = {
-                name: evaluate_math_accuracy(
-                    path,
-                    rows,
-                    temperature=t,
-                    max_new_tokens=ev.max_new_tokens,
-                    batch_size=ev.batch_size,
-                    grader=grader,
-                    seed=seed,
-                )["accuracy"]
-                for name, t in (("greedy", 0.0), ("sampled", ev.sampled_temperature))
-            }
+    for when, path in (("before", sft), ("after", final)):
+        greedy, sampled = evaluate_weights(ev, path, runs, cfg.evaluation.n_prompts)
+        out[when] = {"greedy": greedy["accuracy"], "sampled": sampled["accuracy"]}
     log(f"evaluated {final} myself: {out}")
     return out
 
@@ -186,7 +175,7 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
             with open(acc_path) as f:
                 acc = json.load(f)
         elif n_eval > 0 and failure:  # the entry point skips its evaluation after a failed shutdown
-            acc = evaluate_fallback(fileroot, repo, n_eval, int(_override(overrides, "seed", "1")))
+            acc = evaluate_fallback(fileroot, repo, overrides)
         if acc is not None:
             out.update(
                 {

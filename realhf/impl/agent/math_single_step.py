@@ -159,5 +159,10 @@ class MathSingleStepAgent(Agent):
                 threads=self._threads,
                 name=self.reward_fn_name,
             )
-        _, reward, _, _ = await env.step(answer.text)
-        return graded(reward)
+        _, reward, _, info = await env.step(answer.text)
+        outcome = graded(reward)
+        if (
+            isinstance(info, dict) and "answer_right" in info
+        ):  # the math env: the final answer alone, beside check_work's verdict
+            outcome.info["answer_right"] = float(info["answer_right"])
+        return outcome

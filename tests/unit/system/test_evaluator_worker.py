@@ -199,14 +199,76 @@ def test_evaluations_reach_tensorboard_when_configured(tmp_path):
 
 
 def test_an_engine_that_does_not_answer_fails_the_evaluation_naming_the_wait():
+    import asyncio
+
     from helpers.trajectories import TINY_SFT
-    from realhf.impl.inference.batch_generate import engine_generate_fn
+    from realhf.api.cli_args import GenerationHyperparameters
     from realhf.impl.inference.factory import create_engine
+    from realhf.system.engine_client import EngineGenerationClient
 
     engine = create_engine(TINY_SFT, max_running_requests=4).start()
     try:
         assert engine.pause().result(5) == 0  # requests queue and are never answered
-        with pytest.raises(TimeoutError, match=r"answer 0 of 2 from the in-process engine took longer than 0.3s"):
-            engine_generate_fn(engine, timeout=0.3)([[5, 6], [7]], 1.0, 4)
+        client = EngineGenerationClient(engine, answer_timeout=0.3)
+        with pytest.raises(TimeoutError, match=r"answer from the in-process engine took longer than 0.3s"):
+            asyncio.run(client.generate("q", [5, 6], GenerationHyperparameters(max_new_tokens=4)))
+        assert isinstance(client.broken, TimeoutError)  # the engine's failure: the evaluation fails with it
     finally:
         engine.stop()
+
+
+def test_a_users_own_task_is_evaluated_by_its_own_reward_not_the_math_grader(tmp_path):
+    """A non-math task (rows without `solutions`) with the user's agent and environment: the
+    evaluator runs them, and its numbers are the user's success, reward and metric."""
+    from helpers.engine_answers import greedy_answers
+    from helpers.user_agents import final_number, parity_rows
+    from realhf.api.cli_args import AgentConfig, EnvConfig
+    from realhf.impl.environment.math_grader import MathGrader
+
+    test_file = os.path.join(TINY_MATH, "data", "test.jsonl")
+    rows = parity_rows(test_file, 12)
+    data = tmp_path / "parity.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    name_resolve.reconfigure(NameResolveConfig(type="memory"))
+    cfg = EvaluatorConfig(
+        eval_freq_steps=4,
+        test_path=str(data),
+        n_prompts=100,  # the file has 12: the evaluation says 12
+        samples=2,
+        temperature=0.0,  # greedy twice: the numbers can be checked against answers generated apart
+        agent=AgentConfig(type="helpers.user_agents:ParityAgent"),
+        env=EnvConfig(type="helpers.user_agents:ParityEnv"),
+        model_path=os.path.join(TINY_MATH, "sft"),
+        device="cpu",
+        nice=0,
+        batch_size=16,
+        run_dir=str(tmp_path / "run"),
+        metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
+        poll_interval=0.01,
+    )
+    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
+    w._configure()
+    try:
+        trainer = FakeTrainer(tmp_path / "run", untrained_until=0)
+        for v in range(1, 5):
+            trainer.step_to(v)
+        _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(str(tmp_path / "logs"))) == 1)
+    finally:
+        w._exit_hook()
+        name_resolve.reset()
+    (row,) = read_eval_metrics(str(tmp_path / "logs"))
+
+    answers = greedy_answers(cfg.model_path, rows)
+    even = [final_number(a) is not None and final_number(a) % 2 == 0 for a in answers]
+    p = sum(even) / len(even)
+    assert (row["eval/n_prompts"], row["eval/k"], row["eval/failed"]) == (12, 2, 0)
+    assert row["eval/accuracy"] == pytest.approx(p) and row["eval/pass_at_k"] == pytest.approx(p)
+    assert row["eval/reward_mean"] == pytest.approx(2.0 * p - 0.5 * (1 - p))  # the agent's own reward
+    digits = [len(str(abs(final_number(a)))) if final_number(a) is not None else 0 for a in answers]
+    assert row["eval/agent/digits"] == pytest.approx(sum(digits) / len(digits))
+    # The math grader scores these answers otherwise (against the references the user's rows lack).
+    with open(test_file) as f:
+        solutions = [json.loads(next(f))["solutions"] for _ in rows]
+    with MathGrader(n_workers=1) as grader:
+        graded = sum(bool(grader.grade(a, s)) for a, s in zip(answers, solutions)) / len(answers)
+    assert graded != pytest.approx(p), (graded, p)
