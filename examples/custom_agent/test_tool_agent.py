@@ -1,57 +1,23 @@
-"""The tool-using custom agent against a scripted model, with the tokenizer and chat template of
+"""The tool-using custom agent against scripted answers, with the tokenizer and chat template of
 the embedded tool task (assets/tiny-tools/sft)."""
 
 import asyncio
 
-from transformers import AutoTokenizer
-
 from examples.custom_agent.tool_agent import CarefulToolAgent, calculator
-from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
-from realhf.api.env import EnvFactory
-from realhf.impl.dataset.prompt_encoding import encode_prompt
-from realhf.system.episode import run_group
-from realhf.system.generation_client import GenerationResult
+from realhf.testing import ScriptedModel, run_episode
 
 ROW = {"query_id": "q1", "prompt": "Q: Max has 5 shells. He finds 2 more. How many?\nA:", "solutions": [" #### 7"]}
-TOKENIZER = AutoTokenizer.from_pretrained("assets/tiny-tools/sft")
 
 
 def call(expression):
     return f' <tool_call>{{"name":"calculator","arguments":{{"expression":"{expression}"}}}}</tool_call>'
 
 
-class Model:
-    """Answers with the next scripted text; records what it was given."""
-
-    def __init__(self, answers):
-        self.answers, self.inputs = list(answers), []
-
-    async def generate(self, qid, input_ids, gconfig, group_size=1):
-        self.inputs.append(TOKENIZER.decode(input_ids))
-        ids = TOKENIZER(self.answers.pop(0), add_special_tokens=False)["input_ids"]
-        return GenerationResult(ids, [-1.0] * len(ids), [0] * len(ids), "stop", 1)
-
-
 def episode(answers):
-    model, agent = Model(answers), CarefulToolAgent(AgentConfig(), tokenizer=TOKENIZER)
-
-    async def main():
-        prompt = encode_prompt(TOKENIZER, ROW, True, tools=[t.schema() for t in agent.tools.values()])
-        traj = await run_group(
-            agent,
-            ROW,
-            prompt,
-            qid="q1@0",
-            client=model,
-            envs=EnvFactory(EnvConfig()),
-            gconfig=GenerationHyperparameters(),
-            tokenizer=TOKENIZER,
-            agent_config=AgentConfig(),
-            group_size=1,
-        )
-        return traj.samples[0], model
-
-    return asyncio.run(main())
+    """The sample of one episode whose model answers `answers` in turn, and that model (its
+    `inputs`: what each turn was shown)."""
+    model = ScriptedModel(answers, tokenizer="tiny-tools")
+    return run_episode(CarefulToolAgent, ROW, model=model).samples[0], model
 
 
 def test_the_calculator_is_a_tool_with_a_schema_and_refuses_what_is_not_arithmetic():

@@ -75,10 +75,12 @@ class EnvFactory:
     """Makes the environment of each episode; owns what they share (opened at the first episode,
     in the worker's event loop, so `open_shared` may be async)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, cls: Optional[Type[Environment]] = None):
+        """`cls`: the class itself instead of `config.type`'s (realhf.testing takes a class that
+        need not be importable by name, e.g. one defined in a test function)."""
         self.config = config
         self.args = dict(getattr(config, "args", None) or {})
-        self.cls: Optional[Type[Environment]] = None if config.type == NO_ENV else env_class(config.type)
+        self.cls: Optional[Type[Environment]] = cls or (None if config.type == NO_ENV else env_class(config.type))
         self.shared: Any = None
         self._opened = False
         self._lock: Optional[asyncio.Lock] = None

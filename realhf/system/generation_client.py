@@ -266,29 +266,13 @@ class GenerationClient:
             await asyncio.gather(*(self.generate(qid, input_ids, gconfig, n, max_new_tokens) for _ in range(n)))
         )
 
-    def _sampling_params(self, gconfig: Any, max_new_tokens: int, n_done: int) -> Dict[str, Any]:
-        stop = [int(t) for t in getattr(gconfig, "stop_token_ids", [])]
-        if self.eos_token_id is not None and self.eos_token_id not in stop:
-            stop.append(int(self.eos_token_id))
-        params = {
-            "max_new_tokens": int(max_new_tokens),
-            "temperature": float(gconfig.temperature),
-            "top_p": float(gconfig.top_p),
-            "top_k": int(gconfig.top_k),
-            "stop_token_ids": stop,
-        }
-        min_new = int(getattr(gconfig, "min_new_tokens", 0)) - n_done
-        if min_new > 0:
-            params["min_new_tokens"] = min(min_new, int(max_new_tokens))
-        return params
-
     async def _generate_once(
         self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int, n_done: int
     ) -> Tuple[List[int], List[float], str, Optional[int]]:
         rid = f"{self._rid_prefix}-{next(self._rids)}"
         body = {
             "input_ids": input_ids,
-            "sampling_params": self._sampling_params(gconfig, max_new_tokens, n_done),
+            "sampling_params": sampling_params(gconfig, max_new_tokens, self.eos_token_id, n_done),
             "return_logprob": True,
             "rid": rid,
         }
@@ -342,6 +326,27 @@ class GenerationClient:
             return None
         self._routed_cache = (time.monotonic(), urls)
         return urls
+
+
+def sampling_params(
+    gconfig: Any, max_new_tokens: int, eos_token_id: Optional[int] = None, n_done: int = 0
+) -> Dict[str, Any]:
+    """The `sampling_params` of a /generate request for `gconfig` (a GenerationHyperparameters),
+    `n_done` tokens into the answer; EOS is a stop token besides gconfig's own."""
+    stop = [int(t) for t in getattr(gconfig, "stop_token_ids", [])]
+    if eos_token_id is not None and eos_token_id not in stop:
+        stop.append(int(eos_token_id))
+    params = {
+        "max_new_tokens": int(max_new_tokens),
+        "temperature": float(gconfig.temperature),
+        "top_p": float(gconfig.top_p),
+        "top_k": int(gconfig.top_k),
+        "stop_token_ids": stop,
+    }
+    min_new = int(getattr(gconfig, "min_new_tokens", 0)) - n_done
+    if min_new > 0:
+        params["min_new_tokens"] = min(min_new, int(max_new_tokens))
+    return params
 
 
 def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], List[float], str, Optional[int]]:

@@ -8,7 +8,7 @@ each other in a circle.
     2 impl         the machinery and the built-in plug-ins
     3 system       the workers
     4 scheduler, experiments   launching, and assembling (and validating) an experiment
-    5 apps and the entry points at the top of the package
+    5 apps, testing (a user's agent run outside a run) and the entry points at the top of the package
 """
 
 import ast
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from helpers.paths import REPO
 
-FLOORS = {"base": 0, "api": 1, "impl": 2, "system": 3, "scheduler": 4, "experiments": 4, "apps": 5}
+FLOORS = {"base": 0, "api": 1, "impl": 2, "system": 3, "scheduler": 4, "experiments": 4, "apps": 5, "testing": 5}
 PACKAGE = Path(REPO) / "realhf"
 
 

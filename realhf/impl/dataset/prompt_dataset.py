@@ -147,6 +147,12 @@ def _parse_row(raw: Any, where: str, cols: _Columns, required: Sequence[str], ma
     )
 
 
+def parse_row(raw: Any, required: Sequence[str] = (), where: str = "row") -> PromptRow:
+    """One row given in code (not read from a file), checked as a dataset row is; `required`:
+    the fields the environment needs."""
+    return _parse_row(raw, where, _Columns(None, "field"), required, None)
+
+
 def _collect(
     items: Iterable[Tuple[Any, str, str, int]], cols: _Columns, required: Sequence[str], id_prefix: str
 ) -> List[PromptRow]:
