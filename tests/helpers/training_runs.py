@@ -190,8 +190,9 @@ class Run:
                 except psutil.Error:
                     continue
                 known = self.seen.get(p.pid)
-                # A child caught between fork and exec has no command line yet: fill it in later.
-                if known is None or (known[1] == created and cmd and not known[0]):
+                # A child caught between fork and exec shows no command line yet, or its parent's
+                # (the launcher's): the same process (same start time) gets its own after exec.
+                if known is None or (known[1] == created and cmd and cmd != known[0]):
                     self.seen[p.pid] = (cmd, created)
         except psutil.NoSuchProcess:
             pass
