@@ -19,7 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from realhf.impl.inference.request import EngineClosedError, GenerateRequest, SamplingParams
-from realhf.system.generation_client import GenerationResult
+from realhf.system.generation_client import GenerationResult, sampling_params
 
 if TYPE_CHECKING:  # the engine module imports torch; this one is imported where torch is not needed
     from realhf.impl.inference.engine import Engine
@@ -49,14 +49,7 @@ class EngineGenerationClient:
     ) -> GenerationResult:
         """One answer to `input_ids`: `max_new_tokens` (default `gconfig.max_new_tokens`) at most."""
         budget = int(gconfig.max_new_tokens if max_new_tokens is None else max_new_tokens)
-        sampling = SamplingParams(
-            max_new_tokens=budget,
-            temperature=float(gconfig.temperature),
-            top_p=float(gconfig.top_p),
-            top_k=int(gconfig.top_k),
-            min_new_tokens=min(max(int(getattr(gconfig, "min_new_tokens", 0)), 0), budget),
-            stop_token_ids=[int(t) for t in getattr(gconfig, "stop_token_ids", [])],  # the engine adds EOS
-        )
+        sampling = SamplingParams(**sampling_params(gconfig, budget))  # as over HTTP; the engine adds EOS
         request = GenerateRequest([int(t) for t in input_ids], sampling)
         self.n_generate_calls += 1
         try:
