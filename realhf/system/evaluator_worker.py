@@ -52,7 +52,6 @@ class Evaluator(Worker):
 
         from realhf.base.device import pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
-        from realhf.system.stats_logger import StatsLogger
         from realhf.system.task_eval import TaskEval, load_eval_rows
 
         torch.set_num_threads(cfg.n_threads)
@@ -78,14 +77,7 @@ class Evaluator(Worker):
             cfg.model_path, native, seed=cfg.seed, name=self.name, device=device
         ).start()
         self._task = TaskEval(cfg, self._engine, rows)
-        self._sink = StatsLogger(
-            cfg.metrics_path,
-            cfg.stats.tensorboard_path,
-            wandb_project=cfg.stats.wandb_project,
-            wandb_run_name=cfg.wandb_run_name,
-            wandb_mode=cfg.stats.wandb_mode,
-            echo=False,
-        )
+        self._sink = eval_sink(cfg)
         self.logger.info(
             f"evaluating every {cfg.eval_freq_steps} versions from version {self._schedule.evaluated}: "
             f"agent {cfg.agent.type}, env {cfg.env.type} on {len(rows)} held-out prompts x {cfg.samples} "
@@ -175,7 +167,6 @@ def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> 
     in eval_metrics.jsonl yet: it is not a multiple of N, or its evaluation was still running when
     the run ended (the run's end never waits for the evaluator). Run by the launcher after every
     worker stopped; returns the row written, or None when there was nothing to do."""
-    from realhf.system.stats_logger import StatsLogger
     from realhf.system.task_eval import eval_row, evaluate_weights
 
     done = read_eval_metrics(os.path.dirname(cfg.metrics_path))
@@ -187,7 +178,19 @@ def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> 
     started = time.monotonic()
     (result,) = evaluate_weights(cfg, weights, [(cfg.temperature, cfg.samples)], cfg.n_prompts)
     row = eval_row(version, result, time.monotonic() - started, version, pick.skipped)
-    sink = StatsLogger(
+    sink = eval_sink(cfg)
+    try:
+        sink.log(row)
+    finally:
+        sink.close()
+    return row
+
+
+def eval_sink(cfg: EvaluatorConfig):
+    """The evaluations' sinks: eval_metrics.jsonl, and tensorboard / wandb when configured."""
+    from realhf.system.stats_logger import StatsLogger
+
+    return StatsLogger(
         cfg.metrics_path,
         cfg.stats.tensorboard_path,
         wandb_project=cfg.stats.wandb_project,
@@ -195,8 +198,3 @@ def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> 
         wandb_mode=cfg.stats.wandb_mode,
         echo=False,
     )
-    try:
-        sink.log(row)
-    finally:
-        sink.close()
-    return row
