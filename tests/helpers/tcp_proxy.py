@@ -155,8 +155,10 @@ class TcpProxy:
                     break
                 if writer.is_closing():
                     return
-                writer.write(data)
+                # Counted before the write: the peer may read the bytes (and a test read the
+                # stats from its own thread) before this task runs its next line.
                 self._counts[counter] += len(data)
+                writer.write(data)
                 await writer.drain()
         except (OSError, ConnectionError):
             pass
