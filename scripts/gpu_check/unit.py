@@ -294,9 +294,11 @@ def main(argv=None) -> int:
     def step(name, dtype, critic, min_cosine, max_rel, **variant):
         def run():
             key = ("critic" if critic else "actor", tuple(sorted(variant.items())))
+            # The device's step first: where the device is missing it fails at once, before the
+            # CPU reference has been computed for nothing.
+            got = _step(device, batch, param_dtype=dtype, critic=critic, **variant)
             if key not in cpu_fp32:
                 cpu_fp32[key] = _step("cpu", batch, param_dtype="float32", critic=critic, **variant)
-            got = _step(device, batch, param_dtype=dtype, critic=critic, **variant)
             return {
                 "dtype": dtype,
                 **variant,
