@@ -24,7 +24,7 @@ setup(
             "schemathesis>=4,<5",
             "tensorboard>=2.15",
             "openai>=1.30",
-            "mcp>=1.0",
+            "mcp>=1.8",
             "peft>=0.17",
             "wandb>=0.19",
             "datasets>=2.14",
@@ -45,7 +45,8 @@ setup(
         # Per-step logging, imported only when stats.tensorboard_path / stats.wandb_project is set.
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb"],
-        "mcp": ["mcp>=1.0"],
+        # rollout.env.type=mcp; 1.8 is the first release with the streamable HTTP client (`url`).
+        "mcp": ["mcp>=1.8"],
         # dataset.path as parquet or a save_to_disk directory (realhf/impl/dataset/table_formats.py);
         # JSONL needs nothing extra.
         "datasets": ["datasets>=2.14"],

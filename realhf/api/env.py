@@ -54,6 +54,11 @@ class Environment(abc.ABC):
     async def aclose(self) -> None:  # noqa: B027 - an optional hook: nothing to do by default
         """End of the episode (also after an error or a timeout)."""
 
+    @classmethod  # noqa: B027 - an optional hook: nothing to check by default
+    def check_args(cls, args: Dict[str, Any], key: str) -> None:
+        """Before any process starts: ValueError naming `key`.<arg> for config.args that cannot work
+        (their names were already checked against `__init__` and `open_shared`)."""
+
     @classmethod
     def open_shared(cls, config: Any, **kwargs: Any) -> Any:
         """Once per rollout worker, before its first episode: what every episode shares

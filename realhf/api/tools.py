@@ -6,17 +6,23 @@
     def add(a: int, b: int) -> int:
         \"\"\"Add two integers.
 
-        a: the first number
-        b: the second number
+        Args:
+            a: the first number
+            b: the second number
         \"\"\"
         return a + b
 
     add.schema()                  # the OpenAI/Hermes function schema, from the signature and docstring
     await add.call({"a": 1, "b": 2})   # "3" (a ToolResult); errors and timeouts come back as text
 
-The model calls tools in the Hermes/Qwen format its chat template teaches it:
-`<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`. `call_tools(text, tools)`
-finds them in a completion and runs them concurrently, each under its timeout: one ToolResult per
+A typed function with a Google-style docstring (every argument described under `Args:`) gets
+the schema transformers builds for chat templates (`transformers.utils.get_json_schema`); any
+other function (`name: text` lines, a missing description or an annotation transformers cannot
+express) gets one built here from the annotations and docstring, so every function stays a tool.
+
+The model calls tools in the format its chat template teaches it, by default the Hermes/Qwen one:
+`<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>` (other formats:
+realhf.api.tool_formats). `call_tools(text, tools)` finds them in a completion and runs them concurrently, each under its timeout: one ToolResult per
 call, a malformed call's being its error text. Each goes back to the model as a
 `{"role": "tool", "content": ...}` message (`gen.append([r.message() for r in results])`).
 """
@@ -120,10 +126,36 @@ class Tool:
         return ""
 
 
+def _transformers_schema(f: Callable) -> Optional[Dict[str, Any]]:
+    """transformers' schema of `f` ({"name", "description", "parameters"}), or None where it has
+    none: no Google-style `Args:` section describing every argument, or a type it cannot express."""
+    if "Args:" not in (f.__doc__ or ""):
+        return None  # not Google style: its parser would fail on every argument anyway
+    try:
+        from transformers.utils import get_json_schema
+        from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+    except ImportError:  # transformers without it (older than 4.42)
+        return None
+    try:
+        schema = get_json_schema(f)
+    except (DocstringParsingException, TypeHintParsingException):
+        return None
+    schema = schema.get("function", schema)  # {"type": "function", "function": {...}} in transformers 4.x and 5
+    # one line, as a docstring's wrapped text reads in the prompt (the fallback's descriptions too)
+    schema["description"] = " ".join(schema.get("description", "").split())
+    for prop in schema["parameters"].get("properties", {}).values():
+        if "description" in prop:
+            prop["description"] = " ".join(prop["description"].split())
+    return schema
+
+
 def tool(fn: Optional[Callable] = None, *, name: str = "", timeout: float = 10.0) -> Any:
     """Make a Tool of a function (sync or async); as `@tool` or `@tool(name=..., timeout=...)`."""
 
     def make(f: Callable) -> Tool:
+        schema = _transformers_schema(f)
+        if schema is not None:
+            return Tool(name or f.__name__, schema.get("description", ""), schema["parameters"], f, timeout)
         description, docs = _doc_parts(f.__doc__ or "")
         hints = typing.get_type_hints(f)
         props, required = {}, []
@@ -184,10 +216,15 @@ async def run_tool_calls(calls: Sequence[ToolCall], tools: Dict[str, Tool]) -> L
     return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
-async def call_tools(text: str, tools: Dict[str, Tool]) -> List[ToolResult]:
-    """Parse the tool calls in a completion and run them: the results in call order, then one
-    error result per malformed call; empty when `text` calls no tool."""
-    calls, errors = parse_tool_calls(text)
+async def call_tools(
+    text: str,
+    tools: Dict[str, Tool],
+    parse: Callable[[str], Tuple[List[ToolCall], List[str]]] = parse_tool_calls,
+) -> List[ToolResult]:
+    """Parse the tool calls in a completion (Hermes by default; realhf.api.tool_formats for others)
+    and run them: the results in call order, then one error result per malformed call; empty when
+    `text` calls no tool."""
+    calls, errors = parse(text)
     return await run_tool_calls(calls, tools) + [ToolResult("", e, True) for e in errors]
 
 

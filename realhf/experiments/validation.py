@@ -332,6 +332,7 @@ def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
             check_arguments(
                 env_class(c.type), Environment, dict(c.args or {}), f.name("args"), methods=("__init__", "open_shared")
             )
+            env_class(c.type).check_args(dict(c.args or {}), f.name("args"))
         except ValueError as e:
             raise ConfigError(str(e)) from None
 

@@ -86,10 +86,11 @@ async def call_reward_fn(
     timeout: float = DEFAULT_REWARD_TIMEOUT_S,
     threads: Optional[DaemonThreads] = None,
     name: str = "",
+    key: str = "rollout.agent.reward_fn",
 ) -> Any:
     """`fn(prompt, completion, **row)` within `timeout` s: a synchronous fn in one of `threads`
     (the event loop goes on meanwhile), an async one on the loop (cancelled at the timeout).
-    RewardTimeout names the function (`name`, default its module:qualname) and the prompt."""
+    RewardTimeout names the function (`key`=`name`, default its module:qualname) and the prompt."""
     others = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
     call = functools.partial(fn, row.get("prompt", ""), completion, **others)
     deadline = time.monotonic() + timeout
@@ -103,14 +104,14 @@ async def call_reward_fn(
             value = await _within(asyncio.ensure_future(value), max(0.0, deadline - time.monotonic()))
         return value
     except _Overran:
-        raise _timeout_error(name or _name_of(fn), row, timeout, threads) from None
+        raise _timeout_error(name or _name_of(fn), row, timeout, threads, key) from None
 
 
-def _timeout_error(name: str, row: Dict[str, Any], timeout: float, threads: Optional[DaemonThreads]) -> RewardTimeout:
-    where = (
-        f"rollout.agent.reward_fn={name} did not return within rollout.agent.reward_timeout={timeout:g}s "
-        f"for prompt {row.get('query_id', '?')!r}"
-    )
+def _timeout_error(
+    name: str, row: Dict[str, Any], timeout: float, threads: Optional[DaemonThreads], key: str
+) -> RewardTimeout:
+    timeout_key = key.rsplit(".", 1)[0] + ".reward_timeout"
+    where = f"{key}={name} did not return within {timeout_key}={timeout:g}s for prompt {row.get('query_id', '?')!r}"
     if threads is None:
         return RewardTimeout(f"{where}; the coroutine was cancelled. Make it faster or raise the timeout.")
     stuck = f"{threads.busy}/{threads.size} reward threads are busy in calls that have not returned"

@@ -39,7 +39,8 @@ def _value(node: ast.AST) -> float:
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression, e.g. (12 + 7) * 3 or 2 ** 10 / 4.
 
-    expression: numbers with + - * / // % ** and parentheses
+    Args:
+        expression: numbers with + - * / // % ** and parentheses
     """
     if len(expression) > MAX_LENGTH:
         raise ValueError(f"the expression is longer than {MAX_LENGTH} characters")

@@ -283,7 +283,8 @@ def make_python_tool(limits: PythonSandboxLimits = PythonSandboxLimits()) -> Too
         stderr). Only the standard library is available, nothing persists between calls, and
         input() gets end-of-file; print() the values you want to see.
 
-        code: the complete Python program to run
+        Args:
+            code: the complete Python program to run
         """
         return await run_python(code, limits)
 

@@ -1,7 +1,8 @@
-"""The `mcp` environment against a real MCP server subprocess (tests/helpers/mcp_server.py): its
-tools and schemas, results and errors as the model reads them, timeouts, a dead server, start
+"""The `mcp` environment against a real MCP server subprocess over stdio (tests/helpers/mcp_server.py):
+its tools and schemas, results and errors as the model reads them, timeouts, a dead server, start
 failures, shutdown leaving no process, and one server shared by concurrent episodes — closed from
-another task than the one that opened it (the anyio task-group pitfall)."""
+another task than the one that opened it (the anyio task-group pitfall). The same server over
+streamable HTTP on loopback is tested in test_mcp_http.py."""
 
 import asyncio
 import dataclasses
@@ -22,6 +23,7 @@ from realhf.impl.environment.mcp_env import MCPEnv, MCPServerTools
 SERVER_ARGS = ["-m", "helpers.mcp_server"]
 SERVER_ENV = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 ENV_ARGS = {"command": sys.executable, "args": SERVER_ARGS, "env": SERVER_ENV, "start_timeout": 15}
+TOOLS = ["add", "calculator", "echo", "fail", "slow"]
 
 
 def server_processes():
@@ -62,7 +64,7 @@ def test_tools_are_listed_with_their_schemas_and_run_on_the_server():
         server = await started()
         try:
             tools = server.tools()
-            assert sorted(tools) == ["add", "echo", "fail", "slow"]
+            assert sorted(tools) == TOOLS
             add = tools["add"]
             assert add.description == "Add two integers."
             assert add.parameters["type"] == "object"
@@ -143,7 +145,7 @@ def test_a_server_that_cannot_start_is_named_with_its_stderr():
         assert not [p for p in psutil.Process().children(recursive=True) if "time.sleep(30)" in " ".join(p.cmdline())]
 
     run(main())
-    with pytest.raises(ValueError, match="set the server command"):
+    with pytest.raises(ValueError, match=r"set the server: rollout.env.args.command .*or rollout.env.args.url"):
         run(MCPEnv.open_shared(None))
     with pytest.raises(ValueError, match="`args` must be a list of strings"):
         MCPServerTools("python", "-m my_server")
@@ -156,7 +158,7 @@ def test_one_server_serves_concurrent_episodes_and_closes_from_another_task():
         env = await factory.make({"query_id": f"q{n}"})
         await env.reset()
         try:
-            assert sorted(env.tools) == ["add", "echo", "fail", "slow"]
+            assert sorted(env.tools) == TOOLS
             results, reward, done, info = await env.step([ToolCall("add", {"a": n, "b": 10}), ToolCall("fail")])
             assert (reward, done, info) == (0.0, False, {"errors": []})
             assert results[0].content == str(n + 10) and results[1].error
@@ -175,7 +177,7 @@ def test_one_server_serves_concurrent_episodes_and_closes_from_another_task():
     async def main():
         counts = await asyncio.gather(*(asyncio.create_task(episode(n)) for n in range(2)))
         assert counts == [1, 1]  # opened once, shared
-        assert set(await factory.tools()) == {"add", "echo", "fail", "slow"}
+        assert set(await factory.tools()) == set(TOOLS)
         # worker exit: closed in a task that did not open it
         await asyncio.create_task(factory.aclose())
         assert not server_processes()
