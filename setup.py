@@ -1,4 +1,24 @@
+import os
+
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+# The files a run of the default config needs besides the code: its configs and the tiny-math
+# prompts and warm-started model (~4 MB). A checkout (or an editable install) reads them where
+# they are; a built package carries copies in realhf/_bundled (realhf/base/package_files.py).
+BUNDLED = ["training/configs", "assets/tiny-math/data", "assets/tiny-math/sft", "assets/tiny-math/README.md"]
+
+
+class BuildPyWithFiles(build_py):
+    def run(self):
+        super().run()
+        for path in BUNDLED:
+            target = os.path.join(self.build_lib, "realhf", "_bundled", path)
+            if os.path.isdir(path):
+                self.copy_tree(path, target)
+            else:
+                self.mkpath(os.path.dirname(target))
+                self.copy_file(path, target)
 
 
 def _requirements(path):
@@ -12,6 +32,10 @@ setup(
     description="A fully asynchronous reinforcement-learning system for LLM post-training",
     packages=find_packages(include=["realhf", "realhf.*"]),
     python_requires=">=3.10",
+    cmdclass={"build_py": BuildPyWithFiles},
+    # The training command, from any directory (realhf/apps/train.py; `python
+    # training/main_async_ppo.py` in a checkout runs the same).
+    entry_points={"console_scripts": ["realhf-train = realhf.apps.train:cli"]},
     install_requires=_requirements("requirements.txt"),
     extras_require={
         # schemathesis 4 (its `schemathesis.openapi` API) fuzzes the HTTP apps; the stats sinks'

@@ -446,7 +446,7 @@ class DatasetColumnsConfig:
 class DatasetConfig:
     path: str = _f(
         "assets/tiny-math/data/train.jsonl",
-        "Training prompts: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk (the last two need the datasets extra). Rows: an id, a prompt text or chat messages, and any columns the agent and environment use (math: solutions); see dataset.columns.",
+        "Training prompts: a JSONL file, a .parquet file, a directory written by HF datasets' save_to_disk, a folder of jsonl/json/csv/parquet files (split by file name: train.jsonl, test.jsonl, ...) or a Hugging Face dataset name owner/name read through the HF datasets cache (all but JSONL need the datasets extra; docs/your-data.md). Rows: an id, a prompt text or chat messages, and any columns the agent and environment use (math: solutions); see dataset.columns.",
     )
     test_path: str = _f(
         "assets/tiny-math/data/test.jsonl",
@@ -454,10 +454,15 @@ class DatasetConfig:
     )
     columns: DatasetColumnsConfig = _sub(DatasetColumnsConfig, "Column names of dataset.path and dataset.test_path.")
     split: str = _f(
-        "train", "Split of dataset.path when it is a saved DatasetDict directory (ignored for other formats)."
+        "train",
+        "Split of dataset.path when it has splits: a saved DatasetDict directory, a folder of data files or a hub dataset (ignored for other formats).",
     )
     test_split: str = _f(
-        "test", "Split of dataset.test_path when it is a saved DatasetDict directory (ignored for other formats)."
+        "test", "Split of dataset.test_path when it has splits (as dataset.split; the same source may serve both)."
+    )
+    config_name: str = _f(
+        "",
+        "Configuration (subset) of a Hugging Face dataset named in dataset.path / dataset.test_path, e.g. main for openai/gsm8k; empty: its default.",
     )
     chat_template: str = _f(
         "auto",

@@ -109,6 +109,7 @@ def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version
         test_path=cfg.dataset.test_path,
         columns=dataclasses.replace(cfg.dataset.columns),
         test_split=cfg.dataset.test_split,
+        config_name=cfg.dataset.config_name,
         chat_template=cfg.dataset.chat_template,
         agent=dataclasses.replace(cfg.rollout.agent),
         env=dataclasses.replace(cfg.rollout.env),
@@ -154,7 +155,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
     point = resume_point(cfg)
     resume = point[1] if point else {}
     host = cfg.cluster.bind_host
-    n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split)
+    n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split, cfg.dataset.config_name)
     total_steps = total_train_steps(cfg, n_rows)
 
     gen_servers = [
@@ -192,6 +193,7 @@ def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
         dataset_path=cfg.dataset.path,
         dataset_columns=dataclasses.replace(cfg.dataset.columns),
         dataset_split=cfg.dataset.split,
+        dataset_config_name=cfg.dataset.config_name,
         chat_template=cfg.dataset.chat_template,
         tokenizer_path=cfg.actor.path,
         seed=cfg.seed,

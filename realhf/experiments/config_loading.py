@@ -14,9 +14,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.base.package_files import CONFIG_DIR, files_root
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG_DIR = os.path.join(REPO_ROOT, "training", "configs")
+REPO_ROOT = files_root()
 CONFIG_NAME = "async-ppo"
 SCHEMA_NAME = "async_ppo_schema"  # the YAML's `defaults:` names it
 

@@ -16,6 +16,7 @@ from realhf.api.algorithms import adv_estimator
 from realhf.api.cli_args import AsyncPPOMATHConfig, DatasetColumnsConfig, GenerationHyperparameters
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.model_source import ModelPathError, resolve_model_path
+from realhf.base.package_files import packaged_path
 from realhf.experiments.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.impl.dataset.prompt_encoding import (
     CHAT_TEMPLATE_SETTINGS,
@@ -45,6 +46,7 @@ _TOKENIZE_BATCH = 1024  # prompts per call of the fast tokenizer
 
 def check_files(cfg: AsyncPPOMATHConfig) -> None:
     need = _Fields.need
+    use_packaged_files(cfg)
     # A hub repo id becomes its local snapshot here, once: every worker config derived from cfg
     # then names the same files. Offline, it fails now, naming the field.
     for name, model in (("actor.path", cfg.actor), ("ref.path", cfg.ref), ("critic.path", cfg.critic)):
@@ -52,10 +54,12 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
             model.path = resolve_model_path(name, model.path)
         except ModelPathError as e:
             raise ConfigError(str(e)) from None
-    for name in ("actor.path", "dataset.path"):
-        path = _Fields(cfg).value(name)
-        need(bool(path), f"{name} is empty")
-        need(os.path.exists(path), f"{name}={path!r} does not exist (relative paths are from {os.getcwd()})")
+    need(bool(cfg.actor.path), "actor.path is empty")
+    need(
+        os.path.exists(cfg.actor.path),
+        f"actor.path={cfg.actor.path!r} does not exist (relative paths are from {os.getcwd()})",
+    )
+    check_dataset_source("dataset.path", cfg.dataset.path)
     need(
         os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
         f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)",
@@ -89,7 +93,9 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
     # Parse every row now, so a malformed row fails here naming file, row and column, not in a worker later.
     ds = cfg.dataset
     check_dataset_columns(ds.columns)
-    rows = load_rows("dataset.path", ds.path, env_required_fields(cfg.rollout.env), ds.columns, ds.split)
+    rows = load_rows(
+        "dataset.path", ds.path, env_required_fields(cfg.rollout.env), ds.columns, ds.split, ds.config_name
+    )
     n_rows = len(rows)
     if cfg.evaluation.n_prompts > 0 or cfg.exp_ctrl.eval_freq_steps > 0:
         check_eval_rows(cfg)
@@ -115,12 +121,9 @@ def check_eval_rows(cfg: AsyncPPOMATHConfig) -> None:
 
     ds, required = cfg.dataset, env_required_fields(cfg.rollout.env)
     advice = eval_rows_advice(cfg.rollout.env.type, required, cfg.rollout.agent.type)
-    _Fields.need(
-        os.path.exists(ds.test_path),
-        f"dataset.test_path={ds.test_path!r} does not exist (relative paths are from {os.getcwd()}); {advice}",
-    )
     try:
-        rows = load_rows("dataset.test_path", ds.test_path, required, ds.columns, ds.test_split)
+        check_dataset_source("dataset.test_path", ds.test_path)
+        rows = load_rows("dataset.test_path", ds.test_path, required, ds.columns, ds.test_split, ds.config_name)
     except ConfigError as e:
         raise ConfigError(f"{e}; {advice}") from None
     _Fields.need(bool(rows), f"dataset.test_path={ds.test_path!r} has no rows; {advice}")
@@ -316,15 +319,48 @@ def _hf_config(field: str, path: str) -> dict:
     return config
 
 
-def load_rows(field: str, path: str, required=("solutions",), columns=None, split: str = "train"):
-    """The prompts at `path` (JSONL, parquet or a datasets directory); a malformed row (file, row,
-    column) or a missing `datasets` extra is a ConfigError naming `field`."""
+def load_rows(
+    field: str, path: str, required=("solutions",), columns=None, split: str = "train", config_name: str = ""
+):
+    """The prompts at `path` (JSONL, parquet, a datasets directory, a folder of data files or a hub
+    dataset, loaded or taken from the HF cache here, so that the workers find it there); a
+    malformed row (file, row, column), an unloadable source or a missing `datasets` extra is a
+    ConfigError naming `field`."""
     from realhf.impl.dataset.prompt_dataset import DatasetFormatError, load_prompts
 
     try:
-        return load_prompts(path, required=required, columns=columns, split=split)
+        return load_prompts(path, required=required, columns=columns, split=split, config_name=config_name)
     except (DatasetFormatError, ImportError) as e:
         raise ConfigError(f"{field}: {e}") from None
+
+
+def check_dataset_source(field: str, path: str) -> None:
+    """`path` is a file, a folder or a hub dataset name (`owner/name`): anything else is a local
+    path that does not exist, said as such (a mistyped path is never sent to the hub)."""
+    from realhf.impl.dataset.table_formats import DatasetFormatError, source_kind
+
+    _Fields.need(bool(path), f"{field} is empty")
+    try:
+        source_kind(path)
+    except DatasetFormatError as e:
+        raise ConfigError(f"{field}={path!r}: {e}") from None
+
+
+# The fields whose default names realhf's own files (assets/tiny-math), found from any directory.
+PACKAGED_FIELDS = ("actor.path", "ref.path", "critic.path", "dataset.path", "dataset.test_path")
+
+
+def use_packaged_files(cfg: AsyncPPOMATHConfig) -> None:
+    """A relative assets/... path that is not in the working directory names realhf's copy
+    (realhf.base.package_files), so the default config runs from any directory; said in the log."""
+    fields = _Fields(cfg)
+    for name in PACKAGED_FIELDS:
+        path = fields.value(name)
+        found = packaged_path(path)
+        if found != path:
+            owner, key = name.rsplit(".", 1)
+            setattr(fields.value(owner), key, found)
+            logger.info(f"{name}={path!r} is not in {os.getcwd()}: using realhf's own copy {found}")
 
 
 def check_dataset_columns(c: DatasetColumnsConfig, prefix: str = "dataset.columns") -> None:

@@ -148,6 +148,7 @@ class RolloutWorker(AsyncWorker):
                 required=self.envs.required_fields,
                 columns=cfg.dataset_columns,
                 split=cfg.dataset_split,
+                config_name=cfg.dataset_config_name,
             ),
             self.ctx.worker_index,
             self.ctx.worker_count,

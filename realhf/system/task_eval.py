@@ -67,7 +67,9 @@ def load_eval_rows(cfg: EvaluatorConfig, n_prompts: int) -> List[PromptRow]:
 
     required = EnvFactory(cfg.env).required_fields
     try:
-        rows = load_prompts(cfg.test_path, required=required, columns=cfg.columns, split=cfg.test_split)
+        rows = load_prompts(
+            cfg.test_path, required=required, columns=cfg.columns, split=cfg.test_split, config_name=cfg.config_name
+        )
     except (DatasetFormatError, FileNotFoundError) as e:
         raise ValueError(
             f"dataset.test_path: {e}; {eval_rows_advice(cfg.env.type, required, cfg.agent.type)}"

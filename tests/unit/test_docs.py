@@ -30,10 +30,10 @@ def _commands():
         lines = []
         for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, re.S):
             lines += block.replace("\\\n", " ").split("\n")
-        lines += re.findall(r"`((?:bash|python|\.venv/bin/python) [^`]+)`", text)
+        lines += re.findall(r"`((?:bash|python|\.venv/bin/python|realhf-train) [^`]+)`", text)
         for line in lines:
             line = line.split(" # ")[0].split("   #")[0].strip()
-            if re.match(r"^(bash|python|\.venv/bin/python) \S", line):
+            if re.match(r"^(bash|python|\.venv/bin/python|realhf-train) \S", line):
                 found.append((page.relative_to(ROOT).as_posix(), line))
     return found
 
@@ -58,6 +58,8 @@ def test_a_documented_command_names_what_exists_and_its_config_validates(page, c
     if PLACEHOLDER.search(command):
         pytest.skip(f"{page}: `{command}` is a pattern, not a command")
     words = shlex.split(command)
+    if words[0] == "realhf-train":  # the console script (setup.py): the same run as the script
+        words = ["python", "training/main_async_ppo.py", *words[1:]]
     program, args = words[0], words[1:]
     if program != "bash":
         if args[:1] == ["-m"]:

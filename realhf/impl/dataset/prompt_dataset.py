@@ -1,5 +1,5 @@
-"""Prompt datasets: strict loading (JSONL here; parquet and HF `datasets` directories through
-`table_formats`), user column names, sharding across rollout workers, and a seeded, restartable
+"""Prompt datasets: strict loading (JSONL here; parquet, HF `datasets` directories, folders of
+data files and hub dataset names through `table_formats`), user column names, sharding across rollout workers, and a seeded, restartable
 epoch sampler.
 
 A row has an id, a `prompt` text or chat `messages` ([{"role": ..., "content": ...}, ...]), and
@@ -200,26 +200,31 @@ def load_jsonl_prompts(
 
 
 def load_prompts(
-    path: Union[str, Path], required: Sequence[str] = ("solutions",), columns: Any = None, split: str = "train"
+    path: Union[str, Path],
+    required: Sequence[str] = ("solutions",),
+    columns: Any = None,
+    split: str = "train",
+    config_name: str = "",
 ) -> List[PromptRow]:
-    """All rows of a JSONL file, a `.parquet` file or a `datasets` directory (`split` picks one of a
-    DatasetDict's splits), in stored order; see `load_jsonl_prompts` for `required` and `columns`.
+    """All rows of a JSONL file, a `.parquet` file, a `datasets` directory, a folder of data files
+    or a hub dataset (`split` picks one of their splits; `config_name`: a hub dataset's
+    configuration), in stored order; see `load_jsonl_prompts` for `required` and `columns`.
     Raises ImportError naming the extra when a table format needs `datasets` and it is missing."""
     if not table_formats.is_table_path(path):
         return load_jsonl_prompts(path, required, columns)
-    table, label = table_formats.open_table(path, split)
+    table, label = table_formats.open_table(path, split, config_name)
     prefix = Path(path).name + (f"-{split}" if label != str(path) else "")
-    items = ((row, f"{label} row {i}", f"row {i}", i) for i, row in table_formats.table_rows(table))
+    items = ((row, f"{label} row {i}", f"row {i}", i) for i, row in table_formats.table_rows(table, label))
     rows = _collect(items, _Columns(columns, "column"), required, prefix)
     if not rows:
         raise DatasetFormatError(f"{label}: the table has no rows")
     return rows
 
 
-def count_prompts(path: Union[str, Path], split: str = "train") -> int:
+def count_prompts(path: Union[str, Path], split: str = "train", config_name: str = "") -> int:
     """How many rows `load_prompts` would return, without checking them (for the step plan)."""
     if table_formats.is_table_path(path):
-        return table_formats.open_table(path, split)[0].num_rows
+        return table_formats.table_len(*table_formats.open_table(path, split, config_name))
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 

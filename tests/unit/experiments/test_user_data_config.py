@@ -2,6 +2,7 @@
 parquet and saved `datasets` directories with dataset.columns and the splits, checked before any
 process starts and handed on to the rollout workers and the evaluator."""
 
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,53 @@ def test_a_table_without_the_datasets_extra_is_refused_naming_it(tmp_path):
         proc.stdout.strip()
         == f"dataset.path: reading {path} needs the datasets library: pip install 'realhf[datasets]'"
     ), proc.stderr[-2000:]
+
+
+def test_a_folder_of_data_files_and_the_config_name_reach_every_worker(tmp_path):
+    folder = tmp_path / "my_math"
+    folder.mkdir()
+    for name, source, n in (("train.jsonl", TRAIN, 40), ("test.jsonl", TEST, 8)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in user_rows(source, n)))
+    cfg = compose_config(
+        [f"dataset.path={folder}", f"dataset.test_path={folder}", "dataset.config_name=cfg", "groups_per_step=4"]
+        + ["exp_ctrl.benchmark_steps=0", "exp_ctrl.total_train_epochs=1", "exp_ctrl.eval_freq_steps=5"]
+        + ["rollout.env.type=helpers.user_data:AnswerColumnEnv", *USER_OVERRIDES]
+    )
+    configs = [c for spec in initial_setup(cfg) for c in spec.configs]
+    rollouts = [c for c in configs if isinstance(c, RolloutWorkerConfig)]
+    assert rollouts and all(
+        (c.dataset_path, c.dataset_split, c.dataset_config_name) == (str(folder), "train", "cfg") for c in rollouts
+    )
+    (evaluator,) = [c for c in configs if isinstance(c, EvaluatorConfig)]
+    assert (evaluator.test_path, evaluator.test_split, evaluator.config_name) == (str(folder), "test", "cfg")
+    (master,) = [c for c in configs if type(c).__name__ == "MasterWorkerConfig"]
+    assert master.total_train_steps == 40 // 4  # the train split's rows
+
+
+@pytest.mark.parametrize("field", ["dataset.path", "dataset.test_path"])
+def test_a_mistyped_local_path_is_said_to_be_missing_not_looked_up_on_the_hub(field):
+    with pytest.raises(ConfigError) as e:
+        validate_experiment(compose_config([f"{field}=assets/tiny-math/data/trian.jsonl"]))
+    assert str(e.value).startswith(
+        f"{field}='assets/tiny-math/data/trian.jsonl': assets/tiny-math/data/trian.jsonl: no such file or directory "
+        f"(relative paths are from {REPO})"
+    ), str(e.value)
+
+
+def test_the_default_config_runs_from_any_directory_on_realhfs_own_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no assets/ here: the config's relative paths name realhf's copies
+    cfg = compose_config(["evaluation.n_prompts=0"])
+    validate_experiment(cfg)
+    assert (cfg.actor.path, cfg.dataset.path, cfg.dataset.test_path) == (
+        os.path.join(TINY_MATH, "sft"),
+        TRAIN,
+        TEST,
+    )
+    # A file of the user's under the same relative name wins over realhf's.
+    mine = tmp_path / "assets" / "tiny-math" / "data" / "train.jsonl"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("".join(json.dumps(r) + "\n" for r in user_rows(TRAIN, 20)))
+    cfg = compose_config(["evaluation.n_prompts=0", "groups_per_step=4", *USER_OVERRIDES])
+    cfg.dataset.test_path = str(mine)
+    validate_experiment(cfg)
+    assert cfg.dataset.path == "assets/tiny-math/data/train.jsonl"

@@ -168,7 +168,7 @@ def test_a_column_under_a_name_realhf_gives_another_is_refused(tmp_path):
     "name, content, what",
     [
         ("broken.parquet", b"not parquet", "not a readable parquet file"),
-        ("plain_dir", None, "not a directory written by datasets' save_to_disk"),
+        ("plain_dir", None, "neither a directory written by datasets' save_to_disk .* nor a folder of data files"),
     ],
 )
 def test_what_is_no_table_is_refused_naming_the_path(tmp_path, name, content, what):
