@@ -4,7 +4,7 @@
     python -m scripts.make_config_docs --check  # exit 1 if docs/config.md is out of date
 
 Every key with the value a plain run uses (the dataclass defaults merged with
-training/configs/async_ppo_math.yaml, as `training/main_async_ppo.py` composes them) and its help
+training/configs/async_ppo.yaml, as `training/main_async_ppo.py` composes them) and its help
 text; tests/unit/scripts/test_make_config_docs.py keeps the page in step with the code.
 """
 

@@ -26,7 +26,7 @@ import yaml
 
 steps_target, root, fault_every = int(os.environ["STEPS"]), os.environ["SOAK_ROOT"], float(os.environ["KILL_EVERY"])
 trial = "soak"
-log_dir = os.path.join(root, "logs", "async-ppo-math", trial)
+log_dir = os.path.join(root, "logs", "async-ppo", trial)
 cmd = [sys.executable, "training/main_async_ppo.py", f"trial_name={trial}", f"cluster.fileroot={root}",
        f"exp_ctrl.benchmark_steps={steps_target}", "evaluation.n_prompts=0",
        # Faults come every ~KILL_EVERY s: allow that many restarts per window.

@@ -1,4 +1,4 @@
-"""Asynchronous PPO on math prompts: `python training/main_async_ppo.py [key=value ...]`, the same
+"""Asynchronous PPO on the configured task (math prompts by default): `python training/main_async_ppo.py [key=value ...]`, the same
 run as the console command `realhf-train [key=value ...]`. The command lives in the package
 (realhf/apps/train.py, which says what a run does) so that it runs from any directory; this
 file keeps the documented path working. `--help` lists every field.

@@ -1,10 +1,10 @@
 """The one config tree of realhf: every user-facing fact, declared once with its default.
 
-The root is `AsyncPPOMATHConfig`; Hydra builds the command line from it
+The root is `AsyncPPOConfig`; Hydra builds the command line from it
 (`training/main_async_ppo.py --help` lists every field with the value the run will use), and
 `training/configs/async-ppo.yaml` sets the embedded run's values on top of these defaults.
 Per-worker configs (`realhf.api.worker_configs`) are derived from this tree by
-`realhf.experiments.async_ppo_math`; every rule a value must satisfy lives in
+`realhf.experiments.async_ppo`; every rule a value must satisfy lives in
 `realhf.experiments.validation` and choice lists in `realhf.api.choices`.
 
 Defaults run on a small CPU machine; docs/benchmarks.md records the measurements behind them.
@@ -520,10 +520,11 @@ class StatsLoggingConfig:
 
 
 @dataclass
-class AsyncPPOMATHConfig:
-    """Asynchronous PPO/GRPO on math prompts: the root of training/configs/async-ppo.yaml."""
+class AsyncPPOConfig:
+    """Asynchronous PPO/GRPO on the configured task (the embedded math task by default): the root of
+    training/configs/async-ppo.yaml."""
 
-    experiment_name: str = _f("async-ppo-math", "Name of the experiment; keys, logs and weights live under it.")
+    experiment_name: str = _f("async-ppo", "Name of the experiment; keys, logs and weights live under it.")
     trial_name: str = _f(
         FRESH_TRIAL_NAME,
         "Name of this run of the experiment. Default: a fresh name per run (run-<date>-<time>-<pid>). A name whose files exist is refused unless overwrite=true or recover_mode=auto/resume.",
@@ -606,3 +607,7 @@ class SFTConfig:
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
     n_threads: int = _f(1, "torch threads.")
+
+
+# The name before the experiment became task-neutral; user code importing it keeps working.
+AsyncPPOMATHConfig = AsyncPPOConfig

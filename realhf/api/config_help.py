@@ -50,7 +50,7 @@ def _load(key: str, value: str, lookup: Callable[[str], Any]) -> Optional[str]:
 
 
 def plugins_text(cfg: Any) -> str:
-    """The open keys of an AsyncPPOMATHConfig: the value this run would use and the names each
+    """The open keys of an AsyncPPOConfig: the value this run would use and the names each
     accepts. The user's code named on the command line is imported first, so the names it
     registers (`@register_agent`, ...) are listed with the file they come from."""
     from realhf.api import algorithms

@@ -1,6 +1,6 @@
 """The config of each worker process, derived from the root config by `realhf.experiments`.
 
-A field that carries a fact of the root tree (`realhf.api.cli_args.AsyncPPOMATHConfig`) is
+A field that carries a fact of the root tree (`realhf.api.cli_args.AsyncPPOConfig`) is
 declared with `same_as("<root field>")`: it takes the root's default and help, so a fact has
 one default however many workers read it. The remaining fields are a worker's own mechanics
 (poll intervals, discovery timeouts) or values the experiment computes (a worker's share of the
@@ -13,7 +13,7 @@ from typing import Any, Dict
 
 from realhf.api.cli_args import (
     AgentConfig,
-    AsyncPPOMATHConfig,
+    AsyncPPOConfig,
     DatasetColumnsConfig,
     EnvConfig,
     ExperimentSaveEvalControl,
@@ -29,11 +29,11 @@ from realhf.api.cli_args import (
 
 
 def _root_field(path: str) -> dataclasses.Field:
-    cls, f = AsyncPPOMATHConfig, None
+    cls, f = AsyncPPOConfig, None
     for part in path.split("."):
         f = next((x for x in dataclasses.fields(cls) if x.name == part), None)
         if f is None:
-            raise AttributeError(f"{path!r} is not a field of AsyncPPOMATHConfig")
+            raise AttributeError(f"{path!r} is not a field of AsyncPPOConfig")
         cls = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
     return f
 

@@ -1,10 +1,10 @@
-"""Asynchronous PPO on math prompts, the training command: `realhf-train [key=value ...]` (the
-console script setup.py installs), `python -m realhf.apps.train [key=value ...]`, or, in a
+"""Asynchronous PPO on the configured task (math prompts by default), the training command:
+`realhf-train [key=value ...]` (the console script setup.py installs), `python -m realhf.apps.train [key=value ...]`, or, in a
 checkout, `python training/main_async_ppo.py [key=value ...]`; all three run `cli` here, from any
 working directory.
 
 Defaults come from training/configs/async-ppo.yaml (realhf.base.package_files finds it: the
-checkout's, or the installed package's copy; the schema is realhf.api.cli_args.AsyncPPOMATHConfig;
+checkout's, or the installed package's copy; the schema is realhf.api.cli_args.AsyncPPOConfig;
 `--help` lists every field). Its relative assets/... paths that are not in the working directory
 name realhf's own copies (file_validation.use_packaged_files). The run:
 
@@ -38,7 +38,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOMATHConfig
+from realhf.api.cli_args import FRESH_TRIAL_NAME, AsyncPPOConfig
 from realhf.api.config_help import help_text, plugins_text
 from realhf.base import logging
 from realhf.base.importing import use_import_roots
@@ -52,7 +52,7 @@ from realhf.base.trial_files import (
 )
 from realhf.base.trial_lease import TrialLeaseError, TrialLeaseHeldError, trial_lease
 from realhf.base.trial_lock import TrialLock, TrialLockedError
-from realhf.experiments.async_ppo_math import (
+from realhf.experiments.async_ppo import (
     ConfigError,
     evaluator_config,
     initial_setup,
@@ -71,7 +71,7 @@ from realhf.system.stats_plot import write_curves_png
 logger = logging.getLogger("main_async_ppo")
 
 
-def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, Any]:
+def evaluate(model_path: str, cfg: AsyncPPOConfig) -> Dict[str, Any]:
     """The task's success rate ("greedy", "sampled": at T = evaluation.sampled_temperature, one
     answer per prompt), mean reward and agent metrics on the first evaluation.n_prompts held-out
     prompts: the rollout's agent and environment, answering with an engine in this process
@@ -91,7 +91,7 @@ def evaluate(model_path: str, cfg: AsyncPPOMATHConfig) -> Dict[str, Any]:
     return out
 
 
-def evaluate_last_version(cfg: AsyncPPOMATHConfig, paths: TrialFiles, final: str) -> None:
+def evaluate_last_version(cfg: AsyncPPOConfig, paths: TrialFiles, final: str) -> None:
     """The last trained version belongs on the curve of the evaluations during training, whether
     or not it is a multiple of exp_ctrl.eval_freq_steps (the evaluator is stopped by now)."""
     from realhf.system.evaluator_worker import evaluate_final_version
@@ -102,7 +102,7 @@ def evaluate_last_version(cfg: AsyncPPOMATHConfig, paths: TrialFiles, final: str
         print("after the run, the last version: " + eval_line(row), flush=True)
 
 
-def evaluation_line(when: str, now: Dict[str, Any], before: Optional[Dict[str, Any]], cfg: AsyncPPOMATHConfig) -> str:
+def evaluation_line(when: str, now: Dict[str, Any], before: Optional[Dict[str, Any]], cfg: AsyncPPOConfig) -> str:
     """The report's line for the evaluation before or after training (the change since before, after)."""
 
     def value(key: str, sign: str = "") -> str:
@@ -173,7 +173,7 @@ def _has_files(path: str) -> bool:
     return os.path.isdir(path) and bool(os.listdir(path))
 
 
-def claim_trial(cfg: AsyncPPOMATHConfig) -> Optional[str]:
+def claim_trial(cfg: AsyncPPOConfig) -> Optional[str]:
     """Make sure starting this trial deletes nothing that was not asked for; returns why it may
     not start, or None. Without a trial_name the run has a fresh one (FRESH_TRIAL_NAME)."""
     if cfg.trial_name == FRESH_TRIAL_NAME:
@@ -198,7 +198,7 @@ def claim_trial(cfg: AsyncPPOMATHConfig) -> Optional[str]:
     return None
 
 
-def run(cfg: AsyncPPOMATHConfig) -> int:
+def run(cfg: AsyncPPOConfig) -> int:
     try:
         specs = initial_setup(cfg)
     except (ConfigError, ValueError) as e:
@@ -241,7 +241,7 @@ def stop_this_run(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_trial(cfg: AsyncPPOMATHConfig, specs: List[WorkerSpec]) -> int:
+def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec]) -> int:
     """The run, with the trial's lock held."""
     # After the config checks: a run refused for a bad value must not have deleted anything.
     refused = claim_trial(cfg)
@@ -326,7 +326,7 @@ register_schema()
 @hydra.main(version_base=None, config_path=CONFIG_DIR, config_name=CONFIG_NAME)
 def main(cfg) -> None:
     logging.setup()  # Hydra's start-up reconfigured logging; the launcher's INFO lines matter here
-    exp: AsyncPPOMATHConfig = OmegaConf.to_object(cfg)
+    exp: AsyncPPOConfig = OmegaConf.to_object(cfg)
     code = run(exp)
     if code:
         sys.exit(code)
@@ -337,7 +337,7 @@ def cli(command: str = COMMAND) -> None:
     args = sys.argv[1:]
     # Before Hydra: its answer to a misspelt key is to prepend '+' (which fails as well), not
     # the key that was meant.
-    unknown = check_overrides(args, AsyncPPOMATHConfig)
+    unknown = check_overrides(args, AsyncPPOConfig)
     if unknown is not None:
         print(f"config error: {unknown}; `{command} --help` lists every field", file=sys.stderr)
         sys.exit(2)
@@ -351,7 +351,11 @@ def cli(command: str = COMMAND) -> None:
             sys.exit(2)
         use_import_roots(os.getcwd(), cfg.user_paths)  # as a run would (validate_experiment)
         usage = f"{command} [key=value ...]"
-        print(help_text(cfg, "main_async_ppo: asynchronous PPO on math prompts.", usage) + "\n" + plugins_text(cfg))
+        print(
+            help_text(cfg, "main_async_ppo: asynchronous PPO on the configured task (math by default).", usage)
+            + "\n"
+            + plugins_text(cfg)
+        )
         sys.exit(0)
     main()
 

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from realhf.base.package_files import CONFIG_DIR, files_root
 
 REPO_ROOT = files_root()
@@ -23,12 +23,12 @@ SCHEMA_NAME = "async_ppo_schema"  # the YAML's `defaults:` names it
 
 def register_schema() -> None:
     """Make the root dataclass the schema the YAML is merged onto (misspelt keys, wrong types fail)."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=AsyncPPOMATHConfig)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=AsyncPPOConfig)
 
 
 def compose_config(
     overrides: Sequence[str] = (), config_dir: str = CONFIG_DIR, config_name: str = CONFIG_NAME
-) -> AsyncPPOMATHConfig:
+) -> AsyncPPOConfig:
     """The typed config a run with these command-line overrides would use."""
     register_schema()
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):

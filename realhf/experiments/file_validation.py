@@ -13,7 +13,7 @@ import os
 from typing import Any, List, Sequence
 
 from realhf.api.algorithms import adv_estimator
-from realhf.api.cli_args import AsyncPPOMATHConfig, DatasetColumnsConfig, GenerationHyperparameters
+from realhf.api.cli_args import AsyncPPOConfig, DatasetColumnsConfig, GenerationHyperparameters
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.model_source import ModelPathError, resolve_model_path
 from realhf.base.package_files import packaged_path
@@ -44,7 +44,7 @@ MAX_PROMPT_BYTES = 2**20
 _TOKENIZE_BATCH = 1024  # prompts per call of the fast tokenizer
 
 
-def check_files(cfg: AsyncPPOMATHConfig) -> None:
+def check_files(cfg: AsyncPPOConfig) -> None:
     need = _Fields.need
     use_packaged_files(cfg)
     # A hub repo id becomes its local snapshot here, once: every worker config derived from cfg
@@ -113,7 +113,7 @@ def check_files(cfg: AsyncPPOMATHConfig) -> None:
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
 
 
-def check_eval_rows(cfg: AsyncPPOMATHConfig) -> None:
+def check_eval_rows(cfg: AsyncPPOConfig) -> None:
     """The held-out rows the evaluation runs the task on (realhf.system.task_eval: the rollout's
     agent and environment) exist and carry what the environment needs; else the error says how to
     fix the rows or turn evaluation off."""
@@ -141,7 +141,7 @@ def largest_group_bytes(group_size: int, context: int) -> int:
     return 4 * context + group_size * (_MESSAGE_BYTES_PER_TOKEN * context + _MESSAGE_BYTES_PER_SAMPLE) + _MESSAGE_SLACK
 
 
-def server_context(cfg: AsyncPPOMATHConfig) -> tuple:
+def server_context(cfg: AsyncPPOConfig) -> tuple:
     """(tokens per request the generation servers hold, 0 if unknown; the field that sets it): the
     engine's context_length, 0 meaning the model's max_position_embeddings. The native engine
     refuses at start a context_length beyond the model's, so that is refused here too."""
@@ -350,7 +350,7 @@ def check_dataset_source(field: str, path: str) -> None:
 PACKAGED_FIELDS = ("actor.path", "ref.path", "critic.path", "dataset.path", "dataset.test_path")
 
 
-def use_packaged_files(cfg: AsyncPPOMATHConfig) -> None:
+def use_packaged_files(cfg: AsyncPPOConfig) -> None:
     """A relative assets/... path that is not in the working directory names realhf's copy
     (realhf.base.package_files), so the default config runs from any directory; said in the log."""
     fields = _Fields(cfg)

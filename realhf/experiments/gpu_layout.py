@@ -4,13 +4,13 @@ generation server and trainer rank computes (`run_placement`, `realhf.base.place
 
 from __future__ import annotations
 
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.device import gpu_available
 from realhf.base.placement import Placement, place
 
 
-def gpus_per_node(cfg: AsyncPPOMATHConfig) -> int:
+def gpus_per_node(cfg: AsyncPPOConfig) -> int:
     """`cluster.n_gpus_per_node`, or, when it is 0 and `cluster.device` asks for a GPU ('cuda', or
     'auto' on a machine where torch sees one), the GPUs torch sees here. 0 with `cluster.device=cpu`:
     the whole run is on the CPU then."""
@@ -26,7 +26,7 @@ def gpus_per_node(cfg: AsyncPPOMATHConfig) -> int:
     return 0
 
 
-def run_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> Placement:
+def run_placement(cfg: AsyncPPOConfig, alloc: AllocationMode) -> Placement:
     """Every generation server's and trainer rank's slot; AllocationModeError if they do not fit.
     Under Ray each process of a role takes the role's smallest memory share (Placement.role_shares):
     Ray, not the placement's indices, decides which GPU a process gets."""

@@ -23,7 +23,7 @@ from realhf.api import algorithms, choices
 from realhf.api.arguments import check_arguments
 from realhf.api.cli_args import (
     AgentConfig,
-    AsyncPPOMATHConfig,
+    AsyncPPOConfig,
     EnvConfig,
     EvaluationConfig,
     ExperimentSaveEvalControl,
@@ -541,7 +541,7 @@ def check_user_paths(paths: Iterable[str], launch_dir: Optional[str] = None) -> 
         )
 
 
-def check_gpu_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
+def check_gpu_placement(cfg: AsyncPPOConfig, alloc: AllocationMode) -> None:
     """cluster.gpu_placement and gen_memory_fraction, and whether allocation_mode's processes fit
     the cluster's GPUs that way (realhf.experiments.gpu_layout)."""
     f = _Fields(cfg)
@@ -573,7 +573,7 @@ def check_gpu_placement(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
             )
 
 
-def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
+def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     """Raise ConfigError naming the first value that cannot work; return the parsed allocation.
     (The files it names and the shapes that tie values together: `realhf.experiments.validate`.)"""
     check_known_keys(cfg)
@@ -650,7 +650,7 @@ def check_values(cfg: AsyncPPOMATHConfig) -> AllocationMode:
     return alloc
 
 
-def check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
+def check_shapes(cfg: AsyncPPOConfig, alloc: AllocationMode) -> None:
     """Rules that tie the batch, the DP size and the rollout workers together."""
     need = _Fields.need
     dp, B = alloc.train.dp, cfg.groups_per_step
@@ -691,6 +691,6 @@ def check_shapes(cfg: AsyncPPOMATHConfig, alloc: AllocationMode) -> None:
         )
 
 
-def rollouts_per_worker(cfg: AsyncPPOMATHConfig) -> int:
+def rollouts_per_worker(cfg: AsyncPPOConfig) -> int:
     """Each rollout worker's share of max_concurrent_rollouts."""
     return max(1, cfg.max_concurrent_rollouts // cfg.rollout.n_workers)

@@ -108,7 +108,7 @@ def evaluate_fallback(fileroot: str, repo: str, overrides: Sequence[str]) -> Dic
     realhf.system.task_eval), for a run whose shutdown failed."""
     import glob
 
-    from realhf.experiments.async_ppo_math import evaluator_config, trial_files_of
+    from realhf.experiments.async_ppo import evaluator_config, trial_files_of
     from realhf.experiments.config_loading import compose_config
     from realhf.system.task_eval import evaluate_weights
 
@@ -141,7 +141,7 @@ def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str
             env["PYTHONPATH"] = os.path.abspath(repo) + os.pathsep + env.get("PYTHONPATH", "")
         proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout, env=env)
         wall = time.monotonic() - t0
-        log_dir = os.path.join(fileroot, "logs", "async-ppo-math", trial)
+        log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
         metrics = read_metrics(log_dir)
         want = int(_override(overrides, "exp_ctrl.benchmark_steps", "0"))
         failure = ""

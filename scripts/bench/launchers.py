@@ -80,7 +80,7 @@ def run_once(name: str, repeat: int, steps: int, timeout: float) -> Dict:
     label = f"{name} #{repeat + 1}"
     trial = f"bench-launcher-{name}-{repeat}"
     fileroot = tempfile.mkdtemp(prefix=f"bench_launchers_{name}_")
-    log_dir = os.path.join(fileroot, "logs", "async-ppo-math", trial)
+    log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
     out_path = os.path.join(fileroot, "bench_output.txt")  # outside logs/, removed with the fileroot
     cmd = [
         PYTHON,

@@ -42,7 +42,7 @@ SYNC = ("max_head_offpolicyness=0", "ppo.use_decoupled_loss=false")
 REALHF_RUNS = {"realhf_default": (), "realhf_eta1": ("max_head_offpolicyness=1",), "realhf_sync": SYNC + BEST_SYNC}
 RUNS = ("realhf_default", "realhf_eta1", "realhf_sync", "trl")
 DEFAULT_RUNS = ("realhf_default", "realhf_sync", "trl")
-EXPERIMENT = "async-ppo-math"
+EXPERIMENT = "async-ppo"
 MAX_STEPS = 100000  # the time budget ends the run long before
 
 

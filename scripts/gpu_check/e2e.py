@@ -31,7 +31,7 @@ from typing import Any, Dict, List
 from scripts.gpu_check.checks import REPO, Skipped, Stage, add_common_args, default_device, log, require
 
 # Each training config's experiment_name (training/configs/*.yaml): where its logs go.
-EXPERIMENTS = {"": "async-ppo-math", "async-ppo-smollm2": "async-ppo-smollm2"}
+EXPERIMENTS = {"": "async-ppo", "async-ppo-smollm2": "async-ppo-smollm2"}
 # The SmolLM2 GGUF (98 MB) in three parts, each carried by its own call with .gpu_wheels
 # (scripts/gpu_check.sh model-parts): a call carries at most 64 MiB, the tree included, and a
 # machine kept warm between calls keeps what the earlier calls left.

@@ -22,7 +22,7 @@ from helpers.paths import REPO
 from helpers.wait import wait_for
 from realhf.base.trial_files import TrialFiles, read_metrics
 
-EXPERIMENT = "async-ppo-math"  # training/configs/async-ppo.yaml's experiment_name
+EXPERIMENT = "async-ppo"  # training/configs/async-ppo.yaml's experiment_name
 
 # Small and quick: 4 prompt groups of 4 answers per step, 2 rollout workers.
 SMALL_RUN = [

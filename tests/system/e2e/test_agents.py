@@ -99,6 +99,7 @@ def test_agent_code_written_against_the_openai_client_trains(tmp_path, no_leftov
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI: test_tool_runs.py trains the same tool agent on the same task twice (MCP, sandbox)
 def test_the_tool_agent_trains_on_the_embedded_tool_task(tmp_path, no_leftover_processes):
     # examples/run_tool_agent.sh, shortened: the warm-started model calls the calculator through
     # the real system (chat template, tool-call parsing, the tool's result appended off the loss).

@@ -65,7 +65,7 @@ def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkp
     assert "model_worker/1" in out
     assert trial_processes(str(tmp_path)) == []
     killed_at = max(m["step"] for m in read_metrics(log_dir))
-    recover = tmp_path / "runs" / "async-ppo-math" / trial / "recover"
+    recover = tmp_path / "runs" / "async-ppo" / trial / "recover"
     info = json.loads((recover / "recover_info.json").read_text())
     assert info["dp_size"] == 2 and info["roles"] == ["actor"]
     assert sorted(p.name for p in (recover / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]

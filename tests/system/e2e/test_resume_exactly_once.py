@@ -60,7 +60,7 @@ def test_a_killed_and_resumed_run_trains_every_drawn_prompt_exactly_once(tmp_pat
         assert first.finish(timeout=120) != 0, first.output()[-3000:]
     finally:
         first.stop()
-    recover = tmp_path / "runs" / "async-ppo-math" / trial / "recover" / "recover_info.json"
+    recover = tmp_path / "runs" / "async-ppo" / trial / "recover" / "recover_info.json"
     info = json.loads(recover.read_text())
     # Something was in flight or buffered at the checkpoint (8 episodes run at a time): what the test is about.
     assert info["step"] >= KILL_AT - 1 and len(info["rollout_pending"]) > 0, info

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from helpers.paths import REPO
-from realhf.api.cli_args import AsyncPPOMATHConfig, ClusterSpecConfig
+from realhf.api.cli_args import AsyncPPOConfig, ClusterSpecConfig
 from realhf.base.trial_files import TrialFiles
 
 
@@ -26,11 +26,11 @@ def main_async_ppo():
 
 
 def _cfg(tmp_path, **kw):
-    return AsyncPPOMATHConfig(cluster=ClusterSpecConfig(fileroot=str(tmp_path)), **kw)
+    return AsyncPPOConfig(cluster=ClusterSpecConfig(fileroot=str(tmp_path)), **kw)
 
 
 def _earlier_run(tmp_path, trial):
-    files = TrialFiles(str(tmp_path), "async-ppo-math", trial)
+    files = TrialFiles(str(tmp_path), "async-ppo", trial)
     os.makedirs(os.path.join(files.run_dir, "published_weights", "actor", "3"))
     os.makedirs(files.log_dir)
     with open(files.metrics_path, "w") as f:

@@ -155,7 +155,7 @@ def test_a_killed_model_worker_ends_the_run_and_recover_mode_auto_continues_step
     assert code == 1, out[-4000:]
     assert "worker model_worker/0 failed: exited with code -9 (SIGKILL)" in out, out[-4000:]
     assert "last 30 lines of" in out
-    recover = tmp_path / "runs" / "async-ppo-math" / "rayrecover" / "recover" / "recover_info.json"
+    recover = tmp_path / "runs" / "async-ppo" / "rayrecover" / "recover" / "recover_info.json"
     saved = json.loads(recover.read_text())["version"]
     assert saved >= 4
 

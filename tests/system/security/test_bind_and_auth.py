@@ -59,7 +59,7 @@ def _hosts(obj, path="config"):
 
 @pytest.mark.parametrize("override, expected", [((), "127.0.0.1"), (("cluster.bind_host=10.0.0.7",), "10.0.0.7")])
 def test_every_worker_binds_where_cluster_bind_host_says(monkeypatch, override, expected):
-    from realhf.experiments.async_ppo_math import initial_setup
+    from realhf.experiments.async_ppo import initial_setup
 
     monkeypatch.chdir(REPO)
     specs = initial_setup(_load(*override))

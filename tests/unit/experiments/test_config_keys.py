@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from helpers.paths import REPO
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from realhf.experiments.config_keys import check_overrides, unknown_key
 from realhf.experiments.config_loading import compose_config
 from realhf.experiments.validation import ConfigError, check_known_keys
@@ -25,7 +25,7 @@ from realhf.experiments.validation import ConfigError, check_known_keys
     ],
 )
 def test_a_misspelt_key_is_refused_with_the_closest_valid_key(override, meant):
-    why = check_overrides([override], AsyncPPOMATHConfig)
+    why = check_overrides([override], AsyncPPOConfig)
     key = override.lstrip("+~").split("=")[0]
     assert why == f"{key}: no such field (did you mean {meant}?)"
 
@@ -39,7 +39,7 @@ def test_a_key_added_with_plus_is_refused_after_composition_with_the_closest_key
 
 
 def test_a_key_like_none_lists_the_fields_where_it_went_wrong():
-    assert unknown_key("rollout.zzzz", AsyncPPOMATHConfig) == (
+    assert unknown_key("rollout.zzzz", AsyncPPOConfig) == (
         "rollout.zzzz: no such field (the fields of rollout are agent, env, episode_timeout, n_workers, request_timeout)"
     )
 
@@ -54,7 +54,7 @@ def test_valid_keys_mappings_and_hydras_own_arguments_pass():
         "-h",
         "not an override",  # left to Hydra, which says what it cannot parse
     ]
-    assert check_overrides(args, AsyncPPOMATHConfig) is None
+    assert check_overrides(args, AsyncPPOConfig) is None
 
 
 def test_help_with_a_misspelt_key_says_the_key_that_was_meant_in_one_line():

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers.paths import REPO
-from realhf.experiments.async_ppo_math import initial_setup
+from realhf.experiments.async_ppo import initial_setup
 from realhf.experiments.config_loading import compose_config
 from realhf.experiments.gpu_layout import gpus_per_node
 from realhf.experiments.validation import ConfigError

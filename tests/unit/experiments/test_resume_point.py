@@ -1,4 +1,4 @@
-"""Which recovery checkpoint a resumed run starts from (realhf.experiments.async_ppo_math.resume_point):
+"""Which recovery checkpoint a resumed run starts from (realhf.experiments.async_ppo.resume_point):
 the launcher verifies and chooses once, before any worker starts, and hands the choice to every
 model worker, so that no rank decides on its own (docs/architecture.md §12.3)."""
 
@@ -10,7 +10,7 @@ import torch
 from helpers.fsdp_ranks import engine_config, open_engines, run_steps
 from helpers.paths import REPO
 from realhf.base.trial_files import recover_dir, recover_prev_dir
-from realhf.experiments.async_ppo_math import initial_setup, resumed_from, trial_files_of
+from realhf.experiments.async_ppo import initial_setup, resumed_from, trial_files_of
 from realhf.experiments.config_loading import compose_config
 from realhf.experiments.validation import ConfigError
 from realhf.impl.model import recover_checkpoint as recover_ckpt

@@ -13,7 +13,7 @@ import pytest
 from helpers.paths import REPO, TINY_MATH
 from helpers.user_data import USER_COLUMNS, USER_OVERRIDES, user_rows
 from realhf.api.worker_configs import EvaluatorConfig, RolloutWorkerConfig
-from realhf.experiments.async_ppo_math import initial_setup
+from realhf.experiments.async_ppo import initial_setup
 from realhf.experiments.config_loading import compose_config
 from realhf.experiments.validate import validate_experiment
 from realhf.experiments.validation import ConfigError

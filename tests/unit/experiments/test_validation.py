@@ -1,5 +1,5 @@
 """Invalid config values and dataset rows are refused before any process starts, naming the
-field (issue 6, bullet 5). Complements tests/unit/experiments/test_async_ppo_math.py (which
+field (issue 6, bullet 5). Complements tests/unit/experiments/test_async_ppo.py (which
 covers eta < 0, lb > ub, missing paths, group_size=0, ...) and
 tests/unit/impl/dataset/test_prompt_dataset.py (the loader's own file:line messages): here, what
 realhf.experiments.validation adds on top."""

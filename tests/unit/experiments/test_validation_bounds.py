@@ -23,7 +23,7 @@ import typing
 import pytest
 
 from helpers.paths import REPO, TINY_MATH
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.experiments import file_validation
 from realhf.experiments.config_loading import compose_config
@@ -54,7 +54,7 @@ def _numeric_fields(cls: type, prefix: str = ""):
             yield name
 
 
-NUMERIC_FIELDS = list(_numeric_fields(AsyncPPOMATHConfig))
+NUMERIC_FIELDS = list(_numeric_fields(AsyncPPOConfig))
 
 
 def _set(cfg, dotted: str, value) -> None:
@@ -97,13 +97,13 @@ def small_data(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def base(small_data) -> AsyncPPOMATHConfig:
+def base(small_data) -> AsyncPPOConfig:
     """The embedded run's config on N_ROWS training and held-out prompts (a fast file scan)."""
     return compose_config([f"actor.path={SFT}", f"dataset.path={small_data}", f"dataset.test_path={small_data}"])
 
 
 @pytest.fixture
-def cfg(base) -> AsyncPPOMATHConfig:
+def cfg(base) -> AsyncPPOConfig:
     return copy.deepcopy(base)
 
 

@@ -3,7 +3,7 @@ renamed or re-described in realhf/api/cli_args.py without regenerating the page 
 
 import dataclasses
 
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from scripts import make_config_docs
 
 
@@ -23,5 +23,5 @@ def test_the_config_page_is_up_to_date():
 
 def test_the_page_lists_every_key_of_the_config_tree():
     page = make_config_docs.render()
-    missing = [k for k in _leaf_keys(AsyncPPOMATHConfig()) if f"| `{k}` |" not in page]
+    missing = [k for k in _leaf_keys(AsyncPPOConfig()) if f"| `{k}` |" not in page]
     assert not missing, missing

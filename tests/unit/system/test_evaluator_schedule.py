@@ -116,7 +116,7 @@ def _repo_cwd(monkeypatch):
 
 
 def test_the_evaluator_is_launched_only_when_asked_for_with_the_root_values(_repo_cwd):
-    from realhf.experiments.async_ppo_math import initial_setup
+    from realhf.experiments.async_ppo import initial_setup
     from realhf.experiments.config_loading import compose_config
 
     off = {s.worker_type for s in initial_setup(compose_config(["trial_name=t"]))}
@@ -151,7 +151,7 @@ def test_the_evaluator_is_launched_only_when_asked_for_with_the_root_values(_rep
     ],
 )
 def test_a_bad_evaluation_setting_is_refused_naming_the_field(_repo_cwd, override, field):
-    from realhf.experiments.async_ppo_math import ConfigError, initial_setup
+    from realhf.experiments.async_ppo import ConfigError, initial_setup
     from realhf.experiments.config_loading import compose_config
 
     cfg = compose_config(["trial_name=t", "exp_ctrl.eval_freq_steps=4", "evaluation.n_prompts=0", override])

@@ -32,13 +32,13 @@ def _rows():
 def test_wandb_offline_run_holds_every_logged_step_and_the_runs_config(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from helpers.wandb_offline import offline_run
-    from realhf.api.cli_args import AsyncPPOMATHConfig
-    from realhf.experiments.async_ppo_math import wandb_run_config
+    from realhf.api.cli_args import AsyncPPOConfig
+    from realhf.experiments.async_ppo import wandb_run_config
 
     for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
         monkeypatch.setenv(var, str(tmp_path / sub))  # nothing written outside tmp_path
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = AsyncPPOMATHConfig(seed=7)
+    cfg = AsyncPPOConfig(seed=7)
     cfg.cluster.name_resolve.redis_url = "redis://:hunter2@127.0.0.1:6379/0"
     log_dir = tmp_path / "logs"
     stats = StatsLogger(

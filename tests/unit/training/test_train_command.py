@@ -67,5 +67,5 @@ def test_an_installed_package_trains_from_any_directory_through_its_console_scri
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert f"using realhf's own copy {target}/realhf/_bundled/assets/tiny-math/sft" in out
-    metrics = read_metrics(TrialFiles(str(work), "async-ppo-math", "pkg").log_dir)
+    metrics = read_metrics(TrialFiles(str(work), "async-ppo", "pkg").log_dir)
     assert [m["step"] for m in metrics] == list(range(1, 9))

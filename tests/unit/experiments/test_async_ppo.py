@@ -10,8 +10,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from helpers.paths import REPO
-from realhf.api.cli_args import AsyncPPOMATHConfig, ExperimentSaveEvalControl
-from realhf.experiments.async_ppo_math import initial_setup, total_train_steps
+from realhf.api.cli_args import AsyncPPOConfig, ExperimentSaveEvalControl
+from realhf.experiments.async_ppo import initial_setup, total_train_steps
 from realhf.experiments.config_loading import CONFIG_DIR, compose_config
 from realhf.experiments.validate import validate_experiment
 from realhf.experiments.validation import ConfigError
@@ -19,7 +19,7 @@ from realhf.experiments.validation import ConfigError
 check_config = validate_experiment
 
 
-def load(*overrides) -> AsyncPPOMATHConfig:
+def load(*overrides) -> AsyncPPOConfig:
     return compose_config(overrides)
 
 
@@ -40,14 +40,14 @@ def test_every_yaml_key_is_a_dataclass_field():
     with open(os.path.join(CONFIG_DIR, "async-ppo.yaml")) as f:
         doc = yaml.safe_load(f)
     doc.pop("defaults"), doc.pop("hydra")
-    schema = OmegaConf.structured(AsyncPPOMATHConfig)
+    schema = OmegaConf.structured(AsyncPPOConfig)
     for key in _leaf_keys(doc):
         assert OmegaConf.select(schema, key, default="__missing__") != "__missing__", f"{key} is not a field"
 
 
 def test_defaults_compose_into_the_typed_config_and_pass_the_checks():
     cfg = load()
-    assert isinstance(cfg, AsyncPPOMATHConfig)
+    assert isinstance(cfg, AsyncPPOConfig)
     assert cfg.max_head_offpolicyness == 4 and cfg.group_size == 8
     check_config(cfg)
 
@@ -137,7 +137,7 @@ def test_worker_config_defaults_are_the_root_defaults():
 
     from realhf.api import worker_configs
 
-    root = AsyncPPOMATHConfig()
+    root = AsyncPPOConfig()
     pairs = [
         (worker_configs.GserverManagerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
         (worker_configs.ModelWorkerConfig, "max_head_offpolicyness", root.max_head_offpolicyness),
@@ -246,7 +246,7 @@ def test_command_line_rejects_a_bad_value_before_starting_anything(tmp_path):
 
 
 def test_benchmark_steps_win_over_epochs_and_an_epoch_is_dataset_size_over_b():
-    cfg = AsyncPPOMATHConfig(groups_per_step=16, exp_ctrl=ExperimentSaveEvalControl(total_train_epochs=2))
+    cfg = AsyncPPOConfig(groups_per_step=16, exp_ctrl=ExperimentSaveEvalControl(total_train_epochs=2))
     assert total_train_steps(cfg, n_rows=100) == 12  # 100 // 16 = 6 steps per epoch
     cfg.exp_ctrl.benchmark_steps = 5
     assert total_train_steps(cfg, n_rows=100) == 5
@@ -260,7 +260,7 @@ def test_every_root_number_a_worker_carries_reaches_it():
     from realhf.api import worker_configs
 
     def root_field(path):
-        cls = AsyncPPOMATHConfig
+        cls = AsyncPPOConfig
         for part in path.split("."):
             f = {x.name: x for x in dataclasses.fields(cls)}[part]
             cls = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type

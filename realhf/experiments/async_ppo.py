@@ -1,4 +1,4 @@
-"""Asynchronous PPO on math prompts: the experiment config → one config per worker process.
+"""Asynchronous PPO on the configured task (math prompts by default): the experiment config → one config per worker process.
 
 `initial_setup` validates the root config (`realhf.experiments.validation`: a bad value fails here,
 naming the field, before a process starts) and turns it into the launcher's `WorkerSpec`s
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from realhf.api.cli_args import AsyncPPOMATHConfig
+from realhf.api.cli_args import AsyncPPOConfig
 from realhf.api.worker_configs import (
     EvaluatorConfig,
     GenerationServerConfig,
@@ -47,20 +47,20 @@ from realhf.system.stats_logger import EVAL_METRICS_FILE
 
 __all__ = ["ConfigError", "initial_setup", "resume_point", "resumed_from", "trial_files_of", "total_train_steps"]
 
-logger = logging.getLogger("async_ppo_math")
+logger = logging.getLogger("async_ppo")
 
 
-def trial_files_of(cfg: AsyncPPOMATHConfig) -> TrialFiles:
+def trial_files_of(cfg: AsyncPPOConfig) -> TrialFiles:
     return TrialFiles(cfg.cluster.fileroot, cfg.experiment_name, cfg.trial_name)
 
 
-def total_train_steps(cfg: AsyncPPOMATHConfig, n_rows: int) -> int:
+def total_train_steps(cfg: AsyncPPOConfig, n_rows: int) -> int:
     """exp_ctrl.benchmark_steps, or total_train_epochs passes over `n_rows` prompts."""
     steps_per_epoch = max(1, n_rows // cfg.groups_per_step)
     return cfg.exp_ctrl.benchmark_steps or steps_per_epoch * cfg.exp_ctrl.total_train_epochs
 
 
-def resume_point(cfg: AsyncPPOMATHConfig) -> Optional[Tuple[Path, Dict[str, Any]]]:
+def resume_point(cfg: AsyncPPOConfig) -> Optional[Tuple[Path, Dict[str, Any]]]:
     """(path, info) of the recovery checkpoint this run resumes from, per `recover_mode`: the
     newest that verifies against its manifest (recover_checkpoint.choose); None: start afresh.
 
@@ -93,7 +93,7 @@ def resumed_from(specs: List[WorkerSpec]) -> Optional[Tuple[str, Dict[str, Any]]
     return model.recover_path, recover_ckpt.read_info(Path(model.recover_path))
 
 
-def wandb_run_config(cfg: AsyncPPOMATHConfig) -> dict:
+def wandb_run_config(cfg: AsyncPPOConfig) -> dict:
     """The root config as the plain nested dict attached to the wandb run, the Redis password
     (cluster.name_resolve.redis_url) redacted: an online run uploads it."""
     out = dataclasses.asdict(cfg)
@@ -102,7 +102,7 @@ def wandb_run_config(cfg: AsyncPPOMATHConfig) -> dict:
     return out
 
 
-def evaluator_config(cfg: AsyncPPOMATHConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
+def evaluator_config(cfg: AsyncPPOConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
     ev = cfg.evaluation
     return EvaluatorConfig(
         eval_freq_steps=cfg.exp_ctrl.eval_freq_steps,
@@ -144,7 +144,7 @@ def ray_gpus(slots: Sequence[Slot]) -> float:
     return slot.memory_fraction if slot.memory_fraction < 1 else float(len(slot.gpus))
 
 
-def initial_setup(cfg: AsyncPPOMATHConfig) -> List[WorkerSpec]:
+def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
     """The worker processes of one trial, with their configs; raises ConfigError first if the
     config cannot run."""
     alloc = validate_experiment(cfg)
