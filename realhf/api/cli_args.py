@@ -508,6 +508,10 @@ class StatsLoggingConfig:
         0,
         "Port of the master's Prometheus /metrics endpoint of the training metrics (latest step), bound to cluster.bind_host without authentication; 0: off.",
     )
+    agent_metric_extremes: List[str] = _f(
+        [],
+        "Names of agent numbers (Outcome.info) whose per-step minimum and maximum are logged too, as agent/<name>_min and agent/<name>_max beside the mean agent/<name>; ['*']: every name.",
+    )
     log_completions: int = _f(
         0,
         "Each train step, print N of its samples (prompt, completion, reward, weight version, the agent's numbers) under the step's console line, cut to one line each, and append them whole to completions.jsonl in the trial's log dir; DP rank 0 picks them from its share, one per prompt first (at most 64, and at most its groups x group_size); 0: off.",

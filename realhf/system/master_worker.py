@@ -247,6 +247,7 @@ class MasterWorker(Worker):
         now = time.monotonic()
         metrics = step_metrics(
             self.step, self.version, fetched, train, inference, self.stale_dropped, now - self._t_last_step, wait_s, self.training_samples,
+            agent_extremes=cfg.stats.agent_metric_extremes,
         )  # fmt: skip
         self._t_last_step = now
         metrics["rejected"] = self.rejected

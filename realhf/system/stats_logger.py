@@ -50,8 +50,10 @@ def step_metrics(
     step_time_s: float,
     wait_time_s: float,
     training_samples: int,
+    agent_extremes: Sequence[str] = (),
 ) -> Dict[str, Any]:
-    """Merge the DP ranks' replies of one step into the logged metrics."""
+    """Merge the DP ranks' replies of one step into the logged metrics. `agent_extremes`: the
+    agent numbers (Outcome.info names, or "*" for all) also logged as `agent/<name>_min`/`_max`."""
     batches = [r["batch"] for r in fetch_replies]
     n_samples = sum(b["n_samples"] for b in batches)
     gen_tokens = sum(b["gen_tokens"] for b in batches)
@@ -80,14 +82,20 @@ def step_metrics(
         "train_time_s": max((r.get("train_time_s", 0.0) for r in train_replies), default=0.0),
         "publish_time_s": max((r.get("publish_time_s", 0.0) for r in train_replies), default=0.0),
     }
-    # The agents' own numbers: the mean over the samples that reported each (Outcome.info).
-    sums: Dict[str, List[float]] = {}
+    # The agents' own numbers: the mean over the samples that reported each (Outcome.info), and
+    # the extremes of those named in stats.agent_metric_extremes.
+    merged: Dict[str, List[float]] = {}
     for b in batches:
-        for k, (total, n) in b.get("agent_metrics", {}).items():
-            acc = sums.setdefault(k, [0.0, 0])
-            acc[0], acc[1] = acc[0] + total, acc[1] + n
-    for k, (total, n) in sorted(sums.items()):
+        for k, (total, n, low, high) in b.get("agent_metrics", {}).items():
+            acc = merged.get(k)
+            if acc is None:
+                merged[k] = [total, n, low, high]
+            else:
+                acc[0], acc[1], acc[2], acc[3] = acc[0] + total, acc[1] + n, min(acc[2], low), max(acc[3], high)
+    for k, (total, n, low, high) in sorted(merged.items()):
         m[f"agent/{k}"] = total / max(n, 1)
+        if k in agent_extremes or "*" in agent_extremes:
+            m[f"agent/{k}_min"], m[f"agent/{k}_max"] = low, high
     # Train stats are already global (all-reduced) and identical on every rank.
     if train_replies:
         for k, v in train_replies[0].get("stats", {}).items():

@@ -120,7 +120,8 @@ def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:
         "output_tokens": sum(len(s.output_ids) for s in samples),
         "head_offpolicyness": [int(version - g.version_start) for g in groups],
         "tail_offpolicyness": [int(version - g.version_end) for g in groups],
-        # The agents' own numbers (Outcome.info): sum and count per name, merged over DP ranks.
+        # The agents' own numbers (Outcome.info): [sum, count, min, max] per name, merged over
+        # DP ranks by the master.
         "agent_metrics": _metric_sums(samples),
     }
 
@@ -129,6 +130,10 @@ def _metric_sums(samples) -> dict:
     sums: dict = {}
     for s in samples:
         for k, v in s.metrics.items():
-            total, n = sums.get(k, (0.0, 0))
-            sums[k] = (total + float(v), n + 1)
-    return {k: [total, n] for k, (total, n) in sums.items()}
+            v = float(v)
+            acc = sums.get(k)
+            if acc is None:
+                sums[k] = [v, 1, v, v]
+            else:
+                acc[0], acc[1], acc[2], acc[3] = acc[0] + v, acc[1] + 1, min(acc[2], v), max(acc[3], v)
+    return sums

@@ -16,7 +16,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "output_tokens": 30,
                 "head_offpolicyness": [2],
                 "tail_offpolicyness": [1],
-                "agent_metrics": {"turns": [3.0, 2], "tool_calls": [1.0, 1]},
+                "agent_metrics": {"turns": [3.0, 2, 1.0, 2.0], "tool_calls": [1.0, 1, 1.0, 1.0]},
             }
         },
         {
@@ -30,7 +30,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "output_tokens": 10,
                 "head_offpolicyness": [0],
                 "tail_offpolicyness": [0],
-                "agent_metrics": {"turns": [5.0, 2]},
+                "agent_metrics": {"turns": [5.0, 2, 2.0, 3.0]},
             }
         },
     ]
@@ -42,6 +42,11 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
     assert m["samples_per_s"] == 2.0 and m["gen_tokens_per_s"] == 20.0 and m["loss"] == 0.5
     # The agents' own numbers: the mean over every sample that reported one, across the ranks.
     assert m["agent/turns"] == 2.0 and m["agent/tool_calls"] == 1.0
+    assert not any(k.startswith("agent/") and k.endswith(("_min", "_max")) for k in m)  # only where asked
+    asked = step_metrics(3, 5, fetch, train, {}, 4, 2.0, 0.5, 6, agent_extremes=["turns"])
+    assert (asked["agent/turns_min"], asked["agent/turns_max"]) == (1.0, 3.0) and "agent/tool_calls_min" not in asked
+    every = step_metrics(3, 5, fetch, train, {}, 4, 2.0, 0.5, 6, agent_extremes=["*"])
+    assert (every["agent/tool_calls_min"], every["agent/tool_calls_max"]) == (1.0, 1.0)
     line = format_line(m)
     assert line.startswith("[bold]step 3[/bold] v5") and "head_stale 1.00 | /max 2" in line and "dropped 4" in line
 

@@ -44,3 +44,16 @@ def test_micro_batches_keep_every_row_once_in_order_of_length_within_the_token_b
         assert len(c) == 1 or len(c) * int(lengths[c].max()) <= 120
     assert [c.tolist() for c in micro_batches(batch, rows, 0)] == [rows.tolist()]
     assert micro_batches(batch, rows[:0], 120) == []
+
+
+def test_batch_summary_keeps_each_agent_numbers_sum_count_and_extremes():
+    from realhf.api.trajectory import Sample
+    from realhf.impl.model.batching import batch_summary
+
+    samples = [
+        Sample([4], [-0.5], [0], 1.0, metrics={"turns": 3, "tool_calls": 1}),
+        Sample([4], [-0.5], [0], 0.0, metrics={"turns": 1}),
+        Sample([4], [-0.5], [0], 0.0, metrics={"turns": 2}),
+    ]
+    summary = batch_summary([Trajectory("q", [1], samples)], version=1)
+    assert summary["agent_metrics"] == {"turns": [6.0, 3, 1.0, 3.0], "tool_calls": [1.0, 1, 1.0, 1.0]}
