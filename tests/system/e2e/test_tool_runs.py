@@ -38,6 +38,7 @@ def tool_task(tmp_path_factory):
         "rollout.agent.type=tool-agent",
         "+rollout.agent.args.max_turns=2",
         "ppo.gen.max_new_tokens=64",
+        "stats.agent_metric_extremes=[tool_calls]",
     ]
 
 
@@ -48,6 +49,10 @@ def _check(proc, metrics, tmp_path):
     assert any(m["success_rate"] > 0 for m in metrics), [m["success_rate"] for m in metrics]
     assert all(0.0 <= m["agent/tool_calls"] <= 2.0 for m in metrics), metrics[-1]
     assert sum(m["agent/tool_calls"] for m in metrics) > 0
+    # The extremes asked for: whole numbers of calls around the mean; none of the other number.
+    for m in metrics:
+        assert m["agent/tool_calls_min"] <= m["agent/tool_calls"] <= m["agent/tool_calls_max"] <= 2, m
+        assert float(m["agent/tool_calls_min"]).is_integer() and "agent/tool_errors_min" not in m
     check_accounting(tmp_path, out)
 
 
