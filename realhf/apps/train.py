@@ -352,7 +352,7 @@ def cli(command: str = COMMAND) -> None:
         use_import_roots(os.getcwd(), cfg.user_paths)  # as a run would (validate_experiment)
         usage = f"{command} [key=value ...]"
         print(
-            help_text(cfg, "main_async_ppo: asynchronous PPO on the configured task (math by default).", usage)
+            help_text(cfg, "realhf-train: asynchronous PPO on the configured task (math by default).", usage)
             + "\n"
             + plugins_text(cfg)
         )
