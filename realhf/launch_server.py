@@ -10,9 +10,14 @@ two arguments of `realhf.base.device.pick_device`, as `cluster.device` and
 `GenerationServerConfig.base_gpu_id` are in a run. `--port 0` picks a free port; the line
 `realhf.launch_server ready at http://HOST:PORT` on stderr says which. `--secret-file PATH`: every
 endpoint then requires `Authorization: Bearer <the file's content>` (realhf.base.secret); the
-secret itself is never an argument, so it stays out of `ps`. A few SGLang flags are
-accepted for drop-in use (`--skip-tokenizer-init` is implied; `--random-seed` = `--seed`;
-`--tp-size` must be 1).
+secret itself is never an argument, so it stays out of `ps`. The tokenizer of the model folder
+(or `--tokenizer-path`) is loaded when there is one: /generate then takes and answers `text` as
+SGLang does. A few SGLang flags are accepted for drop-in use (`--skip-tokenizer-init`: input_ids
+only; `--random-seed` = `--seed`; `--tp-size` must be 1).
+
+    python -m realhf.launch_server --model-path assets/tiny-math/sft --port 30000
+    curl -s localhost:30000/generate -d '{"text": "1+2=", "sampling_params": {"max_new_tokens": 16}}'
+
 SIGINT/SIGTERM stop it cleanly.
 """
 
@@ -102,7 +107,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--served-model-name", default="", help="model id of /v1/models; empty: the model path")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--skip-tokenizer-init", action="store_true", help="accepted for SGLang compatibility (always on)")
+    p.add_argument(
+        "--tokenizer-path", default="", help="tokenizer folder for text in and out; empty: the model folder's"
+    )
+    p.add_argument(
+        "--skip-tokenizer-init",
+        action="store_true",
+        help="load no tokenizer: /generate takes input_ids only (SGLang's)",
+    )
     p.add_argument("--tp-size", type=int, default=1, help="accepted for SGLang compatibility; must be 1")
     args = p.parse_args(argv)
     if args.tp_size != 1:
@@ -138,6 +150,7 @@ def main(argv=None) -> int:
     from realhf.base.device import bind_device
     from realhf.impl.inference.factory import create_engine_from_config
     from realhf.impl.inference.server_app import create_app
+    from realhf.impl.inference.sglang_generate import load_tokenizer
     from realhf.system.http_thread import listening_socket
 
     try:  # a hub repo id: its local snapshot (offline without a cached copy: refused before loading)
@@ -145,6 +158,10 @@ def main(argv=None) -> int:
     except ModelPathError as e:
         print(f"python -m realhf.launch_server: error: {e}", file=sys.stderr)
         return 2
+    tokenizer_path = args.tokenizer_path or args.model_path
+    tokenizer = None if args.skip_tokenizer_init else load_tokenizer(tokenizer_path)
+    if tokenizer is None:
+        logger.info(f"no tokenizer loaded from {tokenizer_path}: /generate takes input_ids only")
     engine_config = dataclass_from_args(NativeEngineConfig, args)
     bind_device(args.engine_device)
     engine = create_engine_from_config(
@@ -154,7 +171,14 @@ def main(argv=None) -> int:
     try:
         port = sock.getsockname()[1]
         engine.start()
-        app = create_app(engine, args.served_model_name, max_request_bytes=args.max_request_bytes, secret=args.secret)
+        app = create_app(
+            engine,
+            args.served_model_name,
+            max_request_bytes=args.max_request_bytes,
+            secret=args.secret,
+            tokenizer=tokenizer,
+            tokenizer_path=tokenizer_path,
+        )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         logger.info(f"realhf.launch_server ready at http://{args.host}:{port}")

@@ -83,6 +83,10 @@ class Agent(abc.ABC):
     # __init__: their schemas go into the prompt through the chat template, with those of the
     # environment (Environment.shared_tools).
     tools: Dict[str, Any] = {}
+    # True when run_episode calls gen() once, from the row's prompt, whatever the other episodes
+    # of its group do: with rollout.group_in_one_request the group's first calls then go to the
+    # server as one request for all (the framework waits for every episode's first call).
+    one_generation_per_episode: bool = False
 
     def __init__(self, config: Any = None, *, tokenizer: Any = None, **kwargs: Any):
         self.config = config

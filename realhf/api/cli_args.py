@@ -275,6 +275,10 @@ class RolloutSetupConfig:
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")
     request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
+    group_in_one_request: bool = _f(
+        True,
+        "Ask for a group's answers in one /generate (sampling_params.n = group_size: one HTTP round trip, the prompt prefilled once) when the agent allows it (Agent.one_generation_per_episode, e.g. math-single-step); answers resumed after a weight update go one by one. False: one request per answer.",
+    )
     episode_timeout: float = _f(
         600.0,
         "Seconds one episode (agent + environment) may run before it is cancelled, its slot freed and it is logged by qid; 0: no limit.",

@@ -153,6 +153,7 @@ class RolloutWorkerConfig:
         "The trainer's limit on one group's message: a larger group is refused here, its episode failed and counted, instead of vanishing in transit.",
     )
     request_timeout: float = same_as("rollout.request_timeout")
+    group_in_one_request: bool = same_as("rollout.group_in_one_request")
     episode_timeout: float = same_as("rollout.episode_timeout")
     sampler_state: str = _f(
         "", "JSON PromptSampler state to resume the prompt order from (set on recovery); empty: the start."

@@ -205,6 +205,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         new_tokens_per_chunk=cfg.new_tokens_per_chunk,
         n_pullers=alloc.train.dp,
         request_timeout=cfg.rollout.request_timeout,
+        group_in_one_request=cfg.rollout.group_in_one_request,
         episode_timeout=cfg.rollout.episode_timeout,
         max_message_bytes=cfg.cluster.max_message_bytes,
         context_tokens=server_context(cfg)[0],

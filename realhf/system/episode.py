@@ -10,7 +10,10 @@ is resumed by the client (partial rollout) without the agent noticing.
 
 `run_group` runs the agent `group_size` times on one row (concurrently), each with its own
 environment from the worker's `EnvFactory`, and turns the outcomes into the `Trajectory` the
-rollout worker pushes: the group filter and reward shaping of `rollout.agent` applied.
+rollout worker pushes: the group filter and reward shaping of `rollout.agent` applied. With
+`one_request` (rollout.group_in_one_request) and an agent that generates once per episode
+(`Agent.one_generation_per_episode`), the episodes' gen() calls wait for each other and go as one
+request for the group (`GenerationClient.generate_group(one_request=True)`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class Gen:
         tokenizer: Any,
         group_size: int = 1,
         openai_endpoint: Optional[Callable] = None,
+        first_calls: Optional["GroupFirstCalls"] = None,
     ):
         self._client, self._qid, self._gconfig, self._group_size = client, qid, gconfig, group_size
+        self._first_calls = first_calls
         self._openai_endpoint = openai_endpoint
         self.tokenizer = tokenizer
         self.prompt_ids: List[int] = list(prompt_ids)
@@ -89,7 +94,10 @@ class Gen:
             raise AgentError(f"gen(): unknown sampling option(s) {unknown}; choose from {list(SAMPLING_FIELDS)}")
         gconfig = dataclasses.replace(self._gconfig, **sampling) if sampling else self._gconfig
         input_ids = self.ids
-        r = await self._client.generate(self._qid, input_ids, gconfig, self._group_size)
+        if self._first_calls is not None and self.n_calls == 0:
+            r = await self._first_calls.generate(self, input_ids, gconfig)
+        else:
+            r = await self._client.generate(self._qid, input_ids, gconfig, self._group_size)
         self.output_ids += r.output_ids
         self.logprobs += r.logprobs
         self.versions += r.versions
@@ -158,6 +166,63 @@ class Gen:
         )
 
 
+class GroupFirstCalls:
+    """The first gen() call of each episode of a group, held until every episode made it (or
+    ended without), then sent as one /generate with n samples when they all ask the same (prompt
+    and sampling), else one by one."""
+
+    def __init__(self, client: Any, qid: str, group_size: int):
+        self._client, self._qid, self._group_size = client, qid, group_size
+        self._expected = group_size
+        self._seen: set = set()  # the Gens that joined or left
+        self._calls: List[Tuple[List[int], Any, asyncio.Future]] = []
+        self._task: Optional[asyncio.Task] = None
+
+    async def generate(self, gen: Gen, input_ids: List[int], gconfig: Any):
+        future = asyncio.get_running_loop().create_future()
+        self._seen.add(id(gen))
+        self._calls.append((list(input_ids), gconfig, future))
+        self._maybe_send()
+        return await future
+
+    def leave(self, gen: Gen) -> None:
+        """`gen`'s episode ended (or failed) without a call waiting here: wait for it no longer."""
+        if id(gen) not in self._seen:
+            self._seen.add(id(gen))
+            self._expected -= 1
+            self._maybe_send()
+
+    def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _maybe_send(self) -> None:
+        if self._task is None and self._calls and len(self._calls) >= self._expected:
+            self._task = asyncio.ensure_future(self._send(self._calls))
+
+    async def _send(self, calls) -> None:
+        ids, gconfig = calls[0][0], calls[0][1]
+        try:
+            if len(calls) > 1 and all(c[0] == ids and c[1] == gconfig for c in calls):
+                results = await self._client.generate_group(self._qid, ids, gconfig, len(calls), one_request=True)
+            else:  # the episodes asked different things: each by itself
+                results = await asyncio.gather(
+                    *(self._client.generate(self._qid, c[0], c[1], self._group_size) for c in calls)
+                )
+        except asyncio.CancelledError:
+            for _, _, future in calls:
+                future.cancel()
+            raise
+        except Exception as e:
+            for _, _, future in calls:
+                if not future.done():
+                    future.set_exception(e)
+            return
+        for (_, _, future), r in zip(calls, results):
+            if not future.done():
+                future.set_result(r)
+
+
 async def gather_or_cancel(coros) -> list:
     """Run concurrently; if one fails, cancel the others (and wait for them) before re-raising."""
     tasks = [asyncio.ensure_future(c) for c in coros]
@@ -218,17 +283,33 @@ async def run_group(
     agent_config: Any,
     group_size: int,
     openai_endpoint: Optional[Callable] = None,
+    one_request: bool = False,
 ) -> Optional[Trajectory]:
     """The agent run `group_size` times on `row`; the trajectory to push, or None when the
-    group is filtered out (or every episode dropped its sample)."""
+    group is filtered out (or every episode dropped its sample). `one_request`: the group's
+    answers in one request when the agent generates once per episode (module docstring)."""
     birth = time.time()
     name = getattr(agent_config, "type", type(agent).__name__)
+    first_calls = (
+        GroupFirstCalls(client, qid, group_size)
+        if one_request and group_size > 1 and getattr(agent, "one_generation_per_episode", False)
+        else None
+    )
 
     async def one() -> Tuple[Gen, Optional[Outcome]]:
-        gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size, openai_endpoint)
-        return gen, await run_episode(agent, name, row, gen, envs)
+        gen = Gen(client, qid, prompt_ids, gconfig, tokenizer, group_size, openai_endpoint, first_calls)
+        try:
+            return gen, await run_episode(agent, name, row, gen, envs)
+        finally:
+            if first_calls is not None:
+                first_calls.leave(gen)
 
-    episodes = [(g, o) for g, o in await gather_or_cancel(one() for _ in range(group_size)) if o is not None]
+    try:
+        done = await gather_or_cancel(one() for _ in range(group_size))
+    finally:
+        if first_calls is not None:
+            first_calls.close()
+    episodes = [(g, o) for g, o in done if o is not None]
     if not episodes:
         return None
     prompt_ids = episodes[0][0].prompt_ids

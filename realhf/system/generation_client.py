@@ -44,6 +44,7 @@ import aiohttp
 
 from realhf.base import logging
 from realhf.base.secret import auth_headers
+from realhf.impl.inference.request import parse_weight_version
 from realhf.system.http_json import GenerationError, ServerUnavailableError, post_json
 from realhf.system.manager_client import ManagerClient
 
@@ -175,11 +176,17 @@ class GenerationClient:
     ) -> GenerationResult:
         """One sample of group `qid`: `max_new_tokens` (default `gconfig.max_new_tokens`) at most."""
         budget = int(gconfig.max_new_tokens if max_new_tokens is None else max_new_tokens)
-        prompt = [int(t) for t in input_ids]
-        result = GenerationResult()
+        return await self._continue(qid, [int(t) for t in input_ids], gconfig, group_size, budget, GenerationResult())
+
+    async def _continue(
+        self, qid: str, prompt: List[int], gconfig: Any, group_size: int, budget: int, result: GenerationResult, epoch=0
+    ) -> GenerationResult:
+        """`generate` from `result` (the sample's tokens so far; `epoch`: the group route its last
+        request went by) until it stops or reaches `budget`."""
+        if result.finish_reason:
+            return result
         empty_aborts, progress_at = 0, time.monotonic()
         unavailable, down_since = 0, 0.0  # the current streak of unreachable servers
-        epoch = 0  # the group route this sample's last request went by
         while True:
             remaining = budget - len(result.output_ids)
             if remaining <= 0:
@@ -227,8 +234,7 @@ class GenerationClient:
                     )
                 await asyncio.sleep(min(0.5, 0.01 * 2 ** min(empty_aborts, 6)))
                 continue
-            if reason == "length" and len(ids) < chunk:
-                # The server stopped short of what was asked: its context is full.
+            if _ended_short(reason, ids, chunk):
                 result.finish_reason = "length"
                 return result
 
@@ -259,34 +265,89 @@ class GenerationClient:
         await asyncio.sleep(delay)
 
     async def generate_group(
-        self, qid: str, input_ids: Sequence[int], gconfig: Any, n: int, max_new_tokens: Optional[int] = None
+        self,
+        qid: str,
+        input_ids: Sequence[int],
+        gconfig: Any,
+        n: int,
+        max_new_tokens: Optional[int] = None,
+        one_request: bool = False,
     ) -> List[GenerationResult]:
-        """`n` samples of one prompt, concurrently, on the group's server."""
+        """`n` samples of one prompt, concurrently, on the group's server. `one_request`: their
+        first requests go as one /generate with `sampling_params.n = n` (SGLang's parallel
+        sampling: one HTTP round trip, one prefill of the prompt on the server); a sample that
+        needs more (aborted by a weight update, a `new_tokens_per_chunk` chunk done) goes on by
+        itself as `generate` does, and all of them do when that request fails (server unavailable)."""
+        budget = int(gconfig.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        prompt = [int(t) for t in input_ids]
+        starts = [(GenerationResult(), 0) for _ in range(n)]
+        if one_request and n > 1 and budget > 0:
+            starts = await self._first_wave(qid, prompt, gconfig, n, budget) or starts
         return list(
-            await asyncio.gather(*(self.generate(qid, input_ids, gconfig, n, max_new_tokens) for _ in range(n)))
+            await asyncio.gather(
+                *(self._continue(qid, prompt, gconfig, n, budget, result, epoch) for result, epoch in starts)
+            )
         )
 
-    async def _generate_once(
-        self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int, n_done: int
-    ) -> Tuple[List[int], List[float], str, Optional[int]]:
+    async def _first_wave(
+        self, qid: str, prompt: List[int], gconfig: Any, n: int, budget: int
+    ) -> Optional[List[Tuple[GenerationResult, int]]]:
+        """(the sample's result so far, the route epoch) for each of the `n` samples of one
+        /generate with sampling_params.n = n; None when the request failed for want of a server
+        (the samples then start afresh, waiting for one as `generate` does)."""
+        chunk = min(budget, self.new_tokens_per_chunk) if self.new_tokens_per_chunk else budget
+        url = None
+        try:
+            url, version, epoch = await self._schedule(qid, len(prompt), n, budget, 0)
+            answers = await self._generate_once(url, prompt, gconfig, chunk, 0, n=n)
+        except ServerUnavailableError as e:
+            if url is None and e.status != 503:
+                raise GenerationError(str(e)) from None  # the manager itself is gone
+            self.n_unavailable += 1
+            route = self._routes.get(qid)
+            if route is not None and url is not None and route.url == url:
+                route.url = None  # no affinity to a server that just failed
+            return None
+        starts = []
+        for ids, logprobs, reason, weight_version in answers:
+            result = GenerationResult(
+                list(ids), list(logprobs), [version if weight_version is None else weight_version] * len(ids)
+            )
+            result.n_requests = 1  # the group's one request, counted for each of its samples
+            if reason == "stop":
+                result.finish_reason = "stop"
+            elif _ended_short(reason, ids, chunk) or len(ids) >= budget:
+                result.finish_reason = "length"
+            self.n_aborts += reason == "abort"
+            starts.append((result, epoch))
+        return starts
+
+    async def _generate_once(self, url: str, input_ids: List[int], gconfig: Any, max_new_tokens: int, n_done: int, n=1):
+        """(output_ids, logprobs, finish type, weight_version) of one /generate; with `n` > 1 a
+        list of them, one per sample (SGLang's answer to sampling_params.n)."""
         rid = f"{self._rid_prefix}-{next(self._rids)}"
-        body = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params(gconfig, max_new_tokens, self.eos_token_id, n_done),
-            "return_logprob": True,
-            "rid": rid,
-        }
+        params = sampling_params(gconfig, max_new_tokens, self.eos_token_id, n_done)
+        if n > 1:
+            params["n"] = n
+        body = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True, "rid": rid}
         self.n_generate_calls += 1
         try:
             r = await self._unless_dropped(
-                url, post_json(self.session(), f"{url}/generate", body, self.request_timeout)
+                url, post_json(self.session(), f"{url}/generate", body, self.request_timeout, allow_list=n > 1)
             )
         except TimeoutError as e:
             # Alive but hung (engine stuck, process stopped): like a dead server, resubmit
             # elsewhere; the manager drops it once its health checks time out.
             self.n_timeouts += 1
             raise ServerUnavailableError(f"{e} (request_timeout; treating the server as hung)") from None
-        return parse_generate_response(url, r)
+        if n == 1:
+            return parse_generate_response(url, r)
+        if not isinstance(r, list) or len(r) != n:
+            raise GenerationError(
+                f"{url}/generate answered sampling_params.n={n} with "
+                f"{f'{len(r)} items' if isinstance(r, list) else 'one object'}, not a list of {n}"
+            )
+        return [parse_generate_response(url, item) for item in r]
 
     async def _unless_dropped(self, url: str, call):
         """Await `call` (a request to `url`) unless the manager drops `url` from routing first
@@ -326,6 +387,11 @@ class GenerationClient:
             return None
         self._routed_cache = (time.monotonic(), urls)
         return urls
+
+
+def _ended_short(reason: str, ids: List[int], chunk: int) -> bool:
+    """The server stopped at `length` short of the `chunk` asked for: its context is full."""
+    return reason == "length" and len(ids) < chunk
 
 
 def sampling_params(
@@ -371,9 +437,6 @@ def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], Lis
         ids = [int(t) for t in ids]
     except (TypeError, ValueError, IndexError):
         raise GenerationError(f"{where}: malformed output_ids or output_token_logprobs") from None
-    version = meta.get("weight_version")
-    try:
-        version = None if version is None else int(version)
-    except (TypeError, ValueError):
-        version = None  # SGLang's default version is a name such as "default"
-    return ids, logprobs, reason, version
+    # SGLang's string ("3"), an older server's integer; None for a name such as SGLang's "default"
+    # (then the version the manager routed by stands for it).
+    return ids, logprobs, reason, parse_weight_version(meta.get("weight_version"))

@@ -110,6 +110,7 @@ class GenerationServer(Worker):
         from realhf.base.device import bind_device, cap_memory, pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
         from realhf.impl.inference.server_app import create_app
+        from realhf.impl.inference.sglang_generate import load_tokenizer
         from realhf.system.http_thread import HttpServerThread
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
@@ -125,7 +126,13 @@ class GenerationServer(Worker):
             cfg.model_path, cfg.native, weight_version=cfg.weight_version, seed=seed, name=self.name, device=device
         ).start()
         app = create_app(
-            self._engine, max_request_bytes=cfg.max_request_bytes, secret=self.ctx.secret, weights_root=cfg.weights_root
+            self._engine,
+            max_request_bytes=cfg.max_request_bytes,
+            secret=self.ctx.secret,
+            weights_root=cfg.weights_root,
+            # Rollouts send input_ids; the tokenizer serves text to anyone else asking (SGLang's /generate).
+            tokenizer=load_tokenizer(cfg.model_path),
+            tokenizer_path=cfg.model_path,
         )
         self._server = HttpServerThread(app, cfg.host, cfg.port, name="generation server").start(
             timeout=cfg.startup_timeout

@@ -53,6 +53,7 @@ from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging, name_resolve, names
 from realhf.base.body_limit import BodySizeLimit
 from realhf.base.secret import auth_headers, require_secret
+from realhf.impl.inference.request import parse_weight_version
 from realhf.system.admission_ledger import AdmissionLedger
 from realhf.system.http_thread import HttpServerThread
 from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
@@ -220,7 +221,7 @@ async def check_health(service: ManagerService, session: aiohttp.ClientSession, 
                 return True, None
             async with session.get(f"{url}/get_model_info", timeout=timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
-            return True, info.get("weight_version") if isinstance(info, dict) else None
+            return True, parse_weight_version(info.get("weight_version")) if isinstance(info, dict) else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return False, None
 

@@ -27,14 +27,22 @@ class ServerUnavailableError(GenerationError):
         self.status = status
 
 
-async def post_json(session: aiohttp.ClientSession, url: str, body: Dict[str, Any], timeout: float) -> Dict[str, Any]:
-    """POST JSON, return the JSON answer; errors name the URL (and the server's message)."""
-    return await request_json(session, "POST", url, timeout, body)
+async def post_json(
+    session: aiohttp.ClientSession, url: str, body: Dict[str, Any], timeout: float, allow_list: bool = False
+) -> Any:
+    """POST JSON, return the JSON answer (an object; or a list, with `allow_list`: SGLang answers
+    a batch or n > 1 samples with one); errors name the URL (and the server's message)."""
+    return await request_json(session, "POST", url, timeout, body, allow_list)
 
 
 async def request_json(
-    session: aiohttp.ClientSession, method: str, url: str, timeout: float, body: Optional[Dict[str, Any]] = None
-) -> Dict[str, Any]:
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    timeout: float,
+    body: Optional[Dict[str, Any]] = None,
+    allow_list: bool = False,
+) -> Any:
     """`method` (GET, or POST with a JSON `body`), return the JSON answer; errors as `post_json`'s."""
     try:
         async with session.request(method, url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
@@ -53,6 +61,6 @@ async def request_json(
         answer = json.loads(text)
     except ValueError:
         raise GenerationError(f"{method} {url} answered with non-JSON: {text[:200]!r}") from None
-    if not isinstance(answer, dict):
+    if not isinstance(answer, dict) and not (allow_list and isinstance(answer, list)):
         raise GenerationError(f"{method} {url} answered with {type(answer).__name__}, expected a JSON object")
     return answer

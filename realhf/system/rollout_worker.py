@@ -325,6 +325,7 @@ class RolloutWorker(AsyncWorker):
             agent_config=cfg.agent,
             group_size=cfg.group_size,
             openai_endpoint=episode_endpoint,
+            one_request=cfg.group_in_one_request,
         )
         limit = self.config.episode_timeout
         if limit <= 0:

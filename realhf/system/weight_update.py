@@ -35,6 +35,7 @@ import aiohttp
 
 from realhf.base import logging
 from realhf.base.trial_files import published_version_dir
+from realhf.impl.inference.request import parse_weight_version
 from realhf.system.http_json import post_json
 
 logger = logging.getLogger("weight_update")
@@ -66,8 +67,8 @@ async def served_version(session: aiohttp.ClientSession, url: str, timeout: floa
             info = await r.json(content_type=None)
         except ValueError:
             return None
-    version = info.get("weight_version") if isinstance(info, dict) else None
-    return version if isinstance(version, int) and not isinstance(version, bool) else None
+    # SGLang's string ("3") or an older server's integer; a name such as "default" says nothing.
+    return parse_weight_version(info.get("weight_version")) if isinstance(info, dict) else None
 
 
 async def update_server(

@@ -49,6 +49,7 @@ class SamplingParams(BaseModel):
     top_k: int = -1
     stop_token_ids: List[int] = []
     min_new_tokens: int = 0
+    n: int = Field(1, ge=1)
 
 
 class GenerateRequest(BaseModel):
@@ -137,12 +138,13 @@ class FakeSGLangServer:
                 )
             pause_gen = self._pause_gen
             version = self.weight_version
-            seq = list(req.input_ids)
-            out: List[int] = []
-            reason = "length"
-            try:
+
+            async def one(rid):
+                seq = list(req.input_ids)
+                out: List[int] = []
+                reason = "length"
                 while len(out) < sp.max_new_tokens:
-                    if self._pause_gen != pause_gen or req.rid in self._aborted_rids:
+                    if self._pause_gen != pause_gen or rid in self._aborted_rids:
                         reason = "abort"
                         break
                     if self.abort_after is not None and len(out) >= self.abort_after:
@@ -161,18 +163,25 @@ class FakeSGLangServer:
                         await asyncio.sleep(self.token_delay)
                     elif len(out) % 32 == 0:
                         await asyncio.sleep(0)
+                meta = {
+                    "id": rid,
+                    "finish_reason": {"type": reason},
+                    "prompt_tokens": len(req.input_ids),
+                    "completion_tokens": len(out),
+                    "weight_version": str(version),  # a string, as SGLang's
+                }
+                if req.return_logprob:
+                    meta["output_token_logprobs"] = [[fake_logprob(t), t, None] for t in out]
+                return {"output_ids": out, "meta_info": meta}
+
+            try:
+                if sp.n == 1:
+                    return await one(req.rid)
+                # SGLang's n: a list of n answers (the same here: outputs are a function of the sequence).
+                return list(await asyncio.gather(*(one(f"{req.rid}-{j}") for j in range(sp.n))))
             finally:
                 with self._lock:
                     self.n_running -= 1
-            meta = {
-                "finish_reason": {"type": reason},
-                "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(out),
-                "weight_version": version,
-            }
-            if req.return_logprob:
-                meta["output_token_logprobs"] = [[fake_logprob(t), t, None] for t in out]
-            return {"output_ids": out, "meta_info": meta}
 
         @app.post("/pause_generation")
         async def pause_generation():

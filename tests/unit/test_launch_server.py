@@ -1,5 +1,6 @@
 """`python -m realhf.launch_server` as a real subprocess: serving, weight swaps, clean exit."""
 
+import contextlib
 import os
 import re
 import signal
@@ -16,30 +17,12 @@ from helpers.sglang_client import generate
 PROMPT = [7, 8, 9, 10]
 
 
-@pytest.fixture
-def launched(qwen_path, tmp_path, no_leftover_processes):
-    log_path = tmp_path / "server.log"
+@contextlib.contextmanager
+def _launch(log_path, *args):
+    """(process, url) of `python -m realhf.launch_server ARGS --port 0`, stopped on exit."""
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "realhf.launch_server",
-                "--model-path",
-                qwen_path,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--n-threads",
-                "1",
-                "--max-running-requests",
-                "16",
-                "--context-length",
-                "512",
-                "--weight-version",
-                "3",
-            ],
+            [sys.executable, "-m", "realhf.launch_server", *args, "--host", "127.0.0.1", "--port", "0"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -58,7 +41,7 @@ def launched(qwen_path, tmp_path, no_leftover_processes):
         while http("GET", f"{url}/health")[0] != 200:
             assert time.monotonic() < deadline, f"{url}/health never answered 200"
             time.sleep(0.1)
-        yield proc, url, log_path
+        yield proc, url
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -69,16 +52,24 @@ def launched(qwen_path, tmp_path, no_leftover_processes):
                 proc.wait()
 
 
+@pytest.fixture
+def launched(qwen_path, tmp_path, no_leftover_processes):
+    log_path = tmp_path / "server.log"
+    flags = ["--n-threads", "1", "--max-running-requests", "16", "--context-length", "512", "--weight-version", "3"]
+    with _launch(log_path, "--model-path", qwen_path, *flags) as (proc, url):
+        yield proc, url, log_path
+
+
 def test_weight_swap_from_disk_changes_outputs_and_weight_version(launched, qwen_path_b, hf_ref, hf_ref_b, gpt2_path):
     proc, url, _ = launched
     before = generate(url, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)
-    assert before["meta_info"]["weight_version"] == 3
+    assert before["meta_info"]["weight_version"] == "3"  # a string, as SGLang's
     assert before["output_ids"] == hf_ref.greedy(PROMPT, 16)
 
     status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": qwen_path_b, "weight_version": 4})
     assert status == 200 and body["success"] is True, body
     after = generate(url, PROMPT, max_new_tokens=16, temperature=0.7, ignore_eos=True)
-    assert after["meta_info"]["weight_version"] == 4
+    assert after["meta_info"]["weight_version"] == "4"
     got = torch.tensor([t[0] for t in after["meta_info"]["output_token_logprobs"]])
     assert torch.allclose(got, hf_ref_b.logprobs(PROMPT, after["output_ids"], 0.7), atol=1e-4)
     greedy = generate(url, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)["output_ids"]
@@ -87,15 +78,28 @@ def test_weight_swap_from_disk_changes_outputs_and_weight_version(launched, qwen
     # An incompatible checkpoint is refused with a message; version 4 keeps serving.
     status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": gpt2_path, "weight_version": 5})
     assert status == 400 and body["success"] is False and "gpt2" in body["message"]
-    assert generate(url, PROMPT, max_new_tokens=2)["meta_info"]["weight_version"] == 4
-    assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == 4
+    assert generate(url, PROMPT, max_new_tokens=2)["meta_info"]["weight_version"] == "4"
+    assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == "4"
 
 
-def test_sigterm_stops_the_server_cleanly(launched):
-    proc, url, log_path = launched
-    generate(url, PROMPT, max_new_tokens=4)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=15) == 0, log_path.read_text()
+def test_a_model_folder_with_a_tokenizer_is_served_text_and_sigterm_stops_the_server_cleanly(
+    tmp_path, no_leftover_processes
+):
+    # As a new user starts it: the committed tiny model, whose folder has a tokenizer.
+    from transformers import AutoTokenizer
+
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "tiny-math", "sft")
+    log_path = tmp_path / "server.log"
+    with _launch(log_path, "--model-path", model, "--max-running-requests", "4") as (proc, url):
+        body = {"text": "1+2=", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        status, out = http("POST", f"{url}/generate", body)
+        assert status == 200, out
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        assert out["text"] == tokenizer.decode(out["output_ids"], skip_special_tokens=True)
+        assert out["meta_info"]["prompt_tokens"] == len(tokenizer.encode("1+2="))
+        assert http("GET", f"{url}/get_model_info")[1]["tokenizer_path"] == model
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, log_path.read_text()
     assert "stopped" in log_path.read_text()
 
 

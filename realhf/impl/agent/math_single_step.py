@@ -141,6 +141,7 @@ class MathSingleStepAgent(Agent):
     # running episodes), so a generous bound costs nothing until calls get stuck, and lets a
     # slow but honest function run concurrently; a subclass may change it.
     reward_threads = 128
+    one_generation_per_episode = True  # one answer to the row's prompt: a group may be one request
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)

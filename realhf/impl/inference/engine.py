@@ -140,6 +140,7 @@ class Engine:
         self.aborted_total = 0
         self.failed_steps_total = 0
         self._admitting: List[_Req] = []  # taken from the queue, not yet in a slot
+        self._n_streaming = 0  # live requests with an on_token callback: a step looks for them only then
         self._tput = 0.0
         self._tput_mark = (time.monotonic(), 0)
         self._last_log = time.monotonic()
@@ -164,22 +165,36 @@ class Engine:
     def submit(self, req: GenerateRequest) -> Future:
         """Queue a request; the Future resolves to a GenerateResult. Raises ValueError on a bad
         request (message naming the field) or a rid that is already running."""
-        err = self.check_request(req)
-        if err:
-            raise ValueError(err)
-        if not req.rid:
-            req.rid = uuid.uuid4().hex
-        s = req.sampling
-        stop = list(dict.fromkeys(list(s.stop_token_ids) + ([] if s.ignore_eos else self.runner.eos_token_ids)))
-        r = _Req(req, Future(), time.monotonic(), stop)
+        return self.submit_many([req])[0]
+
+    def submit_many(self, reqs: List[GenerateRequest]) -> List[Future]:
+        """Queue requests together, all or none (ValueError naming the first bad one): they reach
+        the same admission, so identical prompts among them (the `n` samples of a prompt) are
+        prefilled once."""
+        queued = []
+        for req in reqs:
+            err = self.check_request(req)
+            if err:
+                raise ValueError(err)
+            if not req.rid:
+                req.rid = uuid.uuid4().hex
+            s = req.sampling
+            stop = list(dict.fromkeys(list(s.stop_token_ids) + ([] if s.ignore_eos else self.runner.eos_token_ids)))
+            queued.append(_Req(req, Future(), time.monotonic(), stop))
+        rids = [r.req.rid for r in queued]
         with self._live_lock:
             self._raise_if_closed()
-            if req.rid in self._live:
-                raise ValueError(f"rid {req.rid!r} is already queued or running")
-            self._live[req.rid] = r
-            self._waiting.append(r)  # under the lock: stop() cannot miss it when draining
+            taken = [rid for rid in rids if rid in self._live] or [rid for rid in rids if rids.count(rid) > 1]
+            if taken:
+                raise ValueError(f"rid {taken[0]!r} is already queued or running")
+            for r in queued:
+                self._live[r.req.rid] = r
+            self._n_streaming += sum(r.req.on_token is not None for r in queued)
+            # Under the lock (stop() cannot miss them when draining), in one deque call (the
+            # engine thread sees all of them or none).
+            self._waiting.extend(queued)
         self._wake.set()
-        return r.future
+        return [r.future for r in queued]
 
     def pause(self) -> Future:
         """Running requests end now with `abort` and their partial output; queued ones wait."""
@@ -331,6 +346,7 @@ class Engine:
         for r in failed:
             with self._live_lock:
                 self._live.pop(r.req.rid, None)
+                self._n_streaming -= r.req.on_token is not None
             self.requests_total += 1
             if not r.future.done():
                 r.future.set_exception(error)
@@ -463,8 +479,25 @@ class Engine:
         """Sample one token for rows lo..hi-1 from their logits, append it, retire finished rows."""
         finished, reasons = self.slots.sample_append(logits, lo, hi, self.generator)
         self.generation_tokens_total += hi - lo
+        if self._n_streaming:
+            self._stream_tokens(lo, hi)
         if finished:
             self._retire(finished, reasons)
+
+    def _stream_tokens(self, lo: int, hi: int) -> None:
+        """Hand the token just sampled (and its log-prob) of each streaming row in lo..hi-1 to its
+        request's callback: one transfer to the host for all of them, only on steps that stream."""
+        rows = [i for i in range(lo, hi) if self.slot_req[i].req.on_token is not None]
+        if not rows:
+            return
+        idx = torch.tensor(rows, device=self.device)  # [k]
+        tokens = self.slots.last_tok[idx].tolist()
+        logprobs = self.slots.out_lp[idx, self.slots.n_gen[idx] - 1].tolist()
+        for i, tok, lp in zip(rows, tokens, logprobs):
+            try:
+                self.slot_req[i].req.on_token(tok, lp)
+            except Exception as e:  # a consumer's bug must not fail the step of everyone else
+                logger.warning(f"{self.name}: on_token of {self.slot_req[i].req.rid!r} raised {e!r}")
 
     # ---- leaving --------------------------------------------------------------------------------
     def _retire(self, slots: List[int], reasons: List[Dict[str, Any]]) -> None:
@@ -493,6 +526,7 @@ class Engine:
     def _finish(self, r: _Req, ids: List[int], lps: List[float], reason: Dict[str, Any]) -> None:
         with self._live_lock:
             self._live.pop(r.req.rid, None)
+            self._n_streaming -= r.req.on_token is not None
         self.requests_total += 1
         self.aborted_total += reason["type"] == "abort"
         result = GenerateResult(

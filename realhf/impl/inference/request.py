@@ -9,8 +9,9 @@ about threads, tensors or the model.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 
@@ -31,6 +32,9 @@ class GenerateRequest:
     input_ids: List[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rid: str = ""
+    # Streaming: called on the engine thread with (token id, log-prob) of every generated token,
+    # as it is generated; it must only hand them over (e.g. loop.call_soon_threadsafe).
+    on_token: Optional[Callable[[int, float], None]] = None
 
 
 @dataclass
@@ -51,12 +55,25 @@ class GenerateResult:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": len(self.output_ids),
             "cached_tokens": 0,
-            "weight_version": self.weight_version,
+            "weight_version": str(self.weight_version),  # SGLang's is a string
             "e2e_latency": self.e2e_latency,
         }
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids)]
         return {"output_ids": self.output_ids, "meta_info": meta}
+
+
+def parse_weight_version(value: Any) -> Optional[int]:
+    """A weight version as this project counts them (an integer) from what a server reports:
+    SGLang's string ("3"), an integer (older realhf servers), or None when it is neither (SGLang's
+    default version is the name "default")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value.strip()):
+        return int(value)
+    return None
 
 
 class EngineClosedError(RuntimeError):

@@ -1,6 +1,8 @@
 """The SGLang HTTP protocol (docs/architecture.md §5) in front of a native `Engine`.
 
-    POST /generate                  {input_ids, sampling_params, return_logprob, rid?}
+    POST /generate                  SGLang's GenerateReqInput: {text | input_ids (one or a batch),
+                                    sampling_params (dict or list; n samples), return_logprob,
+                                    stream, rid} (realhf.impl.inference.sglang_generate)
     POST /pause_generation          running requests return now with finish_reason abort
     POST /continue_generation
     POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message}
@@ -11,7 +13,10 @@
 The JSON fields are re-declared here (importing sglang drags in torchvision). Unknown fields are
 ignored, as SGLang ignores options it does not use. A body that does not validate — malformed
 JSON, wrong types, an empty prompt, token ids out of the vocabulary, a prompt that does not fit
-the context — gets a 400 with `{"error": {"message": ...}}` naming the field, never a 5xx.
+the context, text without a tokenizer — gets a 400 with `{"error": {"message": ...}}` naming the
+field, never a 5xx. Weight versions are integers here and strings on the wire, as SGLang's
+(`weight_version` of /generate's meta_info and of /get_model_info; /update_weights_from_disk takes
+either form).
 
 With a `secret`, every endpoint requires `Authorization: Bearer <secret>` (401 without, 403 with
 a wrong one; realhf.base.secret). With a `weights_root` (a run's publish directory),
@@ -21,7 +26,8 @@ counted in /metrics (`realhf_http_auth_refused_total`, `realhf_weight_update_ref
 
 The handlers stay thin: they validate, hand the request to the engine thread and await a future
 that the engine resolves (`asyncio.wrap_future` → `call_soon_threadsafe`), so the event loop
-never waits on the model. A client that disconnects has its request aborted (slot freed).
+never waits on the model. A client that disconnects has its requests aborted (slots freed), a
+streaming one too (`stream: true`: server-sent events fed by the engine's per-token callback).
 """
 
 from __future__ import annotations
@@ -30,24 +36,27 @@ import asyncio
 import json
 import os
 import time
-from typing import Any, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
 from realhf.base.secret import RateLimitedLog, require_secret
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
-from realhf.impl.inference.request import (
-    DEFAULT_MAX_NEW_TOKENS,
-    EngineClosedError,
-    EngineStepError,
-    GenerateRequest,
-    SamplingParams,
+from realhf.impl.inference.request import EngineClosedError, EngineStepError, parse_weight_version
+from realhf.impl.inference.sglang_generate import (
+    DEFAULT_MAX_SAMPLES_PER_REQUEST,
+    BadRequest,
+    GenerateBody,
+    Plan,
+    answer_item,
+    partial_item,
+    plan_generate,
 )
 
 logger = logging.getLogger("gen_server")
@@ -60,33 +69,10 @@ _COMMAND_TIMEOUT = 60.0  # seconds a pause/continue/abort may wait for the engin
 # --------------------------------------------------------------------------------------------
 
 
-class SamplingParamsBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop_token_ids: Optional[List[int]] = None
-    stop: Optional[Union[str, List[str]]] = None
-    ignore_eos: bool = False
-    n: int = 1
-
-
-class GenerateBody(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    input_ids: Optional[List[int]] = None
-    text: Optional[Union[str, List[str]]] = None
-    sampling_params: SamplingParamsBody = Field(default_factory=SamplingParamsBody)
-    return_logprob: bool = False
-    rid: Optional[str] = None
-    stream: bool = False
-
-
 class UpdateWeightsBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model_path: str
-    weight_version: Optional[int] = None
+    weight_version: Optional[Union[int, str]] = None  # SGLang's is a string; this server's are integers
     load_format: Optional[str] = None
 
 
@@ -99,10 +85,6 @@ class AbortBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     rid: str = ""
     abort_all: bool = False
-
-
-class BadRequest(Exception):
-    pass
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -157,60 +139,53 @@ async def _parse(request: Request, model: type):
         raise BadRequest("invalid request body: " + "; ".join(parts)) from None
 
 
-def _to_engine_request(body: GenerateBody) -> GenerateRequest:
-    sp = body.sampling_params
-    if body.input_ids is None:
-        if body.text is not None:
-            raise BadRequest(
-                "this server runs without a tokenizer (like --skip-tokenizer-init): send input_ids, not text"
-            )
-        raise BadRequest("input_ids is required")
-    if sp.stop:
-        raise BadRequest("sampling_params.stop (stop strings) needs a tokenizer; use stop_token_ids")
-    if sp.n != 1:
-        raise BadRequest(f"sampling_params.n must be 1 (send one request per sample), got {sp.n}")
-    if body.stream:
-        raise BadRequest("stream=true is not supported by this server")
-    return GenerateRequest(
-        input_ids=list(body.input_ids),
-        sampling=SamplingParams(
-            max_new_tokens=sp.max_new_tokens,
-            min_new_tokens=sp.min_new_tokens,
-            temperature=sp.temperature,
-            top_p=sp.top_p,
-            top_k=sp.top_k,
-            stop_token_ids=list(sp.stop_token_ids or []),
-            ignore_eos=sp.ignore_eos,
-        ),
-        rid=body.rid or "",
-    )
-
-
-async def _result_or_disconnect(request: Request, fut, engine: Engine, rid: str):
-    """The engine's result, or None once the client disconnected — then the request is aborted
-    so that its slot is freed instead of decoding an answer nobody reads."""
-    result = asyncio.wrap_future(fut)
+async def _results_or_disconnect(request: Request, futs, engine: Engine, rids: List[str]):
+    """The engine's results, or None once the client disconnected — then the requests are
+    aborted so that their slots are freed instead of decoding answers nobody reads."""
+    results = asyncio.gather(*(asyncio.wrap_future(f) for f in futs))
     # With the body read, the next ASGI message is `http.disconnect`, and only if the client goes.
     disconnect = asyncio.ensure_future(request.receive())
     try:
-        done, _ = await asyncio.wait({result, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({results, disconnect}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        _abort_quietly(engine, rid)
+        _abort_quietly(engine, rids)
         raise
     finally:
         if not disconnect.done():
             disconnect.cancel()
-    if result in done:
-        return result.result()
+    if results in done:
+        return results.result()
     if disconnect.result().get("type") == "http.disconnect":
-        _abort_quietly(engine, rid)
+        _abort_quietly(engine, rids)
+        results.cancel()
+        await asyncio.gather(results, return_exceptions=True)
         return None
-    return await result
+    return await results
 
 
-def _abort_quietly(engine: Engine, rid: str) -> None:
+class _AbortOnClose(StreamingResponse):
+    """A streamed answer whose requests are aborted however the stream ends (the client went
+    away, the task was cancelled); `on_close` aborts only those still unfinished."""
+
+    def __init__(self, content, on_close):
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _abort_quietly(engine: Engine, rids: List[str]) -> None:
     try:
-        engine.abort(rid)
+        for rid in rids:
+            engine.abort(rid)
     except EngineClosedError:
         pass
 
@@ -232,7 +207,14 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     secret: str = "",
     weights_root: str = "",
+    tokenizer: Optional[Any] = None,
+    tokenizer_path: Optional[str] = None,
+    max_samples_per_request: int = DEFAULT_MAX_SAMPLES_PER_REQUEST,
 ) -> FastAPI:
+    """`tokenizer` (e.g. `sglang_generate.load_tokenizer(model_path)`): /generate then takes
+    `text` and answers with `text`; without one it takes input_ids only."""
+    no_tokenizer_reason = f"this server has none (no tokenizer in {engine.model_path or 'its model folder'})"
+    groups: Dict[str, List[str]] = {}  # the rid of a prompt asked for n > 1 samples -> the samples' rids
     # /openapi.json documents the request bodies (SGLang's server publishes one too); no docs UI.
     app = FastAPI(title="realhf native generation server", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
@@ -266,16 +248,101 @@ def create_app(
     async def generate(request: Request):
         body = await _parse(request, GenerateBody)
         try:
-            req = _to_engine_request(body)
-            fut = engine.submit(req)
+            plan = plan_generate(body, tokenizer, no_tokenizer_reason, max_samples_per_request)
+            events = _stream_events(plan) if body.stream else None  # (queue, post)
+            futs = engine.submit_many(plan.requests)
         except (BadRequest, ValueError) as e:
             return _error(400, str(e))
         except EngineClosedError as e:
             return _error(503, str(e))
-        result = await _result_or_disconnect(request, fut, engine, req.rid)
-        if result is None:
+        groups.update(plan.groups)
+        rids = [r.rid for r in plan.requests]
+        if events is not None:
+            return _stream_answer(plan, futs, events, body.return_logprob)
+        try:
+            results = await _results_or_disconnect(request, futs, engine, rids)
+        finally:
+            _forget_groups(plan)
+        if results is None:
             return Response(status_code=499)  # nobody is listening any more
-        return _json(result.to_sglang(body.return_logprob))
+        items = [
+            answer_item(r, body.return_logprob, tokenizer, skip) for r, skip in zip(results, plan.skip_special_tokens)
+        ]
+        return _json(items if plan.is_list else items[0])
+
+    def _forget_groups(plan: Plan) -> None:
+        for rid in plan.groups:
+            groups.pop(rid, None)
+
+    def _stream_events(plan: Plan) -> Tuple[asyncio.Queue, Callable[[tuple], None]]:
+        """A queue that gets (i, token, logprob) for each token of request i as the engine samples
+        it (the engine thread hands them to this loop), then (i, its future) when it ends."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def post(item):
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, item)
+            except RuntimeError:  # the loop is closed (server shutting down): nobody is listening
+                pass
+
+        for i, req in enumerate(plan.requests):
+            req.on_token = lambda tok, lp, i=i: post((i, tok, lp))
+        return events, post  # post: for the futures' done callbacks, added once they exist
+
+    def _stream_answer(plan: Plan, futs, events_post, return_logprob: bool) -> StreamingResponse:
+        reqs = plan.requests
+        events, post = events_post
+        for i, fut in enumerate(futs):
+            # Called on the engine thread after the request's last on_token: the queue keeps that order.
+            fut.add_done_callback(lambda f, i=i: post((i, f)))
+
+        async def chunks():
+            ids: List[List[int]] = [[] for _ in reqs]
+            lps: List[List[float]] = [[] for _ in reqs]
+            ended: Dict[int, Any] = {}  # i -> its future, once it resolved
+            while len(ended) < len(reqs):
+                # Everything the engine handed over meanwhile goes out as one event per item: the
+                # token that ended an item arrives with its end, so its last event is the final one.
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                touched: Dict[int, None] = {}
+                for event in batch:
+                    i = event[0]
+                    touched[i] = None
+                    if len(event) == 3:
+                        ids[i].append(event[1])
+                        lps[i].append(event[2])
+                    else:
+                        ended[i] = event[1]
+                for i in touched:
+                    index = {"index": i} if plan.is_list else {}
+                    if i in ended:
+                        try:
+                            result = ended[i].result()
+                        except (EngineStepError, EngineClosedError) as e:
+                            yield _sse({"error": {"message": str(e)}, **index})
+                            continue
+                        item = answer_item(result, return_logprob, tokenizer, plan.skip_special_tokens[i])
+                    else:
+                        item = partial_item(
+                            reqs[i].rid,
+                            len(reqs[i].input_ids),
+                            ids[i],
+                            lps[i],
+                            engine.weight_version,
+                            return_logprob,
+                            tokenizer,
+                            plan.skip_special_tokens[i],
+                        )
+                    yield _sse({**item, **index})
+            yield b"data: [DONE]\n\n"
+
+        def on_close():
+            _forget_groups(plan)
+            _abort_quietly(engine, [r.rid for r, f in zip(reqs, futs) if not f.done()])
+
+        return _AbortOnClose(chunks(), on_close)
 
     @app.post("/pause_generation", openapi_extra=_body_spec(PauseBody, required=False))
     async def pause_generation(request: Request):
@@ -301,15 +368,21 @@ def create_app(
                 f"model_path {body.model_path[:300]!r} is outside this run's publish directory "
                 f"(GenerationServerConfig.weights_root)",
             )
-        if body.weight_version is not None and body.weight_version < engine.weight_version:
+        wanted = parse_weight_version(body.weight_version)
+        if body.weight_version is not None and wanted is None:
+            raise BadRequest(
+                f"weight_version must be an integer or its decimal string (this server orders versions), "
+                f"got {str(body.weight_version)[:100]!r}"
+            )
+        if wanted is not None and wanted < engine.weight_version:
             update_refused["weight_version"] += 1
-            update_log.event(f"weight_version {body.weight_version} < served {engine.weight_version}")
+            update_log.event(f"weight_version {wanted} < served {engine.weight_version}")
             return _json(
                 {
                     "success": False,
-                    "weight_version": engine.weight_version,
+                    "weight_version": str(engine.weight_version),
                     "error": {
-                        "message": f"weight_version {body.weight_version} is lower than the served "
+                        "message": f"weight_version {wanted} is lower than the served "
                         f"version {engine.weight_version}; versions never go back",
                         "code": 409,
                     },
@@ -317,7 +390,7 @@ def create_app(
                 status=409,
             )
         try:
-            version = await asyncio.to_thread(engine.update_weights, body.model_path, body.weight_version)
+            version = await asyncio.to_thread(engine.update_weights, body.model_path, wanted)
         except EngineClosedError:
             raise
         except Exception as e:  # any unloadable checkpoint (missing, corrupt, other shape) is the caller's
@@ -327,7 +400,7 @@ def create_app(
             {
                 "success": True,
                 "message": f"loaded {body.model_path} as weight version {version}",
-                "weight_version": version,
+                "weight_version": str(version),
             }
         )
 
@@ -339,8 +412,10 @@ def create_app(
             return _json({"success": True, "message": f"{n} requests aborted"})
         if not body.rid:
             return _error(400, "abort_request needs rid (or abort_all: true)")
-        found = await _wait(engine.abort(body.rid), "abort_request")
-        return _json({"success": bool(found), "message": "aborted" if found else f"no request with rid {body.rid!r}"})
+        found = False
+        for rid in groups.get(body.rid, [body.rid]):  # a prompt's rid names all its n samples
+            found = bool(await _wait(engine.abort(rid), "abort_request")) or found
+        return _json({"success": found, "message": "aborted" if found else f"no request with rid {body.rid!r}"})
 
     @app.get("/flush_cache", operation_id="flush_cache_get")
     @app.post("/flush_cache", operation_id="flush_cache_post")
@@ -381,9 +456,9 @@ def create_app(
         return _json(
             {
                 "model_path": engine.model_path,
-                "tokenizer_path": None,
+                "tokenizer_path": (tokenizer_path or engine.model_path) if tokenizer is not None else None,
                 "is_generation": True,
-                "weight_version": engine.weight_version,
+                "weight_version": str(engine.weight_version),  # SGLang's is a string
             }
         )
 

@@ -63,7 +63,7 @@ def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exi
                 headers=auth_headers(launcher.secret),
             )
             assert out["output_ids"] == hf_ref.greedy([5, 6, 7], 8)
-            assert out["meta_info"]["weight_version"] == 2
+            assert out["meta_info"]["weight_version"] == "2"
         _complete(EXP, trial, launcher)
         assert all(p.exited == 0 for p in launcher._procs)
     name_resolve.reconfigure(redis_name_resolve)

@@ -1,0 +1,206 @@
+"""SGLang's `/generate` request as native engine requests, and the engine's results as SGLang's answer.
+
+The body is SGLang's `GenerateReqInput` (the fields this engine serves):
+
+    text | input_ids     one prompt (a string / a list of ids) or a batch (a list of them)
+    sampling_params      one dict for every prompt, or a list of one dict per prompt; `n` samples
+                         per prompt (the same n for the whole batch, as SGLang requires)
+    return_logprob, stream, rid (a string, or a list of one per prompt)
+
+A request becomes len(batch) × n engine requests in SGLang's order, prompt-major: the n samples of
+prompt 0, then those of prompt 1, ... The answer is one object for a single prompt with n == 1,
+else a list in that order (SGLang's shapes). Each item: `text` (when the server has a tokenizer),
+`output_ids`, `meta_info` {id, finish_reason, prompt_tokens, completion_tokens, cached_tokens,
+weight_version (a string, as SGLang's), e2e_latency, output_token_logprobs when asked}.
+
+Sample j of a prompt whose rid is R runs as rid `R` when n == 1, else `R-j`; the rid without a
+suffix still names all n of them to /abort_request (`Plan.groups`).
+
+Streaming (`stream: true`) follows SGLang's default (not `--incremental-streaming-output`): every
+`data: {json}` event carries the output so far — cumulative `text`, `output_ids` and
+`output_token_logprobs` — with `finish_reason` null until the item's last event; `index` names the
+item in a batch; `data: [DONE]` ends the stream.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from realhf.base import logging
+from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, GenerateRequest, GenerateResult, SamplingParams
+
+logger = logging.getLogger("gen_server")
+
+# Files any of which makes a model folder carry a tokenizer (HF's names).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Samples one /generate may ask for (len(batch) × n): a bound on the work one body can queue.
+DEFAULT_MAX_SAMPLES_PER_REQUEST = 1024
+
+
+class BadRequest(Exception):
+    """The body cannot be served: HTTP 400 with this message (naming the field)."""
+
+
+class SamplingParamsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: Optional[List[int]] = None
+    stop: Optional[Union[str, List[str]]] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    n: int = 1
+
+
+class GenerateBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input_ids: Optional[Union[List[int], List[List[int]]]] = None
+    text: Optional[Union[str, List[str]]] = None
+    sampling_params: Union[SamplingParamsBody, List[SamplingParamsBody]] = Field(default_factory=SamplingParamsBody)
+    return_logprob: bool = False
+    rid: Optional[Union[str, List[str]]] = None
+    stream: bool = False
+
+
+def load_tokenizer(path: str) -> Optional[Any]:
+    """The HF tokenizer of a model folder, or None when the folder has none (then /generate takes
+    input_ids only, like SGLang's --skip-tokenizer-init). One that is there but does not load is
+    logged and left out: the server still serves input_ids."""
+    if not path or not os.path.isdir(path) or not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        logger.warning(f"the tokenizer in {path} does not load ({e!r}); /generate will take input_ids only")
+        return None
+
+
+@dataclass
+class Plan:
+    """What one /generate body asks the engine for."""
+
+    requests: List[GenerateRequest]  # prompt-major: the n samples of prompt 0, then of prompt 1, ...
+    skip_special_tokens: List[bool]  # per request, for its `text`
+    is_list: bool  # the answer is a list (a batch, or n > 1), as SGLang answers
+    groups: Dict[str, List[str]] = field(default_factory=dict)  # a prompt's rid -> its n samples' rids
+
+
+def _prompts(body: GenerateBody, tokenizer: Optional[Any], no_tokenizer_reason: str) -> tuple:
+    """(prompts as id lists, whether the body was a batch)."""
+    if body.text is not None and body.input_ids is not None:
+        raise BadRequest("give either text or input_ids, not both")
+    if body.text is not None:
+        if tokenizer is None:
+            raise BadRequest(f"text needs a tokenizer and {no_tokenizer_reason}: send input_ids")
+        texts = [body.text] if isinstance(body.text, str) else list(body.text)
+        if not texts:
+            raise BadRequest("text is an empty batch: give at least one prompt")
+        return [list(tokenizer.encode(t)) for t in texts], not isinstance(body.text, str)
+    if body.input_ids is None:
+        raise BadRequest("input_ids (or text) is required")
+    ids = body.input_ids
+    if ids and isinstance(ids[0], list):
+        return [list(p) for p in ids], True
+    return [list(ids)], False
+
+
+def plan_generate(
+    body: GenerateBody,
+    tokenizer: Optional[Any] = None,
+    no_tokenizer_reason: str = "this server has none",
+    max_samples: int = DEFAULT_MAX_SAMPLES_PER_REQUEST,
+) -> Plan:
+    """The engine requests of `body` (BadRequest naming the field when it cannot be served)."""
+    prompts, batch = _prompts(body, tokenizer, no_tokenizer_reason)
+    sps = body.sampling_params
+    if isinstance(sps, list):
+        if len(sps) != len(prompts):
+            raise BadRequest(
+                f"sampling_params is a list of {len(sps)}, but there are {len(prompts)} prompts: give one per prompt"
+            )
+    else:
+        sps = [sps] * len(prompts)
+    n = sps[0].n
+    if any(sp.n != n for sp in sps):
+        raise BadRequest(f"sampling_params.n must be the same for every prompt of a batch, got {[sp.n for sp in sps]}")
+    if n < 1:
+        raise BadRequest(f"sampling_params.n must be >= 1, got {n}")
+    if len(prompts) * n > max_samples:
+        raise BadRequest(
+            f"{len(prompts)} prompts x sampling_params.n={n} = {len(prompts) * n} samples; at most {max_samples} "
+            "per request: split the batch"
+        )
+    if any(sp.stop for sp in sps):
+        raise BadRequest("sampling_params.stop (stop strings) is not supported by this server; use stop_token_ids")
+    rids = body.rid
+    if isinstance(rids, list):
+        if len(rids) != len(prompts):
+            raise BadRequest(f"rid is a list of {len(rids)}, but there are {len(prompts)} prompts: give one per prompt")
+    elif rids and len(prompts) > 1:
+        raise BadRequest("rid must be a list of one rid per prompt for a batch")
+    else:
+        rids = [rids or ""] * len(prompts)
+    plan = Plan([], [], is_list=batch or n > 1)
+    for prompt, sp, rid in zip(prompts, sps, rids):
+        sampling = SamplingParams(
+            max_new_tokens=sp.max_new_tokens,
+            min_new_tokens=sp.min_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_token_ids=list(sp.stop_token_ids or []),
+            ignore_eos=sp.ignore_eos,
+        )
+        sample_rids = [rid] if n == 1 else [f"{rid}-{j}" if rid else "" for j in range(n)]
+        if rid and n > 1:
+            plan.groups[rid] = sample_rids
+        for sample_rid in sample_rids:
+            plan.requests.append(GenerateRequest(input_ids=list(prompt), sampling=sampling, rid=sample_rid))
+            plan.skip_special_tokens.append(sp.skip_special_tokens)
+    return plan
+
+
+def answer_item(
+    result: GenerateResult, return_logprob: bool, tokenizer: Optional[Any], skip_special_tokens: bool
+) -> Dict[str, Any]:
+    """One item of the answer: the result in SGLang's shape, with `text` when there is a tokenizer."""
+    out = result.to_sglang(return_logprob)
+    if tokenizer is not None:
+        out = {"text": tokenizer.decode(result.output_ids, skip_special_tokens=skip_special_tokens), **out}
+    return out
+
+
+def partial_item(
+    rid: str,
+    prompt_tokens: int,
+    ids: List[int],
+    logprobs: List[float],
+    weight_version: int,
+    return_logprob: bool,
+    tokenizer: Optional[Any],
+    skip_special_tokens: bool,
+) -> Dict[str, Any]:
+    """A streamed item before its end: the output so far, finish_reason null."""
+    meta: Dict[str, Any] = {
+        "id": rid,
+        "finish_reason": None,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(ids),
+        "cached_tokens": 0,
+        "weight_version": str(weight_version),
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, ids)]
+    out: Dict[str, Any] = {"output_ids": list(ids), "meta_info": meta}
+    if tokenizer is not None:
+        out = {"text": tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), **out}
+    return out
