@@ -303,10 +303,8 @@ class GenerationClient:
         except ServerUnavailableError as e:
             if url is None and e.status != 503:
                 raise GenerationError(str(e)) from None  # the manager itself is gone
-            self.n_unavailable += 1
-            route = self._routes.get(qid)
-            if route is not None and url is not None and route.url == url:
-                route.url = None  # no affinity to a server that just failed
+            # Backed off and logged as any resubmission is; the samples then go on one by one.
+            await self._wait_for_server(qid, url, e, 1, time.monotonic())
             return None
         starts = []
         for ids, logprobs, reason, weight_version in answers:
