@@ -2,7 +2,8 @@
 
     reward = +1 right, −1 wrong      (then the framework's shaping: (reward − reward_bias)·reward_scaling)
 
-Graded by the episode's environment (`rollout.env.type=math`), or, when `rollout.agent.reward_fn`
+Graded by the episode's environment (`rollout.env.type=math`, or any other whose reward > 0
+means right, e.g. `code`; the numbers of the step's `info["metrics"]` go into `Outcome.info`), or, when `rollout.agent.reward_fn`
 names a function `module:function`, by `reward_fn(prompt, completion, **row)` (the row's other
 fields as keywords; may be async): a number is the reward, True/False mean ±1.
 
@@ -163,8 +164,9 @@ class MathSingleStepAgent(Agent):
             )
         _, reward, _, info = await env.step(answer.text)
         outcome = graded(reward)
-        if (
-            isinstance(info, dict) and "answer_right" in info
-        ):  # the math env: the final answer alone, beside check_work's verdict
-            outcome.info["answer_right"] = float(info["answer_right"])
+        if isinstance(info, dict):
+            if "answer_right" in info:  # the math env: the final answer alone, beside check_work's verdict
+                outcome.info["answer_right"] = float(info["answer_right"])
+            # Any environment's own numbers (the code env: tests passed, why it failed).
+            outcome.info.update(info.get("metrics") or {})
         return outcome

@@ -109,6 +109,17 @@ def test_single_step_agent_grades_each_answer_and_the_framework_builds_the_traje
     assert Trajectory.from_msg(traj.to_msg()).samples[1].reward == traj.samples[1].reward
 
 
+def test_single_step_agent_grades_with_another_environment_and_passes_its_metrics_on(tokenizer):
+    # The code task: the same agent, rollout.env.type=code; the env's info["metrics"] become the samples' metrics.
+    row = {"query_id": "c", "prompt": "f('bc')='cb'\ndef f(x): return", "code_prefix": "def f(x): return"}
+    row["tests"] = [["'bcg'", "'gcb'"], ["'q'", "'q'"]]
+    cfg = AgentConfig(type="math-single-step")
+    traj, _ = run(cfg, tokenizer, [" x[::-1]", " x", " x[::-1"], 3, env=EnvConfig(type="code"), row=row)
+    assert [s.reward for s in traj.samples] == [1.0, -1.0, -1.0]
+    assert [s.metrics["tests_passed"] for s in traj.samples] == [1.0, 0.5, 0.0]
+    assert [s.metrics["syntax_error"] for s in traj.samples] == [0.0, 0.0, 1.0]
+
+
 def test_single_step_agent_drops_groups_outside_the_success_rate_bounds(tokenizer):
     right, wrong = " #### 7", " #### 3"
     all_right = AgentConfig(success_rate_ub=0.75)
