@@ -597,14 +597,40 @@ class AsyncPPOConfig:
 
 
 @dataclass
+class SFTDatasetConfig:
+    """How training/main_sft.py reads train_path and test_path: the RL run's `dataset` keys, with
+    the same meaning, so one dataset is described once for both."""
+
+    columns: DatasetColumnsConfig = _sub(DatasetColumnsConfig, "Column names of train_path and test_path.")
+    split: str = _f(
+        "train", "Split of train_path when it is a saved DatasetDict directory (ignored for other formats)."
+    )
+    test_split: str = _f(
+        "test", "Split of test_path when it is a saved DatasetDict directory (ignored for other formats)."
+    )
+    chat_template: str = _f(
+        "auto",
+        "How a row's prompt is encoded, as the RL run's dataset.chat_template: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.",
+    )
+
+
+@dataclass
 class SFTConfig:
     model_path: str = _f("", "HF directory of the model to fine-tune.")
-    output_path: str = _f("", "Where the fine-tuned HF directory is written.")
-    train_path: str = _f("", "JSONL training prompts with solutions.")
-    test_path: str = _f("", "JSONL held-out prompts for the accuracy report.")
+    output_path: str = _f(
+        "",
+        "Where the fine-tuned HF directory is written (with LoRA: the merged model); an RL run starts from it with actor.path=<this>.",
+    )
+    train_path: str = _f(
+        "",
+        "Training rows: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk, read as the RL run reads dataset.path. A row trains on its 'sft_trace' (assistant and tool turns), else on the assistant turns of its chat 'messages', else on its prompt followed by solutions[0]; only those tokens (and each turn's EOS) carry the loss.",
+    )
+    test_path: str = _f(
+        "", "Held-out prompts with solutions for the accuracy report, in any format train_path accepts."
+    )
     seed: int = _f(1, "Seed for data order and initialisation.")
     steps: int = _f(200, "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).")
-    batch_size: int = _f(32, "Training examples per optimizer step.")
+    batch_size: int = _f(32, "Training examples per optimizer step (over all DP ranks together).")
     lr: float = _f(3e-3, "Peak AdamW learning rate.")
     warmup_steps: int = _f(20, "Steps of linear warm-up before the cosine decay to zero.")
     weight_decay: float = _f(0.1, "AdamW weight decay.")
@@ -614,7 +640,36 @@ class SFTConfig:
     eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
-    n_threads: int = _f(1, "torch threads.")
+    n_threads: int = _f(1, "torch threads (of each DP rank).")
+    dp: int = _f(
+        1,
+        "Data-parallel ranks: this command starts as many processes (over gloo on CPUs, NCCL on GPUs: one GPU each) and ends them all if one fails or on Ctrl-C. Every batch is split between them by tokens and the model is FSDP2-sharded over them; each step is DP=1's step on the whole batch, to float rounding.",
+    )
+    device: str = _f(
+        "auto", "'auto' (a GPU per rank when torch sees one, else the CPU), 'cpu' or 'cuda', as cluster.device."
+    )
+    dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.")
+    param_dtype: str = _f(
+        "",
+        "Mixed precision (FSDP2): the dtype layers compute in; the master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
+    )
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
+    micro_batch_tokens: int = _f(
+        0,
+        "Padded tokens (rows x longest row) per forward and backward of a rank; gradients accumulate, so the update is the same. 0: a rank's whole share of the batch at once.",
+    )
+    collective_timeout: float = _f(
+        60.0,
+        "Seconds one collective of the DP ranks may wait for the others before the run fails naming the rank, the call and the step (as cluster.collective_timeout).",
+    )
+    distributed_timeout: float = _f(
+        300.0, "Seconds the DP ranks wait to meet at the start, and for rank 0's write of output_path."
+    )
+    lora: LoRAConfig = _sub(
+        LoRAConfig,
+        "LoRA adapters instead of full fine-tuning (lora.r > 0): the base stays frozen, only the adapters train; output_path holds the merged weights, a plain HF directory.",
+    )
+    dataset: SFTDatasetConfig = _sub(SFTDatasetConfig, "Column names, splits and chat template of the data.")
 
 
 # The name before the experiment became task-neutral; user code importing it keeps working.

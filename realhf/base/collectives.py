@@ -26,18 +26,19 @@ import torch.distributed as dist
 class CollectiveTimeoutError(RuntimeError):
     """A collective of the trainer did not complete in time: the ranks ran different calls."""
 
-    def __init__(self, where: str, cause: str):
-        self.where, self.cause = where, cause
+    def __init__(self, where: str, cause: str, setting: str = "cluster.collective_timeout"):
+        self.where, self.cause, self.setting = where, cause, setting
         ms = re.search(r"Timed out waiting (\d+)ms", cause)
-        within = f" within {int(ms.group(1)) / 1000:g}s (cluster.collective_timeout)" if ms else ""
+        within = f" within {int(ms.group(1)) / 1000:g}s ({setting})" if ms else ""
         super().__init__(
             f"{where}: a collective did not complete{within}: another rank is in a different collective or "
             f"in none (it skipped this call, failed, or hangs); backend: {cause.strip()[:300]}"
         )
 
-    def at(self, step_label: str) -> "CollectiveTimeoutError":
-        """The same error with the train step (known to the caller, not the engine) in its text."""
-        return CollectiveTimeoutError(f"{self.where}, {step_label}", self.cause)
+    def at(self, step_label: str, setting: str = "") -> "CollectiveTimeoutError":
+        """The same error with the train step (known to the caller, not the engine) in its text;
+        `setting`: the config key of the timeout, where the caller's is not cluster's."""
+        return CollectiveTimeoutError(f"{self.where}, {step_label}", self.cause, setting or self.setting)
 
 
 def is_timeout(e: BaseException) -> bool:

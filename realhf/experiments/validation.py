@@ -28,6 +28,7 @@ from realhf.api.cli_args import (
     EvaluationConfig,
     ExperimentSaveEvalControl,
     GenerationHyperparameters,
+    LoRAConfig,
     ModelTrainEvalConfig,
     NameResolveConfig,
     NativeEngineConfig,
@@ -46,6 +47,7 @@ from realhf.base.importing import import_roots
 from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
 from realhf.impl.completion_log import MAX_LOG_COMPLETIONS
+from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 from realhf.system.push_pull_stream import grouping
 
@@ -376,23 +378,28 @@ def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
     f.choice("backend", choices.TRAINER_BACKENDS)
     f.at_least("n_threads", 1)
     check_optimizer(c.optimizer, f.name("optimizer"))
-    lora = _Fields(c.lora, f.name("lora"))
+    _Fields.need(
+        c.lora.r <= 0 or prefix == "actor",
+        f"{prefix}.lora.r={c.lora.r}: only the actor trains LoRA adapters "
+        "(with actor.lora the reference is the actor's base, adapters disabled)",
+    )
+    check_lora(c.lora, f.name("lora"))
+
+
+def check_lora(c: LoRAConfig, prefix: str) -> None:
+    """The adapters' own settings (the actor's, or the SFT run's)."""
+    lora = _Fields(c, prefix)
     lora.at_least("r", 0)
-    if c.lora.r > 0:  # the target modules are checked against the model when it loads (realhf.impl.model.lora)
-        lora.need(
-            prefix == "actor",
-            f"{lora.name('r')}={c.lora.r}: only the actor trains LoRA adapters "
-            "(with actor.lora the reference is the actor's base, adapters disabled)",
-        )
+    if c.r > 0:  # the target modules are checked against the model when it loads (realhf.impl.model.lora)
         lora.at_least("alpha", 0, strict=True)
-        lora.need(0 <= c.lora.dropout < 1, f"{lora.name('dropout')} must lie in [0, 1), got {c.lora.dropout}")
+        lora.need(0 <= c.dropout < 1, f"{lora.name('dropout')} must lie in [0, 1), got {c.dropout}")
         lora.need(
-            bool(c.lora.target_modules),
+            bool(c.target_modules),
             f"{lora.name('target_modules')} is empty: name the linear modules to adapt (e.g. q_proj, v_proj)",
         )
         lora.need(
             importlib.util.find_spec("peft") is not None,
-            f"{lora.name('r')}={c.lora.r} but peft is not installed: pip install 'realhf[lora]'",
+            f"{lora.name('r')}={c.r} but peft is not installed: pip install 'realhf[lora]'",
         )
 
 
@@ -501,12 +508,26 @@ def check_sft(c: SFTConfig) -> None:
     for name in ("model_path", "output_path", "train_path"):
         f.need(bool(f.value(name)), f"{name} is required (pass {name}=...)")
     f.need(c.eval_n < 0 or bool(c.test_path), "test_path is required for the accuracy report (or pass eval_n=-1)")
+    check_numbers(c)
     f.at_least("steps", 1)
     f.at_least("batch_size", 1)
     f.at_least("warmup_steps", 0)
     f.at_least("lr", 0, strict=True)
+    f.at_least("weight_decay", 0)
     f.at_least("grad_clip", 0)
     f.at_least("n_threads", 1)
+    f.at_least("dp", 1)
+    f.at_least("micro_batch_tokens", 0)
+    f.timeout("collective_timeout")
+    f.timeout("distributed_timeout")
+    check_device(c.device, "device")
+    f.choice("dtype", choices.DTYPES)
+    f.need(
+        c.param_dtype == "" or c.param_dtype in choices.DTYPES,
+        f"param_dtype={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
+    )
+    check_lora(c.lora, "lora")
+    _Fields(c.dataset, "dataset").choice("chat_template", CHAT_TEMPLATE_SETTINGS)
 
 
 # ---- the experiment ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from realhf.experiments.validation import check_values
 ROOT = Path(REPO)
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TRAINING = ("examples/run_async_ppo.sh", "training/main_async_ppo.py")
+SFT = "training/main_sft.py"
 OPTIONAL_STACKS = {"sglang"}  # a GPU extra, never installed here: its commands are the user's to run
 PLACEHOLDER = re.compile(r"<\w+>|\[key=value")  # `python -m scripts.bench.<name>`, `[key=value ...]`
 
@@ -70,6 +71,9 @@ def test_a_documented_command_names_what_exists_and_its_config_validates(page, c
             return
     script, overrides = args[0], args[1:]
     assert (ROOT / script).exists(), f"{page}: `{command}`: {script} does not exist"
+    if script == SFT:
+        _check_sft_keys(page, command, overrides)
+        return
     if script not in TRAINING:
         return
     config_name = {}
@@ -80,3 +84,17 @@ def test_a_documented_command_names_what_exists_and_its_config_validates(page, c
         return
     cfg = compose_config([o for o in overrides if "=" in o], **config_name)
     check_values(cfg)  # the values and the keys; the files they name are the user's
+
+
+def _check_sft_keys(page, command, overrides):
+    """A warm-start command's keys are SFTConfig's and its values have their fields' types (the
+    paths it names and the required ones are the user's)."""
+    from omegaconf import OmegaConf
+
+    from realhf.api.cli_args import SFTConfig
+    from realhf.experiments.config_keys import check_overrides
+
+    given = [o for o in overrides if "=" in o]
+    unknown = check_overrides(given, SFTConfig)
+    assert unknown is None, f"{page}: `{command}`: {unknown}"
+    OmegaConf.merge(OmegaConf.structured(SFTConfig), OmegaConf.from_dotlist(given))

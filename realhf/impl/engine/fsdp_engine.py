@@ -127,6 +127,8 @@ class FSDPEngine(TrainEngine):
         if not self.config.trainable:
             model.requires_grad_(False)
         self.hf_config = model.config
+        # What a gathered save writes (a model rebuilt from hf_config would derive its own).
+        self.generation_config = getattr(model, "generation_config", None)
         self.lora_scaling = 0.0  # alpha / r of the adapters; 0: no LoRA
         if self.config.model.lora.r > 0:
             if self.config.value_head or not self.config.trainable:
@@ -378,6 +380,11 @@ class FSDPEngine(TrainEngine):
         with torch.device("meta"):
             plain = auto.from_config(self.hf_config)
         plain.load_state_dict(state, strict=True, assign=True)
+        if self.generation_config is not None and not self.config.value_head:
+            plain.generation_config = self.generation_config
+        # Gathered shards are separate tensors: tie a tied LM head to the embeddings again, so it
+        # is stored once, as a one-rank save and from_pretrained store it (no-op when untied).
+        plain.tie_weights()
         return plain
 
     def load_hf(self, path: Path) -> None:

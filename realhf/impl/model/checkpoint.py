@@ -136,6 +136,8 @@ def _write_hf_files(model: torch.nn.Module, tmp: Path, tokenizer_source: Optiona
             src = Path(tokenizer_source) / name
             if src.is_file() and not (tmp / name).exists():
                 shutil.copyfile(src, tmp / name)
+    for f in tmp.iterdir():
+        f.chmod(0o644)  # safetensors writes its file private; a checkpoint is read by others
 
 
 def save_hf_dir(model: torch.nn.Module, out: Path, tokenizer_source: Optional[str]) -> Path:

@@ -3,7 +3,6 @@ must be exactly what a tool-agent episode produces."""
 
 import asyncio
 import random
-import sys
 
 from helpers.paths import REPO
 from realhf.api.cli_args import GenerationHyperparameters
@@ -36,15 +35,14 @@ def test_a_row_holds_a_call_whose_result_is_the_answer():
 
 
 def test_the_warm_start_trace_is_the_episode_the_tool_agent_produces():
-    sys.path.insert(0, f"{REPO}/training")
-    import main_sft
+    from realhf.experiments.sft import encode_example
 
     tok = _tokenizer()
     (raw,) = tool_rows([generate_problem(random.Random(5))], "t")
     row = PromptRow(
         query_id=raw["query_id"], prompt=raw["prompt"], solutions=tuple(raw["solutions"]), task="math", fields=raw
     )
-    ids, mask = main_sft.encode_trace(tok, row)
+    ids, mask = encode_example(tok, row, chat=True)
     call, tool_turn, answer = raw["sft_trace"]
     assert tok.decode(ids) == (
         raw["prompt"] + call["content"] + "</s>\nResult: " + tool_turn["content"] + "\nA:" + answer["content"] + "</s>"
