@@ -30,6 +30,7 @@ call, a malformed call's being its error text. Each goes back to the model as a
 from __future__ import annotations
 
 import asyncio
+import difflib
 import inspect
 import json
 import re
@@ -239,9 +240,15 @@ def load_tool(name: str, key: str = "rollout.agent.args.tools") -> Tool:
     (a Tool, or a function made into one)."""
     from realhf.base.importing import IMPORT_PATH_FORMS, import_object
 
+    if not isinstance(name, str):
+        raise ValueError(f"{key}: a tool is named by a string, got {name!r}")
     path = BUILTIN_TOOLS.get(name, name)
     if ":" not in path:
-        raise ValueError(f"{key}: unknown tool {name!r}: use one of {', '.join(BUILTIN_TOOLS)} or {IMPORT_PATH_FORMS}")
+        close = difflib.get_close_matches(name, BUILTIN_TOOLS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"{key}: unknown tool {name!r}{hint}: use one of {', '.join(BUILTIN_TOOLS)} or {IMPORT_PATH_FORMS}"
+        )
     obj = import_object(path, key)
     if isinstance(obj, Tool):
         return obj

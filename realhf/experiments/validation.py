@@ -10,6 +10,7 @@ by hand or by another tool is held to the same rules. Each refusal is a
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import importlib.util
@@ -312,12 +313,29 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
         check_arguments(agent_class(c.type), Agent, dict(c.args or {}), f.name("args"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _check_tools((c.args or {}).get("tools"), f.name("args") + ".tools")
     if c.reward_fn:
         from realhf.impl.agent.math_single_step import load_reward_fn
 
         try:
             load_reward_fn(c.reward_fn)
         except (ValueError, TypeError) as e:  # its message names the key
+            raise ConfigError(str(e)) from None
+
+
+def _check_tools(tools: Any, key: str) -> None:
+    """Every tool an agent names loads (a misspelt built-in gets the closest name) before any
+    process starts, instead of failing the first episode of every rollout worker."""
+    if tools is None:
+        return
+    if isinstance(tools, str) or not isinstance(tools, collections.abc.Sequence):
+        raise ConfigError(f"{key} must be a list of tool names, got {tools!r}")
+    from realhf.api.tools import load_tool
+
+    for name in tools:
+        try:
+            load_tool(name, key)
+        except (ValueError, TypeError, ImportError, AttributeError) as e:
             raise ConfigError(str(e)) from None
 
 

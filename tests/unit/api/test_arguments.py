@@ -44,6 +44,21 @@ def test_a_built_in_agents_arguments_pass_and_a_misspelt_one_does_not():
         check_agent(AgentConfig(type="math-single-step", args={"anything": 1}))
 
 
+def test_a_misspelt_or_missing_tool_is_refused_before_start_naming_the_key():
+    from omegaconf import OmegaConf
+
+    with pytest.raises(
+        ConfigError, match=r"rollout\.agent\.args\.tools: unknown tool 'calculater' \(did you mean 'calculator'\?\)"
+    ):
+        check_agent(AgentConfig(type="tool-agent", args={"tools": ["calculater"]}))
+    with pytest.raises(ConfigError, match=r"rollout\.agent\.args\.tools=.*no attribute 'nothing_here'"):
+        check_agent(AgentConfig(type="tool-agent", args={"tools": ["realhf.impl.tools.calculator:nothing_here"]}))
+    with pytest.raises(ConfigError, match=r"rollout\.agent\.args\.tools must be a list of tool names"):
+        check_agent(AgentConfig(type="tool-agent", args={"tools": "calculator"}))
+    # As the command line gives it (an OmegaConf list): accepted.
+    check_agent(AgentConfig(type="tool-agent", args={"tools": OmegaConf.create(["calculator", "python"])}))
+
+
 def test_an_environments_arguments_are_those_of_its_init_and_open_shared():
     check_env(EnvConfig(type="math", args={"check_work": True, "grader_workers": 2}))
     with pytest.raises(
