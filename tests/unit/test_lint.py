@@ -25,3 +25,13 @@ def _ruff() -> list:
 def test_ruff_is_clean(args):
     r = subprocess.run(_ruff() + args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+
+
+def test_test_files_have_unique_names():
+    # pytest imports test modules by basename (rootdir-relative, no packages): two files of one
+    # name stop the whole suite at collection.
+    seen: dict = {}
+    for root in ("tests", "examples"):
+        for path in sorted(Path(REPO, root).rglob("test_*.py")):
+            seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}
