@@ -1,45 +1,26 @@
 """The docs a newcomer follows stay true: the README is short and its links resolve; every command
 in the README and docs/ names a script or module that exists, and every training command's
-config validates as written (its keys exist, its values pass the rules; running them all would
-take hours, so the runs themselves are the e2e tests'); docs/config.md is what the config tree
-generates."""
+config validates as written (its keys exist, its values pass the rules); docs/config.md is what
+the config tree generates. Running them is tests/system/e2e/test_docs_commands_run.py's job (slow:
+each for 2 steps)."""
 
 import importlib.util
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
-from helpers.paths import REPO
+from helpers.docs_commands import PAGES, ROOT, documented_commands
 from realhf.experiments.config_loading import compose_config
 from realhf.experiments.validation import check_values
 
-ROOT = Path(REPO)
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TRAINING = ("examples/run_async_ppo.sh", "training/main_async_ppo.py")
 SFT = "training/main_sft.py"
 OPTIONAL_STACKS = {"sglang"}  # a GPU extra, never installed here: its commands are the user's to run
 PLACEHOLDER = re.compile(r"<\w+>|\[key=value")  # `python -m scripts.bench.<name>`, `[key=value ...]`
 
 
-def _commands():
-    """(page, command) for each shell command in a fenced block or in inline code."""
-    found = []
-    for page in PAGES:
-        text = page.read_text()
-        lines = []
-        for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, re.S):
-            lines += block.replace("\\\n", " ").split("\n")
-        lines += re.findall(r"`((?:bash|python|\.venv/bin/python|realhf-train) [^`]+)`", text)
-        for line in lines:
-            line = line.split(" # ")[0].split("   #")[0].strip()
-            if re.match(r"^(bash|python|\.venv/bin/python|realhf-train) \S", line):
-                found.append((page.relative_to(ROOT).as_posix(), line))
-    return found
-
-
-COMMANDS = _commands()
+COMMANDS = documented_commands()
 
 
 def test_the_readme_is_short_and_its_links_and_the_docs_links_resolve():
