@@ -11,8 +11,9 @@ import shutil
 import pytest
 
 from helpers.paths import TESTS_DIR
-from helpers.training_runs import SMALL_RUN, check_finished_run, run_training
+from helpers.training_runs import SMALL_RUN, check_finished_run, run_training, trial_log_dir
 from helpers.training_runs import trial_processes as _trial_processes
+from realhf.system.stats_logger import read_eval_metrics
 
 # The workers import a user's own module (tests/helpers/user_algorithms.py) by its import path.
 ENV = dict(os.environ, PYTHONPATH=TESTS_DIR)
@@ -91,6 +92,11 @@ class MarkedAgent(MathSingleStepAgent):
     def __init__(self, config=None, **kwargs):
         super().__init__(config, **kwargs)
         mark(os.getpid())
+
+    async def run_episode(self, row, gen, env):
+        outcome = await super().run_episode(row, gen, env)
+        outcome.info["answer_length"] = float(len(gen.output_ids))  # the user's own number
+        return outcome
 """
 MARKS = "def mark(pid):\n    open(f'agent-ran-in-{pid}', 'w').close()  # in the launch directory, the workers' cwd\n"
 
@@ -120,10 +126,18 @@ def test_a_users_own_agent_loss_and_estimator_train_in_the_whole_system(tmp_path
         "ppo.adv_estimator=user_algorithms:rloo",
         "rollout.agent.type=agents/marked.py:MarkedAgent",
         "user_paths=[lib]",
+        "exp_ctrl.eval_freq_steps=4",
+        "evaluation.during_n_prompts=8",
+        "evaluation.during_samples=2",
         timeout=600,
         launch_dir=user,
     )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     assert "policy loss user_algorithms:sigmoid_ratio, advantages user_algorithms:rloo" in proc.stdout
     assert all(math.isfinite(m["loss"]) and m["clip_fraction"] == 0.0 for m in metrics)  # the user's never clips
-    assert len(list(user.glob("agent-ran-in-*"))) >= 2  # each rollout worker (2) ran the user's agent
+    assert len(list(user.glob("agent-ran-in-*"))) >= 3  # each rollout worker (2) and the evaluator
+    # The agent's own number reaches metrics.jsonl every step, and the periodic evaluation ran the
+    # user's agent (its number in eval_metrics.jsonl beside the task's success rate).
+    assert all(1.0 <= m["agent/answer_length"] <= 24.0 for m in metrics), metrics[-1]
+    evals = read_eval_metrics(str(trial_log_dir(tmp_path, "user-algorithms")))
+    assert evals and all(1.0 <= e["eval/agent/answer_length"] <= 32.0 and 0 <= e["eval/accuracy"] <= 1 for e in evals)
