@@ -34,10 +34,12 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -420,6 +422,11 @@ def launch_ranks(cfg: SFTConfig, log: Log = print, poll_s: float = 0.1) -> Dict[
     store_addr = f"{_HOST}:{store.port}"
     env = _rank_env()
     procs: List[subprocess.Popen] = []
+    # Ctrl-C must end the ranks even where SIGINT was ignored when this process started (a job
+    # started in the background by a non-interactive shell): the training launcher does the same.
+    restore = None
+    if threading.current_thread() is threading.main_thread():
+        restore = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for rank in range(cfg.dp):
             procs.append(
@@ -446,6 +453,8 @@ def launch_ranks(cfg: SFTConfig, log: Log = print, poll_s: float = 0.1) -> Dict[
             p.wait()
         del store
         shutil.rmtree(workdir, ignore_errors=True)
+        if restore is not None:
+            signal.signal(signal.SIGINT, restore)
 
 
 # ---- the command --------------------------------------------------------------------------------

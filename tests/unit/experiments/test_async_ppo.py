@@ -222,7 +222,7 @@ def test_help_shows_the_values_the_run_will_use_and_the_names_of_the_plug_ins(tm
         f"agents: math-single-step, math-multi-turn, tool-agent, openai-agent, echo-agent ({tmp_path}/my_plugins.py)\n"
         in plugins
     )
-    assert "environments: math, mcp, none\n" in plugins
+    assert "environments: math, mcp, code, none\n" in plugins
     assert "rewards: the environment's" in plugins
     assert "policy losses: ppo, gspo, cpgd, gpg\n" in plugins
     assert "advantage estimators: grpo, dr_grpo, batch_norm, gae, reinforce\n" in plugins

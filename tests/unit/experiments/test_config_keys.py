@@ -40,7 +40,7 @@ def test_a_key_added_with_plus_is_refused_after_composition_with_the_closest_key
 
 def test_a_key_like_none_lists_the_fields_where_it_went_wrong():
     assert unknown_key("rollout.zzzz", AsyncPPOConfig) == (
-        "rollout.zzzz: no such field (the fields of rollout are agent, env, episode_timeout, n_workers, request_timeout)"
+        "rollout.zzzz: no such field (the fields of rollout are agent, env, episode_timeout, group_in_one_request, n_workers, request_timeout)"
     )
 
 
