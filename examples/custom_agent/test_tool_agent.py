@@ -42,3 +42,13 @@ def test_each_failed_call_costs_a_quarter_and_a_wrong_answer_is_minus_one():
     assert sample.reward == -1.25
     sample, model = episode([call("1+1")] * 3)  # never answers: stops after three turns
     assert sample.reward == -1.0 and len(model.inputs) == 3
+
+
+def test_the_run_scripts_arguments_are_the_agents():
+    # examples/run_tool_agent.sh passes +rollout.agent.args.max_turns=2: the documented command
+    # validates, and the agent stops after that many turns.
+    from realhf.api.cli_args import AgentConfig
+    from realhf.experiments.validation import check_agent
+
+    check_agent(AgentConfig(type="examples.custom_agent.tool_agent:CarefulToolAgent", args={"max_turns": 2}))
+    assert CarefulToolAgent(max_turns=2).max_turns == 2

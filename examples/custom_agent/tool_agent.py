@@ -35,9 +35,13 @@ class CarefulToolAgent(Agent):
 
     tools = {"calculator": calculator}  # their schemas reach the prompt through the chat template
 
+    def __init__(self, config=None, *, max_turns: int = 3, **kwargs):
+        super().__init__(config, **kwargs)  # `+rollout.agent.args.max_turns=2` arrives here
+        self.max_turns = int(max_turns)
+
     async def run_episode(self, row, gen, env):
         errors = 0
-        for _ in range(3):
+        for _ in range(self.max_turns):
             answer = await gen()
             results = await call_tools(answer.text, self.tools)  # none when the answer calls no tool
             if not results:
