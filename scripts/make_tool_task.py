@@ -9,56 +9,27 @@ calculator call), <out>/base (random-init model + tokenizer with `TOOL_CHAT_TEMP
 realhf.impl.dataset.tool_task for the episode format.
 """
 
-import argparse
-import subprocess
 import sys
 from pathlib import Path
 
-import transformers
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file or as scripts.make_tool_task
 
-from realhf.impl.dataset.math_synthetic import generate_splits, write_jsonl
-from realhf.impl.dataset.tiny_model import build_model, build_tokenizer, save_model_dir
-from realhf.impl.dataset.tool_task import TOOL_CHAT_TEMPLATE, tool_rows, tool_vocabulary
+from realhf.impl.dataset.math_synthetic import generate_splits  # noqa: E402
+from realhf.impl.dataset.tiny_model import build_tokenizer  # noqa: E402
+from realhf.impl.dataset.tool_task import TOOL_CHAT_TEMPLATE, tool_rows, tool_vocabulary  # noqa: E402
+from scripts.tiny_task_assets import build_task, task_arguments  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+
+def _tokenizer():
+    tokenizer = build_tokenizer(tool_vocabulary())
+    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
+    return tokenizer
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path, help="output directory")
-    ap.add_argument("--n-train", type=int, default=10000)
-    ap.add_argument("--n-test", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--sft-steps", type=int, default=300, help="warm-start optimizer steps")
-    ap.add_argument("--data-only", action="store_true", help="write only <out>/data (the model is in the repository)")
-    args = ap.parse_args(argv)
-    transformers.utils.logging.disable_progress_bar()
-
+    args = task_arguments(__doc__, argv)
     train, test = generate_splits(args.n_train, args.n_test, args.seed)
-    write_jsonl(args.out / "data" / "train.jsonl", tool_rows(train, "train"))
-    write_jsonl(args.out / "data" / "test.jsonl", tool_rows(test, "test"))
-    if args.data_only:
-        print(f"wrote {args.out}/data ({len(train)} + {len(test)} rows)", flush=True)
-        return 0
-
-    tokenizer = build_tokenizer(tool_vocabulary())
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
-    save_model_dir(build_model(tokenizer, seed=args.seed), tokenizer, args.out / "base")
-    print(f"wrote {args.out}/data ({len(train)} + {len(test)} rows) and {args.out}/base", flush=True)
-
-    sft = [
-        sys.executable,
-        str(REPO / "training" / "main_sft.py"),
-        f"model_path={args.out / 'base'}",
-        f"output_path={args.out / 'sft'}",
-        f"train_path={args.out / 'data' / 'train.jsonl'}",
-        f"test_path={args.out / 'data' / 'test.jsonl'}",
-        f"steps={args.sft_steps}",
-        "eval_n=-1",
-        f"seed={args.seed}",
-        "log_interval=50",
-    ]
-    return subprocess.run(sft, cwd=REPO).returncode
+    return build_task(args, tool_rows(train, "train"), tool_rows(test, "test"), _tokenizer)
 
 
 if __name__ == "__main__":
