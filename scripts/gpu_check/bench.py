@@ -5,7 +5,8 @@
     engine     the native engine's decode tokens/s against HF `generate` (its default dynamic
                cache, sampling at T=1) on the same prompts, random-weight Qwen2 models of about
                0.5B and 1.5B parameters in bf16, B requests at once (B = 64, 256), 128 prompt +
-               128 answer tokens, EOS ignored so every row runs to the end
+               128 answer tokens, EOS ignored so every row runs to the end (`--shapes` picks the
+               shapes; `--hf-model PATH` adds a real model folder, e.g. the SmolLM2-135M example's)
     trainer    one PPO train step (actor_inf + actor_train, GRPO, FSDP2 at DP=1, bf16 compute,
                fp32 master weights and Adam) on the 0.5B model: tokens/s and peak memory
 
@@ -198,7 +199,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check bench", description=__doc__.split("\n")[0])
     add_common_args(p)
     p.add_argument("--short", action="store_true", help="a tiny model and small batches (the CPU smoke)")
+    p.add_argument(
+        "--shapes",
+        default=",".join(SHAPES),
+        help=f"random-weight shapes to run, comma-separated, '' for none (default: {','.join(SHAPES)})",
+    )
+    p.add_argument(
+        "--hf-model",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an HF model folder whose engine tokens/s to measure as well (e.g. assets/smollm2-135m-instruct)",
+    )
     args = p.parse_args(argv)
+    unknown = [s for s in args.shapes.split(",") if s and s not in SHAPES]
+    if unknown:
+        p.error(f"--shapes: unknown {unknown}; known: {list(SHAPES)}")
     device = args.device or default_device()
 
     import torch
@@ -210,7 +226,7 @@ def main(argv=None) -> int:
     stage = Stage("bench", args.out, device)
     root = tempfile.mkdtemp(prefix="realhf-gpu-bench-")
     try:
-        shapes = TINY if args.short else SHAPES
+        shapes = TINY if args.short else {k: SHAPES[k] for k in args.shapes.split(",") if k}
         batches = (4,) if args.short else (64, 256)
         prompt_len, new_tokens = (8, 8) if args.short else (128, 128)
         paths = {}
@@ -221,6 +237,18 @@ def main(argv=None) -> int:
                     f"engine_{name}_b{b}",
                     lambda name=name, b=b: {"model": name, **engine_vs_hf(paths[name], dev, b, prompt_len, new_tokens)},
                 )
+        for path in args.hf_model:
+            name = os.path.basename(os.path.normpath(path))
+            for b in batches:
+                stage.run(
+                    f"engine_{name}_b{b}",
+                    lambda path=path, name=name, b=b: {
+                        "model": name,
+                        **engine_vs_hf(path, dev, b, prompt_len, new_tokens),
+                    },
+                )
+        if not paths:
+            return stage.finish()
         first = next(iter(paths))
         if args.short:
             stage.run(
