@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     from realhf.impl.inference.factory import create_engine_from_config
     from realhf.impl.inference.server_app import create_app
     from realhf.impl.inference.sglang_generate import load_tokenizer
-    from realhf.system.http_thread import listening_socket
+    from realhf.system.streams.http_thread import listening_socket
 
     try:  # a hub repo id: its local snapshot (offline without a cached copy: refused before loading)
         args.model_path = resolve_model_path("--model-path", args.model_path)

@@ -170,9 +170,9 @@ def native_server(native_server_model):
 def manager_server(tmp_path_factory):
     """(url, service) of a GserverManager app routing to one (never contacted) server URL."""
     from realhf.api.worker_configs import GserverManagerConfig
-    from realhf.system.gserver_manager import create_app
-    from realhf.system.http_thread import HttpServerThread
-    from realhf.system.manager_service import ManagerService
+    from realhf.system.manager.gserver_manager import create_app
+    from realhf.system.manager.manager_service import ManagerService
+    from realhf.system.streams.http_thread import HttpServerThread
 
     config = GserverManagerConfig(
         max_concurrent_rollouts=8,

@@ -9,7 +9,7 @@
             return 1.0 if answer.text.strip() == row["answer"] else -1.0
 
 `row` is the dataset row, every field of it. `gen` is the episode's generation handle
-(`realhf/system/episode.py`): `await gen(**sampling)` continues the episode's tokens — the row's
+(`realhf/system/rollout/episode.py`): `await gen(**sampling)` continues the episode's tokens — the row's
 prompt (chat template applied when the model has one) and whatever the episode added since —
 and returns a `Completion`; `gen.append(text | token ids | messages)` adds tokens the model did
 not generate (feedback, a tool's result), which carry no loss; `async with

@@ -15,6 +15,7 @@ NATIVE_ENGINE_KINDS = ("auto", "static_kv", "hf")
 DECODE_ATTENTION = ("auto", "kernel", "torch")
 DTYPES = DTYPE_NAMES
 SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
+WEIGHT_SYNC = ("distributed", "disk")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 OPTIMIZERS = ("adam",)

@@ -568,6 +568,13 @@ class AsyncPPOConfig:
     max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.")
     new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")
     schedule_policy: str = _f("round_robin", "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.")
+    weight_sync: str = _f(
+        "distributed",
+        "How new weights reach the generation servers: 'distributed' (the trainer broadcasts each version to every routed server at once over a process group, SGLang's /update_weights_from_distributed: gloo on the CPU or where a server shares the trainer's GPU, NCCL between separate GPUs; a version is also written to disk when an evaluation or the end of the run needs it, or when its broadcast failed) or 'disk' (each version written as an HF directory, which the servers reload one at a time).",
+    )
+    weight_sync_bucket_mb: int = _f(
+        256, "weight_sync=distributed: the most MiB of weights gathered from the shards and sent in one bucket."
+    )
     exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
     recover_mode: str = _f(
         "disabled",

@@ -109,6 +109,7 @@ class GserverManagerConfig:
         "Trainer DP ranks (the DP heads rollout workers push to); admission gives each rank its own budget of its share of groups_per_step.",
     )
     model_role: str = _f("actor", "Role whose model_version the manager watches and loads.")
+    weight_sync: str = same_as("weight_sync")
     run_dir: str = _f(
         "", "The trial's run directory; published weights are read from its published_weights/<role>/<version>."
     )
@@ -216,6 +217,19 @@ class ModelWorkerConfig:
         "The recovery checkpoint to resume from, verified and chosen by the launcher so that every rank loads the same one (set on recovery); empty: <run_dir>/recover when `recover`.",
     )
     collective_timeout: float = same_as("cluster.collective_timeout")
+    weight_sync: str = same_as("weight_sync")
+    weight_sync_bucket_mb: int = same_as("weight_sync_bucket_mb")
+    weight_sync_backend: str = _f(
+        "gloo",
+        "Backend of the weight group: 'nccl' only where the trainer and every server have GPUs of their own (NCCL refuses two ranks on one device), else 'gloo'.",
+    )
+    ranks_per_server: int = _f(
+        1, "Ranks each generation server joins the weight group with (its tensor-parallel size)."
+    )
+    disk_every: int = _f(
+        0,
+        "weight_sync=distributed: versions that are multiples of this are also written to disk (the evaluator's, exp_ctrl.eval_freq_steps); 0: none besides the last and failed ones.",
+    )
     distributed_timeout: float = _f(
         300.0,
         "Seconds to wait for the torch.distributed rendezvous, and for another rank's disk writes (HF saves, recovery checkpoints).",
@@ -251,8 +265,8 @@ class MasterWorkerConfig:
 @dataclass
 class EvaluatorConfig:
     """The evaluator: the task's success rate, mean reward and pass@k of the published weights every
-    eval_freq_steps versions, in its own niced process (realhf/system/evaluator_worker.py). The
-    launcher's evaluation before and after training uses the same config (realhf/system/task_eval.py)."""
+    eval_freq_steps versions, in its own niced process (realhf/system/evaluator/evaluator_worker.py). The
+    launcher's evaluation before and after training uses the same config (realhf/system/evaluator/task_eval.py)."""
 
     eval_freq_steps: int = same_as("exp_ctrl.eval_freq_steps")
     test_path: str = same_as("dataset.test_path")

@@ -10,7 +10,7 @@ name realhf's own copies (file_validation.use_packaged_files). The run:
 
   1. checks the config (a bad value fails here, naming the field, before any process starts);
   2. measures greedy and sampled accuracy of the initial model on held-out prompts: the success
-     rate of the task's own agent and environment (realhf/system/task_eval.py);
+     rate of the task's own agent and environment (realhf/system/evaluator/task_eval.py);
   3. launches Redis, the generation servers, the manager, rollout workers, model workers and the
      master (and the evaluator, with exp_ctrl.eval_freq_steps > 0), and supervises them until the
      master marks the trial COMPLETE (or anything fails);
@@ -65,8 +65,8 @@ from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.progress_view import RunProgress
 from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError, WorkerSpec
-from realhf.system.stats_logger import read_eval_metrics
-from realhf.system.stats_plot import write_curves_png
+from realhf.system.stats.stats_logger import read_eval_metrics
+from realhf.system.stats.stats_plot import write_curves_png
 
 logger = logging.getLogger("main_async_ppo")
 
@@ -75,8 +75,8 @@ def evaluate(model_path: str, cfg: AsyncPPOConfig) -> Dict[str, Any]:
     """The task's success rate ("greedy", "sampled": at T = evaluation.sampled_temperature, one
     answer per prompt), mean reward and agent metrics on the first evaluation.n_prompts held-out
     prompts: the rollout's agent and environment, answering with an engine in this process
-    (realhf.system.task_eval)."""
-    from realhf.system.task_eval import evaluate_weights
+    (realhf.system.evaluator.task_eval)."""
+    from realhf.system.evaluator.task_eval import evaluate_weights
 
     ev = dataclasses.replace(
         evaluator_config(cfg, trial_files_of(cfg), 0), n_threads=max(1, cfg.actor.n_threads), nice=0
@@ -94,8 +94,8 @@ def evaluate(model_path: str, cfg: AsyncPPOConfig) -> Dict[str, Any]:
 def evaluate_last_version(cfg: AsyncPPOConfig, paths: TrialFiles, final: str) -> None:
     """The last trained version belongs on the curve of the evaluations during training, whether
     or not it is a multiple of exp_ctrl.eval_freq_steps (the evaluator is stopped by now)."""
-    from realhf.system.evaluator_worker import evaluate_final_version
-    from realhf.system.task_eval import eval_line
+    from realhf.system.evaluator.evaluator_worker import evaluate_final_version
+    from realhf.system.evaluator.task_eval import eval_line
 
     row = evaluate_final_version(evaluator_config(cfg, paths, 0), final, int(os.path.basename(final)))
     if row is not None:

@@ -117,5 +117,5 @@ def admission_ledger(experiment: str, trial: str) -> str:
     """A record (Redis hash) of the manager's admissions: each running rollout and its DP rank,
     accepted groups per rank, rollouts ended without a group by reason, abandoned ones, and how
     many times a manager started. Written before every admission answer, so that a restarted
-    manager continues exactly and the master can account for every group (realhf.system.admission_ledger)."""
+    manager continues exactly and the master can account for every group (realhf.system.manager.admission_ledger)."""
     return f"{trial_root(experiment, trial)}/admission_ledger"

@@ -58,7 +58,7 @@ def metrics_path(log_dir: str) -> str:
 
 def completions_path(log_dir: str) -> str:
     """A few decoded samples per train step (`stats.log_completions`), one JSON object each with
-    its step, written by the master (realhf.impl.completion_log)."""
+    its step, written by the master (realhf.system.stats.completion_log)."""
     return os.path.join(log_dir, "completions.jsonl")
 
 

@@ -43,7 +43,7 @@ from realhf.experiments.worker_validation import validate_worker_config
 from realhf.impl.dataset.prompt_dataset import count_prompts
 from realhf.impl.model import recover_checkpoint as recover_ckpt
 from realhf.scheduler.worker_spec import WorkerSpec
-from realhf.system.stats_logger import EVAL_METRICS_FILE
+from realhf.system.stats.stats_logger import EVAL_METRICS_FILE
 
 __all__ = ["ConfigError", "initial_setup", "resume_point", "resumed_from", "trial_files_of", "total_train_steps"]
 
@@ -187,6 +187,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         max_request_bytes=cfg.cluster.max_request_bytes,
         model_role="actor",
         run_dir=files.run_dir,
+        weight_sync=cfg.weight_sync,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
     rollout = RolloutWorkerConfig(
@@ -226,6 +227,11 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         keep_last_saves=cfg.exp_ctrl.keep_last_saves,
         max_message_bytes=cfg.cluster.max_message_bytes,
         collective_timeout=cfg.cluster.collective_timeout,
+        weight_sync=cfg.weight_sync,
+        weight_sync_bucket_mb=cfg.weight_sync_bucket_mb,
+        weight_sync_backend="nccl" if placement.mode == "separate" else "gloo",
+        ranks_per_server=alloc.gen.tp,
+        disk_every=cfg.exp_ctrl.eval_freq_steps,
     )
     master = MasterWorkerConfig(
         n_model_workers=alloc.train.dp,

@@ -114,10 +114,10 @@ def check_files(cfg: AsyncPPOConfig) -> None:
 
 
 def check_eval_rows(cfg: AsyncPPOConfig) -> None:
-    """The held-out rows the evaluation runs the task on (realhf.system.task_eval: the rollout's
+    """The held-out rows the evaluation runs the task on (realhf.system.evaluator.task_eval: the rollout's
     agent and environment) exist and carry what the environment needs; else the error says how to
     fix the rows or turn evaluation off."""
-    from realhf.system.task_eval import eval_rows_advice
+    from realhf.system.evaluator.task_eval import eval_rows_advice
 
     ds, required = cfg.dataset, env_required_fields(cfg.rollout.env)
     advice = eval_rows_advice(cfg.rollout.env.type, required, cfg.rollout.agent.type)

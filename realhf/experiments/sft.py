@@ -8,7 +8,7 @@ over the DP ranks, gloo on CPUs and NCCL on GPUs, LoRA by peft) on rows read by 
 row trains on — only these tokens carry the loss, never the prompt:
 
     sft_trace            its assistant turns and the EOS ending each; the tokens are the episode
-                         the rollouts' own generation handle builds (realhf.system.episode.Gen,
+                         the rollouts' own generation handle builds (realhf.system.rollout.episode.Gen,
                          the assistant turns replayed as if generated): tool turns carry no loss
     messages             the assistant turns of the chat, the same way: the messages before the
                          first assistant turn are the prompt, later user or tool turns are
@@ -18,7 +18,7 @@ row trains on — only these tokens carry the loss, never the prompt:
 A step's loss is the token mean of the cross-entropy over the trained tokens of the whole batch.
 With `dp` > 1, `train_sft` starts the ranks as processes (`python -m realhf.apps.sft_rank`, which
 runs `run_rank`), each takes its share of every batch (Karmarkar–Karp over the examples' token
-counts, realhf.impl.dp_balance) and the engine divides each rank's loss sum by the global token
+counts, realhf.system.master.dp_balance) and the engine divides each rank's loss sum by the global token
 count, so a step is DP=1's step on the whole batch to float rounding. A rank that fails ends the
 others and its error is the run's; Ctrl-C ends them all; `collective_timeout` bounds every
 collective. `dp=1` trains in the calling process.
@@ -58,8 +58,8 @@ from realhf.base.process import die_with_parent, kill_process_trees
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.impl.dataset.table_formats import DatasetFormatError
-from realhf.impl.dp_balance import karmarkar_karp
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.system.master.dp_balance import karmarkar_karp
 
 Log = Callable[[str], None]
 # (token ids, loss): the number of prompt tokens (the loss is on everything after them), or a 0/1
@@ -135,7 +135,7 @@ class _Replay:
         self.turns: List[List[int]] = []
 
     async def generate(self, qid, input_ids, gconfig, group_size=1):
-        from realhf.system.generation_client import GenerationResult
+        from realhf.system.rollout.generation_client import GenerationResult
 
         ids = self.turns.pop(0)
         return GenerationResult(ids, [0.0] * len(ids), [0] * len(ids), "stop", 1)
@@ -143,11 +143,11 @@ class _Replay:
 
 def encode_turns(tokenizer: Any, prompt_row: Dict[str, Any], turns: Sequence[Dict[str, Any]], chat: bool) -> Example:
     """The tokens of the episode that starts from `prompt_row`'s prompt and continues with `turns`,
-    built by the rollouts' generation handle (realhf.system.episode.Gen), so the warm start and
+    built by the rollouts' generation handle (realhf.system.rollout.episode.Gen), so the warm start and
     the RL episodes see identical token sequences: each assistant turn is 'generated' (its
     content, then EOS: loss on both), each run of other turns appended through the chat template
     (no loss). Turns after the last assistant turn are left out (nothing to train on)."""
-    from realhf.system.episode import Gen
+    from realhf.system.rollout.episode import Gen
 
     replay = _Replay()
 

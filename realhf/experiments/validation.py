@@ -47,10 +47,10 @@ from realhf.base.device import pick_device
 from realhf.base.importing import import_roots
 from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
-from realhf.impl.completion_log import MAX_LOG_COMPLETIONS
 from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
-from realhf.system.push_pull_stream import grouping
+from realhf.system.stats.completion_log import MAX_LOG_COMPLETIONS
+from realhf.system.streams.push_pull_stream import grouping
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
@@ -651,6 +651,8 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     f.at_least("max_head_offpolicyness", 0)
     f.at_least("new_tokens_per_chunk", 0)
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    f.choice("weight_sync", choices.WEIGHT_SYNC)
+    f.at_least("weight_sync_bucket_mb", 0, strict=True)
     f.choice("recover_mode", choices.RECOVER_MODES)
     for name in ("rollout.request_timeout", "stall_timeout"):
         f.timeout(name)

@@ -59,6 +59,7 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
 def _check_manager(c: GserverManagerConfig) -> None:
     f = _Fields(c, "gserver_manager")
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
+    f.choice("weight_sync", choices.WEIGHT_SYNC)
     f.at_least("max_request_bytes", 1024)
     for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
         f.at_least(name, 0, strict=True)
@@ -98,6 +99,11 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     f.at_least("max_head_offpolicyness", 0)
     f.at_least("total_train_steps", 0)
     f.at_least("collective_timeout", 0, strict=True)
+    f.choice("weight_sync", choices.WEIGHT_SYNC)
+    f.choice("weight_sync_backend", ("gloo", "nccl"))
+    f.at_least("weight_sync_bucket_mb", 0, strict=True)
+    f.at_least("ranks_per_server", 1)
+    f.at_least("disk_every", 0)
     f.at_least("distributed_timeout", 0, strict=True)
 
 

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
 from realhf.base.trial_files import metrics_path
-from realhf.system.stats_logger import EVAL_METRICS_FILE
+from realhf.system.stats.stats_logger import EVAL_METRICS_FILE
 
 # samples/s and the ETA average the last steps: the first steps (model loading, the first
 # weights) would otherwise weigh on the estimate for the whole run.

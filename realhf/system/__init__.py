@@ -4,12 +4,12 @@ from realhf.base.importing import resolve
 
 # Imported lazily: a rollout worker must not pay for torch, a trainer not for FastAPI.
 WORKER_CLASSES = {
-    "master_worker": "realhf.system.master_worker:MasterWorker",
-    "model_worker": "realhf.system.model_worker:ModelWorker",
-    "rollout_worker": "realhf.system.rollout_worker:RolloutWorker",
-    "generation_server": "realhf.system.generation_server:GenerationServer",
-    "gserver_manager": "realhf.system.gserver_manager:GserverManager",
-    "evaluator": "realhf.system.evaluator_worker:Evaluator",  # only with exp_ctrl.eval_freq_steps > 0
+    "master_worker": "realhf.system.master.master_worker:MasterWorker",
+    "model_worker": "realhf.system.trainer.model_worker:ModelWorker",
+    "rollout_worker": "realhf.system.rollout.rollout_worker:RolloutWorker",
+    "generation_server": "realhf.system.gen_server.generation_server:GenerationServer",
+    "gserver_manager": "realhf.system.manager.gserver_manager:GserverManager",
+    "evaluator": "realhf.system.evaluator.evaluator_worker:Evaluator",  # only with exp_ctrl.eval_freq_steps > 0
 }
 
 

@@ -7,7 +7,7 @@
     out.samples[0].reward, out.samples[0].metrics, out.prompt_ids, out.samples[0].output_ids
     group = run_group(MyAgent, row, env=MyEnv, model="tiny", group_size=4)
 
-An episode runs exactly as in a rollout worker (realhf.system.episode): the row checked as a
+An episode runs exactly as in a rollout worker (realhf.system.rollout.episode): the row checked as a
 dataset row, the prompt encoded with the tools' schemas, a fresh environment per episode, the
 agent's reward shaped and its group filtered, the trajectory checked as the trainer would. The
 result is that `Trajectory` (realhf.api.trajectory). `ScriptedModel([...])` answers with texts

@@ -1,7 +1,7 @@
 """One episode (or one prompt group) of a user's agent, outside a run: the rollout worker's own
-steps (realhf.system.rollout_worker `_collect`) without the manager, the trainer and the
+steps (realhf.system.rollout.rollout_worker `_collect`) without the manager, the trainer and the
 processes — the row checked as a dataset row, the prompt encoded with the agent's and the
-environment's tools, `realhf.system.episode.run_group` (environments, rewards, the group filter,
+environment's tools, `realhf.system.rollout.episode.run_group` (environments, rewards, the group filter,
 the tokens), and the trajectory checked as the trainer would.
 
 The result is the `Trajectory` a run would push (realhf.api.trajectory): `prompt_ids`, and per
@@ -23,8 +23,8 @@ from realhf.api.env import NO_ENV, EnvFactory, Environment, env_class
 from realhf.api.trajectory import Trajectory
 from realhf.impl.dataset.prompt_dataset import parse_row
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
-from realhf.system import episode
-from realhf.system.openai_server import OpenAIServer, episode_endpoint
+from realhf.system.rollout import episode
+from realhf.system.rollout.openai_server import OpenAIServer, episode_endpoint
 from realhf.testing.models import InProcessModel, ServerModel, load_tokenizer, model_dir
 
 

@@ -1,5 +1,5 @@
 """What an episode run by `realhf.testing` generates through: any object with the method the
-rollout worker's `GenerationClient` has, which `Gen` (realhf.system.episode) calls,
+rollout worker's `GenerationClient` has, which `Gen` (realhf.system.rollout.episode) calls,
 
     result = await model.generate(qid, input_ids, gconfig, group_size)   # -> GenerationResult
 
@@ -20,8 +20,8 @@ from typing import Any, List, Optional, Sequence, Union
 
 import aiohttp
 
-from realhf.system.generation_client import GenerationResult, parse_generate_response, sampling_params
-from realhf.system.http_json import GenerationError, post_json, request_json
+from realhf.system.rollout.generation_client import GenerationResult, parse_generate_response, sampling_params
+from realhf.system.streams.http_json import GenerationError, post_json, request_json
 
 # The embedded models of a realhf checkout (assets/*/README.md), by the short names tests use.
 EMBEDDED = {"tiny": "assets/tiny-math/sft", "tiny-tools": "assets/tiny-tools/sft"}

@@ -5,7 +5,7 @@
 
 A run is `examples/run_code_task.sh`'s command (training/main_async_ppo.py with the code task's
 overrides) for `--steps` steps; its evaluation before and after training is the launcher's
-(realhf.system.task_eval: the math-single-step agent with the code environment on the first
+(realhf.system.evaluator.task_eval: the math-single-step agent with the code environment on the first
 `--eval-prompts` held-out rows, greedy and sampled at T=1). Printed: those, and the training
 reward and success rate over the first and the last third of the steps. `--eval-only` runs the
 same evaluation on HF directories without training. Ends with one JSON line, measures, never asserts.
@@ -54,7 +54,7 @@ def evaluate_checkpoints(paths: Sequence[str], n_prompts: int, test_path: str) -
     """Greedy and sampled (T=1) success rate of each HF directory through the task's agent and env."""
     from realhf.api.cli_args import EnvConfig
     from realhf.api.worker_configs import EvaluatorConfig
-    from realhf.system.task_eval import evaluate_weights
+    from realhf.system.evaluator.task_eval import evaluate_weights
 
     out = []
     for path in paths:

@@ -7,7 +7,7 @@ Each point is a `training/main_async_ppo.py` run of the embedded default (evalua
 1, 2 and 3 divide; 3 rollout workers, so every DP rank has its own) and nothing else changed.
 Throughput excludes the first step (`scripts.bench.e2e.summarize`). Token balance, from the
 run's metrics: tokens per rank max/mean as the groups arrived at the ranks (`before`) and after
-the master's re-split (realhf.impl.dp_balance), and the share of tokens that moved. The points
+the master's re-split (realhf.system.master.dp_balance), and the share of tokens that moved. The points
 of a repeat run one after another, rotating which DP size goes first, and the load average is
 recorded per run: on a shared two-core machine the ratios in one repeat are what to trust.
 """

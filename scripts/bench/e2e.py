@@ -105,12 +105,12 @@ def _override(overrides: Sequence[str], key: str, default: str) -> str:
 
 def evaluate_fallback(fileroot: str, repo: str, overrides: Sequence[str]) -> Dict:
     """The entry point's before/after evaluation (the same task, settings and code:
-    realhf.system.task_eval), for a run whose shutdown failed."""
+    realhf.system.evaluator.task_eval), for a run whose shutdown failed."""
     import glob
 
     from realhf.experiments.async_ppo import evaluator_config, trial_files_of
     from realhf.experiments.config_loading import compose_config
-    from realhf.system.task_eval import evaluate_weights
+    from realhf.system.evaluator.task_eval import evaluate_weights
 
     versions = glob.glob(os.path.join(fileroot, "**", "published_weights", "actor", "[0-9]*"), recursive=True)
     final = max(versions, key=lambda d: int(os.path.basename(d)))

@@ -26,7 +26,7 @@ def fake_generation_server():
     """An idle stand-in that answers the manager's health checks (routing never sends it work)."""
     from fastapi import FastAPI
 
-    from realhf.system.http_thread import HttpServerThread
+    from realhf.system.streams.http_thread import HttpServerThread
 
     app = FastAPI()
 
@@ -46,7 +46,7 @@ def run_server(n_servers: int = 4) -> int:
     from realhf.api.cli_args import NameResolveConfig
     from realhf.api.worker_configs import GserverManagerConfig
     from realhf.base import logging, name_resolve, names
-    from realhf.system.gserver_manager import serve_manager
+    from realhf.system.manager.gserver_manager import serve_manager
 
     logging.setup(level="WARNING")
     name_resolve.reconfigure(NameResolveConfig(type="memory"))

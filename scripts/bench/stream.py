@@ -67,7 +67,7 @@ def make_trajectory(n_samples: int, n_tokens: int, prompt_len: int, seed: int = 
 def run_pusher(args) -> int:
     from realhf.api.cli_args import NameResolveConfig
     from realhf.base import name_resolve
-    from realhf.system.push_pull_stream import NameResolvingZmqPusher
+    from realhf.system.streams.push_pull_stream import NameResolvingZmqPusher
 
     name_resolve.reconfigure(NameResolveConfig(type="redis", redis_url=args.redis_url))
     traj = make_trajectory(args.group, args.tokens, args.prompt_len)
@@ -86,7 +86,7 @@ def run_raw_pusher(args) -> int:
 
     from realhf.api.cli_args import NameResolveConfig
     from realhf.base import name_resolve
-    from realhf.system.push_pull_stream import ZMQPusher
+    from realhf.system.streams.push_pull_stream import ZMQPusher
 
     name_resolve.reconfigure(NameResolveConfig(type="redis", redis_url=args.redis_url))
     payload = os.urandom(args.size)
@@ -120,8 +120,8 @@ def measure_stream(redis_url: str, args) -> float:
     """msgs/s through NameResolvingZmqPusher (other process) → StreamDataset(parse=from_msg)."""
     from realhf.api.trajectory import Trajectory
     from realhf.base import name_resolve
-    from realhf.system.push_pull_stream import NameResolvingZmqPuller
-    from realhf.system.stream_dataset import StreamDataset
+    from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller
+    from realhf.system.trainer.stream_dataset import StreamDataset
 
     name_resolve.clear_subtree(f"{EXP}/{TRIAL}")
     puller = NameResolvingZmqPuller(EXP, TRIAL, 0)
@@ -159,7 +159,7 @@ def measure_stream(redis_url: str, args) -> float:
 
 def measure_raw(redis_url: str, size: int, args) -> float:
     from realhf.base import name_resolve
-    from realhf.system.push_pull_stream import ZMQPuller
+    from realhf.system.streams.push_pull_stream import ZMQPuller
 
     puller = ZMQPuller()
     proc = _spawn(

@@ -123,7 +123,7 @@ def measure_model(model, model_path: str, n_servers: int, repeats: int, fileroot
     from realhf.base import name_resolve, names
     from realhf.base.trial_files import published_version_dir, published_weights_dir
     from realhf.impl.model.checkpoint import prune_versions, save_hf_dir
-    from realhf.system.gserver_manager import serve_manager
+    from realhf.system.manager.gserver_manager import serve_manager
 
     servers = [ServerProcess(model_path) for _ in range(n_servers)]
     manager = None

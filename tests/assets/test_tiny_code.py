@@ -18,7 +18,7 @@ from realhf.api.cli_args import EnvConfig
 from realhf.api.worker_configs import EvaluatorConfig
 from realhf.impl.dataset.code_task import generate_splits, vocabulary
 from realhf.impl.dataset.tiny_model import build_model, build_tokenizer
-from realhf.system.task_eval import evaluate_weights
+from realhf.system.evaluator.task_eval import evaluate_weights
 
 ASSETS = Path(REPO) / "assets" / "tiny-code"
 

@@ -28,7 +28,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from realhf.system.http_thread import HttpServerThread
+from realhf.system.streams.http_thread import HttpServerThread
 
 EOS = 2
 FIRST_TOKEN = 4  # 0..3 are specials

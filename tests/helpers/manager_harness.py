@@ -6,7 +6,7 @@ import contextlib
 from helpers.fake_sglang import FakeSGLangServer
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import name_resolve, names
-from realhf.system.gserver_manager import serve_manager
+from realhf.system.manager.gserver_manager import serve_manager
 
 EXP, TRIAL = "rollout-test", "t0"
 

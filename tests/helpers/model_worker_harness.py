@@ -10,8 +10,8 @@ from realhf.api.cli_args import NameResolveConfig
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
-from realhf.system.push_pull_stream import ZMQPusher
-from realhf.system.request_reply_stream import MasterStream
+from realhf.system.streams.push_pull_stream import ZMQPusher
+from realhf.system.streams.request_reply_stream import MasterStream
 from realhf.system.worker_base import STATUS_COMPLETE
 
 EXP = "train-test"

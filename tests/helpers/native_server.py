@@ -1,6 +1,16 @@
 """A native generation server in the test process: the engine thread plus uvicorn on 127.0.0.1."""
 
 import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers.http import http
 
 # The inference tests' server: long enough that a pause can catch requests mid-answer; the slot
 # cache stays small (2 layers).
@@ -14,7 +24,7 @@ def serve_native(model_path: str, context_length: int, slots: int):
     """(url, engine) of a native server on `model_path`, stopped on exit."""
     from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.server_app import create_app
-    from realhf.system.http_thread import HttpServerThread
+    from realhf.system.streams.http_thread import HttpServerThread
 
     engine = create_engine(model_path, max_running_requests=slots, context_length=context_length, seed=1).start()
     server = HttpServerThread(create_app(engine), "127.0.0.1", 0, name="generation-server")
@@ -87,3 +97,38 @@ def make_decode_hang(engine, on_hang=lambda: None):
 
     engine.runner.decode = hanging
     return release
+
+
+@contextlib.contextmanager
+def launch_server(log_path, *args):
+    """(process, url) of `python -m realhf.launch_server ARGS --port 0`, stopped on exit."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "realhf.launch_server", *args, "--host", "127.0.0.1", "--port", "0"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        url = None
+        while url is None:
+            m = re.search(r"ready at (http://127\.0\.0\.1:\d+)", log_path.read_text())
+            if m:
+                url = m.group(1)
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"launch_server did not become ready (exit {proc.poll()}):\n{log_path.read_text()}")
+            else:
+                time.sleep(0.1)
+        while http("GET", f"{url}/health")[0] != 200:
+            assert time.monotonic() < deadline, f"{url}/health never answered 200"
+            time.sleep(0.1)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

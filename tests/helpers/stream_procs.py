@@ -15,8 +15,8 @@ import numpy as np
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
-from realhf.system.push_pull_stream import NameResolvingZmqPuller, NameResolvingZmqPusher
-from realhf.system.stream_dataset import StreamDataset
+from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller, NameResolvingZmqPusher
+from realhf.system.trainer.stream_dataset import StreamDataset
 
 
 def run_pusher(url, exp, trial, index, n_pushers, n_pullers, n_msgs):

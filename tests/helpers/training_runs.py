@@ -108,7 +108,7 @@ def check_finished_run(proc, metrics, steps, eta, tmp_path) -> None:
 
 
 def check_accounting(tmp_path, out: str = "") -> List[dict]:
-    """Every run under tmp_path accounted for every admitted group (realhf.system.admission_ledger):
+    """Every run under tmp_path accounted for every admitted group (realhf.system.manager.admission_ledger):
     each one the manager counted accepted reached the trainer, and the trainer's counts balance."""
     found = [json.loads(p.read_text()) for p in sorted(Path(tmp_path).rglob("accounting.json"))]
     assert found, f"no accounting.json under {tmp_path}:\n{out[-3000:]}"

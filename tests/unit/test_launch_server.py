@@ -1,62 +1,23 @@
 """`python -m realhf.launch_server` as a real subprocess: serving, weight swaps, clean exit."""
 
-import contextlib
 import os
-import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 from helpers.http import http
+from helpers.native_server import launch_server
 from helpers.sglang_client import generate
 
 PROMPT = [7, 8, 9, 10]
-
-
-@contextlib.contextmanager
-def _launch(log_path, *args):
-    """(process, url) of `python -m realhf.launch_server ARGS --port 0`, stopped on exit."""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "realhf.launch_server", *args, "--host", "127.0.0.1", "--port", "0"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-    try:
-        deadline = time.monotonic() + 60
-        url = None
-        while url is None:
-            m = re.search(r"ready at (http://127\.0\.0\.1:\d+)", log_path.read_text())
-            if m:
-                url = m.group(1)
-            elif proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"launch_server did not become ready (exit {proc.poll()}):\n{log_path.read_text()}")
-            else:
-                time.sleep(0.1)
-        while http("GET", f"{url}/health")[0] != 200:
-            assert time.monotonic() < deadline, f"{url}/health never answered 200"
-            time.sleep(0.1)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture
 def launched(qwen_path, tmp_path, no_leftover_processes):
     log_path = tmp_path / "server.log"
     flags = ["--n-threads", "1", "--max-running-requests", "16", "--context-length", "512", "--weight-version", "3"]
-    with _launch(log_path, "--model-path", qwen_path, *flags) as (proc, url):
+    with launch_server(log_path, "--model-path", qwen_path, *flags) as (proc, url):
         yield proc, url, log_path
 
 
@@ -90,7 +51,7 @@ def test_a_model_folder_with_a_tokenizer_is_served_text_and_sigterm_stops_the_se
 
     model = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "tiny-math", "sft")
     log_path = tmp_path / "server.log"
-    with _launch(log_path, "--model-path", model, "--max-running-requests", "4") as (proc, url):
+    with launch_server(log_path, "--model-path", model, "--max-running-requests", "4") as (proc, url):
         body = {"text": "1+2=", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
         status, out = http("POST", f"{url}/generate", body)
         assert status == 200, out

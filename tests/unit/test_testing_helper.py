@@ -12,7 +12,7 @@ from helpers.paths import TINY_MATH
 from realhf.api.agent import Agent, Outcome
 from realhf.api.cli_args import AgentConfig
 from realhf.api.env import Environment
-from realhf.system.episode import AgentError
+from realhf.system.rollout.episode import AgentError
 from realhf.testing import ScriptedModel, arun_episode, run_episode, run_group
 
 SFT = os.path.join(TINY_MATH, "sft")

@@ -9,7 +9,7 @@
     rollout.agent.type=openai-agent +rollout.agent.args.workflow=my_pkg.workflows:solve
 
 Every call the workflow makes goes to this episode's OpenAI-compatible endpoint
-(`gen.openai_endpoint`, served by `realhf/system/openai_server.py`) and is generated through realhf — admission, routing,
+(`gen.openai_endpoint`, served by `realhf/system/rollout/openai_server.py`) and is generated through realhf — admission, routing,
 versions, partial rollouts — with its tokens recorded for training. The workflow's return value is
 the episode's reward (a number, True/False for ±1, an Outcome, or None to drop the sample).
 Needs the `openai` package (pip install 'realhf[openai]').

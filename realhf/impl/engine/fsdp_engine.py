@@ -36,7 +36,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -370,6 +370,28 @@ class FSDPEngine(TrainEngine):
                 full = lora.merged_state_dict(full, self.lora_scaling)
             checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
         collectives.barrier(self.io_group)  # the others wait for rank 0's disk write
+
+    def hf_tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Collective: the weights a generation server loads, under HF names, one full tensor at a
+        time (each gathered from the shards as it is reached, so no rank holds the model twice;
+        LoRA: gathered at once, merged, then yielded). Every rank must run the generator to its
+        end; rank 0 gets the tensors, the others get nothing."""
+        if not self.sharded or self.lora_scaling:
+            if not self.sharded and not self.lora_scaling:
+                yield from ((n, t.detach()) for n, t in self.model.state_dict().items())
+                return
+            full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if self.rank == 0:
+                if self.lora_scaling:
+                    full = lora.merged_state_dict(full, self.lora_scaling)
+                yield from full.items()
+            return
+        with self._named("hf_tensors"):
+            for name, t in get_model_state_dict(self.model).items():
+                full = t.full_tensor() if isinstance(t, DTensor) else t
+                if self.rank == 0:
+                    yield name, full.detach()
+                del full
 
     def _plain_hf_model(self, state: Dict[str, torch.Tensor]) -> torch.nn.Module:
         """An unwrapped HF model around `state`'s tensors (no copy): save_pretrained of the

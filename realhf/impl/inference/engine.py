@@ -217,8 +217,24 @@ class Engine:
     def update_weights(self, model_path: str, weight_version: Optional[int] = None, timeout: float = 300.0) -> int:
         """Load `model_path` here, swap it in between two decode steps, return the new version
         (default: current + 1). Raises on a bad checkpoint; the old weights stay in place."""
+        return self._swap_in(lambda: self.runner.load_weights(model_path), weight_version, model_path, timeout)
+
+    def update_weights_from_state(
+        self, state: Dict[str, Any], weight_version: Optional[int], source: str, timeout: float = 300.0
+    ) -> int:
+        """As `update_weights`, from tensors under HF names (a broadcast's); the model path stays."""
+        return self._swap_in(lambda: self.runner.weights_from_state(state), weight_version, None, timeout, source)
+
+    def _swap_in(
+        self,
+        load: Callable[[], Any],
+        weight_version: Optional[int],
+        model_path: Optional[str],
+        timeout: float,
+        source: str = "",
+    ) -> int:
         t0 = time.monotonic()
-        weights = self.runner.load_weights(model_path)
+        weights = load()
         t_load = time.monotonic() - t0
 
         def swap():
@@ -227,9 +243,10 @@ class Engine:
             n_aborted = self._abort_running(f"weights updated to version {new}")
             self.runner.set_weights(weights)
             self.weight_version = new
-            self.model_path = model_path
+            if model_path is not None:
+                self.model_path = model_path
             logger.info(
-                f"{self.name}: weights v{old} -> v{self.weight_version} from {model_path} "
+                f"{self.name}: weights v{old} -> v{self.weight_version} from {model_path or source} "
                 f"(load {t_load * 1e3:.0f} ms; {n_aborted} running requests aborted)"
             )
             return self.weight_version

@@ -10,7 +10,7 @@ small models; Qwen2/Llama go through the fast static-KV runner.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 
@@ -88,6 +88,27 @@ class HFRunner:
                 f"{old.config.vocab_size}; a weight update cannot change the architecture"
             )
         return model
+
+    def weights_from_state(self, state: Dict[str, torch.Tensor]):
+        """A new model instance around `state` (tied heads tied again); every parameter but a
+        tied head must be there, in the running model's shapes."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.model.config)
+        own = dict(self.model.named_parameters())
+        for name, t in state.items():
+            if name in own and tuple(t.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"tensor {name!r} has shape {tuple(t.shape)}, the running model {tuple(own[name].shape)}"
+                )
+        state = {n: t.to(device=self.device, dtype=self.dtype) for n, t in state.items()}
+        missing, _ = model.load_state_dict(state, strict=False, assign=True)
+        model.tie_weights()
+        still_meta = [n for n, p in model.named_parameters() if p.is_meta]
+        if still_meta:
+            raise KeyError(f"the new weights lack {len(still_meta)} tensors, e.g. {still_meta[:3]}")
+        return model.eval()
 
     def set_weights(self, weights) -> None:
         self.model = weights

@@ -20,14 +20,15 @@ passes in there too, and the logits come back there.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Protocol
+import dataclasses
+from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 
 from realhf.base.device import pick_device
 from realhf.base.dtypes import torch_dtype
 from realhf.impl.inference.decode_attention import resolve_attention
-from realhf.impl.inference.transformer import StaticKVTransformer, load_model
+from realhf.impl.inference.transformer import StaticKVTransformer, build_weights, load_model
 
 
 class ModelRunner(Protocol):
@@ -47,6 +48,10 @@ class ModelRunner(Protocol):
 
     def load_weights(self, model_path: str) -> Any:
         """New weights from a checkpoint, in new tensors; callable from any thread."""
+
+    def weights_from_state(self, state: Dict[str, torch.Tensor]) -> Any:
+        """New weights from a whole set of tensors under the checkpoint's (HF) names, as a
+        broadcast delivers them; raises naming a missing or mis-shaped tensor."""
 
     def set_weights(self, weights: Any) -> None: ...
 
@@ -98,6 +103,21 @@ class StaticKVRunner:
                 f"{self.args.shape_signature()}; a weight update cannot change the architecture"
             )
         return weights
+
+    def weights_from_state(self, state: Dict[str, torch.Tensor]):
+        new = build_weights(self.args, state, self.dtype, self.device)
+        old = self.model.weights
+        pairs = [("embed", new.embed, old.embed), ("lm_head", new.lm_head, old.lm_head)]
+        for i, (a, b) in enumerate(zip(new.layers, old.layers)):
+            pairs += [(f"layer {i} {f.name}", getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)]
+        for what, a, b in pairs:
+            if (a is None) != (b is None) or (a is not None and a.shape != b.shape):
+                shape = lambda t: None if t is None else tuple(t.shape)  # noqa: E731
+                raise ValueError(
+                    f"{what}: the new weights have shape {shape(a)}, the running model {shape(b)}; a weight "
+                    "update cannot change the architecture"
+                )
+        return new
 
     def set_weights(self, weights) -> None:
         self.model.set_weights(weights)

@@ -6,6 +6,8 @@
     POST /pause_generation          running requests return now with finish_reason abort
     POST /continue_generation
     POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message}
+    POST /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
+                                    new weights broadcast by the trainer (realhf.impl.inference.weight_receiver)
     POST /abort_request             {rid} or {abort_all: true}
     GET  /health, /health_generate, /v1/models, /get_model_info, /metrics; GET|POST /flush_cache
     GET  /openapi.json              the request bodies above as an OpenAPI spec
@@ -46,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
 from realhf.base.secret import RateLimitedLog, require_secret
+from realhf.base.weight_group import WeightGroupError
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
 from realhf.impl.inference.request import EngineClosedError, EngineStepError, parse_weight_version
@@ -58,6 +61,7 @@ from realhf.impl.inference.sglang_generate import (
     partial_item,
     plan_generate,
 )
+from realhf.impl.inference.weight_receiver import VersionWentBack, WeightReceiver, WeightSyncRefused
 
 logger = logging.getLogger("gen_server")
 
@@ -74,6 +78,35 @@ class UpdateWeightsBody(BaseModel):
     model_path: str
     weight_version: Optional[Union[int, str]] = None  # SGLang's is a string; this server's are integers
     load_format: Optional[str] = None
+
+
+class InitGroupBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"  # SGLang's default; on a CPU server the sender must ask for gloo
+
+
+class DistributedWeightsBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    names: Optional[List[str]] = None
+    dtypes: Optional[List[str]] = None
+    shapes: Optional[List[List[int]]] = None
+    name: Optional[str] = None  # older SGLang: one tensor per request
+    dtype: Optional[str] = None
+    shape: Optional[List[int]] = None
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True  # no prefix cache here: nothing to flush
+    abort_all_requests: bool = False
+    weight_version: Optional[Union[int, str]] = None
+
+
+class GroupNameBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    group_name: str = "weight_update_group"
 
 
 class PauseBody(BaseModel):
@@ -210,6 +243,7 @@ def create_app(
     tokenizer: Optional[Any] = None,
     tokenizer_path: Optional[str] = None,
     max_samples_per_request: int = DEFAULT_MAX_SAMPLES_PER_REQUEST,
+    weight_sync_timeout: float = 60.0,
 ) -> FastAPI:
     """`tokenizer` (e.g. `sglang_generate.load_tokenizer(model_path)`): /generate then takes
     `text` and answers with `text`; without one it takes input_ids only."""
@@ -223,6 +257,7 @@ def create_app(
     update_refused = {"model_path": 0, "weight_version": 0}
     update_log = RateLimitedLog(logger, "refused a weight update")
     model_name = served_model_name or engine.model_path or "model"
+    receiver = WeightReceiver(engine, weight_sync_timeout)
     started = time.time()
     metrics_registry = engine_registry(engine, model_name)
 
@@ -403,6 +438,64 @@ def create_app(
                 "weight_version": str(version),
             }
         )
+
+    @app.post("/init_weights_update_group", openapi_extra=_body_spec(InitGroupBody))
+    async def init_weights_update_group(request: Request):
+        body = await _parse(request, InitGroupBody)
+        try:
+            message = await asyncio.to_thread(
+                receiver.init_group,
+                body.master_address,
+                body.master_port,
+                body.rank_offset,
+                body.world_size,
+                body.group_name,
+                body.backend,
+            )
+        except (WeightSyncRefused, WeightGroupError) as e:
+            return _json({"success": False, "message": str(e)}, status=400)
+        return _json({"success": True, "message": message})
+
+    @app.post("/update_weights_from_distributed", openapi_extra=_body_spec(DistributedWeightsBody))
+    async def update_weights_from_distributed(request: Request):
+        body = await _parse(request, DistributedWeightsBody)
+        if body.names is None and body.name is not None:
+            names, dtypes, shapes = [body.name], [body.dtype or ""], [body.shape or []]
+        else:
+            names, dtypes, shapes = body.names or [], body.dtypes or [], body.shapes or []
+        wanted = parse_weight_version(body.weight_version)
+        if body.weight_version is not None and wanted is None:
+            raise BadRequest(
+                f"weight_version must be an integer or its decimal string, got {str(body.weight_version)[:100]!r}"
+            )
+        if body.abort_all_requests:
+            await _wait(engine.abort_all(), "abort_all_requests")
+        try:
+            version = await asyncio.to_thread(receiver.receive, names, dtypes, shapes, body.group_name, wanted)
+        except VersionWentBack as e:
+            update_refused["weight_version"] += 1
+            update_log.event(str(e))
+            return _json(
+                {"success": False, "weight_version": str(engine.weight_version), "message": str(e)}, status=409
+            )
+        except (WeightSyncRefused, WeightGroupError, KeyError, ValueError) as e:
+            logger.warning(f"update_weights_from_distributed failed: {e}")
+            return _json({"success": False, "message": str(e)}, status=400)
+        if version is None:
+            return _json({"success": True, "message": f"received {len(names)} tensors (staged)"})
+        return _json(
+            {
+                "success": True,
+                "message": f"received {len(names)} tensors; serving weight version {version}",
+                "weight_version": str(version),
+            }
+        )
+
+    @app.post("/destroy_weights_update_group", openapi_extra=_body_spec(GroupNameBody, required=False))
+    async def destroy_weights_update_group(request: Request):
+        body = await _parse(request, GroupNameBody)
+        found = await asyncio.to_thread(receiver.destroy, body.group_name)
+        return _json({"success": True, "message": f"{body.group_name} {'destroyed' if found else 'was not joined'}"})
 
     @app.post("/abort_request", openapi_extra=_body_spec(AbortBody, required=False))
     async def abort_request(request: Request):

@@ -1,7 +1,7 @@
 """Prompt groups moved between the trainer's DP ranks, as the master's balance plan says.
 
 Each rank took its share of the step's groups from its own stream; the master splits them anew
-so every rank computes about the same number of tokens (realhf.impl.dp_balance). Here each rank
+so every rank computes about the same number of tokens (realhf.system.master.dp_balance). Here each rank
 sends the groups it holds for others and receives its own, in the plan's order: one
 `all_to_all_single` of byte counts, then one of the bytes, over a gloo group (CPU bytes whatever
 the compute backend). A group travels as its wire message (msgpack, `Trajectory.to_msg`), never

@@ -13,7 +13,7 @@ import pytest
 from helpers.paths import TESTS_DIR
 from helpers.training_runs import SMALL_RUN, check_finished_run, run_training, trial_log_dir
 from helpers.training_runs import trial_processes as _trial_processes
-from realhf.system.stats_logger import read_eval_metrics
+from realhf.system.stats.stats_logger import read_eval_metrics
 
 # The workers import a user's own module (tests/helpers/user_algorithms.py) by its import path.
 ENV = dict(os.environ, PYTHONPATH=TESTS_DIR)

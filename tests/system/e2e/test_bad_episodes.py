@@ -57,7 +57,7 @@ def test_a_run_whose_agent_raises_and_env_returns_nan_for_two_thirds_of_the_prom
     assert raised, _logs(log_dir)[-3000:]
     assert all(bucket(qid.split("@")[0], 3) == 1 for qid in raised)
     assert all(m["reward_mean"] == m["reward_mean"] for m in metrics)  # nothing NaN was trained
-    # Every admitted group is accounted for, the failed ones by reason (realhf.system.admission_ledger).
+    # Every admitted group is accounted for, the failed ones by reason (realhf.system.manager.admission_ledger).
     (a,) = check_accounting(tmp_path, out)
     # (The logs also hold episodes that ended after the master's last read of the ledger.)
     assert 0 < a["ended"].get("malformed", 0) <= len(set(failed)) and 0 < a["ended"].get("failed", 0) <= len(

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from helpers.training_runs import SMALL_RUN, Run, trial_processes
-from realhf.system.stats_logger import read_eval_metrics
+from realhf.system.stats.stats_logger import read_eval_metrics
 
 STEPS, EVERY = 78, 4  # the last version is not due: the launcher evaluates it
 

@@ -2,7 +2,7 @@
 a random fault hits a random worker: SIGKILL of a worker type the launcher restarts (generation
 server, rollout worker, manager), or SIGSTOP of any worker (trainer and master included) for a
 few seconds, then SIGCONT. The run must finish with every step, account for every admitted group
-(none lost in transit: realhf.system.admission_ledger) and leave no process behind. What it saw
+(none lost in transit: realhf.system.manager.admission_ledger) and leave no process behind. What it saw
 is printed and recorded in docs/benchmarks.md ("Chaos run")."""
 
 import collections

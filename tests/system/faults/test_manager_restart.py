@@ -1,5 +1,5 @@
 """Issue 27 item 5: a GserverManager SIGKILLed mid-run is restarted by the launcher and continues
-from its admission ledger in Redis (realhf.system.admission_ledger): the rollouts its predecessor
+from its admission ledger in Redis (realhf.system.manager.admission_ledger): the rollouts its predecessor
 admitted stay known (their schedule and finish calls succeed), admission capacity continues
 where it was instead of from zero, and the rollout workers wait for the new manager, re-reading
 its address, instead of failing. Measured: the groups a kill wastes (stale-dropped, abandoned or

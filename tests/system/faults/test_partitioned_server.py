@@ -14,7 +14,7 @@ rule drops the traffic to one server. "blackhole" drops (connections hang, nothi
 "reset" rejects (every connection reset).
 
 What must happen: the manager drops the partitioned server from routing after its failed health
-checks (and its weight-update round gives it up, `realhf/system/weight_update.py`), training goes
+checks (and its weight-update round gives it up, `realhf/system/manager/weight_update.py`), training goes
 on with the other server, and after the heal the server passes its checks, rejoins routing, is
 updated to the trainer's weights, and the run finishes with exit 0 and every step.
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))  # tests
 from helpers.native_server import make_decode_hang  # noqa: E402
 from realhf.api.cli_args import NameResolveConfig, NativeEngineConfig  # noqa: E402
 from realhf.api.worker_configs import GenerationServerConfig  # noqa: E402
-from realhf.system.generation_server import GenerationServer  # noqa: E402
+from realhf.system.gen_server.generation_server import GenerationServer  # noqa: E402
 from realhf.system.worker_base import WorkerContext  # noqa: E402
 
 

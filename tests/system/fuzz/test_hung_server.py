@@ -30,7 +30,7 @@ GCONFIG = SimpleNamespace(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=-1
 
 
 async def _rollouts(manager_url, n_groups, group_size):
-    from realhf.system.generation_client import GenerationClient
+    from realhf.system.rollout.generation_client import GenerationClient
 
     async with GenerationClient(manager_url, request_timeout=3.0, server_wait_timeout=60.0) as client:
 

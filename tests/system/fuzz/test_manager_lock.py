@@ -88,7 +88,7 @@ def test_status_from_another_thread_while_requests_flow(nr, fast_switching):
 def test_status_while_health_checks_and_routing_change(fast_switching):
     """The watcher's writes (health results of flapping servers, routed set changes, admission)
     from one thread, status() from another: status never raises and always adds up."""
-    from realhf.system.manager_service import ManagerService
+    from realhf.system.manager.manager_service import ManagerService
 
     urls = [f"http://127.0.0.1:{1000 + i}" for i in range(64)]
     service = ManagerService(

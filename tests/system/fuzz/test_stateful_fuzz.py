@@ -93,7 +93,7 @@ class ManagerAndServer(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        from realhf.system.gserver_manager import serve_manager
+        from realhf.system.manager.gserver_manager import serve_manager
 
         config = manager_config(
             max_concurrent_rollouts=MAX_CONCURRENT,

@@ -41,7 +41,7 @@ def _curve_push(address: str, secret: str):
 
 
 def test_peers_without_the_secret_never_connect_and_forged_tags_are_refused_and_counted():
-    from realhf.system.push_pull_stream import ZMQPuller, ZMQPusher
+    from realhf.system.streams.push_pull_stream import ZMQPuller, ZMQPusher
 
     puller = ZMQPuller(secret=SECRET)
     real = ZMQPusher(puller.address, secret=SECRET)
@@ -108,7 +108,7 @@ def test_a_forged_multi_part_message_of_300_mb_is_held_in_memory_only_without_th
 
     import psutil
 
-    from realhf.system.push_pull_stream import ZMQPuller
+    from realhf.system.streams.push_pull_stream import ZMQPuller
 
     me = psutil.Process()
     puller = ZMQPuller(secret=SECRET if with_secret else "", max_message_bytes=16 << 20)
@@ -131,7 +131,7 @@ def test_a_forged_multi_part_message_of_300_mb_is_held_in_memory_only_without_th
 
 
 def test_forged_messages_are_logged_rate_limited(caplog):
-    from realhf.system.push_pull_stream import ZMQPuller
+    from realhf.system.streams.push_pull_stream import ZMQPuller
 
     puller = ZMQPuller(secret=SECRET)
     forger = _curve_push(puller.address, SECRET)
@@ -153,7 +153,7 @@ def test_oversized_message_is_dropped_and_the_sender_goes_on():
     """libzmq drops a message above ZMQ_MAXMSGSIZE by closing the connection; the PUSH socket
     reconnects by itself and its later messages arrive (messages already on the wire behind the
     oversized one could be lost with the connection; here none were)."""
-    from realhf.system.push_pull_stream import ZMQPuller, ZMQPusher
+    from realhf.system.streams.push_pull_stream import ZMQPuller, ZMQPusher
 
     puller = ZMQPuller(secret=SECRET, max_message_bytes=4096)
     pusher = ZMQPusher(puller.address, secret=SECRET)
@@ -183,7 +183,7 @@ def test_oversized_message_is_dropped_and_the_sender_goes_on():
 
 def test_forged_hello_does_not_connect_a_worker(redis_name_resolve):
     from realhf.base import zmq_curve
-    from realhf.system.request_reply_stream import _HELLO, MasterStream, WorkerStream
+    from realhf.system.streams.request_reply_stream import _HELLO, MasterStream, WorkerStream
 
     master = MasterStream("auth", "hello", n_workers=2, secret=SECRET)
     host_port = master.address
@@ -225,7 +225,7 @@ def test_a_master_without_the_workers_secret_gets_no_connection_and_nothing_exec
     """A master that does not know the worker's secret (e.g. a foreign one registered in its
     place): the CURVE handshake fails, so the worker's hello never reaches it and it cannot send
     the worker a request."""
-    from realhf.system.request_reply_stream import MasterStream, WorkerStream
+    from realhf.system.streams.request_reply_stream import MasterStream, WorkerStream
 
     impostor = MasterStream("auth", "impostor", n_workers=1, secret="guessed")
     worker = WorkerStream("auth", "impostor", 0, discovery_timeout=10, secret=SECRET)
@@ -270,7 +270,7 @@ def weights_root(tmp_path_factory, tiny_model_path):
 def authed_native_server(tiny_model_path, weights_root):
     from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.server_app import create_app
-    from realhf.system.http_thread import HttpServerThread
+    from realhf.system.streams.http_thread import HttpServerThread
 
     engine = create_engine(tiny_model_path, max_running_requests=4, context_length=64, seed=1, weight_version=5).start()
     app = create_app(engine, secret=SECRET, weights_root=str(weights_root[0]))
@@ -286,9 +286,9 @@ def authed_native_server(tiny_model_path, weights_root):
 @pytest.fixture
 def authed_manager(tmp_path):
     from realhf.api.worker_configs import GserverManagerConfig
-    from realhf.system.gserver_manager import create_app
-    from realhf.system.http_thread import HttpServerThread
-    from realhf.system.manager_service import ManagerService
+    from realhf.system.manager.gserver_manager import create_app
+    from realhf.system.manager.manager_service import ManagerService
+    from realhf.system.streams.http_thread import HttpServerThread
 
     config = GserverManagerConfig(
         max_concurrent_rollouts=8, groups_per_step=2, max_head_offpolicyness=1, run_dir=str(tmp_path)
@@ -349,8 +349,8 @@ def test_every_manager_endpoint_requires_the_secret(authed_manager):
 
 
 def test_generation_client_and_manager_client_send_the_secret(authed_manager):
-    from realhf.system.generation_client import GenerationClient
-    from realhf.system.http_json import GenerationError
+    from realhf.system.rollout.generation_client import GenerationClient
+    from realhf.system.streams.http_json import GenerationError
 
     url, _ = authed_manager
 
@@ -400,7 +400,7 @@ def test_weight_update_only_from_the_publish_dir_and_never_backwards(authed_nati
 
 
 def test_weight_updater_never_sends_a_lower_version(authed_native_server, tmp_path):
-    from realhf.system.weight_update import WeightUpdater
+    from realhf.system.manager.weight_update import WeightUpdater
 
     url, _, engine = authed_native_server  # serves version 5
     updater = WeightUpdater(str(tmp_path), "actor", timeout=30)
@@ -438,7 +438,7 @@ def test_rate_limited_log_logs_first_then_per_doubling_or_interval():
 
 def test_stall_report_reads_the_manager_with_the_secret(redis_name_resolve, authed_manager):
     from realhf.base import name_resolve, names
-    from realhf.system.stall_report import manager_line
+    from realhf.system.master.stall_report import manager_line
 
     url, _ = authed_manager
     name_resolve.add(names.gserver_manager("auth", "stall"), url, replace=True)

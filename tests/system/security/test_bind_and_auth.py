@@ -70,8 +70,8 @@ def test_every_worker_binds_where_cluster_bind_host_says(monkeypatch, override, 
 
 
 def test_sockets_and_servers_listen_on_loopback_by_default(redis_name_resolve, native_server, manager_server):
-    from realhf.system.push_pull_stream import ZMQPuller
-    from realhf.system.request_reply_stream import MasterStream
+    from realhf.system.streams.push_pull_stream import ZMQPuller
+    from realhf.system.streams.request_reply_stream import MasterStream
 
     puller = ZMQPuller()
     master = MasterStream("bind", "t", n_workers=1)

@@ -20,9 +20,9 @@ import zmq
 
 from realhf.api.trajectory import Sample, Trajectory
 from realhf.base import name_resolve, names, serialization
-from realhf.system.push_pull_stream import ZMQPuller
-from realhf.system.request_reply_stream import MasterStream, WorkerStream
-from realhf.system.stream_dataset import StreamDataset
+from realhf.system.streams.push_pull_stream import ZMQPuller
+from realhf.system.streams.request_reply_stream import MasterStream, WorkerStream
+from realhf.system.trainer.stream_dataset import StreamDataset
 
 
 class _Evil:

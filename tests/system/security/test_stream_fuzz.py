@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from realhf.api.trajectory import Sample, Trajectory
 from realhf.base import name_resolve, names, serialization
-from realhf.system.push_pull_stream import ZMQPuller
-from realhf.system.request_reply_stream import MasterStream, WorkerStream
-from realhf.system.stream_dataset import StreamDataset
+from realhf.system.streams.push_pull_stream import ZMQPuller
+from realhf.system.streams.request_reply_stream import MasterStream, WorkerStream
+from realhf.system.trainer.stream_dataset import StreamDataset
 
 SETTINGS = settings(
     max_examples=60, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)

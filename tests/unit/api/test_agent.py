@@ -1,6 +1,6 @@
 """The Agent / Environment API (per sample, per episode) and the built-in math agents.
 
-The agents run through `realhf.system.episode.run_group` — what the rollout worker runs —
+The agents run through `realhf.system.rollout.episode.run_group` — what the rollout worker runs —
 against the real `math` environment and the tiny-math tokenizer; generation is a scripted client
 (the real client is specified in tests/unit/system/test_generation_client.py, and the whole path
 in the system tests).
@@ -17,8 +17,8 @@ from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameter
 from realhf.api.env import EnvFactory, Environment, env_class
 from realhf.api.trajectory import Trajectory
 from realhf.impl.dataset.prompt_encoding import PromptEncodingError, chat_template_on, encode_prompt
-from realhf.system.episode import AgentError, Gen, run_group
-from realhf.system.generation_client import GenerationResult
+from realhf.system.rollout.episode import AgentError, Gen, run_group
+from realhf.system.rollout.generation_client import GenerationResult
 
 PROMPT = "Q: Max has 5 shells. He finds 2 more. How many shells does Max have now?\nA:"
 ROW = {"query_id": "q", "prompt": PROMPT, "solutions": [" 5+2=7\n#### 7"], "task": "math", "difficulty": 3}

@@ -15,8 +15,8 @@ from realhf.api.env import EnvFactory
 from realhf.api.tools import ToolCall, load_tool, parse_tool_calls, run_tool_calls, tool
 from realhf.impl.dataset.prompt_encoding import PromptEncodingError, encode_prompt
 from realhf.impl.tools.calculator import CALCULATOR
-from realhf.system.episode import run_group
-from realhf.system.generation_client import GenerationResult
+from realhf.system.rollout.episode import run_group
+from realhf.system.rollout.generation_client import GenerationResult
 
 
 @tool(timeout=0.5)

@@ -80,7 +80,7 @@ def test_a_chat_row_trains_on_its_assistant_turns_only_the_earlier_messages_are_
     prompt = encode_prompt(tok, {"messages": messages[:2]}, chat=True)  # what an RL episode starts from
     assert ids[: len(prompt)] == prompt and not any(flags[: len(prompt)])
     assert tok.decode([t for t, f in zip(ids, flags) if f]) == " 2</s> 4</s>"
-    # The user turn between the answers as an episode appends it (realhf.system.episode.Gen): after
+    # The user turn between the answers as an episode appends it (realhf.system.rollout.episode.Gen): after
     # the EOS the model ended its answer with (here not the template's <|im_end|>), generation
     # prompt after it.
     assert tok.decode(ids[len(prompt) :]) == " 2</s><|im_start|>user\nand 2+2<|im_end|>\n<|im_start|>assistant\n 4</s>"

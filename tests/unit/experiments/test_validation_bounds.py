@@ -282,6 +282,7 @@ REFUSED = [
         "max_concurrent_rollouts=15 over 2 rollout workers lets DP rank 0 have only 14 groups",
     ),
     ("new_tokens_per_chunk", -1, "new_tokens_per_chunk must be >= 0, got -1"),
+    ("weight_sync_bucket_mb", 0, "weight_sync_bucket_mb must be > 0, got 0"),
     ("exp_ctrl.total_train_epochs", -1, "exp_ctrl.total_train_epochs must be >= 0, got -1"),
     (
         "exp_ctrl.total_train_epochs",
@@ -463,6 +464,7 @@ ACCEPTED = [
     ("max_head_offpolicyness", 0),
     ("max_concurrent_rollouts", 16),
     ("new_tokens_per_chunk", 0),
+    ("weight_sync_bucket_mb", 1),
     ("exp_ctrl.total_train_epochs", 0),
     ("exp_ctrl.total_train_epochs", 1, {"exp_ctrl.benchmark_steps": 0}),
     ("exp_ctrl.benchmark_steps", 0),

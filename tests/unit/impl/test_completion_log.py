@@ -1,10 +1,17 @@
 """stats.log_completions: which samples of a step are shown, what a row carries, and the one
-console line per row (realhf.impl.completion_log); the file and the echo: test_stats_logger.py."""
+console line per row (realhf.system.stats.completion_log); the file and the echo: test_stats_logger.py."""
 
 import numpy as np
 
 from realhf.api.trajectory import Sample, Trajectory
-from realhf.impl.completion_log import COMPLETION_CHARS, PROMPT_CHARS, completion_rows, console_lines, pick, shorten
+from realhf.system.stats.completion_log import (
+    COMPLETION_CHARS,
+    PROMPT_CHARS,
+    completion_rows,
+    console_lines,
+    pick,
+    shorten,
+)
 
 
 def _group(qid: str, n_samples: int, version: int = 3) -> Trajectory:

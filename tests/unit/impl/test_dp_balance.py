@@ -1,11 +1,11 @@
-"""Specification of the per-step re-split of prompt groups across DP ranks, realhf.impl.dp_balance."""
+"""Specification of the per-step re-split of prompt groups across DP ranks, realhf.system.master.dp_balance."""
 
 import itertools
 import random
 
 import pytest
 
-from realhf.impl.dp_balance import BalancePlan, balance, karmarkar_karp
+from realhf.system.master.dp_balance import BalancePlan, balance, karmarkar_karp
 
 
 def bin_sums(costs, bins):

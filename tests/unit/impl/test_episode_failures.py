@@ -1,7 +1,7 @@
-"""A rollout worker's rules for failed episodes (realhf.impl.episode_failures)."""
+"""A rollout worker's rules for failed episodes (realhf.system.rollout.episode_failures)."""
 
 from realhf.base.user_code import ErrorReport
-from realhf.impl.episode_failures import FailureStreak, ReportedSites
+from realhf.system.rollout.episode_failures import FailureStreak, ReportedSites
 
 TGT = ErrorReport("KeyError", "'tgt'", "my_agent.py:12 in run_episode", True)
 

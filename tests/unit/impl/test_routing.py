@@ -1,11 +1,11 @@
-"""Specification of generation-request routing (docs/architecture.md §5), realhf.impl.routing."""
+"""Specification of generation-request routing (docs/architecture.md §5), realhf.system.manager.routing."""
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from realhf.impl.routing import POLICIES, Router, ServerLoad
+from realhf.system.manager.routing import POLICIES, Router, ServerLoad
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
 

@@ -1,7 +1,7 @@
-"""Specification of the manager's server-health rule (realhf/impl/server_health.py): which
+"""Specification of the manager's server-health rule (realhf/system/manager/server_health.py): which
 generation servers are routed to, from the results of the /health checks."""
 
-from realhf.impl.server_health import DROPPED, UP, ServerHealth
+from realhf.system.manager.server_health import DROPPED, UP, ServerHealth
 
 A, B = "http://a:1", "http://b:1"
 

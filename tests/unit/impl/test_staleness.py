@@ -1,4 +1,4 @@
-"""Specification of the staleness rule (docs/architecture.md §4), realhf.impl.staleness.
+"""Specification of the staleness rule (docs/architecture.md §4), realhf.system.manager.staleness.
 
 Per trainer DP rank r, with share_r of the B groups of a step:
 
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from realhf.impl.staleness import Decision, StalenessManager, dp_shares, resumed_accepted
+from realhf.system.manager.staleness import Decision, StalenessManager, dp_shares, resumed_accepted
 
 LARGE = 10**6
 

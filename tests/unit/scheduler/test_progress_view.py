@@ -8,7 +8,7 @@ from rich.console import Console
 
 from realhf.scheduler.log_echo import LogEcho
 from realhf.scheduler.progress_view import JsonlTail, RunProgress, eta_text
-from realhf.system.stats_logger import EVAL_METRICS_FILE, StatsLogger, step_metrics, truncate_metrics
+from realhf.system.stats.stats_logger import EVAL_METRICS_FILE, StatsLogger, step_metrics, truncate_metrics
 
 
 def _write_steps(log_dir, steps, step_time_s=2.0):

@@ -1,4 +1,4 @@
-"""The manager's admission ledger (realhf/system/admission_ledger.py) in a real redis-server: each
+"""The manager's admission ledger (realhf/system/manager/admission_ledger.py) in a real redis-server: each
 admission event is one transaction; a manager built on a predecessor's record continues exactly
 (same running rollouts, same capacity); the accounting flags a group that never arrived."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from helpers.manager_harness import EXP, TRIAL, manager_config
 from realhf.base import name_resolve, names
-from realhf.system.admission_ledger import AdmissionLedger, accounting, parse
-from realhf.system.manager_service import ManagerService
+from realhf.system.manager.admission_ledger import AdmissionLedger, accounting, parse
+from realhf.system.manager.manager_service import ManagerService
 
 pytestmark = pytest.mark.usefixtures("nr")
 KEY = names.admission_ledger(EXP, TRIAL)

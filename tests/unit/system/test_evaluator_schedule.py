@@ -1,4 +1,4 @@
-"""Which versions the evaluator takes and evaluates (realhf/impl/eval_schedule.py), the hard links
+"""Which versions the evaluator takes and evaluates (realhf/system/evaluator/eval_schedule.py), the hard links
 that keep a taken version through the trainer's prune, pass@k, and how the experiment launches
 the evaluator (only with exp_ctrl.eval_freq_steps > 0)."""
 
@@ -7,9 +7,9 @@ import os
 import pytest
 
 from helpers.paths import REPO
-from realhf.impl.eval_schedule import EvalSchedule, take_version
 from realhf.impl.model.checkpoint import prune_versions
-from realhf.impl.pass_at_k import pass_at_k
+from realhf.system.evaluator.eval_schedule import EvalSchedule, take_version
+from realhf.system.evaluator.pass_at_k import pass_at_k
 
 
 def _publish(root, version, weights=b"w" * 1000):

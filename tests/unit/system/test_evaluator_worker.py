@@ -15,8 +15,8 @@ from realhf.api.cli_args import NameResolveConfig
 from realhf.api.worker_configs import EvaluatorConfig
 from realhf.base import name_resolve, names
 from realhf.impl.model.checkpoint import prune_versions
-from realhf.system.evaluator_worker import Evaluator
-from realhf.system.stats_logger import read_eval_metrics
+from realhf.system.evaluator.evaluator_worker import Evaluator
+from realhf.system.stats.stats_logger import read_eval_metrics
 from realhf.system.worker_base import WorkerContext
 
 EXP, TRIAL = "eval-test", "t"
@@ -204,7 +204,7 @@ def test_an_engine_that_does_not_answer_fails_the_evaluation_naming_the_wait():
     from helpers.trajectories import TINY_SFT
     from realhf.api.cli_args import GenerationHyperparameters
     from realhf.impl.inference.factory import create_engine
-    from realhf.system.engine_client import EngineGenerationClient
+    from realhf.system.rollout.engine_client import EngineGenerationClient
 
     engine = create_engine(TINY_SFT, max_running_requests=4).start()
     try:

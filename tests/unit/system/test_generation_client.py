@@ -12,7 +12,7 @@ import pytest
 from helpers.fake_sglang import EOS, fake_logprob, fake_token
 from helpers.manager_harness import fake_servers, running_manager, set_version
 from realhf.api.cli_args import GenerationHyperparameters
-from realhf.system.generation_client import GenerationClient
+from realhf.system.rollout.generation_client import GenerationClient
 
 pytestmark = pytest.mark.usefixtures("nr")
 

@@ -14,8 +14,8 @@ from helpers.manager_harness import fake_servers, running_manager, set_version
 from realhf.api.agent import Agent
 from realhf.api.cli_args import EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
-from realhf.system.episode import run_group
-from realhf.system.generation_client import GenerationClient, parse_generate_response
+from realhf.system.rollout.episode import run_group
+from realhf.system.rollout.generation_client import GenerationClient, parse_generate_response
 
 pytestmark = pytest.mark.usefixtures("nr")
 

@@ -12,8 +12,8 @@ from helpers.fake_sglang import FakeSGLangServer
 from helpers.manager_harness import EXP, TRIAL, running_manager
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.base import name_resolve, names
-from realhf.system.generation_client import GenerationClient
-from realhf.system.http_json import GenerationError
+from realhf.system.rollout.generation_client import GenerationClient
+from realhf.system.streams.http_json import GenerationError
 
 FAST_HEALTH = {"health_check_interval": 0.1, "health_timeout": 1.0, "max_health_failures": 2}
 

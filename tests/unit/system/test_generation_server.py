@@ -127,7 +127,7 @@ def test_the_native_engine_runs_on_pick_device_of_the_configured_device_and_gpu_
     from helpers.native_server import held_tensors
     from realhf.base import device as device_module
     from realhf.base import logging
-    from realhf.system.generation_server import GenerationServer
+    from realhf.system.gen_server.generation_server import GenerationServer
 
     cpu, asked = torch.device("cpu"), []
 

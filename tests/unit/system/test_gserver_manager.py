@@ -134,7 +134,7 @@ def test_with_two_trainer_ranks_a_full_rank_does_not_starve_the_other_and_stale_
 
 
 def test_the_manager_fails_loudly_on_a_stale_dropped_value_that_is_not_a_list_per_rank():
-    from realhf.system.gserver_manager import read_stale_dropped
+    from realhf.system.manager.gserver_manager import read_stale_dropped
 
     key = names.stale_dropped("rollout-test", "t0")
     assert read_stale_dropped(key, 2) == [0, 0]  # nothing published yet
@@ -345,7 +345,7 @@ def test_metrics_are_prometheus_text_with_the_numbers_of_status():
 
 
 def test_manager_waits_for_its_servers_and_names_the_key_when_they_do_not_come():
-    from realhf.system.gserver_manager import wait_for_servers
+    from realhf.system.manager.gserver_manager import wait_for_servers
 
     key = names.gen_servers("rollout-test", "t0")
     name_resolve.add_subentry(key, "http://127.0.0.1:1")
@@ -371,7 +371,7 @@ def test_manager_config_rejects_bad_values_naming_the_field():
 
 
 def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up_to_30_s():
-    from realhf.system.weight_update import MAX_RETRY_DELAY_S, WeightUpdater
+    from realhf.system.manager.weight_update import MAX_RETRY_DELAY_S, WeightUpdater
 
     up = WeightUpdater("/nonexistent", "actor", timeout=1.0)
     up.set_servers(["http://s"])
@@ -387,7 +387,7 @@ def test_a_server_that_keeps_refusing_weights_is_retried_with_doubling_delays_up
 def test_a_failing_server_waits_alone_while_the_others_are_updated_at_once():
     """A dead server still registered (until its key's TTL ends) used to hold every server at
     old weights for up to 30 s; their groups then arrived too stale to train."""
-    from realhf.system.weight_update import WeightUpdater
+    from realhf.system.manager.weight_update import WeightUpdater
 
     up = WeightUpdater("/nonexistent", "actor", timeout=1.0)
     up.set_servers(["http://dead", "http://live"])

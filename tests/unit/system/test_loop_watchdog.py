@@ -8,7 +8,7 @@ import time
 
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve, names
-from realhf.system.stall_report import blocked_loop_lines
+from realhf.system.master.stall_report import blocked_loop_lines
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, WorkerContext
 
 EXP, TRIAL = "watchdog", "t"

@@ -1,4 +1,4 @@
-"""Specification of the ManagerClient (realhf/system/manager_client.py) against the real manager
+"""Specification of the ManagerClient (realhf/system/manager/manager_client.py) against the real manager
 app over HTTP: each call of the rollout side, and errors that name the URL."""
 
 import asyncio
@@ -7,8 +7,8 @@ import aiohttp
 import pytest
 
 from helpers.manager_harness import fake_servers, running_manager
-from realhf.system.http_json import GenerationError, ServerUnavailableError
-from realhf.system.manager_client import ManagerClient
+from realhf.system.manager.manager_client import ManagerClient
+from realhf.system.streams.http_json import GenerationError, ServerUnavailableError
 
 pytestmark = pytest.mark.usefixtures("nr")
 

@@ -1,10 +1,10 @@
-"""The GserverManager's logic without sockets (realhf/system/manager_service.py): what the
+"""The GserverManager's logic without sockets (realhf/system/manager/manager_service.py): what the
 watcher's observations change in routing, weight versions and admission."""
 
 import pytest
 
 from helpers.manager_harness import manager_config
-from realhf.system.manager_service import ManagerService
+from realhf.system.manager.manager_service import ManagerService
 
 A, B = "http://a:1", "http://b:1"
 

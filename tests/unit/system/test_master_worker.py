@@ -26,8 +26,8 @@ from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import read_completions
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
-from realhf.system.master_worker import MasterWorker
-from realhf.system.push_pull_stream import NameResolvingZmqPusher
+from realhf.system.master.master_worker import MasterWorker
+from realhf.system.streams.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import WorkerContext
 
 EXP, TRIAL = "train-e2e", "t0"

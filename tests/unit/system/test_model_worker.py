@@ -17,7 +17,7 @@ from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperp
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base.trial_files import published_version_dir
-from realhf.system.request_reply_stream import RemoteError
+from realhf.system.streams.request_reply_stream import RemoteError
 
 GROUP = 4
 

@@ -11,9 +11,9 @@ from helpers.chat_tokenizers import CHATML, tiny_tokenizer
 from realhf.api.agent import make_agent
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
-from realhf.system.episode import Gen, run_group
-from realhf.system.generation_client import GenerationResult
-from realhf.system.openai_server import OpenAIServer, episode_endpoint
+from realhf.system.rollout.episode import Gen, run_group
+from realhf.system.rollout.generation_client import GenerationResult
+from realhf.system.rollout.openai_server import OpenAIServer, episode_endpoint
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import zmq
 
 from helpers.paths import TESTS_DIR
 from realhf.base import name_resolve, names
-from realhf.system.push_pull_stream import NameResolvingZmqPuller, ZMQPuller, ZMQPusher, grouping
-from realhf.system.stream_dataset import StreamDataset
+from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller, ZMQPuller, ZMQPusher, grouping
+from realhf.system.trainer.stream_dataset import StreamDataset
 
 # ---- grouping (docs/architecture.md §6) ----------------------------------------------------------------------
 
@@ -127,7 +127,7 @@ def test_push_times_out_naming_the_puller_when_nobody_receives():
 
 
 def test_a_message_over_the_receivers_limit_is_refused_at_the_sender_and_never_sent():
-    from realhf.system.push_pull_stream import MessageTooLarge
+    from realhf.system.streams.push_pull_stream import MessageTooLarge
 
     puller = ZMQPuller(max_message_bytes=4096)
     pusher = ZMQPusher(puller.address, max_message_bytes=4096)

@@ -22,7 +22,7 @@ from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, PPOHyperparameters
 from realhf.api.worker_configs import MasterWorkerConfig, ModelWorkerConfig
 from realhf.base import name_resolve, names
-from realhf.system.master_worker import MasterWorker
+from realhf.system.master.master_worker import MasterWorker
 from realhf.system.worker_base import WorkerContext
 
 

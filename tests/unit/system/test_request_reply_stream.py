@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from realhf.system.request_reply_stream import MasterStream, RemoteError, WorkerStream
+from realhf.system.streams.request_reply_stream import MasterStream, RemoteError, WorkerStream
 
 
 def _serve(stream: WorkerStream, stop: threading.Event):

@@ -29,8 +29,8 @@ from realhf.base.process import die_with_parent
 from realhf.base.secret import auth_headers
 from realhf.base.trial_files import published_version_dir
 from realhf.scheduler.local import LocalLauncher, WorkerSpec
-from realhf.system.push_pull_stream import NameResolvingZmqPuller
-from realhf.system.stream_dataset import StreamDataset, StreamTimeoutError
+from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller
+from realhf.system.trainer.stream_dataset import StreamDataset, StreamTimeoutError
 
 MODEL = os.path.join(TINY_MATH, "sft")
 DATA = os.path.join(TINY_MATH, "data", "train.jsonl")

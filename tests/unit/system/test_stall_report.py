@@ -10,9 +10,9 @@ def test_stall_report_names_manager_state_dead_servers_and_missing_workers(redis
     from fastapi import FastAPI
 
     from realhf.base.network import find_free_port
-    from realhf.system.gserver_manager import serve_manager
-    from realhf.system.http_thread import HttpServerThread
-    from realhf.system.stall_report import stall_report
+    from realhf.system.manager.gserver_manager import serve_manager
+    from realhf.system.master.stall_report import stall_report
+    from realhf.system.streams.http_thread import HttpServerThread
 
     health = FastAPI()
     health.get("/health")(lambda: {"ok": True})

@@ -1,6 +1,6 @@
 """Per-step metrics: the ranks' fetch and train replies merged into one row, and its log line."""
 
-from realhf.system.stats_logger import format_line, step_metrics
+from realhf.system.stats.stats_logger import format_line, step_metrics
 
 
 def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
@@ -54,7 +54,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
 def test_trained_qids_log_keeps_the_steps_up_to_the_resumed_checkpoint(tmp_path):
     import json
 
-    from realhf.system.stats_logger import TrainedQidsLog
+    from realhf.system.stats.stats_logger import TrainedQidsLog
 
     path = str(tmp_path / "logs" / "trained_qids.jsonl")
     log = TrainedQidsLog(path, last_step=0)
@@ -74,7 +74,7 @@ def test_completions_go_to_their_file_with_the_step_and_print_literally(tmp_path
 
     from rich.console import Console
 
-    from realhf.system.stats_logger import CompletionsLog, StatsLogger
+    from realhf.system.stats.stats_logger import CompletionsLog, StatsLogger
 
     path = str(tmp_path / "logs" / "completions.jsonl")
     log = CompletionsLog(path, last_step=0)

@@ -7,8 +7,8 @@ import logging
 from PIL import Image
 
 from realhf.base.trial_files import read_metrics
-from realhf.system.stats_logger import EVAL_METRICS_FILE, StatsLogger, read_eval_metrics, step_metrics
-from realhf.system.stats_plot import CURVES_PNG, moving_average, write_curves_png
+from realhf.system.stats.stats_logger import EVAL_METRICS_FILE, StatsLogger, read_eval_metrics, step_metrics
+from realhf.system.stats.stats_plot import CURVES_PNG, moving_average, write_curves_png
 
 
 def _write_run(log_dir, n_steps=30):

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from realhf.base.network import find_free_port
-from realhf.system.stats_logger import EVAL_METRICS_FILE, StatsLogger
+from realhf.system.stats.stats_logger import EVAL_METRICS_FILE, StatsLogger
 
 
 def _rows():

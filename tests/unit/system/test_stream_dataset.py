@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from realhf.system.push_pull_stream import ZMQPuller, ZMQPusher
-from realhf.system.stream_dataset import StreamDataset, StreamDatasetError, StreamTimeoutError
+from realhf.system.streams.push_pull_stream import ZMQPuller, ZMQPusher
+from realhf.system.trainer.stream_dataset import StreamDataset, StreamDatasetError, StreamTimeoutError
 
 
 def test_stream_dataset_hands_out_parsed_items_and_drops_what_the_parser_rejects():

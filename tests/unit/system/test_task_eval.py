@@ -1,4 +1,4 @@
-"""Evaluation through the task (realhf/system/task_eval.py): the rules that turn episodes into
+"""Evaluation through the task (realhf/system/evaluator/task_eval.py): the rules that turn episodes into
 numbers, the built-in math task's numbers being its grader's, a user's non-math task evaluated
 before and after training by its own reward, and held-out rows the task cannot evaluate refused
 with the way out. (The evaluator worker's run of a user's task: test_evaluator_worker.py.)"""
@@ -15,7 +15,7 @@ from helpers.user_agents import final_number, parity_rows
 from realhf.api.agent import Outcome
 from realhf.api.cli_args import EnvConfig
 from realhf.api.worker_configs import EvaluatorConfig
-from realhf.system.task_eval import Episode, EvaluationError, evaluate_weights, load_eval_rows, summarize
+from realhf.system.evaluator.task_eval import Episode, EvaluationError, evaluate_weights, load_eval_rows, summarize
 
 TEST_FILE = os.path.join(TINY_MATH, "data", "test.jsonl")
 SFT = os.path.join(TINY_MATH, "sft")

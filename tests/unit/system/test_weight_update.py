@@ -12,7 +12,7 @@ import aiohttp
 from helpers.fake_sglang import FakeSGLangServer
 from helpers.tcp_proxy import TcpProxy
 from realhf.base.trial_files import published_version_dir
-from realhf.system.weight_update import WeightUpdater
+from realhf.system.manager.weight_update import WeightUpdater
 
 
 async def _until(predicate, timeout: float, what: str):

@@ -12,8 +12,8 @@ from realhf.impl.dataset.math_synthetic import generate_problem
 from realhf.impl.dataset.prompt_encoding import encode_prompt
 from realhf.impl.dataset.tool_task import tool_rows
 from realhf.impl.tools.calculator import CALCULATOR
-from realhf.system.episode import Gen
-from realhf.system.generation_client import GenerationResult
+from realhf.system.rollout.episode import Gen
+from realhf.system.rollout.generation_client import GenerationResult
 
 TOOLS = f"{REPO}/assets/tiny-tools/sft"
 

@@ -22,7 +22,7 @@ def served():
     from realhf.impl.inference.factory import create_engine
     from realhf.impl.inference.server_app import create_app
     from realhf.impl.inference.sglang_generate import load_tokenizer
-    from realhf.system.http_thread import HttpServerThread
+    from realhf.system.streams.http_thread import HttpServerThread
 
     tokenizer = load_tokenizer(TINY)
     assert tokenizer is not None

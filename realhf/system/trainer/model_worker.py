@@ -8,7 +8,7 @@
 
 Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
 applying the staleness guard; with `completions: n`, also n of the taken samples decoded for the
-master to log, realhf.impl.completion_log), `balance` (move the taken groups between ranks as the master's
+master to log, realhf.system.stats.completion_log), `balance` (move the taken groups between ranks as the master's
 token-balancing plan says, then build the step's batch), `inference` (`model`: actor → proximal log-probs, ref → reference
 log-probs, critic → values of the taken batch), `critic_train`, `train_step` (the actor's
 ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`, `checkpoint`,
@@ -38,14 +38,15 @@ from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, cap_memory, dist_backend, pick_device, why_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
-from realhf.impl import completion_log
 from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
 from realhf.impl.model.batching import batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
 from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
-from realhf.system.push_pull_stream import NameResolvingZmqPuller
-from realhf.system.request_reply_stream import WorkerStream
-from realhf.system.stream_dataset import StreamDataset
+from realhf.system.stats import completion_log
+from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller
+from realhf.system.streams.request_reply_stream import WorkerStream
+from realhf.system.trainer.stream_dataset import StreamDataset
+from realhf.system.trainer.weight_broadcast import WeightBroadcaster
 from realhf.system.worker_base import Worker
 
 
@@ -96,6 +97,9 @@ class ModelWorker(Worker):
         self._recover_path = trial_files.recover_dir(cfg.run_dir)
         self._resume: Dict[str, Any] = {}  # the checkpoint's prompt accounting, for the master
         self._dropped_qids: List[str] = []  # stale-dropped since the last fetch reply
+        self._broadcaster: Optional[WeightBroadcaster] = None  # weight_sync=distributed, rank 0
+        self._last_broadcast = None
+        self._on_disk = -1  # the newest version written under published_weights/ (the same on every rank)
         # The launcher chose (and verified) the checkpoint: ranks deciding on their own could differ.
         resume_from = Path(cfg.recover_path) if cfg.recover_path else self._recover_path
         if cfg.recover and (cfg.recover_path or recover_checkpoint.read_info(resume_from) is not None):
@@ -222,6 +226,8 @@ class ModelWorker(Worker):
         return True
 
     def _exit_hook(self) -> None:
+        if getattr(self, "_broadcaster", None) is not None:
+            self._broadcaster.close()
         if getattr(self, "_stream", None) is not None:
             self._stream.close()
         if getattr(self, "_dataset", None) is not None:
@@ -234,28 +240,72 @@ class ModelWorker(Worker):
             self._store_socket.close()
 
     # ---- handlers ---------------------------------------------------------------------------
-    def _publish(self, weights: bool) -> str:
-        """Collective: write this version's weights (with `weights`; gathered from the shards,
-        written by rank 0), then rank 0 sets its number in name resolve (after the rename: a
-        reader never sees a version without its weights). Returns the directory rank 0 wrote, ""
-        on other ranks and without weights."""
+    def _publish(self, weights: bool, broadcast: bool = True) -> str:
+        """Collective: this version's weights to the generation servers (with `weights`), then
+        rank 0 sets its number in name resolve (after the weights are in place: a reader never
+        sees a version without them). `weight_sync=disk`, or a version the evaluator or the end
+        of the run needs, or one whose broadcast failed: gathered from the shards and written as
+        an HF directory by rank 0; otherwise broadcast to every routed server
+        (`weight_broadcast`). Returns the directory rank 0 wrote, "" on other ranks and without
+        a disk write."""
         cfg = self.config
         out = trial_files.published_version_dir(cfg.run_dir, "actor", self.version)
-        if weights:
+        to_disk = weights
+        if weights and broadcast and cfg.weight_sync == "distributed":
+            sent = self._broadcast()
+            # Every rank must agree before the collective save below.
+            failed = collectives.agree_max([0 if sent else 1], self.device)[0]
+            last = cfg.total_train_steps > 0 and self.version >= cfg.total_train_steps
+            due = cfg.disk_every > 0 and self.version % cfg.disk_every == 0
+            to_disk = bool(failed) or last or due
+        if to_disk:
             self.engines["actor"].save_hf(out, cfg.actor.path)
+            self._on_disk = self.version
         if self.dp_rank != 0:
             return ""
-        if weights:
+        if to_disk:
             checkpoint.prune_versions(
                 trial_files.published_weights_dir(cfg.run_dir, "actor"), cfg.keep_last_versions, current=self.version
             )
         key = names.model_version(self.ctx.experiment_name, self.ctx.trial_name, "actor")
         # Kept after exit: the last published version is part of the trial's record.
         name_resolve.add(key, str(self.version), replace=True, delete_on_exit=False)
-        return str(out) if weights else ""
+        return str(out) if to_disk else ""
+
+    def _how_published(self, published: str) -> str:
+        b = self._last_broadcast
+        if b is None:
+            return "disk" if published or self.dp_rank == 0 else "with rank 0"
+        sent = f"broadcast to {len(b.servers)} server(s) {b.seconds:.2f}s" if b.ok else "broadcast failed"
+        return sent + (" + disk" if published else "")
+
+    def _broadcast(self) -> bool:
+        """Collective over the DP ranks (each gathers its shards in step); rank 0 sends. True on
+        rank 0 when every routed server got this version, and on every other rank."""
+        tensors = self.engines["actor"].hf_tensors()
+        if self.dp_rank != 0:
+            for _ in tensors:  # the gathers, in step with rank 0's
+                pass
+            return True
+        if self._broadcaster is None:
+            cfg = self.config
+            key = names.gserver_manager(self.ctx.experiment_name, self.ctx.trial_name)
+            self._broadcaster = WeightBroadcaster(
+                lambda: self._broadcaster.routed(name_resolve.get(key)),
+                cfg.bind_host,
+                cfg.weight_sync_backend,
+                cfg.collective_timeout,
+                cfg.weight_sync_bucket_mb * 2**20,
+                secret=self.ctx.secret,
+                ranks_per_server=cfg.ranks_per_server,
+            )
+        result = self._broadcaster.publish(self.version, tensors)
+        self._last_broadcast = result
+        return result.ok
 
     def _initialize(self, data: Any) -> Dict[str, Any]:
-        self._publish(weights=self.version > 0)  # recovered: servers must load these weights
+        # Recovered: servers (re)starting now load these weights from disk.
+        self._publish(weights=self.version > 0, broadcast=False)
         return {
             "dp_rank": self.dp_rank,
             "dp_size": self.dp_size,
@@ -296,7 +346,7 @@ class ModelWorker(Worker):
             "invalid": self._dataset.n_invalid,
             "duplicates": self._buffer.n_duplicates,
             "dropped_qids": self._dropped_qids,
-            # The master's accounting (realhf.system.admission_ledger): added = taken + stale + buffered.
+            # The master's accounting (realhf.system.manager.admission_ledger): added = taken + stale + buffered.
             "added": self._buffer.n_added,
             "taken": self._buffer.n_taken,
         }
@@ -308,7 +358,7 @@ class ModelWorker(Worker):
             summary = batch_summary(groups, self.version)
             summary["qids"] = [g.qid for g in groups]  # the master's trained_qids.jsonl
             reply["batch"] = summary
-            # What the master balances the ranks by (realhf.impl.dp_balance).
+            # What the master balances the ranks by (realhf.system.master.dp_balance).
             reply["group_costs"] = [group_exchange.group_cost(g, self.config.ppo.shared_prompt) for g in groups]
             reply["buffered"], reply["taken"] = len(self._buffer), self._buffer.n_taken
             if int(data.get("completions", 0)) > 0:
@@ -325,12 +375,12 @@ class ModelWorker(Worker):
             from transformers import AutoTokenizer  # only the rank that logs completions needs it
 
             self._tokenizer = AutoTokenizer.from_pretrained(self.config.actor.path)
-        # Special tokens left out, as the agent's grader saw the answer (realhf.system.episode).
+        # Special tokens left out, as the agent's grader saw the answer (realhf.system.rollout.episode).
         return self._tokenizer.decode(ids, skip_special_tokens=True)
 
     def _balance(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """Collective `{assignment}`: the master's plan for where each rank's taken groups train
-        (realhf.impl.dp_balance); this rank's groups are exchanged and packed into the step's batch."""
+        (realhf.system.master.dp_balance); this rank's groups are exchanged and packed into the step's batch."""
         assignment = data["assignment"]
         group_exchange.check_assignment(assignment, self.dp_rank, len(self._taken), self.dp_size)
         with collectives.named(f"dp rank {self.dp_rank}/{self.dp_size}: group exchange"):
@@ -380,8 +430,10 @@ class ModelWorker(Worker):
         train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None
+        self._last_broadcast = None
         published = self._publish(weights=True)
         publish_s = time.monotonic() - t0 - train_s
+        how = self._how_published(published)
         if stats.get("skipped_steps"):
             self.logger.warning(
                 f"version {self.version}: {stats['skipped_steps']} of {cfg.ppo.ppo_n_minibatches} "
@@ -392,10 +444,12 @@ class ModelWorker(Worker):
             self.logger.info(
                 f"version {self.version}: loss {stats['loss']:.4f} grad_norm {stats['grad_norm']:.3f} "
                 f"clip {stats['clip_fraction']:.3f} {int(stats['n_tokens'])} tokens, train {train_s:.2f}s, "
-                f"publish {publish_s:.2f}s"
+                f"publish {publish_s:.2f}s ({how})"
             )
         else:
-            self.logger.info(f"version {self.version}: critic warm-up, actor not trained; publish {publish_s:.2f}s")
+            self.logger.info(
+                f"version {self.version}: critic warm-up, actor not trained; publish {publish_s:.2f}s ({how})"
+            )
         return {
             "version": self.version,
             "stats": stats,
@@ -408,6 +462,10 @@ class ModelWorker(Worker):
         """Collective: an HF checkpoint at `path` (default `<run_dir>/checkpoints/actor/version<v>`)."""
         default = trial_files.checkpoints_dir(self.config.run_dir, "actor") / f"version{self.version}"
         path = data.get("path") or str(default)
+        if self._on_disk != self.version and self.version > 0:
+            # Broadcast only so far: the run's record (and the evaluation after it) reads the
+            # newest published version from disk.
+            self._publish(weights=True, broadcast=False)
         self.engines["actor"].save_hf(Path(path), self.config.actor.path)
         if self.dp_rank == 0 and not data.get("path"):
             checkpoint.prune_saves(default.parent, self.config.keep_last_saves)

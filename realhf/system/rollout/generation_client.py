@@ -45,8 +45,8 @@ import aiohttp
 from realhf.base import logging
 from realhf.base.secret import auth_headers
 from realhf.impl.inference.request import parse_weight_version
-from realhf.system.http_json import GenerationError, ServerUnavailableError, post_json
-from realhf.system.manager_client import ManagerClient
+from realhf.system.manager.manager_client import ManagerClient
+from realhf.system.streams.http_json import GenerationError, ServerUnavailableError, post_json
 
 logger = logging.getLogger("generation_client")
 
@@ -95,7 +95,7 @@ class GenerationClient:
         stopped: Callable[[], bool] = lambda: False,
     ):
         """`manager_resolve`, `manager_wait_timeout`, `stopped`: how the ManagerClient finds a
-        restarted manager (realhf.system.manager_client)."""
+        restarted manager (realhf.system.manager.manager_client)."""
         if new_tokens_per_chunk < 0:
             raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
         self.new_tokens_per_chunk = new_tokens_per_chunk

@@ -18,7 +18,7 @@ no samples: `Trajectory.problem`), fails: its slot is freed unaccepted and it is
 agent and environment. The first error from each line of the user's code is also reported to
 the launcher's console (`realhf.system.user_errors`); after `max_consecutive_failures` failures
 in a row the worker exits — for a restart, or, when they were all one error in user code, with
-`DoNotRestart`: a new process would only repeat it (`realhf.impl.episode_failures`).
+`DoNotRestart`: a new process would only repeat it (`realhf.system.rollout.episode_failures`).
 
 Surviving its own death, and a resumed run: the worker keeps one record of every prompt it has
 drawn and not seen to its end under the name-resolve key `rollout_record/<index>` (kept on exit),
@@ -57,14 +57,14 @@ from realhf.base import name_resolve, names
 from realhf.base.user_code import ErrorReport
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
 from realhf.impl.dataset.prompt_encoding import chat_template_on
-from realhf.impl.episode_failures import FailureStreak, ReportedSites
 from realhf.system import user_errors
-from realhf.system.episode import AgentError, episode_prompt, run_group
-from realhf.system.generation_client import GenerationClient
-from realhf.system.http_json import GenerationError, ServerUnavailableError
-from realhf.system.manager_client import ManagerClient
-from realhf.system.openai_server import OpenAIServer, episode_endpoint
-from realhf.system.push_pull_stream import MessageTooLarge, NameResolvingZmqPusher
+from realhf.system.manager.manager_client import ManagerClient
+from realhf.system.rollout.episode import AgentError, episode_prompt, run_group
+from realhf.system.rollout.episode_failures import FailureStreak, ReportedSites
+from realhf.system.rollout.generation_client import GenerationClient
+from realhf.system.rollout.openai_server import OpenAIServer, episode_endpoint
+from realhf.system.streams.http_json import GenerationError, ServerUnavailableError
+from realhf.system.streams.push_pull_stream import MessageTooLarge, NameResolvingZmqPusher
 from realhf.system.worker_base import STATUS_RUNNING, AsyncWorker, DoNotRestart, experiment_status
 
 # Backoff after a refusal when no own episode ends first: short, and reset on every admission,
@@ -355,7 +355,7 @@ class RolloutWorker(AsyncWorker):
 
     def _failed(self, qid: str, e: Exception) -> None:
         """Count and log a failed episode; report the user's errors to the launcher (once per
-        place); give up after max_consecutive_failures in a row (realhf.impl.episode_failures)."""
+        place); give up after max_consecutive_failures in a row (realhf.system.rollout.episode_failures)."""
         self.stats["failed"] += 1
         self.stats["too_large"] += isinstance(e, MessageTooLarge)
         report = ErrorReport.of(e)

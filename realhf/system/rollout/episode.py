@@ -65,7 +65,7 @@ class Gen:
 
     def openai_endpoint(self, tokenizer: Any):
         """`async with gen.openai_endpoint(tokenizer) as (base_url, api_key)`: an OpenAI-compatible
-        endpoint whose every call is generated through this episode (realhf.system.openai_server;
+        endpoint whose every call is generated through this episode (realhf.system.rollout.openai_server;
         the rollout worker provides it)."""
         if self._openai_endpoint is None:
             raise AgentError(

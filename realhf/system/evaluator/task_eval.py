@@ -1,11 +1,11 @@
 """Evaluation through the task: the configured agent and environment on held-out rows, answering
-with an engine in this process. The evaluator (realhf/system/evaluator_worker.py) runs it on
+with an engine in this process. The evaluator (realhf/system/evaluator/evaluator_worker.py) runs it on
 each due version, training/main_async_ppo.py before and after training.
 
     task = TaskEval(cfg, engine, rows)          # cfg: an EvaluatorConfig
     result = task.run(temperature=0.0, k=1)     # greedy; k > 1 answers per row at a temperature
 
-Each episode runs as a rollout worker runs it (realhf.system.episode: the row's prompt with the
+Each episode runs as a rollout worker runs it (realhf.system.rollout.episode: the row's prompt with the
 tools' schemas, a fresh environment, the agent's `run_episode`, the environment closed), the same
 agent and environment classes and args (`rollout.agent`, `rollout.env`), but with the
 evaluation's sampling: `ppo.gen` at the given temperature, `evaluation.max_new_tokens` per call,
@@ -38,9 +38,9 @@ from realhf.api.env import EnvFactory
 from realhf.api.prompt import PromptRow
 from realhf.api.worker_configs import EvaluatorConfig
 from realhf.base import logging
-from realhf.impl.pass_at_k import pass_at_k
-from realhf.system.engine_client import EngineGenerationClient
-from realhf.system.episode import Gen, episode_prompt, gather_or_cancel, run_episode
+from realhf.system.evaluator.pass_at_k import pass_at_k
+from realhf.system.rollout.engine_client import EngineGenerationClient
+from realhf.system.rollout.episode import Gen, episode_prompt, gather_or_cancel, run_episode
 
 logger = logging.getLogger("task_eval")
 
@@ -174,7 +174,7 @@ class TaskEval:
         return result
 
     async def _episode(self, i: int, gconfig: Any, k: int) -> Episode:
-        from realhf.system.openai_server import episode_endpoint
+        from realhf.system.rollout.openai_server import episode_endpoint
 
         row = self.rows[i]
         cfg = self.cfg
@@ -206,7 +206,7 @@ class TaskEval:
             return  # a daemon thread still in it: the process exit ends it
 
         async def shutdown():
-            from realhf.system.openai_server import OpenAIServer
+            from realhf.system.rollout.openai_server import OpenAIServer
 
             await self.envs.aclose()
             await OpenAIServer.close_for_this_loop()

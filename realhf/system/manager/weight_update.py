@@ -1,5 +1,11 @@
 """Bringing generation servers to the trainer's latest weights, one server at a time (docs/architecture.md §5).
 
+With `weight_sync=distributed` the trainer broadcasts each version to the servers itself
+(`realhf.system.trainer.weight_broadcast`) and announces it after; a round then finds those
+servers already there (/get_model_info) and only brings from disk the ones a broadcast missed
+(the trainer writes such a version to disk) — a version that is not on disk is left to the next
+broadcast.
+
 For each server behind the target version (as the server itself reports it in /get_model_info:
 an update never asks a server to go back to a lower version, which it would refuse with a 409):
 
@@ -36,7 +42,7 @@ import aiohttp
 from realhf.base import logging
 from realhf.base.trial_files import published_version_dir
 from realhf.impl.inference.request import parse_weight_version
-from realhf.system.http_json import post_json
+from realhf.system.streams.http_json import post_json
 
 logger = logging.getLogger("weight_update")
 
@@ -103,8 +109,14 @@ async def update_server(
 class WeightUpdater:
     """Per-server weight versions and the sequential update round."""
 
-    def __init__(self, run_dir: str, role: str, timeout: float, initial_version: int = 0):
+    def __init__(
+        self, run_dir: str, role: str, timeout: float, initial_version: int = 0, from_disk_only_if_written: bool = False
+    ):
         self.run_dir, self.role, self.timeout = os.path.abspath(run_dir), role, timeout
+        # weight_sync=distributed: the trainer broadcasts every version and writes only some to
+        # disk; a server behind a version that is not on disk waits for the next broadcast.
+        self.from_disk_only_if_written = from_disk_only_if_written
+        self.n_left_to_broadcast = 0
         self.initial_version = initial_version
         self.versions: Dict[str, int] = {}
         self.updating: Optional[str] = None
@@ -173,6 +185,9 @@ class WeightUpdater:
                         self.owes_continue.discard(url)
                     if url in self.versions:
                         self.versions[url] = current
+                    continue
+                if self.from_disk_only_if_written and not os.path.isdir(path):
+                    self.n_left_to_broadcast += 1
                     continue
                 seconds = await self._while_routed(url, update_server(session, url, path, version, self.timeout))
                 self.owes_continue.discard(url)  # update_server ends with a continue

@@ -1,5 +1,5 @@
 """The `GenerationClient` interface over an engine running in this process: what an agent's `gen`
-generates through when the evaluator runs episodes (realhf.system.task_eval) — no HTTP, no
+generates through when the evaluator runs episodes (realhf.system.evaluator.task_eval) — no HTTP, no
 manager, one engine request per `generate` call.
 
     client = EngineGenerationClient(engine, answer_timeout=600)
@@ -19,7 +19,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from realhf.impl.inference.request import EngineClosedError, GenerateRequest, SamplingParams
-from realhf.system.generation_client import GenerationResult, sampling_params
+from realhf.system.rollout.generation_client import GenerationResult, sampling_params
 
 if TYPE_CHECKING:  # the engine module imports torch; this one is imported where torch is not needed
     from realhf.impl.inference.engine import Engine

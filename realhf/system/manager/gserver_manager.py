@@ -21,7 +21,7 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
                                                          per-server load and version, throughput
     GET  /metrics                                      → the same, Prometheus text format
 
-What each endpoint does is `realhf.system.manager_service.ManagerService` (admission docs/architecture.md §4,
+What each endpoint does is `realhf.system.manager.manager_service.ManagerService` (admission docs/architecture.md §4,
 routing, server health, weight versions). This file wires it to HTTP and to name resolve: a
 watcher coroutine, in the same event loop as the app, every `poll_interval` s
 
@@ -30,7 +30,7 @@ watcher coroutine, in the same event loop as the app, every `poll_interval` s
     routes to the servers registered under `gen_servers/` that answer `/health` (a killed server
         is dropped within ~`max_health_failures · health_check_interval` s, a restarted one
         joins at the weight version it reports),
-    starts a sequential weight-update round (`realhf.system.weight_update`) when servers are behind.
+    starts a sequential weight-update round (`realhf.system.manager.weight_update`) when servers are behind.
 
 Health checks and update rounds run in tasks of their own, so the watcher and the handlers keep
 answering while a server is being updated.
@@ -54,10 +54,10 @@ from realhf.base import logging, name_resolve, names
 from realhf.base.body_limit import BodySizeLimit
 from realhf.base.secret import auth_headers, require_secret
 from realhf.impl.inference.request import parse_weight_version
-from realhf.system.admission_ledger import AdmissionLedger
-from realhf.system.http_thread import HttpServerThread
-from realhf.system.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
-from realhf.system.manager_service import ManagerService
+from realhf.system.manager.admission_ledger import AdmissionLedger
+from realhf.system.manager.manager_metrics import METRICS_CONTENT_TYPE, render_metrics
+from realhf.system.manager.manager_service import ManagerService
+from realhf.system.streams.http_thread import HttpServerThread
 from realhf.system.worker_base import Worker
 
 logger = logging.getLogger("gserver_manager")

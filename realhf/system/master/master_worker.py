@@ -2,7 +2,7 @@
 
 configure: bind the request socket → wait for the model workers → initialize them
 each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
-           split them anew across the ranks by tokens (`balance`, realhf.impl.dp_balance) →
+           split them anew across the ranks by tokens (`balance`, realhf.system.master.dp_balance) →
            the model calls of `_train_calls`, top to bottom, each one request to every model
            worker → publish training_samples → log the step's metrics
 the end:   after total_train_steps (set by the experiment), or after the first step at which
@@ -20,14 +20,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import completions_path, metrics_path, read_metrics
-from realhf.impl import dp_balance
-from realhf.impl.completion_log import console_lines
 from realhf.impl.model.step_calls import step_calls
-from realhf.impl.staleness import dp_shares, resumed_accepted
-from realhf.system import stall_report
-from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
-from realhf.system.request_reply_stream import MasterStream
-from realhf.system.stats_logger import (
+from realhf.system.manager.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
+from realhf.system.manager.staleness import dp_shares, resumed_accepted
+from realhf.system.master import dp_balance, stall_report
+from realhf.system.stats.completion_log import console_lines
+from realhf.system.stats.stats_logger import (
     TRAINED_QIDS_FILE,
     CompletionsLog,
     StatsLogger,
@@ -35,6 +33,7 @@ from realhf.system.stats_logger import (
     step_metrics,
     truncate_metrics,
 )
+from realhf.system.streams.request_reply_stream import MasterStream
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
 
@@ -233,7 +232,7 @@ class MasterWorker(Worker):
         wait_s = self._wait_for_data()
         take = {i: {"take": s} for i, s in enumerate(self.shares)}
         if cfg.stats.log_completions:
-            # DP rank 0 decodes the step's logged samples from its share (realhf.impl.completion_log).
+            # DP rank 0 decodes the step's logged samples from its share (realhf.system.stats.completion_log).
             take[0]["completions"] = cfg.stats.log_completions
         fetched = self._stream.call_all("fetch", per_worker_data=take, timeout=cfg.request_timeout)
         self._update_stale_dropped(fetched)
@@ -384,7 +383,7 @@ class MasterWorker(Worker):
         return out
 
     def _account(self) -> None:
-        """At the end: where every admitted group went (realhf.system.admission_ledger), logged
+        """At the end: where every admitted group went (realhf.system.manager.admission_ledger), logged
         and written to accounting.json. The ledger is read first, then the DP heads, which have
         get a moment to receive what was pushed before."""
         try:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from realhf.api.agent import Completion
 from realhf.api.tools import TOOL_CALL, parse_tool_calls
 from realhf.impl.dataset.prompt_encoding import has_chat_template, render_chat
-from realhf.system.episode import AgentError, Gen
+from realhf.system.rollout.episode import AgentError, Gen
 
 Message = Dict[str, Any]
 

@@ -1,10 +1,10 @@
 """The GserverManager's state and the logic behind each endpoint, without sockets.
 
-It wires together admission (`realhf.impl.staleness.StalenessManager`, docs/architecture.md §4), routing
-(`realhf.impl.routing.Router`), server health (`realhf.impl.server_health.ServerHealth`), the
-per-server weight versions (`realhf.system.weight_update.WeightUpdater`) and the counters of
-`/status`. The HTTP app and the watcher (`realhf.system.gserver_manager`) call into it from one
-event loop. Its only I/O is the admission ledger (`realhf.system.admission_ledger`, optional):
+It wires together admission (`realhf.system.manager.staleness.StalenessManager`, docs/architecture.md §4), routing
+(`realhf.system.manager.routing.Router`), server health (`realhf.system.manager.server_health.ServerHealth`), the
+per-server weight versions (`realhf.system.manager.weight_update.WeightUpdater`) and the counters of
+`/status`. The HTTP app and the watcher (`realhf.system.manager.gserver_manager`) call into it from one
+event loop. Its only I/O is the admission ledger (`realhf.system.manager.admission_ledger`, optional):
 one small Redis transaction per admission event, written before the answer, so that a
 restarted manager continues from exactly what its predecessor told its clients.
 
@@ -26,12 +26,12 @@ from typing import List, Optional
 
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging
-from realhf.impl.routing import Router
-from realhf.impl.server_health import DROPPED, UP, ServerHealth
-from realhf.impl.staleness import StalenessManager, dp_shares, resumed_accepted
-from realhf.system.admission_ledger import ENDED_REASONS, AdmissionLedger
-from realhf.system.manager_metrics import ThroughputWindow
-from realhf.system.weight_update import WeightUpdater
+from realhf.system.manager.admission_ledger import ENDED_REASONS, AdmissionLedger
+from realhf.system.manager.manager_metrics import ThroughputWindow
+from realhf.system.manager.routing import Router
+from realhf.system.manager.server_health import DROPPED, UP, ServerHealth
+from realhf.system.manager.staleness import StalenessManager, dp_shares, resumed_accepted
+from realhf.system.manager.weight_update import WeightUpdater
 
 logger = logging.getLogger("gserver_manager")
 
@@ -81,7 +81,12 @@ class ManagerService:
             accepted=self.accepted_at_start,
         )
         self.router = Router(config.schedule_policy, server_urls)
-        self.updater = WeightUpdater(config.run_dir, config.model_role, config.update_timeout)
+        self.updater = WeightUpdater(
+            config.run_dir,
+            config.model_role,
+            config.update_timeout,
+            from_disk_only_if_written=config.weight_sync == "distributed",
+        )
         self.updater.set_servers(server_urls)
         self.health = ServerHealth(server_urls, config.max_health_failures)
         self.throughput = ThroughputWindow()

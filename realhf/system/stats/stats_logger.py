@@ -3,7 +3,7 @@
 `step_metrics(...)` turns one step's replies into a flat dict of numbers; `StatsLogger` prints
 it as one console line (rich), appends it as one JSON object to `metrics.jsonl`, and, when
 configured, writes it to tensorboard and wandb (the run's config attached) and serves it as
-Prometheus gauges (realhf/system/stats_prometheus.py). With `stats.log_completions`, a few of the
+Prometheus gauges (realhf/system/stats/stats_prometheus.py). With `stats.log_completions`, a few of the
 step's samples follow its line (`echo_lines`) and go to `completions.jsonl` (`CompletionsLog`).
 """
 
@@ -184,7 +184,7 @@ class StatsLogger:
             )
         self._prometheus = None
         if prometheus_port:
-            from realhf.system.stats_prometheus import TrainingMetricsServer
+            from realhf.system.stats.stats_prometheus import TrainingMetricsServer
 
             # The evaluator writes its rows beside metrics.jsonl; the endpoint shows the latest.
             eval_path = os.path.join(os.path.dirname(os.path.abspath(metrics_path)), EVAL_METRICS_FILE)
@@ -224,7 +224,7 @@ class StatsLogger:
 
 TRAINED_QIDS_FILE = "trained_qids.jsonl"
 # Beside metrics.jsonl, so that its readers (one row per train step) stay as they are: one row
-# per evaluation during training (realhf/system/evaluator_worker.py), keyed by "step" = version.
+# per evaluation during training (realhf/system/evaluator/evaluator_worker.py), keyed by "step" = version.
 EVAL_METRICS_FILE = "eval_metrics.jsonl"
 
 
@@ -244,7 +244,7 @@ def read_eval_metrics(log_dir: str) -> List[Dict[str, Any]]:
 
 
 class CompletionsLog:
-    """`<log_dir>/completions.jsonl`: the rows of realhf.impl.completion_log, one line each with
+    """`<log_dir>/completions.jsonl`: the rows of realhf.system.stats.completion_log, one line each with
     `step` first (stats.log_completions). Lines of steps after `last_step` (a resumed run repeats
     them) are dropped on open, like metrics.jsonl's."""
 

@@ -1,14 +1,14 @@
 """Evaluator worker: the task's success rate, mean reward and pass@k of the published weights
 every N versions, while training goes on (docs/architecture.md §2; launched only when
 exp_ctrl.eval_freq_steps = N > 0). The episodes are the task's own: the configured agent and
-environment on the held-out rows (realhf.system.task_eval).
+environment on the held-out rows (realhf.system.evaluator.task_eval).
 
     configure: lower this process's CPU priority (nice +evaluation.during_nice) before anything
                else, so every thread it starts inherits it; load the held-out prompts, start a
                native engine in this process (no HTTP), open the metrics sinks
     loop:      every poll_interval s read model_version/<role>; a version due (a multiple of N)
                is taken at once: hard links into <run_dir>/evaluator/<v>/, so the trainer's
-               pruning of published versions cannot pull it away (realhf.impl.eval_schedule).
+               pruning of published versions cannot pull it away (realhf.system.evaluator.eval_schedule).
                When no evaluation runs, evaluate the newest taken version in a thread (the loop
                stays free to take versions and to stop); older waiting ones are skipped and said
                so. Each result: one row in eval_metrics.jsonl (+ tensorboard / wandb), one log line
@@ -34,8 +34,8 @@ from typing import Optional, Tuple
 
 from realhf.api.worker_configs import EvaluatorConfig
 from realhf.base import name_resolve, names, trial_files
-from realhf.impl.eval_schedule import EvalSchedule, Pick, release_version, take_version
-from realhf.system.stats_logger import read_eval_metrics, truncate_metrics
+from realhf.system.evaluator.eval_schedule import EvalSchedule, Pick, release_version, take_version
+from realhf.system.stats.stats_logger import read_eval_metrics, truncate_metrics
 from realhf.system.worker_base import Worker
 
 # Under the run directory, beside published_weights/: the versions this evaluator has taken.
@@ -52,7 +52,7 @@ class Evaluator(Worker):
 
         from realhf.base.device import pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
-        from realhf.system.task_eval import TaskEval, load_eval_rows
+        from realhf.system.evaluator.task_eval import TaskEval, load_eval_rows
 
         torch.set_num_threads(cfg.n_threads)
         self._engine = self._task = self._sink = None
@@ -139,7 +139,7 @@ class Evaluator(Worker):
         return self._task.run(cfg.temperature, cfg.samples)
 
     def _record(self, pick: Pick, future: Future, started: float) -> None:
-        from realhf.system.task_eval import eval_line, eval_row
+        from realhf.system.evaluator.task_eval import eval_line, eval_row
 
         result = future.result()  # an evaluation that raised fails the worker (it is restarted)
         seconds = time.monotonic() - started
@@ -167,7 +167,7 @@ def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> 
     in eval_metrics.jsonl yet: it is not a multiple of N, or its evaluation was still running when
     the run ended (the run's end never waits for the evaluator). Run by the launcher after every
     worker stopped; returns the row written, or None when there was nothing to do."""
-    from realhf.system.task_eval import eval_row, evaluate_weights
+    from realhf.system.evaluator.task_eval import eval_row, evaluate_weights
 
     done = read_eval_metrics(os.path.dirname(cfg.metrics_path))
     if any(r["version"] == version for r in done) or version <= 0:
@@ -188,7 +188,7 @@ def evaluate_final_version(cfg: EvaluatorConfig, weights: str, version: int) -> 
 
 def eval_sink(cfg: EvaluatorConfig):
     """The evaluations' sinks: eval_metrics.jsonl, and tensorboard / wandb when configured."""
-    from realhf.system.stats_logger import StatsLogger
+    from realhf.system.stats.stats_logger import StatsLogger
 
     return StatsLogger(
         cfg.metrics_path,

@@ -32,8 +32,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from aiohttp import web
 
-from realhf.system.chat_episode import ChatEpisode, ConversationError
-from realhf.system.episode import AgentError, Gen
+from realhf.system.rollout.chat_episode import ChatEpisode, ConversationError
+from realhf.system.rollout.episode import AgentError, Gen
 
 MODEL_NAME = "realhf"
 # event loop -> the task starting (then holding) its server; concurrent first episodes share it

@@ -1,5 +1,5 @@
 """pass@k from one pass of k answers per prompt: the fraction of prompts with at least one
-success among their k (realhf.system.task_eval counts the successes)."""
+success among their k (realhf.system.evaluator.task_eval counts the successes)."""
 
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ class GenerationServer(Worker):
         from realhf.impl.inference.factory import create_engine_from_config
         from realhf.impl.inference.server_app import create_app
         from realhf.impl.inference.sglang_generate import load_tokenizer
-        from realhf.system.http_thread import HttpServerThread
+        from realhf.system.streams.http_thread import HttpServerThread
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
         bind_device(device)

@@ -1,4 +1,4 @@
-"""What a rollout worker asks the GserverManager (its HTTP API: `realhf.system.gserver_manager`).
+"""What a rollout worker asks the GserverManager (its HTTP API: `realhf.system.manager.gserver_manager`).
 
     ok, reason = await manager.allocate_rollout(qid, rank)    # admission (docs/architecture.md §4)
     url, version = await manager.schedule_request(qid, ...)   # a server for the next chunk
@@ -27,11 +27,13 @@ from typing import Callable, List, Optional, Tuple
 import aiohttp
 
 from realhf.base import logging
-from realhf.system.http_json import GenerationError, ServerUnavailableError, request_json
+from realhf.system.streams.http_json import GenerationError, ServerUnavailableError, request_json
 
 logger = logging.getLogger("manager_client")
 
-_DUPLICATE_QID = "duplicate_qid"  # realhf.impl.staleness.DUPLICATE_QID (not imported: the wire is the contract)
+_DUPLICATE_QID = (
+    "duplicate_qid"  # realhf.system.manager.staleness.DUPLICATE_QID (not imported: the wire is the contract)
+)
 
 
 class ManagerClient:
@@ -123,7 +125,7 @@ class ManagerClient:
 
     async def finish_rollout(self, qid: str, accepted: bool, n_tokens: int = 0, reason: str = "filtered") -> None:
         """`reason`: why a rollout that is not accepted ended without a group
-        (realhf.system.admission_ledger.ENDED_REASONS); ignored when accepted."""
+        (realhf.system.manager.admission_ledger.ENDED_REASONS); ignored when accepted."""
         await self._post(
             "finish_rollout", {"qid": qid, "accepted": bool(accepted), "n_tokens": int(n_tokens), "reason": reason}
         )

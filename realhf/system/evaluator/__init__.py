@@ -1,0 +1,1 @@
+"""The evaluator: periodic and final held-out evaluation, pass@k."""

@@ -1,0 +1,1 @@
+"""The generation server: the built-in engine behind SGLang's HTTP protocol."""

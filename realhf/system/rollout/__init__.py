@@ -1,0 +1,1 @@
+"""The rollout worker: the episode loop, the generation client, the OpenAI-compatible endpoint for agents."""

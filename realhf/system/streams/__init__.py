@@ -1,0 +1,1 @@
+"""The transports between workers: ZMQ push/pull and request/reply streams, JSON over HTTP."""

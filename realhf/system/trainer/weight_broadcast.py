@@ -1,0 +1,311 @@
+"""New weights from the trainer to every generation server at once, in memory (`weight_sync=distributed`).
+
+DP rank 0 of the trainer is rank 0 of a process group whose other members are the generation
+servers the manager routes to, built through SGLang's own HTTP protocol, so the code that drives
+the built-in engine drives SGLang too:
+
+    once per member set    POST /init_weights_update_group  {master_address, master_port,
+                           rank_offset: i + 1, world_size: n + 1, group_name, backend}
+    per version            POST /pause_generation (running requests return abort with their
+                           partial output, as for a disk update)
+                           per bucket of at most `bucket_bytes`: POST /update_weights_from_distributed
+                           {names, dtypes, shapes, group_name[, weight_version on the last]} to
+                           every member while rank 0 broadcasts the bucket's tensors
+                           POST /continue_generation
+
+The tensors come from the trainer's `hf_tensors()` (gathered from the FSDP shards one at a
+time), so no rank holds the whole model twice. Every wait is bounded by `timeout_s`. A member
+that fails or hangs makes the version's broadcast fail: the group is closed, the members that
+answered are continued, and the next version builds a new group from whoever the manager then
+routes; the caller writes this version to disk, from where the manager brings the servers that
+missed it (and any that join later) up to date. The group is rebuilt whenever the set of routed
+servers changes, so a server that restarts or is added joins at the next version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+import aiohttp
+import torch
+
+from realhf.base import logging
+from realhf.base.network import host_for_peers
+from realhf.base.secret import auth_headers
+from realhf.base.weight_group import HostedStore, WeightGroup, WeightGroupError
+from realhf.system.streams.http_json import post_json, request_json
+
+logger = logging.getLogger("weight_broadcast")
+
+
+@dataclass
+class BroadcastResult:
+    version: int
+    servers: List[str]  # the members that now serve `version`
+    failed: Dict[str, str] = field(default_factory=dict)  # url -> why it did not get it
+    seconds: float = 0.0
+    n_bytes: int = 0
+    n_buckets: int = 0
+    rebuilt: bool = False  # a new group was built for this version
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and bool(self.servers)
+
+
+class _Loop:
+    """An event loop on its own thread: the HTTP calls run there while this thread broadcasts."""
+
+    def __init__(self, secret: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="weight-broadcast-http", daemon=True)
+        self._thread.start()
+        self.session = self.run(self._session(secret), 10.0)
+
+    @staticmethod
+    async def _session(secret: str) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(headers=auth_headers(secret))
+
+    def submit(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro, timeout: float):
+        return self.submit(coro).result(timeout)
+
+    def close(self) -> None:
+        try:
+            self.run(self.session.close(), 5.0)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5.0)
+
+
+def buckets(tensors: Iterable[Tuple[str, torch.Tensor]], bucket_bytes: int):
+    """(name, tensor) pairs in groups of at most `bucket_bytes` (a larger tensor goes alone)."""
+    bucket, size = [], 0
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        if bucket and size + n > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += n
+    if bucket:
+        yield bucket
+
+
+class WeightBroadcaster:
+    """Rank 0's side: the group, and one broadcast per published version."""
+
+    def __init__(
+        self,
+        members: Callable[[], List[str]],
+        bind_host: str,
+        backend: str,
+        timeout_s: float,
+        bucket_bytes: int,
+        secret: str = "",
+        ranks_per_server: int = 1,
+    ):
+        self.ranks_per_server = ranks_per_server  # a tensor-parallel SGLang server joins with each of its ranks
+        self._members = members  # the servers to update now (the manager's routed ones: `routed`)
+        self.bind_host, self.backend, self.timeout_s, self.bucket_bytes = bind_host, backend, timeout_s, bucket_bytes
+        self._http = _Loop(secret)
+        self._store: Optional[HostedStore] = None
+        self._group: Optional[WeightGroup] = None
+        self._group_members: List[str] = []
+        self._n_groups = 0
+
+    def routed(self, manager_url: str) -> List[str]:
+        """The servers the manager at `manager_url` routes to now."""
+        return self._http.run(routed_servers(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
+
+    # ---- the group -------------------------------------------------------------------------------
+    def _post_all(self, urls: List[str], path: str, body_of: Callable[[int, str], dict]):
+        """POST to every url at once; {url: answer or the exception}."""
+
+        async def one(i, url):
+            return await post_json(self._http.session, f"{url}{path}", body_of(i, url), self.timeout_s)
+
+        async def every():
+            answers = await asyncio.gather(*(one(i, u) for i, u in enumerate(urls)), return_exceptions=True)
+            return dict(zip(urls, answers))
+
+        return self._http.submit(every())
+
+    def _close_group(self) -> None:
+        if self._group is not None:
+            name = self._group.group_name
+            self._group.close()
+            self._group = None
+            members, self._group_members = self._group_members, []
+            fut = self._post_all(members, "/destroy_weights_update_group", lambda i, u: {"group_name": name})
+            try:
+                fut.result(self.timeout_s + 5)
+            except Exception:  # noqa: BLE001 - a member that is gone has nothing to destroy
+                pass
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _build_group(self, urls: List[str]) -> Dict[str, str]:
+        """A new group of rank 0 and `urls`; {url: why it failed} (empty: built)."""
+        self._close_group()
+        self._n_groups += 1
+        name = f"realhf-weights-{self._n_groups}"
+        self._store = HostedStore(self.bind_host, self.timeout_s)
+        address = host_for_peers(self.bind_host)
+        world = len(urls) * self.ranks_per_server + 1
+        fut = self._post_all(
+            urls,
+            "/init_weights_update_group",
+            lambda i, u: {
+                "master_address": address,
+                "master_port": self._store.port,
+                "rank_offset": i * self.ranks_per_server + 1,
+                "world_size": world,
+                "group_name": name,
+                "backend": self.backend,
+            },
+        )
+        failed: Dict[str, str] = {}
+        try:
+            self._group = WeightGroup(
+                address, self._store.port, 0, world, name, self.backend, self.timeout_s, store=self._store.store
+            )
+        except (RuntimeError, ValueError) as e:
+            failed["(rank 0)"] = str(e).splitlines()[0][:300]
+        answers = fut.result(self.timeout_s + 10)
+        for url, a in answers.items():
+            if isinstance(a, BaseException) or not a.get("success", False):
+                failed[url] = str(a)[:300] if isinstance(a, BaseException) else str(a.get("message", a))[:300]
+        if failed:
+            if self._group is not None:
+                self._group.close()
+                self._group = None
+            return failed
+        self._group_members = list(urls)
+        logger.info(f"weight group {name} ({self.backend}): the trainer and {len(urls)} server(s) {urls}")
+        return {}
+
+    # ---- one version -----------------------------------------------------------------------------
+    def publish(self, version: int, tensors: Iterable[Tuple[str, torch.Tensor]]) -> BroadcastResult:
+        """Broadcast `tensors` (consumed to the end whatever happens: on other DP ranks the same
+        generator gathers shards in step with this one) as `version` to the routed servers."""
+        t0 = time.monotonic()
+        tensors = iter(tensors)
+        result = BroadcastResult(version, [])
+        try:
+            urls = sorted(self._members())
+        except Exception as e:  # noqa: BLE001 - the manager is restarting, say: disk this time
+            result.failed["(manager)"] = f"routed servers unknown: {type(e).__name__}: {e}"
+            _drain(tensors)
+            return result
+        if not urls:
+            _drain(tensors)
+            result.failed["(none)"] = "no routed generation server"
+            return result
+        if urls != self._group_members or self._group is None:
+            failed = self._build_group(urls)
+            result.rebuilt = True
+            if failed:
+                result.failed.update(failed)
+                _drain(tensors)
+                return self._finish(result, t0)
+        members = self._group_members
+        paused = self._post_all(members, "/pause_generation", lambda i, u: {}).result(self.timeout_s + 5)
+        for url, a in paused.items():
+            if isinstance(a, BaseException):
+                result.failed[url] = f"pause: {a}"
+        try:
+            if not result.failed:
+                self._send(version, tensors, members, result)
+        finally:
+            _drain(tensors)
+            if result.failed:
+                self._close_group()  # broken or incomplete: the next version builds a new one
+            self._post_all(members, "/continue_generation", lambda i, u: {}).result(self.timeout_s + 5)
+        if not result.failed:
+            result.servers = list(members)
+        return self._finish(result, t0)
+
+    def _send(self, version: int, tensors, members: List[str], result: BroadcastResult) -> None:
+        pending = None
+        group = self._group
+        for bucket in _with_last(buckets(tensors, self.bucket_bytes)):
+            items, last = bucket
+            if self.backend == "gloo":
+                items = [(n, t.to("cpu")) for n, t in items]
+            body = {
+                "names": [n for n, _ in items],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in items],
+                "shapes": [list(t.shape) for _, t in items],
+                "group_name": group.group_name,
+                "flush_cache": last,
+            }
+            if last:
+                body["weight_version"] = str(version)
+            pending = self._post_all(members, "/update_weights_from_distributed", lambda i, u, b=body: b)
+            try:
+                group.broadcast([t.contiguous() for _, t in items])
+            except WeightGroupError as e:
+                result.failed["(broadcast)"] = str(e)
+                group.close()  # now: the members still waiting in this broadcast fail at once
+            answers = pending.result(self.timeout_s + 10)
+            for url, a in answers.items():
+                if isinstance(a, BaseException) or not a.get("success", False):
+                    result.failed[url] = (
+                        str(a)[:300] if isinstance(a, BaseException) else str(a.get("message", a))[:300]
+                    )
+            if result.failed:
+                return
+            result.n_buckets += 1
+            result.n_bytes += sum(t.numel() * t.element_size() for _, t in items)
+
+    def _finish(self, result: BroadcastResult, t0: float) -> BroadcastResult:
+        result.seconds = time.monotonic() - t0
+        if result.ok:
+            # The trainer's step line says it per version; here only what changes (a new group).
+            (logger.info if result.rebuilt else logger.debug)(
+                f"version {result.version} broadcast to {len(result.servers)} server(s) in {result.seconds:.2f}s "
+                f"({result.n_bytes / 2**20:.1f} MiB in {result.n_buckets} bucket(s)"
+                f"{', new group' if result.rebuilt else ''})"
+            )
+        else:
+            logger.warning(
+                f"version {result.version}: broadcast failed after {result.seconds:.1f}s ({result.failed}); "
+                "it goes to disk, the group is rebuilt at the next version"
+            )
+        return result
+
+    def close(self) -> None:
+        try:
+            self._close_group()
+        finally:
+            self._http.close()
+
+
+def _drain(it) -> None:
+    for _ in it:
+        pass
+
+
+def _with_last(it):
+    """(item, is_last) for each item of `it`."""
+    it = iter(it)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+async def routed_servers(session: aiohttp.ClientSession, manager_url: str, timeout: float) -> List[str]:
+    return list((await request_json(session, "GET", f"{manager_url}/routed_servers", timeout))["servers"])

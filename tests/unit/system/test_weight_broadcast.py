@@ -1,0 +1,163 @@
+"""weight_sync=distributed against real servers: `python -m realhf.launch_server` subprocesses join
+the trainer's gloo group through SGLang's HTTP protocol and take new weights from its broadcast;
+servers killed or hung mid-broadcast cost the trainer a bounded wait, never a hang."""
+
+import contextlib
+import os
+import signal
+import time
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers.http import http
+from helpers.native_server import launch_server
+from helpers.sglang_client import generate
+from realhf.system.trainer.weight_broadcast import WeightBroadcaster, buckets
+
+PROMPT = [7, 8, 9, 10]
+FLAGS = ["--n-threads", "1", "--max-running-requests", "8", "--context-length", "128"]
+
+
+@contextlib.contextmanager
+def servers(n, model_path, tmp_path):
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(launch_server(tmp_path / f"s{i}.log", "--model-path", model_path, *FLAGS))
+            for i in range(n)
+        ]
+
+
+def perturbed(model_path, seed):
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
+
+
+def hf_greedy(model, n=8):
+    with torch.no_grad():
+        logits_ids = []
+        ids = torch.tensor([PROMPT])
+        for _ in range(n):
+            nxt = model(ids).logits[0, -1].argmax()
+            logits_ids.append(int(nxt))
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+    return logits_ids
+
+
+def served(url):
+    status, info = http("GET", f"{url}/get_model_info")
+    assert status == 200
+    out = generate(url, PROMPT, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    return int(info["weight_version"]), out["output_ids"]
+
+
+def killing(proc, items, after):
+    """`items`, the server `proc` killed once `after` of them have been taken: the broadcast is
+    then between buckets, some sent and some not."""
+    for i, item in enumerate(items):
+        if i == after:
+            proc.kill()
+            proc.wait()
+        yield item
+
+
+def broadcaster(urls, timeout_s=20.0, bucket_bytes=1 << 16):
+    return WeightBroadcaster(lambda: list(urls), "127.0.0.1", "gloo", timeout_s, bucket_bytes)
+
+
+def test_buckets_bound_their_size_and_keep_order():
+    ts = [(f"t{i}", torch.zeros(n)) for i, n in enumerate([10, 10, 30, 5, 100, 1])]
+    got = list(buckets(ts, bucket_bytes=25 * 4))
+    assert [[n for n, _ in b] for b in got] == [["t0", "t1"], ["t2"], ["t3"], ["t4"], ["t5"]]
+
+
+def test_two_servers_take_the_broadcast_weights_and_answer_as_hf_does(qwen_path, tmp_path, no_leftover_processes):
+    with servers(2, qwen_path, tmp_path) as launched:
+        urls = [u for _, u in launched]
+        before = [served(u)[1] for u in urls]
+        model = perturbed(qwen_path, 1)
+        expected = hf_greedy(model)
+        assert before[0] != expected, "the perturbation must change the greedy answer for this test to mean anything"
+        b = broadcaster(urls)
+        try:
+            r = b.publish(5, model.state_dict().items())
+            assert r.ok, r.failed
+            assert r.servers == sorted(urls) and r.rebuilt and r.n_buckets > 1
+            for u in urls:
+                assert served(u) == (5, expected)
+            model2 = perturbed(qwen_path, 2)
+            r = b.publish(6, model2.state_dict().items())
+            assert r.ok and not r.rebuilt  # the same members: the same group
+            for u in urls:
+                assert served(u) == (6, hf_greedy(model2))
+            # Versions never go back: the bucket is received (the sender would wait) and refused.
+            r = b.publish(4, model.state_dict().items())
+            assert not r.ok and all("lower than the served version 6" in r.failed[u] for u in urls), r.failed
+            assert [served(u) for u in urls] == [(6, hf_greedy(model2))] * 2
+        finally:
+            b.close()
+
+
+def test_a_server_killed_mid_broadcast_costs_one_version_not_the_run(qwen_path, tmp_path, no_leftover_processes):
+    with servers(2, qwen_path, tmp_path) as launched:
+        (victim, victim_url), (_, survivor) = launched
+        model = perturbed(qwen_path, 3)
+        # Small buckets: the broadcast takes many round trips, so the kill lands inside it.
+        b = broadcaster([victim_url, survivor], timeout_s=10.0, bucket_bytes=2048)
+        try:
+            assert b.publish(1, model.state_dict().items()).ok
+            t0 = time.monotonic()
+            r = b.publish(2, killing(victim, perturbed(qwen_path, 4).state_dict().items(), after=10))
+            took = time.monotonic() - t0
+            assert not r.ok and r.failed, "the kill must land inside the broadcast"
+            assert took < 10.0 + 5, f"a dead peer must fail the broadcast promptly, took {took:.1f}s"
+            # The survivor still serves, at the last whole version (a broken broadcast swaps nothing in).
+            assert served(survivor) == (1, hf_greedy(model))
+            # The next version builds a group of whoever is routed now and gets through.
+            b._members = lambda: [survivor]
+            model3 = perturbed(qwen_path, 5)
+            r = b.publish(3, model3.state_dict().items())
+            assert r.ok and r.rebuilt and r.servers == [survivor]
+            assert served(survivor) == (3, hf_greedy(model3))
+        finally:
+            b.close()
+
+
+def test_a_hung_server_times_out_and_the_others_continue(qwen_path, tmp_path, no_leftover_processes):
+    with servers(2, qwen_path, tmp_path) as launched:
+        (hung, hung_url), (_, survivor) = launched
+        model = perturbed(qwen_path, 6)
+        b = broadcaster([hung_url, survivor], timeout_s=3.0)
+        try:
+            assert b.publish(1, model.state_dict().items()).ok
+            os.kill(hung.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            r = b.publish(2, perturbed(qwen_path, 7).state_dict().items())
+            took = time.monotonic() - t0
+            assert not r.ok and hung_url in r.failed
+            assert took < 3.0 * 3 + 5, f"bounded by the timeout, took {took:.1f}s"
+            # The survivor was continued after the failed version: it generates, at version 1.
+            assert served(survivor) == (1, hf_greedy(model))
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+            b.close()
+
+
+def test_the_receiving_side_refuses_what_it_cannot_do(qwen_path, tmp_path, no_leftover_processes):
+    with servers(1, qwen_path, tmp_path) as [(_, url)]:
+        status, body = http(
+            "POST",
+            f"{url}/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"},
+        )
+        assert status == 400 and "ask for 'gloo'" in body["message"]
+        status, body = http(
+            "POST", f"{url}/update_weights_from_distributed", {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}
+        )
+        assert status == 400 and "no weight group 'weight_update_group'" in body["message"]
+        status, body = http("POST", f"{url}/destroy_weights_update_group", {"group_name": "nope"})
+        assert status == 200 and "was not joined" in body["message"]
