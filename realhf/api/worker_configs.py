@@ -226,6 +226,10 @@ class ModelWorkerConfig:
     ranks_per_server: int = _f(
         1, "Ranks each generation server joins the weight group with (its tensor-parallel size)."
     )
+    gen_backend: str = _f(
+        "native",
+        "The generation servers' engine (allocation_mode): SGLang's are paused around a broadcast (it loads each bucket as it arrives); the built-in engine swaps a whole version in at once.",
+    )
     disk_every: int = _f(
         0,
         "weight_sync=distributed: versions that are multiples of this are also written to disk (the evaluator's, exp_ctrl.eval_freq_steps); 0: none besides the last and failed ones.",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import threading
 from typing import Iterable, Optional
 
 import torch
@@ -24,6 +25,17 @@ BACKENDS = ("gloo", "nccl")
 
 class WeightGroupError(RuntimeError):
     pass
+
+
+def _local_address_towards(host: str) -> str:
+    """This host's address on the route to `host` (no packet is sent: a UDP connect only picks
+    the route); 127.0.0.1 for a loopback `host`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 class HostedStore:
@@ -73,7 +85,13 @@ class WeightGroup:
         self._store = store  # kept alive: the group's connections were made through it
         prefixed = dist.PrefixStore(f"realhf-weights/{group_name}", store)
         if backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            # gloo's pair sockets listen on the address the hostname resolves to unless told
+            # otherwise: on a host without DNS that lookup alone can take seconds, and the
+            # address may not be the one the peers reach. Listen where the sender is reached from.
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(master_address))]
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
         else:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -88,7 +106,11 @@ class WeightGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         opts.timeout = datetime.timedelta(seconds=self.timeout_s)
+        # No local reference to the process group: a failed broadcast's traceback (kept by
+        # whoever reports it) must not keep its sockets open, or the peers wait out their timeout.
         for t in tensors:
+            if self.closed:
+                raise WeightGroupError(f"weight group {self.group_name!r} was closed during a broadcast")
             try:
                 self.pg.broadcast([t], opts).wait()
             except RuntimeError as e:
@@ -97,11 +119,20 @@ class WeightGroup:
                     f"failed: {str(e).splitlines()[0][:300]}"
                 ) from None
 
-    def close(self) -> None:
-        """Abort and drop the group (safe after a failure and twice)."""
+    def close(self, abort: bool = True) -> None:
+        """Abort and drop the group (safe after a failure and twice). `abort=False` while a
+        broadcast is still waiting in it on another thread: gloo's abort would wait for that
+        broadcast, so the group is only dropped, and the waiting thread runs out its timeout."""
         if self.closed:
             return
         self.closed = True
+        if not abort:
+            # Dropping the last reference runs the group's destructor, which waits for that
+            # broadcast: let a thread of its own do it.
+            holder = [self.pg]
+            self.pg = None
+            threading.Thread(target=holder.clear, name=f"{self.group_name}-drop", daemon=True).start()
+            return
         try:
             abort = getattr(self.pg, "abort", None)
             if abort is not None:

@@ -231,6 +231,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         weight_sync_bucket_mb=cfg.weight_sync_bucket_mb,
         weight_sync_backend="nccl" if placement.mode == "separate" else "gloo",
         ranks_per_server=alloc.gen.tp,
+        gen_backend=alloc.gen_engine,
         disk_every=cfg.exp_ctrl.eval_freq_steps,
     )
     master = MasterWorkerConfig(

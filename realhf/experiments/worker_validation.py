@@ -103,6 +103,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     f.choice("weight_sync_backend", ("gloo", "nccl"))
     f.at_least("weight_sync_bucket_mb", 0, strict=True)
     f.at_least("ranks_per_server", 1)
+    f.choice("gen_backend", choices.GENERATION_BACKENDS)
     f.at_least("disk_every", 0)
     f.at_least("distributed_timeout", 0, strict=True)
 

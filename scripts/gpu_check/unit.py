@@ -13,7 +13,10 @@ Checks, each recorded with its numbers in DIR/unit.json:
                       forward on the same tokens (fp32 and bf16 engines)
     weight_swap       the engine swaps to perturbed weights between steps: new version, greedy
                       answer equal to HF's greedy answer under the new weights
-    weights_distributed   the in-memory weight update (issue 31): reported skipped until built
+    weights_distributed   weight_sync=distributed: a `python -m realhf.launch_server` process with its
+                      engine on the device joins a gloo group through SGLang's HTTP protocol and
+                      takes perturbed weights from this process's broadcast: new version, greedy
+                      answer equal to HF's under them (gloo: a server sharing the trainer's GPU)
 
 On the CPU (`--device cpu`, the suite) both sides run on the CPU: the numbers then only show the
 checks themselves work.
@@ -31,7 +34,6 @@ from typing import Any, Dict
 from scripts.gpu_check.checks import (
     TINY_MODEL,
     CheckFailed,
-    Skipped,
     Stage,
     add_common_args,
     default_device,
@@ -273,6 +275,82 @@ def _process_group(device: str) -> Dict[str, Any]:
         dist.destroy_process_group()
 
 
+def _weights_distributed(device: str) -> Dict[str, Any]:
+    import json
+    import re
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from realhf.base.device import pick_device
+    from realhf.system.trainer.weight_broadcast import WeightBroadcaster
+
+    dev = pick_device(device)
+    log_path = os.path.join(tempfile.mkdtemp(prefix="realhf-gpu-check-"), "server.log")
+    with open(log_path, "wb") as out:
+        args = ["--model-path", TINY_MODEL, "--device", device, "--port", "0", "--context-length", "128"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "realhf.launch_server", *args], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while url is None:
+            m = re.search(r"ready at (http://[\d.]+:\d+)", open(log_path).read())
+            url = m.group(1) if m else None
+            require(
+                proc.poll() is None and time.monotonic() < deadline,
+                f"server did not start: {open(log_path).read()[-2000:]}",
+            )
+            time.sleep(0.2)
+
+        def call(path, body=None):
+            data = None if body is None else json.dumps(body).encode()
+            req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+            return json.loads(urllib.request.urlopen(req, timeout=60).read())
+
+        model_b = AutoModelForCausalLM.from_pretrained(TINY_MODEL, dtype=torch.float32)
+        gen = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in model_b.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        model_b = model_b.to(dev).eval()
+        b = WeightBroadcaster(lambda: [url], "127.0.0.1", "gloo", 60.0, 1 << 20)
+        try:
+            r = b.publish(9, model_b.state_dict().items())
+        finally:
+            b.close()
+        require(r.ok, f"broadcast failed: {r.failed}")
+        info = call("/get_model_info")
+        out = call(
+            "/generate",
+            {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}},
+        )
+        with torch.no_grad():
+            ref = model_b.generate(
+                torch.tensor([[3, 4]], device=dev), max_new_tokens=12, do_sample=False, min_new_tokens=12
+            )[0, 2:].tolist()
+        require(info["weight_version"] == "9", f"served weight_version {info['weight_version']!r}, want '9'")
+        require(
+            out["output_ids"] == ref, f"greedy answer {out['output_ids']} != HF's {ref} under the broadcast weights"
+        )
+        return {
+            "weight_version": 9,
+            "seconds": round(r.seconds, 3),
+            "bytes": r.n_bytes,
+            "greedy_tokens_equal": len(ref),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.gpu_check unit", description=__doc__.split("\n")[0])
     add_common_args(p)
@@ -319,10 +397,5 @@ def main(argv=None) -> int:
     stage.run("engine_logprobs_bf16", lambda: _engine_vs_hf(device, "bfloat16", 0.25))
     stage.run("weight_swap", lambda: _weight_swap(device))
 
-    def distributed():
-        raise Skipped(
-            "the in-memory (distributed) weight update is not built yet (issue 31); weights travel through disk"
-        )
-
-    stage.run("weights_distributed", distributed)
+    stage.run("weights_distributed", lambda: _weights_distributed(device))
     return stage.finish()

@@ -45,14 +45,24 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+class _Joined:
+    """One group and what it has delivered so far (a bucket at a time: `lock`)."""
+
+    def __init__(self, group: WeightGroup):
+        self.group = group
+        self.staged: Dict[str, torch.Tensor] = {}
+        self.lock = threading.Lock()
+
+
 class WeightReceiver:
-    """The groups this server has joined and the tensors staged for the next version."""
+    """The groups this server has joined, each with the tensors staged for its next version. A
+    new group never waits for an old one: a receive stuck in a broken group (the sender gave up
+    on a peer) runs out its timeout on its own while the new group serves."""
 
     def __init__(self, engine: Engine, timeout_s: float = 60.0):
         self.engine, self.timeout_s = engine, timeout_s
-        self.groups: Dict[str, WeightGroup] = {}
-        self.staged: Dict[str, torch.Tensor] = {}
-        self._lock = threading.Lock()  # one bucket at a time: broadcasts must not interleave
+        self.groups: Dict[str, _Joined] = {}
+        self._lock = threading.Lock()  # the dict only, never held across a network wait
 
     def init_group(
         self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str, backend: str
@@ -64,20 +74,18 @@ class WeightReceiver:
             )
         if rank_offset < 1:
             raise WeightSyncRefused(f"rank_offset {rank_offset}: rank 0 is the sender, a server is 1 or above")
+        self.destroy(group_name)
+        try:
+            group = WeightGroup(
+                master_address, master_port, rank_offset, world_size, group_name, backend, self.timeout_s
+            )
+        except (RuntimeError, ValueError) as e:
+            raise WeightGroupError(
+                f"joining weight group {group_name!r} at {master_address}:{master_port} as rank {rank_offset} "
+                f"of {world_size} failed: {str(e).splitlines()[0][:300]}"
+            ) from None
         with self._lock:
-            old = self.groups.pop(group_name, None)
-            if old is not None:
-                old.close()
-            self.staged.clear()
-            try:
-                self.groups[group_name] = WeightGroup(
-                    master_address, master_port, rank_offset, world_size, group_name, backend, self.timeout_s
-                )
-            except (RuntimeError, ValueError) as e:
-                raise WeightGroupError(
-                    f"joining weight group {group_name!r} at {master_address}:{master_port} as rank {rank_offset} "
-                    f"of {world_size} failed: {str(e).splitlines()[0][:300]}"
-                ) from None
+            self.groups[group_name] = _Joined(group)
         logger.info(f"joined weight group {group_name!r} ({backend}) as rank {rank_offset} of {world_size}")
         return f"joined {group_name} as rank {rank_offset} of {world_size}"
 
@@ -95,25 +103,25 @@ class WeightReceiver:
                 f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}"
             )
         with self._lock:
-            group = self.groups.get(group_name)
-            if group is None:
+            joined = self.groups.get(group_name)
+            if joined is None:
                 raise WeightSyncRefused(
                     f"no weight group {group_name!r} here (joined: {sorted(self.groups) or 'none'}): "
                     "call /init_weights_update_group first"
                 )
-            where = self.engine.device if group.backend == "nccl" else torch.device("cpu")
-            tensors = [torch.empty(tuple(s), dtype=parse_dtype(d), device=where) for d, s in zip(dtypes, shapes)]
+        group = joined.group
+        where = self.engine.device if group.backend == "nccl" else torch.device("cpu")
+        tensors = [torch.empty(tuple(s), dtype=parse_dtype(d), device=where) for d, s in zip(dtypes, shapes)]
+        with joined.lock:
             try:
                 group.broadcast(tensors)
             except WeightGroupError:
-                self.groups.pop(group_name, None)
-                group.close()
-                self.staged.clear()
+                self.destroy(group_name, joined)
                 raise
-            self.staged.update(zip(names, tensors))
+            joined.staged.update(zip(names, tensors))
             if weight_version is None:
                 return None
-            state, self.staged = self.staged, {}
+            state, joined.staged = joined.staged, {}
         if weight_version < self.engine.weight_version:
             raise VersionWentBack(
                 f"weight_version {weight_version} is lower than the served version {self.engine.weight_version}; "
@@ -121,13 +129,15 @@ class WeightReceiver:
             )
         return self.engine.update_weights_from_state(state, weight_version, source=f"weight group {group_name}")
 
-    def destroy(self, group_name: str) -> bool:
+    def destroy(self, group_name: str, only: Optional[_Joined] = None) -> bool:
+        """Leave `group_name` (only if it is still `only`, where given)."""
         with self._lock:
-            group = self.groups.pop(group_name, None)
-            if group is not None:
-                group.close()
-                self.staged.clear()
-        return group is not None
+            joined = self.groups.get(group_name)
+            if joined is None or (only is not None and joined is not only):
+                return False
+            del self.groups[group_name]
+        joined.group.close()
+        return True
 
     def close(self) -> None:
         for name in list(self.groups):

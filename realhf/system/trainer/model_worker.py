@@ -298,6 +298,7 @@ class ModelWorker(Worker):
                 cfg.weight_sync_bucket_mb * 2**20,
                 secret=self.ctx.secret,
                 ranks_per_server=cfg.ranks_per_server,
+                pause=cfg.gen_backend == "sglang",
             )
         result = self._broadcaster.publish(self.version, tensors)
         self._last_broadcast = result

@@ -6,12 +6,12 @@ the built-in engine drives SGLang too:
 
     once per member set    POST /init_weights_update_group  {master_address, master_port,
                            rank_offset: i + 1, world_size: n + 1, group_name, backend}
-    per version            POST /pause_generation (running requests return abort with their
-                           partial output, as for a disk update)
+    per version            POST /pause_generation (SGLang only: running requests return abort
+                           with their partial output, as for a disk update)
                            per bucket of at most `bucket_bytes`: POST /update_weights_from_distributed
                            {names, dtypes, shapes, group_name[, weight_version on the last]} to
                            every member while rank 0 broadcasts the bucket's tensors
-                           POST /continue_generation
+                           POST /continue_generation (SGLang only)
 
 The tensors come from the trainer's `hf_tensors()` (gathered from the FSDP shards one at a
 time), so no rank holds the whole model twice. Every wait is bounded by `timeout_s`. A member
@@ -25,6 +25,7 @@ servers changes, so a server that restarts or is added joins at the next version
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from realhf.base.weight_group import HostedStore, WeightGroup, WeightGroupError
 from realhf.system.streams.http_json import post_json, request_json
 
 logger = logging.getLogger("weight_broadcast")
+
+ROUTED_CHECK_S = 0.25  # while waiting on the servers, how often the manager's routing is checked
+LEFT_ROUTING = "left routing (failed the manager's health checks) while waited on"
 
 
 @dataclass
@@ -110,7 +114,13 @@ class WeightBroadcaster:
         bucket_bytes: int,
         secret: str = "",
         ranks_per_server: int = 1,
+        pause: bool = True,
     ):
+        # SGLang loads each bucket as it arrives, so its servers are paused around a version;
+        # the built-in engine swaps the whole version in between two decode steps (aborting the
+        # running requests with their partial output, as a pause does) and is never paused: a
+        # member that hangs then holds up the broadcast, not the other servers' generation.
+        self.pause = pause
         self.ranks_per_server = ranks_per_server  # a tensor-parallel SGLang server joins with each of its ranks
         self._members = members  # the servers to update now (the manager's routed ones: `routed`)
         self.bind_host, self.backend, self.timeout_s, self.bucket_bytes = bind_host, backend, timeout_s, bucket_bytes
@@ -118,6 +128,7 @@ class WeightBroadcaster:
         self._store: Optional[HostedStore] = None
         self._group: Optional[WeightGroup] = None
         self._group_members: List[str] = []
+        self._inflight: Optional[concurrent.futures.Future] = None  # the last bucket's broadcast
         self._n_groups = 0
 
     def routed(self, manager_url: str) -> List[str]:
@@ -140,14 +151,13 @@ class WeightBroadcaster:
     def _close_group(self) -> None:
         if self._group is not None:
             name = self._group.group_name
-            self._group.close()
+            stuck = self._inflight is not None and not self._inflight.done()
+            self._group.close(abort=not stuck)
             self._group = None
             members, self._group_members = self._group_members, []
-            fut = self._post_all(members, "/destroy_weights_update_group", lambda i, u: {"group_name": name})
-            try:
-                fut.result(self.timeout_s + 5)
-            except Exception:  # noqa: BLE001 - a member that is gone has nothing to destroy
-                pass
+            # Not waited on: a member that is gone (or partitioned) would hold the trainer for the
+            # whole timeout, and one that is alive drops the group at its next init anyway.
+            self._post_all(members, "/destroy_weights_update_group", lambda i, u: {"group_name": name})
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -217,10 +227,13 @@ class WeightBroadcaster:
                 _drain(tensors)
                 return self._finish(result, t0)
         members = self._group_members
-        paused = self._post_all(members, "/pause_generation", lambda i, u: {}).result(self.timeout_s + 5)
-        for url, a in paused.items():
-            if isinstance(a, BaseException):
-                result.failed[url] = f"pause: {a}"
+        if self.pause:
+            paused = self._answers(
+                self._post_all(members, "/pause_generation", lambda i, u: {}), members, result, "pause"
+            )
+            for url, a in paused.items():
+                if isinstance(a, BaseException):
+                    result.failed[url] = f"pause: {a}"
         try:
             if not result.failed:
                 self._send(version, tensors, members, result)
@@ -228,7 +241,13 @@ class WeightBroadcaster:
             _drain(tensors)
             if result.failed:
                 self._close_group()  # broken or incomplete: the next version builds a new one
-            self._post_all(members, "/continue_generation", lambda i, u: {}).result(self.timeout_s + 5)
+            if self.pause:
+                # Not to a server that left routing: it could hang this call for the whole
+                # timeout; it is paused and continued again by the first version after it is back.
+                routed = [u for u in members if not result.failed.get(u, "").endswith(LEFT_ROUTING)]
+                self._answers(
+                    self._post_all(routed, "/continue_generation", lambda i, u: {}), routed, result, "continue"
+                )
         if not result.failed:
             result.servers = list(members)
         return self._finish(result, t0)
@@ -250,12 +269,14 @@ class WeightBroadcaster:
             if last:
                 body["weight_version"] = str(version)
             pending = self._post_all(members, "/update_weights_from_distributed", lambda i, u, b=body: b)
-            try:
-                group.broadcast([t.contiguous() for _, t in items])
-            except WeightGroupError as e:
-                result.failed["(broadcast)"] = str(e)
-                group.close()  # now: the members still waiting in this broadcast fail at once
-            answers = pending.result(self.timeout_s + 10)
+            sent = self._inflight = self._broadcast_in_thread(group, [t.contiguous() for _, t in items])
+            answers = self._answers(pending, members, result, "update_weights_from_distributed", also=sent)
+            if sent.done() and sent.exception() is not None:
+                result.failed["(broadcast)"] = str(sent.exception())
+            elif not sent.done():
+                # Given up on a member that left routing: the broadcast thread runs out the
+                # group's timeout on its own; this group is never used again.
+                result.failed.setdefault("(broadcast)", "abandoned: a member left routing")
             for url, a in answers.items():
                 if isinstance(a, BaseException) or not a.get("success", False):
                     result.failed[url] = (
@@ -265,6 +286,67 @@ class WeightBroadcaster:
                 return
             result.n_buckets += 1
             result.n_bytes += sum(t.numel() * t.element_size() for _, t in items)
+
+    @staticmethod
+    def _broadcast_in_thread(group: WeightGroup, tensors: List[torch.Tensor]) -> concurrent.futures.Future:
+        """The broadcast on its own thread: gloo's wait cannot be interrupted, and a member that
+        never joins it (its HTTP call blackholed) must not hold this thread for the whole timeout."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run():
+            try:
+                group.broadcast(tensors)
+                fut.set_result(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                # Its message only: the traceback would keep the group's frames (and sockets) alive.
+                fut.set_exception(WeightGroupError(str(e)))
+
+        threading.Thread(target=run, name=f"{group.group_name}-broadcast", daemon=True).start()
+        return fut
+
+    def _answers(self, fut, members: List[str], result: BroadcastResult, what: str, also=None) -> dict:
+        """The answers of a `_post_all` (once `also`, a future, is done too). A member that the
+        manager stops routing meanwhile (it failed its health checks: dead, hung, partitioned)
+        is given up at once, the calls cancelled, instead of waited on for the whole timeout;
+        a broadcast that failed (`also`) cancels the calls too."""
+        deadline = time.monotonic() + self.timeout_s + 10
+        while True:
+            try:
+                answers = fut.result(timeout=ROUTED_CHECK_S)
+                if also is None:
+                    return answers
+                try:
+                    also.result(timeout=ROUTED_CHECK_S)
+                    return answers
+                except concurrent.futures.TimeoutError:
+                    pass  # the answers are in, the broadcast is not: still waiting on a member
+                except Exception:  # noqa: BLE001 - the broadcast failed; the caller reads why
+                    return answers
+            except concurrent.futures.TimeoutError:
+                if also is not None and also.done() and also.exception() is not None:
+                    self._group_broken(also)
+            except concurrent.futures.CancelledError:
+                return {}
+            if time.monotonic() > deadline:
+                fut.cancel()
+                result.failed[f"({what})"] = f"no answer within {self.timeout_s + 10:.0f}s"
+                return {}
+            try:
+                routed = set(self._members())
+            except Exception:  # noqa: BLE001 - the manager is away: keep waiting, up to the deadline
+                continue
+            gone = [u for u in members if u not in routed]
+            if gone:
+                fut.cancel()
+                for u in gone:
+                    result.failed[u] = f"{what}: {LEFT_ROUTING}"
+                return {}
+
+    def _group_broken(self, failed_broadcast) -> None:
+        """The broadcast failed (a peer closed its connection): close the group now, so that
+        the members still waiting in it fail at once instead of at their timeout."""
+        if self._group is not None:
+            self._group.close(abort=failed_broadcast.done())
 
     def _finish(self, result: BroadcastResult, t0: float) -> BroadcastResult:
         result.seconds = time.monotonic() - t0

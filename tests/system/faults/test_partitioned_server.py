@@ -117,7 +117,10 @@ def _partition_and_heal(tmp_path, mode: str, *overrides: str):
     assert "workers restarted" not in out, out[-2000:]  # a partition is not a death
     # Requests that were on the partitioned server were resubmitted, not failed.
     rollout_logs = run.log("rollout_worker-0") + run.log("rollout_worker-1")
-    assert "resubmitting in" in rollout_logs
+    if "weight_sync=distributed" not in overrides:
+        # Distributed: a version's swap aborts running requests everywhere every step, so whether
+        # any request is caught on the server at the cut is timing; none failed either way.
+        assert "resubmitting in" in rollout_logs
     assert not re.search(r"episode \S+ failed", rollout_logs), rollout_logs[-3000:]
     check_accounting(tmp_path, out)
     assert run.leftovers() == []
@@ -125,8 +128,21 @@ def _partition_and_heal(tmp_path, mode: str, *overrides: str):
 
 
 @pytest.mark.e2e
-def test_a_blackholed_server_is_dropped_training_goes_on_and_it_rejoins_when_healed(tmp_path, no_leftover_processes):
-    report = _partition_and_heal(tmp_path, "blackhole")
+@pytest.mark.parametrize(
+    "weight_sync",
+    [
+        # disk: the manager updates one server at a time; the requests caught on the partitioned
+        # server at the cut are the ones resubmitted.
+        "disk",
+        # distributed: the trainer's broadcast gives up on the partitioned member once the
+        # manager drops it (~12 s; before that fix the broadcast waited out gloo's 60 s).
+        pytest.param("distributed", marks=pytest.mark.slow),
+    ],
+)
+def test_a_blackholed_server_is_dropped_training_goes_on_and_it_rejoins_when_healed(
+    tmp_path, no_leftover_processes, weight_sync
+):
+    report = _partition_and_heal(tmp_path, "blackhole", f"weight_sync={weight_sync}")
     # The 10 steps with one server came within a minute of the cut, not after request_timeout (300 s).
     assert report["cut_s"] < 60, report
 

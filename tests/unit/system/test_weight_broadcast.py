@@ -5,6 +5,7 @@ servers killed or hung mid-broadcast cost the trainer a bounded wait, never a ha
 import contextlib
 import os
 import signal
+import threading
 import time
 
 import torch
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from helpers.http import http
 from helpers.native_server import launch_server
 from helpers.sglang_client import generate
+from helpers.tcp_proxy import TcpProxy
 from realhf.system.trainer.weight_broadcast import WeightBroadcaster, buckets
 
 PROMPT = [7, 8, 9, 10]
@@ -161,3 +163,32 @@ def test_the_receiving_side_refuses_what_it_cannot_do(qwen_path, tmp_path, no_le
         assert status == 400 and "no weight group 'weight_update_group'" in body["message"]
         status, body = http("POST", f"{url}/destroy_weights_update_group", {"group_name": "nope"})
         assert status == 200 and "was not joined" in body["message"]
+
+
+def test_a_partitioned_member_is_given_up_when_it_leaves_routing_not_at_the_timeout(
+    qwen_path, tmp_path, no_leftover_processes
+):
+    """Its HTTP calls blackholed (its gloo connection is direct): the broadcast waits in gloo for a
+    member that never joins it, so the trainer must stop waiting once the manager drops it."""
+    with servers(2, qwen_path, tmp_path) as launched:
+        (_, cut_url), (_, survivor) = launched
+        host, port = cut_url.rsplit("/", 1)[-1].split(":")
+        with TcpProxy(host, int(port)) as proxy:
+            members = [proxy.url, survivor]
+            b = WeightBroadcaster(lambda: list(members), "127.0.0.1", "gloo", 30.0, 1 << 20, pause=False)
+            try:
+                model = perturbed(qwen_path, 8)
+                assert b.publish(1, model.state_dict().items()).ok
+                proxy.cut("blackhole")
+                threading.Timer(2.0, members.remove, args=(proxy.url,)).start()  # the manager drops it
+                t0 = time.monotonic()
+                r = b.publish(2, perturbed(qwen_path, 9).state_dict().items())
+                took = time.monotonic() - t0
+                assert not r.ok and "left routing" in r.failed[proxy.url], r.failed
+                assert took < 10, f"given up {took:.1f}s after the start, want ~2 s (not the 30 s timeout)"
+                model3 = perturbed(qwen_path, 10)
+                r = b.publish(3, model3.state_dict().items())
+                assert r.ok and r.rebuilt and r.servers == [survivor], r.failed
+                assert served(survivor) == (3, hf_greedy(model3))
+            finally:
+                b.close()
