@@ -214,6 +214,10 @@ class SGLangConfig:
 
 @dataclass
 class GenServerSetupConfig:
+    urls: List[str] = _f(
+        [],
+        "Generation servers that are already running (http://host:port each: SGLang, or the built-in engine started with `python -m realhf.launch_server`): the run launches none, routes to these, updates their weights (weight_sync=distributed: each must reach cluster.bind_host; disk: they must read this run's published_weights/ directory) and leaves them running at the end. allocation_mode's generation part must name as many servers (d = the number of URLs).",
+    )
     native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (allocation_mode native.*).")
     sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (allocation_mode sglang.*).")
 

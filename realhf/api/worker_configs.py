@@ -9,7 +9,7 @@ rollouts, the trial's run directory); their rules live in `realhf.experiments.va
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from realhf.api.cli_args import (
     AgentConfig,
@@ -103,6 +103,7 @@ class GserverManagerConfig:
     groups_per_step: int = same_as("groups_per_step")
     max_head_offpolicyness: int = same_as("max_head_offpolicyness")
     n_servers: int = _f(1, "Generation servers to wait for under gen_servers/ before serving (allocation_mode).")
+    server_urls: List[str] = same_as("gen_server.urls")
     max_request_bytes: int = same_as("cluster.max_request_bytes")
     n_trainer_ranks: int = _f(
         1,

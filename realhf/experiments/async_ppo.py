@@ -35,6 +35,7 @@ from realhf.base import logging, trial_files
 from realhf.base.network import redact_url
 from realhf.base.placement import Slot
 from realhf.base.trial_files import TrialFiles
+from realhf.experiments.external_servers import check_external_servers_answer
 from realhf.experiments.file_validation import server_context
 from realhf.experiments.gpu_layout import run_placement
 from realhf.experiments.validate import validate_experiment
@@ -154,6 +155,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
     files = trial_files_of(cfg)
     point = resume_point(cfg)
     resume = point[1] if point else {}
+    check_external_servers_answer(cfg.gen_server.urls, int(resume.get("version", 0)))
     host = cfg.cluster.bind_host
     n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split, cfg.dataset.config_name)
     total_steps = total_train_steps(cfg, n_rows)
@@ -183,6 +185,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         groups_per_step=cfg.groups_per_step,
         max_head_offpolicyness=cfg.max_head_offpolicyness,
         n_servers=alloc.gen.dp,
+        server_urls=list(cfg.gen_server.urls),
         n_trainer_ranks=alloc.train.dp,
         max_request_bytes=cfg.cluster.max_request_bytes,
         model_role="actor",
@@ -247,7 +250,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         stall_timeout=cfg.stall_timeout,
         max_message_bytes=cfg.cluster.max_message_bytes,
         expected_workers={
-            "generation_server": alloc.gen.dp,
+            "generation_server": 0 if cfg.gen_server.urls else alloc.gen.dp,
             "gserver_manager": 1,
             "model_worker": alloc.train.dp,
             "rollout_worker": cfg.rollout.n_workers,
@@ -292,6 +295,8 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]
+    if cfg.gen_server.urls:  # servers someone else runs: none launched, none stopped
+        specs = [s for s in specs if s.worker_type != "generation_server"]
     if cfg.exp_ctrl.eval_freq_steps > 0:
         # No CPUs held on a Ray cluster: it runs niced, on what the trainer and servers leave idle.
         specs.append(WorkerSpec("evaluator", 1, [evaluator_config(cfg, files, int(resume.get("version", 0)))]))

@@ -67,6 +67,30 @@ class ConfigError(ValueError):
     """A config value that cannot run; the message names the field."""
 
 
+def check_external_servers(urls, alloc) -> None:
+    """gen_server.urls: well-formed, distinct, as many as allocation_mode's generation part names."""
+    from urllib.parse import urlsplit
+
+    if not urls:
+        return
+    for i, url in enumerate(urls):
+        parts = urlsplit(str(url))
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.port is None
+            or parts.path not in ("", "/")
+        ):
+            raise ConfigError(f"gen_server.urls[{i}]={url!r}: want http://host:port (a running generation server)")
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"gen_server.urls names a server twice: {list(urls)}")
+    if len(urls) != alloc.gen.dp:
+        raise ConfigError(
+            f"gen_server.urls names {len(urls)} server(s) but allocation_mode={alloc} has d{alloc.gen.dp} in its "
+            f"generation part: make it {alloc.gen_engine}.d{len(urls)}m{alloc.gen.tp}p{alloc.gen.pp}+..."
+        )
+
+
 class _Fields:
     """Checks over the fields of one config object; messages name `<prefix>.<field>`."""
 
@@ -653,6 +677,7 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
     f.choice("weight_sync", choices.WEIGHT_SYNC)
     f.at_least("weight_sync_bucket_mb", 0, strict=True)
+    check_external_servers(cfg.gen_server.urls, alloc)
     f.choice("recover_mode", choices.RECOVER_MODES)
     for name in ("rollout.request_timeout", "stall_timeout"):
         f.timeout(name)

@@ -307,7 +307,13 @@ class GserverManager(Worker):
         self._server: Optional[HttpServerThread] = None
         self._key = names.gserver_manager(self.ctx.experiment_name, self.ctx.trial_name)
         cfg = self.config
-        self._server = serve_manager(cfg, self.ctx.experiment_name, self.ctx.trial_name, secret=self.ctx.secret)
+        self._server = serve_manager(
+            cfg,
+            self.ctx.experiment_name,
+            self.ctx.trial_name,
+            server_urls=list(cfg.server_urls) or None,
+            secret=self.ctx.secret,
+        )
         name_resolve.add(self._key, self._server.url, replace=True)
         self._last_log = time.monotonic()
         self.logger.info(

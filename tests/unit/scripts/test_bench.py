@@ -90,11 +90,14 @@ def test_manager_bench_reports_requests_per_second(no_leftover_processes):
 
 
 @pytest.mark.slow  # CI time; the suite's entry point and the other benchmarks' smoke runs stay
-def test_weight_update_bench_reports_tiny_and_large_latency(no_leftover_processes):
+def test_weight_update_bench_reports_disk_and_distributed_per_server_count(no_leftover_processes):
     result, _ = run_bench("scripts.bench.weight_update", "--short")
     assert result["bench"] == "weight_update"
-    assert_positive(result, ["tiny_model_update_s", "large_model_update_s", "large_model_params"])
-    assert result["large_model_params"] > result["tiny"]["params"]
+    assert_positive(result, ["tiny_model_update_s", "tiny_model_distributed_s"])
+    rows = {(r["model"], r["n_servers"]) for r in result["rows"]}
+    assert rows == {("tiny", 1), ("tiny", 2), ("medium", 1), ("medium", 2)}
+    for r in result["rows"]:
+        assert r["distributed_median_s"] > 0 and r["disk_update_median_s"] > 0 and r["disk_save_median_s"] > 0
 
 
 def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -129,6 +130,7 @@ def test_a_server_killed_mid_broadcast_costs_one_version_not_the_run(qwen_path, 
             b.close()
 
 
+@pytest.mark.slow  # CI time: a stopped server costs the whole timeout; the partition test below is its fast kin
 def test_a_hung_server_times_out_and_the_others_continue(qwen_path, tmp_path, no_leftover_processes):
     with servers(2, qwen_path, tmp_path) as launched:
         (hung, hung_url), (_, survivor) = launched
