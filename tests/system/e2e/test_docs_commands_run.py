@@ -54,6 +54,8 @@ def _not_run_reason(command: str, words):
         return "a pattern with the user's values to fill in"
     if "cluster.ray.address=" in command:
         return "the user's Ray cluster"
+    if "gen_server.urls=" in command:
+        return "servers started by hand first: tests/system/e2e/test_external_servers.py runs it with two"
     for w in words:
         m = PATH_KEYS.match(w)
         if m and not os.path.exists(os.path.join(REPO, m.group(2))):
