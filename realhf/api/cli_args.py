@@ -187,6 +187,10 @@ class NativeEngineConfig:
         "'static_kv' (Qwen2/Llama family, fastest), 'hf' (any HF causal LM, slower) or 'auto'.",
     )
     seed: int = _f(1, "Seed of the sampler.")
+    keep_running_on_update: bool = _f(
+        False,
+        "On a weight update, keep the running requests and decode on with the new weights (their KV cache was computed with the old ones; each token is tagged with the version that produced it) instead of returning them aborted with their partial output, to be resubmitted.",
+    )
     decode_attention: str = _f(
         "auto",
         "Decode attention of the static-KV engine: 'kernel' (a small C loop built on first use with the system C "

@@ -104,6 +104,10 @@ class GserverManagerConfig:
     max_head_offpolicyness: int = same_as("max_head_offpolicyness")
     n_servers: int = _f(1, "Generation servers to wait for under gen_servers/ before serving (allocation_mode).")
     server_urls: List[str] = same_as("gen_server.urls")
+    pause_for_update: bool = _f(
+        True,
+        "Pause each server around its disk update (running requests return aborted); off for built-in engines that keep running requests across a swap (gen_server.native.keep_running_on_update).",
+    )
     max_request_bytes: int = same_as("cluster.max_request_bytes")
     n_trainer_ranks: int = _f(
         1,

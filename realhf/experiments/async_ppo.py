@@ -186,6 +186,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         max_head_offpolicyness=cfg.max_head_offpolicyness,
         n_servers=alloc.gen.dp,
         server_urls=list(cfg.gen_server.urls),
+        pause_for_update=not (alloc.gen_engine == "native" and cfg.gen_server.native.keep_running_on_update),
         n_trainer_ranks=alloc.train.dp,
         max_request_bytes=cfg.cluster.max_request_bytes,
         model_role="actor",

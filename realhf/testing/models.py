@@ -20,7 +20,12 @@ from typing import Any, List, Optional, Sequence, Union
 
 import aiohttp
 
-from realhf.system.rollout.generation_client import GenerationResult, parse_generate_response, sampling_params
+from realhf.system.rollout.generation_client import (
+    GenerationResult,
+    parse_generate_response,
+    sampling_params,
+    token_versions,
+)
 from realhf.system.streams.http_json import GenerationError, post_json, request_json
 
 # The embedded models of a realhf checkout (assets/*/README.md), by the short names tests use.
@@ -148,7 +153,7 @@ class ServerModel:
                 out.n_requests += 1
                 out.output_ids += ids
                 out.logprobs += logprobs
-                out.versions += [version or 0] * len(ids)
+                out.versions += token_versions(version, 0, len(ids))
                 if reason != "abort":
                     out.finish_reason = reason
                     return out

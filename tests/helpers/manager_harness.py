@@ -12,8 +12,10 @@ EXP, TRIAL = "rollout-test", "t0"
 
 
 def manager_config(n_trainer_ranks: int = 1, **fields) -> GserverManagerConfig:
-    """A GserverManagerConfig whose admission budgets `n_trainer_ranks` trainer DP ranks."""
-    return GserverManagerConfig(n_trainer_ranks=n_trainer_ranks, **fields)
+    """A GserverManagerConfig whose admission budgets `n_trainer_ranks` trainer DP ranks. The
+    manager's own weight updates are what these tests drive: the disk path (weight_sync=disk),
+    where the trainer's broadcast is not in play."""
+    return GserverManagerConfig(n_trainer_ranks=n_trainer_ranks, **{"weight_sync": "disk", **fields})
 
 
 @contextlib.contextmanager

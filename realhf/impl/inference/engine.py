@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
@@ -71,6 +71,9 @@ class _Req:
     future: Future
     t_submit: float
     stop_ids: List[int]  # EOS (unless ignore_eos) + stop_token_ids
+    # (first output token index, weight version) from admission on: more than one entry when
+    # the weights changed under a running request (keep_running_on_update)
+    versions: List[Tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +90,13 @@ class EngineStats:
     requests_total: int
     aborted_total: int
     gen_throughput: float  # tokens/s over the last few seconds
+
+
+def _changes(versions: List[Tuple[int, int]], n_ids: int) -> Optional[List[Tuple[int, int]]]:
+    """The (first token index, version) marks that matter for `n_ids` output tokens: None when
+    every token came from one version."""
+    marks = [(i, v) for i, v in versions if i < n_ids]
+    return marks if len({v for _, v in marks}) > 1 else None
 
 
 class Engine:
@@ -107,6 +117,7 @@ class Engine:
         model_path: str = "",
         max_prefill_tokens: int = 16384,
         name: str = "engine",
+        keep_running_on_update: bool = False,
     ):
         self.runner = runner
         self.model_path = model_path
@@ -114,6 +125,10 @@ class Engine:
         self.n_threads = n_threads
         self.max_prefill_tokens = max_prefill_tokens
         self.name = name
+        # A weight swap keeps the running requests (their KV cache, computed with the old
+        # weights) and decodes on with the new ones, each token tagged with its version,
+        # instead of returning them aborted with their partial output.
+        self.keep_running_on_update = keep_running_on_update
         torch.set_num_threads(n_threads)
         self.device = runner.device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -240,7 +255,13 @@ class Engine:
         def swap():
             old = self.weight_version
             new = old + 1 if weight_version is None else int(weight_version)
-            n_aborted = self._abort_running(f"weights updated to version {new}")
+            if self.keep_running_on_update:
+                n_gen = self.slots.n_gen[: self.n_active].tolist()
+                for r, done in zip(self.slot_req, n_gen):
+                    r.versions.append((int(done), new))
+                n_aborted = 0
+            else:
+                n_aborted = self._abort_running(f"weights updated to version {new}")
             self.runner.set_weights(weights)
             self.weight_version = new
             if model_path is not None:
@@ -450,6 +471,8 @@ class Engine:
         prompt_lens = [len(r.req.input_ids) for r in batch]
         self._admitting = batch  # a failure before they hold slots must still fail them
         self.slots.fill(lo, [r.req.sampling for r in batch], prompt_lens, [r.stop_ids for r in batch])
+        for r in batch:
+            r.versions = [(0, self.weight_version)]
         self.slot_req.extend(batch)
         self._admitting = []
         self.prompt_tokens_total += sum(prompt_lens)
@@ -554,6 +577,7 @@ class Engine:
             prompt_tokens=len(r.req.input_ids),
             weight_version=self.weight_version,
             e2e_latency=time.monotonic() - r.t_submit,
+            weight_version_changes=_changes(r.versions, len(ids)),
         )
         if not r.future.done():
             r.future.set_result(result)

@@ -49,6 +49,7 @@ def create_engine(
     name: str = "engine",
     attention: str = "auto",
     device: Optional[torch.device] = None,
+    keep_running_on_update: bool = False,
 ) -> Engine:
     """An (unstarted) engine for an HF model directory on `device` (default: the CPU): the
     static-KV runner for Qwen2/Llama, the HF-forward fallback for anything else (kind='auto').
@@ -70,7 +71,13 @@ def create_engine(
         f"weight version {weight_version}"
     )
     return Engine(
-        runner, weight_version=weight_version, seed=seed, n_threads=n_threads, model_path=model_path, name=name
+        runner,
+        weight_version=weight_version,
+        seed=seed,
+        n_threads=n_threads,
+        model_path=model_path,
+        name=name,
+        keep_running_on_update=keep_running_on_update,
     )
 
 
@@ -96,4 +103,5 @@ def create_engine_from_config(
         name=name,
         attention=config.decode_attention,
         device=device,
+        keep_running_on_update=config.keep_running_on_update,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 
@@ -46,6 +46,9 @@ class GenerateResult:
     prompt_tokens: int
     weight_version: int
     e2e_latency: float
+    # [(first output token index, version), ...] when the weights changed during the request
+    # (an engine that keeps running requests across a swap); None: all from `weight_version`
+    weight_version_changes: Optional[List[Tuple[int, int]]] = None
 
     def to_sglang(self, return_logprob: bool = True) -> Dict[str, Any]:
         """The `/generate` response body of docs/architecture.md §5."""
@@ -58,6 +61,9 @@ class GenerateResult:
             "weight_version": str(self.weight_version),  # SGLang's is a string
             "e2e_latency": self.e2e_latency,
         }
+        if self.weight_version_changes:
+            # realhf's own field (SGLang has none): which tokens each version produced
+            meta["weight_version_changes"] = [[i, str(v)] for i, v in self.weight_version_changes]
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids)]
         return {"output_ids": self.output_ids, "meta_info": meta}

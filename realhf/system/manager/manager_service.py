@@ -86,6 +86,7 @@ class ManagerService:
             config.model_role,
             config.update_timeout,
             from_disk_only_if_written=config.weight_sync == "distributed",
+            pause=config.pause_for_update,
         )
         self.updater.set_servers(server_urls)
         self.health = ServerHealth(server_urls, config.max_health_failures)

@@ -78,20 +78,18 @@ async def served_version(session: aiohttp.ClientSession, url: str, timeout: floa
 
 
 async def update_server(
-    session: aiohttp.ClientSession, url: str, model_path: str, version: int, timeout: float
+    session: aiohttp.ClientSession, url: str, model_path: str, version: int, timeout: float, pause: bool = True
 ) -> float:
-    """pause → update_weights_from_disk → continue on one server; returns the seconds it took."""
+    """pause → update_weights_from_disk → continue on one server; returns the seconds it took.
+    Without `pause` (a built-in engine that keeps its running requests across a swap) only the
+    update: the engine swaps between two decode steps."""
     t0 = time.monotonic()
+    if not pause:
+        await _load(session, url, model_path, version, timeout)
+        return time.monotonic() - t0
     await post_json(session, f"{url}/pause_generation", {}, timeout)
     try:
-        r = await post_json(
-            session,
-            f"{url}/update_weights_from_disk",
-            {"model_path": model_path, "weight_version": int(version)},
-            timeout,
-        )
-        if not r.get("success", False):
-            raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")
+        await _load(session, url, model_path, version, timeout)
     except asyncio.CancelledError as e:
         if e.args and e.args[0] == LEFT_ROUTING:
             # Given up because the server left routing: a continue sent now could overtake the
@@ -106,12 +104,27 @@ async def update_server(
     return time.monotonic() - t0
 
 
+async def _load(session: aiohttp.ClientSession, url: str, model_path: str, version: int, timeout: float) -> None:
+    r = await post_json(
+        session, f"{url}/update_weights_from_disk", {"model_path": model_path, "weight_version": int(version)}, timeout
+    )
+    if not r.get("success", False):
+        raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")
+
+
 class WeightUpdater:
     """Per-server weight versions and the sequential update round."""
 
     def __init__(
-        self, run_dir: str, role: str, timeout: float, initial_version: int = 0, from_disk_only_if_written: bool = False
+        self,
+        run_dir: str,
+        role: str,
+        timeout: float,
+        initial_version: int = 0,
+        from_disk_only_if_written: bool = False,
+        pause: bool = True,
     ):
+        self.pause = pause  # False: built-in engines that keep running requests across a swap
         self.run_dir, self.role, self.timeout = os.path.abspath(run_dir), role, timeout
         # weight_sync=distributed: the trainer broadcasts every version and writes only some to
         # disk; a server behind a version that is not on disk waits for the next broadcast.
@@ -189,7 +202,9 @@ class WeightUpdater:
                 if self.from_disk_only_if_written and not os.path.isdir(path):
                     self.n_left_to_broadcast += 1
                     continue
-                seconds = await self._while_routed(url, update_server(session, url, path, version, self.timeout))
+                seconds = await self._while_routed(
+                    url, update_server(session, url, path, version, self.timeout, self.pause)
+                )
                 self.owes_continue.discard(url)  # update_server ends with a continue
             except LeftRouting:
                 self.owes_continue.add(url)

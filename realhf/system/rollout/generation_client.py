@@ -38,7 +38,7 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import aiohttp
 
@@ -215,7 +215,7 @@ class GenerationClient:
             result.n_requests += 1
             result.output_ids += ids
             result.logprobs += logprobs
-            result.versions += [version if weight_version is None else weight_version] * len(ids)
+            result.versions += token_versions(weight_version, version, len(ids))
             if reason == "stop":
                 result.finish_reason = "stop"
                 return result
@@ -308,9 +308,7 @@ class GenerationClient:
             return None
         starts = []
         for ids, logprobs, reason, weight_version in answers:
-            result = GenerationResult(
-                list(ids), list(logprobs), [version if weight_version is None else weight_version] * len(ids)
-            )
+            result = GenerationResult(list(ids), list(logprobs), token_versions(weight_version, version, len(ids)))
             result.n_requests = 1  # the group's one request, counted for each of its samples
             if reason == "stop":
                 result.finish_reason = "stop"
@@ -413,8 +411,20 @@ def sampling_params(
     return params
 
 
-def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], List[float], str, Optional[int]]:
-    """(output_ids, logprobs, finish type, weight_version or None) of an SGLang /generate answer."""
+def token_versions(weight_version: Union[None, int, List[int]], routed: Optional[int], n: int) -> List[int]:
+    """The version of each of `n` output tokens: per token where the answer said
+    (weight_version_changes), else its one version, else the version the manager routed by."""
+    if isinstance(weight_version, list):
+        return weight_version
+    return [routed if weight_version is None else weight_version] * n
+
+
+def parse_generate_response(
+    url: str, r: Dict[str, Any]
+) -> Tuple[List[int], List[float], str, Union[None, int, List[int]]]:
+    """(output_ids, logprobs, finish type, weight version) of an SGLang /generate answer; the
+    version is None (not said), one int, or one per token when the weights changed while the
+    request ran (`meta_info.weight_version_changes`, realhf's server with keep_running_on_update)."""
     where = f"{url}/generate answer"
     ids = r.get("output_ids")
     meta = r.get("meta_info")
@@ -435,6 +445,16 @@ def parse_generate_response(url: str, r: Dict[str, Any]) -> Tuple[List[int], Lis
         ids = [int(t) for t in ids]
     except (TypeError, ValueError, IndexError):
         raise GenerationError(f"{where}: malformed output_ids or output_token_logprobs") from None
+    changes = meta.get("weight_version_changes")
+    if changes:
+        try:
+            marks = [(int(i), parse_weight_version(v)) for i, v in changes]
+        except (TypeError, ValueError):
+            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}") from None
+        if marks[0][0] != 0 or any(v is None for _, v in marks) or [i for i, _ in marks] != sorted(i for i, _ in marks):
+            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}")
+        ends = [i for i, _ in marks[1:]] + [len(ids)]
+        return ids, logprobs, reason, [v for (i, v), end in zip(marks, ends) for _ in range(end - i)]
     # SGLang's string ("3"), an older server's integer; None for a name such as SGLang's "default"
     # (then the version the manager routed by stands for it).
     return ids, logprobs, reason, parse_weight_version(meta.get("weight_version"))

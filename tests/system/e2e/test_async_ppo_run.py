@@ -5,6 +5,7 @@ at DP=2 and DP=3 (GRPO as shipped, a critic, LoRA): test_data_parallel_runs.py."
 import asyncio
 import json
 import os
+import re
 
 import pytest
 
@@ -74,6 +75,26 @@ def test_async_run_raises_the_reward(tmp_path, no_leftover_processes):
     # NOTES' criterion: mean reward of the last 20 steps ≥ mean of the first 20 + 0.08.
     first, final = reward_gain(metrics)
     assert final >= first + 0.08, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_keeping_running_requests_across_weight_updates_trains_and_aborts_nothing(tmp_path, no_leftover_processes):
+    steps = 150
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "keep",
+        f"exp_ctrl.benchmark_steps={steps}",
+        "evaluation.n_prompts=0",
+        "gen_server.native.keep_running_on_update=true",
+        timeout=1200,
+    )
+    check_finished_run(proc, metrics, steps, 4, tmp_path)
+    server_log = (log_dir / "generation_server-0.log").read_text()
+    swaps = re.findall(r"weights v\d+ -> v\d+ from .*?; (\d+) running requests aborted", server_log)
+    assert len(swaps) >= steps - 1 and set(swaps) == {"0"}, swaps[:10]
+    first, final = reward_gain(metrics)
+    assert final >= first + 0.04, f"reward did not rise: first 20 steps {first:+.3f}, last 20 {final:+.3f}"
 
 
 @pytest.mark.e2e

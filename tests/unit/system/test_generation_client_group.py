@@ -16,6 +16,7 @@ from realhf.api.cli_args import EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
 from realhf.system.rollout.episode import run_group
 from realhf.system.rollout.generation_client import GenerationClient, parse_generate_response
+from realhf.system.streams.http_json import GenerationError
 
 pytestmark = pytest.mark.usefixtures("nr")
 
@@ -36,6 +37,19 @@ def test_weight_versions_are_read_as_sglangs_strings_and_older_servers_integers(
         return parse_generate_response("http://s", answer)[3]
 
     assert [version("3"), version(3), version("default"), version(None), version(True)] == [3, 3, None, None, None]
+
+
+def test_versions_that_changed_during_a_request_are_read_per_token():
+    def answer(changes, n=5):
+        meta = {"finish_reason": {"type": "length"}, "weight_version": "7", "weight_version_changes": changes}
+        meta["output_token_logprobs"] = [[-0.1, 5, None]] * n
+        return {"output_ids": [5] * n, "meta_info": meta}
+
+    assert parse_generate_response("http://s", answer([[0, "6"], [3, "7"]]))[3] == [6, 6, 6, 7, 7]
+    assert parse_generate_response("http://s", answer([[0, "5"], [1, "6"], [4, "7"]]))[3] == [5, 6, 6, 6, 7]
+    for bad in ([[1, "6"]], [[0, "6"], [3, "x"]], [[0, "6"], ["a", "7"]], [[0, "6"], [4, "7"], [2, "8"]]):
+        with pytest.raises(GenerationError, match="malformed weight_version_changes"):
+            parse_generate_response("http://s", answer(bad))
 
 
 def _group(m_url, qid, prompt, gconfig, n, **client_kw):

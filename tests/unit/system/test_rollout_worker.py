@@ -113,6 +113,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
                         max_head_offpolicyness=ETA,
                         n_servers=1,
                         run_dir=fileroot,
+                        weight_sync="disk",  # this test publishes versions to disk itself
                         poll_interval=0.1,
                         max_concurrent_rollouts=8,
                         schedule_policy="least_requests",

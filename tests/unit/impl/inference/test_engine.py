@@ -202,6 +202,25 @@ def test_weight_swap_between_steps_aborts_running_requests_and_bumps_the_version
     assert engine.update_weights(qwen_path_b) == 5
 
 
+def test_keep_running_on_update_decodes_on_with_the_new_weights_and_tags_each_token(engine_factory, qwen_path_b):
+    engine = engine_factory(max_running_requests=4, context_length=2048, keep_running_on_update=True)
+    running = engine.submit(req([3, 4], max_new_tokens=400, temperature=1.0, ignore_eos=True))
+    wait_active(engine, 1)
+    while engine.generation_tokens_total < 5:  # some tokens from version 0 first
+        time.sleep(0.005)
+    assert engine.update_weights(qwen_path_b, 4) == 4
+    out = running.result(60)
+    assert out.finish_reason["type"] == "length" and len(out.output_ids) == 400  # not aborted
+    assert out.weight_version == 4
+    (start0, v0), (switch, v1) = out.weight_version_changes
+    assert (start0, v0, v1) == (0, 0, 4) and 0 < switch < 400, out.weight_version_changes
+    meta = out.to_sglang()["meta_info"]
+    assert meta["weight_version_changes"] == [[0, "0"], [switch, "4"]]
+    # A request that ran under one version says nothing more than its weight_version.
+    after = engine.submit(req([3, 4], max_new_tokens=5, temperature=0.0)).result(30)
+    assert after.weight_version_changes is None and "weight_version_changes" not in after.to_sglang()["meta_info"]
+
+
 def test_a_bad_checkpoint_leaves_the_old_weights_in_place(engine_factory, gpt2_path, hf_ref, tmp_path):
     engine = engine_factory()
     with pytest.raises(NotImplementedError, match="gpt2"):
