@@ -2,7 +2,8 @@
 
     python -m realhf.launch_server --model-path DIR --host 127.0.0.1 --port 30000 \\
         [--n-threads 1 --max-running-requests 256 --context-length 0 --dtype float32 \\
-         --kind auto --seed 1 --decode-attention auto --weight-version 0 --device auto --base-gpu-id 0]
+         --kind auto --seed 1 --decode-attention auto --[no-]keep-running-on-update --weight-version 0 \\
+         --device auto --base-gpu-id 0]
 
 The engine options are the fields of `NativeEngineConfig` (same names, defaults and help; `--help`
 lists them). `--device` and `--base-gpu-id` (SGLang's flag: the GPU index on this node) are the

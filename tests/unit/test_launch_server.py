@@ -87,6 +87,7 @@ def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaul
         "7",
         "--decode-attention",
         "torch",
+        "--keep-running-on-update",
     ]
     config = dataclass_from_args(NativeEngineConfig, parse_args(["--model-path", "m", *flags]))
     assert dataclasses.asdict(config) == dict(
@@ -96,6 +97,7 @@ def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaul
         dtype="bfloat16",
         kind="hf",
         seed=7,
+        keep_running_on_update=True,
         decode_attention="torch",
     )
 

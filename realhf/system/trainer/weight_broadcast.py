@@ -136,15 +136,32 @@ class WeightBroadcaster:
         return self._http.run(routed_servers(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
 
     # ---- the group -------------------------------------------------------------------------------
-    def _post_all(self, urls: List[str], path: str, body_of: Callable[[int, str], dict]):
-        """POST to every url at once; {url: answer or the exception}."""
+    def _post_all(self, urls: List[str], path: str, body_of: Callable[[int, str], dict], stop_at_failure=False):
+        """POST to every url at once; {url: answer or the exception}. `stop_at_failure`: at the
+        first failed answer the others are cancelled (and left out): a group's rendezvous never
+        completes without every member, so the members still in it would only run out the timeout."""
 
         async def one(i, url):
-            return await post_json(self._http.session, f"{url}{path}", body_of(i, url), self.timeout_s)
+            a = await post_json(self._http.session, f"{url}{path}", body_of(i, url), self.timeout_s)
+            if stop_at_failure and not a.get("success", False):
+                raise RuntimeError(str(a.get("message", a))[:300])
+            return a
 
         async def every():
-            answers = await asyncio.gather(*(one(i, u) for i, u in enumerate(urls)), return_exceptions=True)
-            return dict(zip(urls, answers))
+            tasks = {asyncio.ensure_future(one(i, u)): u for i, u in enumerate(urls)}
+            answers = {}
+            pending = set(tasks)
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        answers[tasks[t]] = t.exception() or t.result()
+                    if stop_at_failure and any(isinstance(a, BaseException) for a in answers.values()):
+                        break
+                return answers
+            finally:  # stopped early, or this call cancelled (a member left routing)
+                for t in pending:
+                    t.cancel()
 
         return self._http.submit(every())
 
@@ -173,7 +190,8 @@ class WeightBroadcaster:
         fut = self._post_all(
             urls,
             "/init_weights_update_group",
-            lambda i, u: {
+            stop_at_failure=True,
+            body_of=lambda i, u: {
                 "master_address": address,
                 "master_port": self._store.port,
                 "rank_offset": i * self.ranks_per_server + 1,
@@ -182,22 +200,27 @@ class WeightBroadcaster:
                 "backend": self.backend,
             },
         )
-        failed: Dict[str, str] = {}
-        try:
-            self._group = WeightGroup(
-                address, self._store.port, 0, world, name, self.backend, self.timeout_s, store=self._store.store
-            )
-        except (RuntimeError, ValueError) as e:
-            failed["(rank 0)"] = str(e).splitlines()[0][:300]
+        # Rank 0 joins on a thread of its own: its rendezvous waits for every member, and a member
+        # whose /init_weights_update_group failed (refused: it died after its last health check)
+        # never comes, so the answers decide, not the rendezvous' timeout.
+        store = self._store.store
+        joined = self._in_thread(
+            f"{name}-join",
+            lambda: WeightGroup(address, self._store.port, 0, world, name, self.backend, self.timeout_s, store=store),
+        )
         answers = fut.result(self.timeout_s + 10)
+        failed: Dict[str, str] = {}
         for url, a in answers.items():
             if isinstance(a, BaseException) or not a.get("success", False):
                 failed[url] = str(a)[:300] if isinstance(a, BaseException) else str(a.get("message", a))[:300]
         if failed:
-            if self._group is not None:
-                self._group.close()
-                self._group = None
+            # Abandoned: the join thread ends at its timeout; its group, if any, is never used.
+            joined.add_done_callback(lambda f: f.exception() is None and f.result().close(abort=False))
             return failed
+        try:
+            self._group = joined.result(self.timeout_s + 10)
+        except (RuntimeError, ValueError, WeightGroupError) as e:
+            return {"(rank 0)": str(e).splitlines()[0][:300]}
         self._group_members = list(urls)
         logger.info(f"weight group {name} ({self.backend}): the trainer and {len(urls)} server(s) {urls}")
         return {}
@@ -269,7 +292,10 @@ class WeightBroadcaster:
             if last:
                 body["weight_version"] = str(version)
             pending = self._post_all(members, "/update_weights_from_distributed", lambda i, u, b=body: b)
-            sent = self._inflight = self._broadcast_in_thread(group, [t.contiguous() for _, t in items])
+            tensors_now = [t.contiguous() for _, t in items]
+            sent = self._inflight = self._in_thread(
+                f"{group.group_name}-broadcast", lambda ts=tensors_now: group.broadcast(ts)
+            )
             answers = self._answers(pending, members, result, "update_weights_from_distributed", also=sent)
             if sent.done() and sent.exception() is not None:
                 result.failed["(broadcast)"] = str(sent.exception())
@@ -288,20 +314,20 @@ class WeightBroadcaster:
             result.n_bytes += sum(t.numel() * t.element_size() for _, t in items)
 
     @staticmethod
-    def _broadcast_in_thread(group: WeightGroup, tensors: List[torch.Tensor]) -> concurrent.futures.Future:
-        """The broadcast on its own thread: gloo's wait cannot be interrupted, and a member that
-        never joins it (its HTTP call blackholed) must not hold this thread for the whole timeout."""
+    def _in_thread(name: str, call) -> concurrent.futures.Future:
+        """`call()` on a thread of its own: gloo's waits cannot be interrupted, and a member that
+        never comes (refused, its HTTP call blackholed) must not hold this thread for the whole
+        timeout."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
 
         def run():
             try:
-                group.broadcast(tensors)
-                fut.set_result(None)
+                fut.set_result(call())
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 # Its message only: the traceback would keep the group's frames (and sockets) alive.
                 fut.set_exception(WeightGroupError(str(e)))
 
-        threading.Thread(target=run, name=f"{group.group_name}-broadcast", daemon=True).start()
+        threading.Thread(target=run, name=name, daemon=True).start()
         return fut
 
     def _answers(self, fut, members: List[str], result: BroadcastResult, what: str, also=None) -> dict:

@@ -94,6 +94,7 @@ def test_two_trials_on_one_redis_run_side_by_side_without_seeing_each_other(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI time; the same-file-system refusal (test_overwrite_live_trial.py) stays in CI
 def test_a_second_launch_of_a_live_trial_on_another_file_system_is_refused_by_the_redis_lease(
     tmp_path, shared_redis, no_leftover_processes
 ):

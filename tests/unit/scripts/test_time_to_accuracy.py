@@ -101,6 +101,7 @@ BUDGET_S = 6.0
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI time: a benchmark's own machinery
 def test_a_run_stops_at_its_training_time_budget_and_its_saves_map_to_training_seconds(tmp_path, no_leftover_processes):
     proc, metrics, log_dir = run_training(
         tmp_path,

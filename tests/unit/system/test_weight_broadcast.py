@@ -120,12 +120,17 @@ def test_a_server_killed_mid_broadcast_costs_one_version_not_the_run(qwen_path, 
             assert took < 10.0 + 5, f"a dead peer must fail the broadcast promptly, took {took:.1f}s"
             # The survivor still serves, at the last whole version (a broken broadcast swaps nothing in).
             assert served(survivor) == (1, hf_greedy(model))
+            # Still routed (the manager has not noticed yet): the new group's rendezvous would wait
+            # for it until the timeout, but its refused /init_weights_update_group ends the wait.
+            t0 = time.monotonic()
+            r = b.publish(3, perturbed(qwen_path, 5).state_dict().items())
+            assert not r.ok and victim_url in r.failed and time.monotonic() - t0 < 5, (r.failed, time.monotonic() - t0)
             # The next version builds a group of whoever is routed now and gets through.
             b._members = lambda: [survivor]
-            model3 = perturbed(qwen_path, 5)
-            r = b.publish(3, model3.state_dict().items())
+            model4 = perturbed(qwen_path, 11)
+            r = b.publish(4, model4.state_dict().items())
             assert r.ok and r.rebuilt and r.servers == [survivor]
-            assert served(survivor) == (3, hf_greedy(model3))
+            assert served(survivor) == (4, hf_greedy(model4))
         finally:
             b.close()
 
