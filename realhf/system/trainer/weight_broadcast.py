@@ -133,7 +133,12 @@ class WeightBroadcaster:
 
     def routed(self, manager_url: str) -> List[str]:
         """The servers the manager at `manager_url` routes to now."""
-        return self._http.run(routed_servers(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
+        try:
+            return self._http.run(routed_servers(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"GET {manager_url}/routed_servers: no answer within {self.timeout_s + 5:.0f}s"
+            ) from None
 
     # ---- the group -------------------------------------------------------------------------------
     def _post_all(self, urls: List[str], path: str, body_of: Callable[[int, str], dict], stop_at_failure=False):
@@ -208,7 +213,12 @@ class WeightBroadcaster:
             f"{name}-join",
             lambda: WeightGroup(address, self._store.port, 0, world, name, self.backend, self.timeout_s, store=store),
         )
-        answers = fut.result(self.timeout_s + 10)
+        try:
+            answers = fut.result(self.timeout_s + 10)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            joined.add_done_callback(lambda f: f.exception() is None and f.result().close(abort=False))
+            return {"(init)": f"no answer to /init_weights_update_group from {urls} within {self.timeout_s + 10:.0f}s"}
         failed: Dict[str, str] = {}
         for url, a in answers.items():
             if isinstance(a, BaseException) or not a.get("success", False):
@@ -219,6 +229,10 @@ class WeightBroadcaster:
             return failed
         try:
             self._group = joined.result(self.timeout_s + 10)
+        except concurrent.futures.TimeoutError:
+            return {
+                "(rank 0)": f"the trainer's join of weight group {name} did not finish within {self.timeout_s + 10:.0f}s"
+            }
         except (RuntimeError, ValueError, WeightGroupError) as e:
             return {"(rank 0)": str(e).splitlines()[0][:300]}
         self._group_members = list(urls)
