@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A second built-in task, not math: write a one-line Python function from three of its calls
-# (realhf/impl/dataset/code_task.py), rewarded by running four hidden calls in the sandbox
-# (rollout.env.type=code, realhf/impl/environment/code_env.py). The model in assets/tiny-code/sft
+# (realhf/plugins/tasks/code_task.py), rewarded by running four hidden calls in the sandbox
+# (rollout.env.type=code, realhf/plugins/environments/code_env.py). The model in assets/tiny-code/sft
 # was warm-started on reference bodies (scripts/make_code_task.py); this RL-trains it with the
 # math-single-step agent (one answer, graded by the environment), evaluates it through the code
 # environment before and after, and prints the reward curve. Sets up .venv and redis-server if

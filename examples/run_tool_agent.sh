@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A tool-using agent on the embedded model: the tiny arithmetic problems answered by calling the
-# calculator (realhf/impl/dataset/tool_task.py). The model in assets/tiny-tools/sft was warm-started
+# calculator (realhf/plugins/tasks/tool_task.py). The model in assets/tiny-tools/sft was warm-started
 # on calculator traces (scripts/make_tool_task.py); this RL-trains it with the tool-agent and
 # prints the reward curve. Sets up .venv and redis-server if needed; arguments are Hydra
 # overrides, e.g.

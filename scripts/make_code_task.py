@@ -3,7 +3,7 @@ supervised warm start.
 
     python scripts/make_code_task.py --out assets/tiny-code [--sft-steps 300] [--data-only]
 
-Writes <out>/data/{train,test}.jsonl (realhf.impl.dataset.code_task: three calls of a hidden
+Writes <out>/data/{train,test}.jsonl (realhf.plugins.tasks.code_task: three calls of a hidden
 function, the answer its body, four hidden test calls), <out>/base (random-init model + tokenizer)
 and <out>/sft (after `training/main_sft.py` on the reference bodies, run as a command with its
 CLI keys). Everything is seeded. The accuracy of the warm start is measured through the task
@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file or as scripts.make_code_task
 
-from realhf.impl.dataset.code_task import generate_splits, to_rows, vocabulary  # noqa: E402
-from realhf.impl.dataset.tiny_model import build_tokenizer  # noqa: E402
+from realhf.plugins.tasks.code_task import generate_splits, to_rows, vocabulary  # noqa: E402
+from realhf.plugins.tasks.tiny_model import build_tokenizer  # noqa: E402
 from scripts.tiny_task_assets import build_task, task_arguments  # noqa: E402
 
 

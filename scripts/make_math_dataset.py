@@ -3,14 +3,14 @@
     python scripts/make_math_dataset.py --out assets/tiny-math/data --n-train 10000 --n-test 500 --seed 1
     python scripts/make_math_dataset.py --out assets/smollm2-math/data --chat   # chat rows for an instruct model
 
-The output is a pure function of the arguments (see realhf.impl.dataset.math_synthetic).
+The output is a pure function of the arguments (see realhf.plugins.tasks.math_synthetic).
 """
 
 import argparse
 import sys
 from pathlib import Path
 
-from realhf.impl.dataset.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
+from realhf.plugins.tasks.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 
     python scripts/make_tiny_model.py --out assets/tiny-math/base --seed 1
 
-The tokenizer's words come from the dataset generator (realhf.impl.dataset.math_synthetic), so
+The tokenizer's words come from the dataset generator (realhf.plugins.tasks.math_synthetic), so
 every dataset text encodes without `<unk>` and decodes back exactly.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import transformers
 
-from realhf.impl.dataset.math_synthetic import vocabulary
-from realhf.impl.dataset.tiny_model import build_model, build_tokenizer, save_model_dir
+from realhf.plugins.tasks.math_synthetic import vocabulary
+from realhf.plugins.tasks.tiny_model import build_model, build_tokenizer, save_model_dir
 
 
 def main(argv=None) -> int:

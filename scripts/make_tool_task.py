@@ -6,7 +6,7 @@ model, and its supervised warm start on calculator traces.
 Writes <out>/data/{train,test}.jsonl (the tiny-math problems, each with the `sft_trace` of a
 calculator call), <out>/base (random-init model + tokenizer with `TOOL_CHAT_TEMPLATE`) and
 <out>/sft (after `training/main_sft.py` on the traces). Everything is seeded; see
-realhf.impl.dataset.tool_task for the episode format.
+realhf.plugins.tasks.tool_task for the episode format.
 """
 
 import sys
@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file or as scripts.make_tool_task
 
-from realhf.impl.dataset.math_synthetic import generate_splits  # noqa: E402
-from realhf.impl.dataset.tiny_model import build_tokenizer  # noqa: E402
-from realhf.impl.dataset.tool_task import TOOL_CHAT_TEMPLATE, tool_rows, tool_vocabulary  # noqa: E402
+from realhf.plugins.tasks.math_synthetic import generate_splits  # noqa: E402
+from realhf.plugins.tasks.tiny_model import build_tokenizer  # noqa: E402
+from realhf.plugins.tasks.tool_task import TOOL_CHAT_TEMPLATE, tool_rows, tool_vocabulary  # noqa: E402
 from scripts.tiny_task_assets import build_task, task_arguments  # noqa: E402
 
 

@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 
 import transformers
 
-from realhf.impl.dataset.math_synthetic import write_jsonl
-from realhf.impl.dataset.tiny_model import build_model, save_model_dir
+from realhf.plugins.tasks.math_synthetic import write_jsonl
+from realhf.plugins.tasks.tiny_model import build_model, save_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -38,15 +38,26 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Type, Union
 
-from realhf.base.importing import ClassRegistry
+from realhf.base.importing import ClassRegistry, import_object
 
 _BUILTIN_PATHS = {
-    "math-single-step": "realhf.impl.agent.math_single_step:MathSingleStepAgent",
-    "math-multi-turn": "realhf.impl.agent.math_multi_turn:MathMultiTurnAgent",
-    "tool-agent": "realhf.impl.agent.tool_agent:ToolAgent",
-    "openai-agent": "realhf.impl.agent.openai_agent:OpenAIAgent",
+    "math-single-step": "realhf.plugins.agents.math_single_step:MathSingleStepAgent",
+    "math-multi-turn": "realhf.plugins.agents.math_multi_turn:MathMultiTurnAgent",
+    "tool-agent": "realhf.plugins.agents.tool_agent:ToolAgent",
+    "openai-agent": "realhf.plugins.agents.openai_agent:OpenAIAgent",
 }
 _REGISTRY = ClassRegistry("agent", "rollout.agent.type", _BUILTIN_PATHS)
+
+
+def load_reward_fn(path: str) -> Optional[Callable]:
+    """`rollout.agent.reward_fn`: the function named by `module:function` (or a file path), or
+    None when `path` is empty; a ValueError/TypeError naming the key when it cannot be one."""
+    if not path:
+        return None
+    fn = import_object(path, "rollout.agent.reward_fn")
+    if not callable(fn):
+        raise TypeError(f"rollout.agent.reward_fn={path!r} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 @dataclass

@@ -33,9 +33,9 @@ from realhf.base.importing import ClassRegistry
 
 # Built-ins are imported on first use, so importing the API costs nothing.
 _BUILTIN_PATHS = {
-    "math": "realhf.impl.environment.math_env:MathEnv",
-    "mcp": "realhf.impl.environment.mcp_env:MCPEnv",
-    "code": "realhf.impl.environment.code_env:CodeEnv",
+    "math": "realhf.plugins.environments.math_env:MathEnv",
+    "mcp": "realhf.plugins.environments.mcp_env:MCPEnv",
+    "code": "realhf.plugins.environments.code_env:CodeEnv",
 }
 _REGISTRY = ClassRegistry("environment", "rollout.env.type", _BUILTIN_PATHS)
 NO_ENV = "none"

@@ -230,8 +230,8 @@ async def call_tools(
 
 
 BUILTIN_TOOLS = {
-    "calculator": "realhf.impl.tools.calculator:CALCULATOR",
-    "python": "realhf.impl.tools.python_code:PYTHON_TOOL",
+    "calculator": "realhf.plugins.tools.calculator:CALCULATOR",
+    "python": "realhf.plugins.tools.python_code:PYTHON_TOOL",
 }
 
 

@@ -4,7 +4,7 @@
 process exits, so one call stuck in `time.sleep(3600)` would hold a worker's exit for an hour;
 these threads are daemons, and there are at most `size` of them, so stuck calls cannot pile up
 threads either. Callers bound each call with their own timeout (the wait for a free thread
-included): realhf.impl.agent.math_single_step runs users' synchronous reward functions here.
+included): realhf.plugins.agents.math_single_step runs users' synchronous reward functions here.
 """
 
 from __future__ import annotations

@@ -86,10 +86,30 @@ def _where_modules_come_from() -> str:
     return f"the launch directory and user_paths ({roots}), PYTHONPATH and the installed packages"
 
 
+# The built-in plug-ins' old homes (before they moved out of impl/): an old path in a user's
+# config gets the new one named, not a bare "no module".
+_MOVED = {
+    "realhf.impl.agent.": "realhf.plugins.agents.",
+    "realhf.impl.environment.": "realhf.plugins.environments.",
+    "realhf.impl.tools.": "realhf.plugins.tools.",
+    "realhf.impl.dataset.math_synthetic": "realhf.plugins.tasks.math_synthetic",
+    "realhf.impl.dataset.tool_task": "realhf.plugins.tasks.tool_task",
+    "realhf.impl.dataset.code_task": "realhf.plugins.tasks.code_task",
+    "realhf.impl.dataset.tiny_model": "realhf.plugins.tasks.tiny_model",
+    "realhf.impl.evaluation": "realhf.plugins.tasks.math_accuracy",
+}
+
+
 def _load_module(name: str, key: str, path: str):
     try:
         return importlib.import_module(name), f"module {name!r}"
     except ModuleNotFoundError as e:
+        moved = next((new + name[len(old) :] for old, new in _MOVED.items() if name.startswith(old)), None)
+        if moved is not None:
+            raise ValueError(
+                f"{key}={path!r}: the built-in plug-ins moved out of realhf.impl; use "
+                f"{moved + ':' + path.rpartition(':')[2]!r}"
+            ) from None
         if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
             raise ValueError(
                 f"{key}={path!r}: no module {e.name!r} on the import path ({_where_modules_come_from()}); "

@@ -59,6 +59,8 @@ from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.impl.dataset.table_formats import DatasetFormatError
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.plugins.environments.math_grader import MathGrader
+from realhf.plugins.tasks.math_accuracy import evaluate_math_accuracy
 from realhf.system.master.dp_balance import karmarkar_karp
 
 Log = Callable[[str], None]
@@ -474,9 +476,6 @@ def train_sft(cfg: SFTConfig, log: Log = print) -> Dict[str, Any]:
     out = Path(cfg.output_path)
     log(f"saved {out}")
     if cfg.eval_n >= 0:
-        from realhf.impl.environment.math_grader import MathGrader
-        from realhf.impl.evaluation import evaluate_math_accuracy
-
         test = load_prompts(cfg.test_path, columns=cfg.dataset.columns, split=cfg.dataset.test_split)
         test = test[: cfg.eval_n] if cfg.eval_n > 0 else test
         with MathGrader(n_workers=1) as grader:

@@ -21,6 +21,7 @@ import typing
 from typing import Any, Iterable, Optional
 
 from realhf.api import algorithms, choices
+from realhf.api.agent import load_reward_fn
 from realhf.api.arguments import check_arguments
 from realhf.api.cli_args import (
     AgentConfig,
@@ -339,8 +340,6 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
         raise ConfigError(str(e)) from None
     _check_tools((c.args or {}).get("tools"), f.name("args") + ".tools")
     if c.reward_fn:
-        from realhf.impl.agent.math_single_step import load_reward_fn
-
         try:
             load_reward_fn(c.reward_fn)
         except (ValueError, TypeError) as e:  # its message names the key

@@ -10,7 +10,7 @@ competes with training for the cores.
 
 The held-out set is fixed: the first `--eval-prompts` rows of assets/tiny-math/data/test.jsonl,
 `--eval-samples` samples each at T=1 (pure sampling, no top-k/top-p), torch seeded the same for
-every checkpoint, graded by `realhf.impl.evaluation.evaluate_math_accuracy`. That grades the final
+every checkpoint, graded by `realhf.plugins.tasks.math_accuracy.evaluate_math_accuracy`. That grades the final
 answer only: the check-work rule of the training reward (every worked equation must hold) is NOT
 applied in evaluation, so accuracy here is "right final answer", the figure the issue quotes.
 """
@@ -50,8 +50,8 @@ def evaluate_curve(
     """[{"train_s", "accuracy", "path"}] per checkpoint, in order of training seconds."""
     import torch
 
-    from realhf.impl.environment.math_grader import MathGrader
-    from realhf.impl.evaluation import evaluate_math_accuracy
+    from realhf.plugins.environments.math_grader import MathGrader
+    from realhf.plugins.tasks.math_accuracy import evaluate_math_accuracy
 
     torch.set_num_threads(threads)
     rows = held_out_rows(n_prompts)

@@ -2,7 +2,7 @@
 
 Runs ONLY under the benchmark's own virtual environment (`.bench/venvs/trl`, made by
 `scripts/bench/peer_trl.py`): it imports torch, transformers, trl and datasets, plus the grader of
-this repo (`realhf.impl.environment.math_grader`, found through PYTHONPATH), which needs only the
+this repo (`realhf.plugins.environments.math_grader`, found through PYTHONPATH), which needs only the
 standard library and math-verify — never realhf's own dependencies.
 
     <venv>/bin/python scripts/bench/trl_driver.py --out-dir D --budget-s 372 --threads 2
@@ -39,8 +39,8 @@ def load_prompts(path: str):
 
 
 def make_reward():
-    from realhf.impl.environment.math_answer import work_lines_correct
-    from realhf.impl.environment.math_grader import MathGrader
+    from realhf.plugins.environments.math_answer import work_lines_correct
+    from realhf.plugins.environments.math_grader import MathGrader
 
     grader = MathGrader(n_workers=1)  # its pool starts only for non-numeric answers
 

@@ -16,8 +16,8 @@ from transformers import AutoConfig, AutoTokenizer
 from helpers.paths import REPO
 from realhf.api.cli_args import EnvConfig
 from realhf.api.worker_configs import EvaluatorConfig
-from realhf.impl.dataset.code_task import generate_splits, vocabulary
-from realhf.impl.dataset.tiny_model import build_model, build_tokenizer
+from realhf.plugins.tasks.code_task import generate_splits, vocabulary
+from realhf.plugins.tasks.tiny_model import build_model, build_tokenizer
 from realhf.system.evaluator.task_eval import evaluate_weights
 
 ASSETS = Path(REPO) / "assets" / "tiny-code"

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
 
-from realhf.impl.dataset.math_synthetic import generate_splits, to_rows, vocabulary
+from realhf.plugins.tasks.math_synthetic import generate_splits, to_rows, vocabulary
 from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
-from realhf.impl.dataset.tiny_model import CHARS, SPECIALS, build_model, build_tokenizer
-from realhf.impl.environment.math_grader import MathGrader
-from realhf.impl.evaluation import evaluate_math_accuracy
+from realhf.plugins.tasks.tiny_model import CHARS, SPECIALS, build_model, build_tokenizer
+from realhf.plugins.environments.math_grader import MathGrader
+from realhf.plugins.tasks.math_accuracy import evaluate_math_accuracy
 
 from helpers.paths import TINY_MATH
 

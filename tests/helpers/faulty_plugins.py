@@ -13,8 +13,8 @@ import time
 import zlib
 
 from helpers.user_agents import answer_matches
-from realhf.impl.agent.math_single_step import MathSingleStepAgent
-from realhf.impl.environment.math_env import MathEnv
+from realhf.plugins.agents.math_single_step import MathSingleStepAgent
+from realhf.plugins.environments.math_env import MathEnv
 
 
 def bucket(query_id: str, n: int) -> int:

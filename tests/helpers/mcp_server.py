@@ -20,7 +20,7 @@ try:  # mcp 2 renamed FastMCP to MCPServer; the extra allows either major versio
 except ImportError:
     from mcp.server.fastmcp import FastMCP as _Server
 
-from realhf.impl.tools.calculator import calculate
+from realhf.plugins.tools.calculator import calculate
 
 server = _Server("realhf-test-tools")
 CALL_LOG = os.environ.get("REALHF_TEST_MCP_LOG", "")

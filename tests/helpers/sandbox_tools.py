@@ -1,11 +1,11 @@
-"""A user's tool that runs in the python sandbox (realhf.impl.tools.python_code): the embedded
+"""A user's tool that runs in the python sandbox (realhf.plugins.tools.python_code): the embedded
 tool task's `calculator`, evaluated by a fresh limited Python process instead of in the worker
 (`+rollout.agent.args.tools=[helpers.sandbox_tools:calculator]`). With REALHF_TEST_TOOL_LOG set,
 each finished sandbox run appends a line to that file, so a test can count them."""
 
 import os
 
-from realhf.impl.tools.python_code import run_python
+from realhf.plugins.tools.python_code import run_python
 
 
 async def calculator(expression: str) -> str:

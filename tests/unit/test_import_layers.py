@@ -5,7 +5,11 @@ each other in a circle.
     0 base         utilities with no realhf dependency above them
     1 api          contracts: the config tree, agent / environment / tool / algorithm interfaces,
                    the trajectory message, the engine API and the batch it takes
-    2 impl         the machinery and the built-in plug-ins
+    2 impl         the machinery: the trainer's model code and engine, the inference engine,
+                   the prompt loaders
+      plugins      the built-in agents, environments, tools and tasks, written against api as a
+                   user's own would; nothing in impl or system imports them (the registries in
+                   api name them by import path)
     3 system       the workers
     4 scheduler, experiments   launching, and assembling (and validating) an experiment
     5 apps, testing (a user's agent run outside a run) and the entry points at the top of the package
@@ -17,7 +21,17 @@ from pathlib import Path
 
 from helpers.paths import REPO
 
-FLOORS = {"base": 0, "api": 1, "impl": 2, "system": 3, "scheduler": 4, "experiments": 4, "apps": 5, "testing": 5}
+FLOORS = {
+    "base": 0,
+    "api": 1,
+    "impl": 2,
+    "plugins": 2,
+    "system": 3,
+    "scheduler": 4,
+    "experiments": 4,
+    "apps": 5,
+    "testing": 5,
+}
 PACKAGE = Path(REPO) / "realhf"
 
 
@@ -90,6 +104,26 @@ def test_no_import_goes_up_a_floor():
     assert len(graph) > 100  # the walk found the package
     up = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs if _floor(b) > _floor(a))
     assert up == [], "imports up a floor:\n" + "\n".join(up)
+
+
+def _machinery_on_plugins(graph: dict) -> list:
+    """Imports from the machinery (impl, system) into a built-in plug-in: there must be none, so
+    the built-ins are found by name like a user's own and could be deleted."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, bs in graph.items()
+        for b in bs
+        if a.split(".")[1:2] in (["impl"], ["system"]) and b.split(".")[1:2] == ["plugins"]
+    )
+
+
+def test_no_machinery_imports_a_builtin_plugin():
+    assert _machinery_on_plugins(import_graph()) == []
+
+
+def test_the_plugin_check_sees_machinery_importing_a_plugin():
+    graph = {"realhf.plugins.a": {"realhf.impl.b"}, "realhf.system.d": {"realhf.plugins.a"}}
+    assert _machinery_on_plugins(graph) == ["realhf.system.d -> realhf.plugins.a"]
 
 
 def test_no_modules_import_each_other_in_a_circle():

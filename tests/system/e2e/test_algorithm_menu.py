@@ -85,7 +85,7 @@ MARKED_AGENT = """
 import os
 
 from marks import mark
-from realhf.impl.agent.math_single_step import MathSingleStepAgent
+from realhf.plugins.agents.math_single_step import MathSingleStepAgent
 
 
 class MarkedAgent(MathSingleStepAgent):

@@ -13,7 +13,7 @@ from helpers.paths import TESTS_DIR, TINY_MATH
 from helpers.training_runs import CRITIC_RUN, check_finished_run, reward_gain, run_training
 from helpers.training_runs import trial_processes as _trial_processes
 from realhf.base.trial_files import read_completions
-from realhf.impl.environment.math_env import MathEnv
+from realhf.plugins.environments.math_env import MathEnv
 from realhf.system.stats.completion_log import console_lines
 
 

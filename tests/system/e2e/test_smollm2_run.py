@@ -12,7 +12,7 @@ import pytest
 from helpers.paths import REPO
 from helpers.training_runs import training_command
 from realhf.base.trial_files import TrialFiles, read_metrics
-from realhf.impl.dataset.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
+from realhf.plugins.tasks.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
 
 STEPS = 2
 

@@ -52,7 +52,7 @@ def test_a_misspelt_or_missing_tool_is_refused_before_start_naming_the_key():
     ):
         check_agent(AgentConfig(type="tool-agent", args={"tools": ["calculater"]}))
     with pytest.raises(ConfigError, match=r"rollout\.agent\.args\.tools=.*no attribute 'nothing_here'"):
-        check_agent(AgentConfig(type="tool-agent", args={"tools": ["realhf.impl.tools.calculator:nothing_here"]}))
+        check_agent(AgentConfig(type="tool-agent", args={"tools": ["realhf.plugins.tools.calculator:nothing_here"]}))
     with pytest.raises(ConfigError, match=r"rollout\.agent\.args\.tools must be a list of tool names"):
         check_agent(AgentConfig(type="tool-agent", args={"tools": "calculator"}))
     # As the command line gives it (an OmegaConf list): accepted.

@@ -11,7 +11,7 @@ import pytest
 from realhf.api.cli_args import AgentConfig
 from realhf.base.daemon_threads import DaemonThreads
 from realhf.experiments.validation import ConfigError, check_agent
-from realhf.impl.agent.math_single_step import MathSingleStepAgent, RewardTimeout, call_reward_fn
+from realhf.plugins.agents.math_single_step import MathSingleStepAgent, RewardTimeout, call_reward_fn
 
 ROW = {"query_id": "q-7", "prompt": "Q: 5+2?\nA:", "solutions": ["#### 7"]}
 TIMEOUT = 0.5

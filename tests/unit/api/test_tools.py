@@ -14,7 +14,7 @@ from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameter
 from realhf.api.env import EnvFactory
 from realhf.api.tools import ToolCall, load_tool, parse_tool_calls, run_tool_calls, tool
 from realhf.impl.dataset.prompt_encoding import PromptEncodingError, encode_prompt
-from realhf.impl.tools.calculator import CALCULATOR
+from realhf.plugins.tools.calculator import CALCULATOR
 from realhf.system.rollout.episode import run_group
 from realhf.system.rollout.generation_client import GenerationResult
 

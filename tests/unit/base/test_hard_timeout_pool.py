@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from realhf.base.hard_timeout_pool import HardTimeoutPool, PoolClosed, TaskFailed, TaskTimeout
-from realhf.impl.environment.math_grader import MathGrader
+from realhf.plugins.environments.math_grader import MathGrader
 
 
 def _children() -> set:

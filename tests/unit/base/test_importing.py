@@ -121,3 +121,14 @@ def test_a_worker_imports_from_the_launch_directory_its_context_names(launch_dir
     assert type(worker).__name__ == "MyWorker"
     assert sys.path.index(str(launch_dir)) < sys.path.index(str(launch_dir / "agents"))
     assert importing.launch_dir() == str(launch_dir) and os.getcwd() == "/"
+
+
+def test_an_old_builtin_path_names_where_the_plugin_moved():
+    with pytest.raises(ValueError) as e:
+        import_object("realhf.impl.agent.tool_agent:ToolAgent", "rollout.agent.type")
+    assert "'realhf.plugins.agents.tool_agent:ToolAgent'" in str(e.value)
+    assert str(e.value).startswith("rollout.agent.type=")
+    # and the new path is the class itself
+    from realhf.plugins.agents.tool_agent import ToolAgent
+
+    assert import_object("realhf.plugins.agents.tool_agent:ToolAgent") is ToolAgent

@@ -178,7 +178,7 @@ def test_a_worker_refuses_a_bad_config_at_its_entry(tmp_path):
 
 USER_PLUGINS = """
 from realhf.api.agent import register_agent
-from realhf.impl.agent.math_single_step import MathSingleStepAgent
+from realhf.plugins.agents.math_single_step import MathSingleStepAgent
 
 
 @register_agent("echo-agent")

@@ -223,7 +223,7 @@ def test_a_users_own_task_is_evaluated_by_its_own_reward_not_the_math_grader(tmp
     from helpers.engine_answers import greedy_answers
     from helpers.user_agents import final_number, parity_rows
     from realhf.api.cli_args import AgentConfig, EnvConfig
-    from realhf.impl.environment.math_grader import MathGrader
+    from realhf.plugins.environments.math_grader import MathGrader
 
     test_file = os.path.join(TINY_MATH, "data", "test.jsonl")
     rows = parity_rows(test_file, 12)

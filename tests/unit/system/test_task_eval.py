@@ -54,8 +54,8 @@ def test_nothing_measured_is_an_error_naming_why():
 def test_the_math_tasks_accuracy_is_its_environments_grade(check_work):
     """The built-in agent and `math` environment: accuracy is the grader's verdict on the final
     answer (and, with check_work, on the worked lines too); the final answer alone is answer_right."""
-    from realhf.impl.environment.math_answer import work_lines_correct
-    from realhf.impl.environment.math_grader import MathGrader
+    from realhf.plugins.environments.math_answer import work_lines_correct
+    from realhf.plugins.environments.math_grader import MathGrader
 
     n = 24
     cfg = EvaluatorConfig(

@@ -16,7 +16,7 @@ from helpers import paths
 from realhf.api.cli_args import SFTConfig
 from realhf.experiments.sft import train_sft
 from realhf.impl.dataset.prompt_dataset import load_jsonl_prompts
-from realhf.impl.evaluation import evaluate_math_accuracy
+from realhf.plugins.tasks.math_accuracy import evaluate_math_accuracy
 
 REPO = Path(paths.REPO)
 

@@ -14,10 +14,11 @@ import pytest
 
 from helpers.paths import REPO, TINY_MATH
 from helpers.user_data import USER_COLUMNS, user_rows
+from realhf.api.agent import load_reward_fn
 from realhf.api.cli_args import EnvConfig
 from realhf.api.env import EnvFactory
-from realhf.impl.agent.math_single_step import call_reward_fn, load_reward_fn
 from realhf.impl.dataset.prompt_dataset import DatasetFormatError, count_prompts, load_jsonl_prompts, load_prompts
+from realhf.plugins.agents.math_single_step import call_reward_fn
 
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 N = 12

@@ -39,6 +39,7 @@ import shlex
 import tempfile
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
+from realhf.api.agent import load_reward_fn
 from realhf.api.env import Environment, register_env
 from realhf.api.tools import Tool, ToolCall, ToolResult, parse_tool_calls, run_tool_calls
 
@@ -354,8 +355,6 @@ ENV_KEY = "rollout.env.args"
 
 
 def _load_reward_fn(path: str) -> Optional[Callable]:
-    from realhf.impl.agent.math_single_step import load_reward_fn
-
     try:
         return load_reward_fn(path)
     except (ValueError, TypeError) as e:  # named as the agent's key: say which key it was
@@ -451,7 +450,7 @@ class MCPEnv(Environment):
         results = await run_tool_calls(calls, self.tools)
         if self.reward_fn is None or not isinstance(action, str):
             return results, 0.0, False, {"errors": errors}
-        from realhf.impl.agent.math_single_step import call_reward_fn
+        from realhf.plugins.agents.math_single_step import call_reward_fn
 
         if MCPEnv._reward_threads is None:  # shared by the worker's episodes, made at the first grading
             from realhf.base.daemon_threads import DaemonThreads

@@ -8,10 +8,10 @@ from helpers.paths import REPO
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.api.prompt import PromptRow
 from realhf.api.tools import parse_tool_calls
-from realhf.impl.dataset.math_synthetic import generate_problem
 from realhf.impl.dataset.prompt_encoding import encode_prompt
-from realhf.impl.dataset.tool_task import tool_rows
-from realhf.impl.tools.calculator import CALCULATOR
+from realhf.plugins.tasks.math_synthetic import generate_problem
+from realhf.plugins.tasks.tool_task import tool_rows
+from realhf.plugins.tools.calculator import CALCULATOR
 from realhf.system.rollout.episode import Gen
 from realhf.system.rollout.generation_client import GenerationResult
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from realhf.api.tools import load_tool
-from realhf.impl.tools.python_code import PYTHON_TOOL, PythonSandboxLimits, make_python_tool, run_python
+from realhf.plugins.tools.python_code import PYTHON_TOOL, PythonSandboxLimits, make_python_tool, run_python
 
 
 def call(code: str, **limits):

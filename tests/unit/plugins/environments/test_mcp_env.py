@@ -18,7 +18,7 @@ from helpers.paths import TESTS_DIR
 from realhf.api.cli_args import EnvConfig
 from realhf.api.env import EnvFactory
 from realhf.api.tools import ToolCall
-from realhf.impl.environment.mcp_env import MCPEnv, MCPServerTools
+from realhf.plugins.environments.mcp_env import MCPEnv, MCPServerTools
 
 SERVER_ARGS = ["-m", "helpers.mcp_server"]
 SERVER_ENV = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -19,7 +19,7 @@ from typing import Any, Dict, Sequence
 from realhf.api.agent import Agent, EpisodeResult, register_agent
 from realhf.api.tool_formats import tool_call_parser
 from realhf.api.tools import call_tools, load_tool
-from realhf.impl.agent.math_single_step import graded
+from realhf.plugins.agents.math_single_step import graded
 
 
 @register_agent("tool-agent")

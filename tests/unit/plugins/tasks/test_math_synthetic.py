@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from realhf.impl.dataset.math_synthetic import (
+from realhf.plugins.tasks.math_synthetic import (
     ADD_TEMPLATES,
     SUB_TEMPLATES,
     GeneratorConfig,

@@ -6,7 +6,7 @@
 The program is the row's `code_prefix` (e.g. "def f(x): return", the prompt's last line) followed
 by the answer; `tests` are (argument, expected result) Python literals, `entry_point` the
 function's name (default "f"). One sandboxed process per answer runs all its tests
-(realhf.impl.environment.code_sandbox).
+(realhf.plugins.environments.code_sandbox).
 
 The reward is all-or-nothing: 1.0 when every hidden test passes, else 0.0. A fraction would pay
 for functions that are right on some inputs by accident (`max(x)` for `x[-1]` on a sorted list,
@@ -26,8 +26,8 @@ import ast
 from typing import Any, Dict, Tuple
 
 from realhf.api.env import Environment, register_env
-from realhf.impl.environment.code_sandbox import DEFAULT_LIMITS, CodeSandbox
-from realhf.impl.tools.python_code import PythonSandboxLimits
+from realhf.plugins.environments.code_sandbox import DEFAULT_LIMITS, CodeSandbox
+from realhf.plugins.tools.python_code import PythonSandboxLimits
 
 FORBIDDEN_NAMES = frozenset(
     {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Dict, List, Sequence
 
-from realhf.impl.dataset.math_synthetic import ANSWER_MARK, MathProblem, vocabulary
+from realhf.plugins.tasks.math_synthetic import ANSWER_MARK, MathProblem, vocabulary
 
 # transformers renders templates with trim_blocks: a newline right after a tag would vanish, so
 # the tool turn's newlines are inside an expression.

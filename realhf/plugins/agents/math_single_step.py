@@ -22,9 +22,8 @@ import math
 import time
 from typing import Any, Callable, Dict, Optional
 
-from realhf.api.agent import Agent, EpisodeResult, Outcome, register_agent
+from realhf.api.agent import Agent, EpisodeResult, Outcome, load_reward_fn, register_agent
 from realhf.base.daemon_threads import DaemonThreads
-from realhf.base.importing import import_object
 
 DEFAULT_REWARD_TIMEOUT_S = 60.0
 
@@ -40,15 +39,6 @@ class RewardTimeout(Exception):
 
     Not a TimeoutError: the rollout worker reads a TimeoutError out of an episode as its own
     rollout.episode_timeout, and this is another limit with another remedy."""
-
-
-def load_reward_fn(path: str) -> Optional[Callable]:
-    if not path:
-        return None
-    fn = import_object(path, "rollout.agent.reward_fn")
-    if not callable(fn):
-        raise TypeError(f"rollout.agent.reward_fn={path!r} is a {type(fn).__name__}, not a function")
-    return fn
 
 
 def _is_async(fn: Callable) -> bool:

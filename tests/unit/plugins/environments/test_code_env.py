@@ -10,9 +10,9 @@ import pytest
 
 from realhf.api.cli_args import EnvConfig
 from realhf.api.env import EnvFactory
-from realhf.impl.environment.code_env import CodeEnv, check_program
-from realhf.impl.environment.code_sandbox import CodeSandbox, SandboxError
-from realhf.impl.tools.python_code import PythonSandboxLimits
+from realhf.plugins.environments.code_env import CodeEnv, check_program
+from realhf.plugins.environments.code_sandbox import CodeSandbox, SandboxError
+from realhf.plugins.tools.python_code import PythonSandboxLimits
 
 ROW = {
     "query_id": "q",

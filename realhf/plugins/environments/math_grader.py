@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Sequence
 
 from realhf.base.hard_timeout_pool import HardTimeoutPool, TaskFailed, TaskTimeout
-from realhf.impl.environment.math_answer import extract_answer, numbers_equal
+from realhf.plugins.environments.math_answer import extract_answer, numbers_equal
 
 logger = logging.getLogger("realhf.math_grader")
 
-DEFAULT_VERIFY_TARGET = "realhf.impl.environment.math_grader:verify_equivalent"
+DEFAULT_VERIFY_TARGET = "realhf.plugins.environments.math_grader:verify_equivalent"
 
 
 def verify_equivalent(pred: str, ref: str) -> bool:

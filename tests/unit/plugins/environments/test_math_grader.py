@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from realhf.impl.environment.math_grader import MathGrader
+from realhf.plugins.environments.math_grader import MathGrader
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 from realhf.api.agent import Agent, EpisodeResult, register_agent
-from realhf.impl.agent.math_single_step import graded
+from realhf.plugins.agents.math_single_step import graded
 
 
 @register_agent("math-multi-turn")

@@ -5,7 +5,7 @@ tiny tokenizer spells exactly."""
 import ast
 import json
 
-from realhf.impl.dataset.code_task import (
+from realhf.plugins.tasks.code_task import (
     CODE_PREFIX,
     FAMILIES,
     N_EXAMPLES,
@@ -16,7 +16,7 @@ from realhf.impl.dataset.code_task import (
     to_rows,
     vocabulary,
 )
-from realhf.impl.dataset.tiny_model import build_tokenizer
+from realhf.plugins.tasks.tiny_model import build_tokenizer
 from scripts.make_code_task import main as make_code_task
 
 

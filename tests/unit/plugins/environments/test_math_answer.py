@@ -2,7 +2,7 @@
 
 import pytest
 
-from realhf.impl.environment.math_answer import extract_answer, numbers_equal, parse_number, work_lines_correct
+from realhf.plugins.environments.math_answer import extract_answer, numbers_equal, parse_number, work_lines_correct
 
 
 @pytest.mark.parametrize(

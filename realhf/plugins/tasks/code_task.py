@@ -1,7 +1,7 @@
 """Synthetic "write the function from its examples" problems: the embedded code task.
 
 A problem shows three calls of a hidden one-line function and asks for its body; the reward is
-whether the written function passes four hidden calls on other inputs (realhf.impl.environment.code_env):
+whether the written function passes four hidden calls on other inputs (realhf.plugins.environments.code_env):
 
     prompt:     "f('bcg')='gcb'\\nf('hk')='kh'\\nf('wyzq')='qzyw'\\ndef f(x): return"
     completion: " x[::-1]"

@@ -6,7 +6,7 @@ one long-lived sandbox server per rollout worker.
     verdict.passed        # [True, True]; verdict.problem: why nothing could be tested, else ""
     await sandbox.close()
 
-Why a server and not `run_python` (realhf/impl/tools/python_code.py) per answer: starting a fresh
+Why a server and not `run_python` (realhf/plugins/tools/python_code.py) per answer: starting a fresh
 interpreter costs ~20 ms of CPU (measured on the 2-core machine), and a training step of the
 embedded code task grades 128 answers, which would cost more than the step's training. The server
 (`python -I -S`, standard library only, an empty environment, a scratch working directory) is
@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from realhf.impl.tools.python_code import PythonSandboxLimits, _environment, _rlimits, _user_task_count
+from realhf.plugins.tools.python_code import PythonSandboxLimits, _environment, _rlimits, _user_task_count
 
 # Past the wall-clock limit the server itself kills the child; this is only for a server that
 # stopped answering.

@@ -16,7 +16,7 @@ from realhf.api.cli_args import EnvConfig
 from realhf.api.env import EnvFactory
 from realhf.api.tools import ToolCall
 from realhf.experiments.validation import ConfigError, check_env
-from realhf.impl.environment.mcp_env import MCPEnv, MCPServerTools
+from realhf.plugins.environments.mcp_env import MCPEnv, MCPServerTools
 
 TOOLS = ["add", "calculator", "echo", "fail", "slow"]
 

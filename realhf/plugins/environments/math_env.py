@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 from realhf.api.env import Environment, register_env
-from realhf.impl.environment.math_answer import extract_answer, work_lines_correct
-from realhf.impl.environment.math_grader import MathGrader
+from realhf.plugins.environments.math_answer import extract_answer, work_lines_correct
+from realhf.plugins.environments.math_grader import MathGrader
 
 
 @register_env("math")

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from realhf.api.prompt import PromptRow
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
-from realhf.impl.environment.math_grader import MathGrader
+from realhf.plugins.environments.math_grader import MathGrader
 
 GenerateFn = Callable[[List[List[int]], float, int], List[List[int]]]
 
