@@ -2,14 +2,17 @@
 
 A field that carries a fact of the root tree (`realhf.api.cli_args.AsyncPPOConfig`) is
 declared with `same_as("<root field>")`: it takes the root's default and help, so a fact has
-one default however many workers read it. The remaining fields are a worker's own mechanics
+one default however many workers read it, and `from_root` fills it with the run's value, so the
+experiment never copies a root fact by hand (a worker config lists the slice of the root it
+reads; adding a root knob a worker needs is one `same_as` line there). The remaining fields are a worker's own mechanics
 (poll intervals, discovery timeouts) or values the experiment computes (a worker's share of the
 rollouts, the trial's run directory); their rules live in `realhf.experiments.validation`.
 """
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Type, TypeVar
 
 from realhf.api.cli_args import (
     AgentConfig,
@@ -24,8 +27,9 @@ from realhf.api.cli_args import (
     SGLangConfig,
     StatsLoggingConfig,
     _f,
-    _sub,
 )
+
+W = TypeVar("W")
 
 
 def _root_field(path: str) -> dataclasses.Field:
@@ -36,6 +40,27 @@ def _root_field(path: str) -> dataclasses.Field:
             raise AttributeError(f"{path!r} is not a field of AsyncPPOConfig")
         cls = f.default_factory if f.default_factory is not dataclasses.MISSING else f.type
     return f
+
+
+def root_value(root: AsyncPPOConfig, path: str) -> Any:
+    """The value of the root config's field `path` (dotted), copied so a worker never shares
+    (and mutates) the root's objects."""
+    value: Any = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return copy.deepcopy(value)
+
+
+def from_root(cls: Type[W], root: AsyncPPOConfig, **own: Any) -> W:
+    """A worker config of class `cls` whose `same_as` fields carry the run's root values: the
+    one place a root fact is handed to a worker (`own` sets the worker's other fields: its
+    share of the work, the trial's directories)."""
+    carried = {
+        f.name: root_value(root, f.metadata["root"])
+        for f in dataclasses.fields(cls)
+        if "root" in f.metadata and f.name not in own
+    }
+    return cls(**carried, **own)
 
 
 def same_as(path: str, help: str = "") -> Any:
@@ -58,8 +83,8 @@ class GenerationServerConfig:
     device: str = same_as("cluster.device")
     port: int = _f(0, "HTTP port; 0: a free port.")
     max_request_bytes: int = same_as("cluster.max_request_bytes")
-    native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (backend=native).")
-    sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (backend=sglang).")
+    native: NativeEngineConfig = same_as("gen_server.native", "The built-in engine (backend=native).")
+    sglang: SGLangConfig = same_as("gen_server.sglang", "SGLang server arguments (backend=sglang).")
     tp_size: int = _f(1, "Tensor parallelism of the sglang backend (native: must be 1).")
     base_gpu_id: int = _f(
         0,

@@ -30,6 +30,7 @@ from realhf.api.worker_configs import (
     MasterWorkerConfig,
     ModelWorkerConfig,
     RolloutWorkerConfig,
+    from_root,
 )
 from realhf.base import logging, trial_files
 from realhf.base.network import redact_url
@@ -104,30 +105,9 @@ def wandb_run_config(cfg: AsyncPPOConfig) -> dict:
 
 
 def evaluator_config(cfg: AsyncPPOConfig, files: TrialFiles, resumed_version: int) -> EvaluatorConfig:
-    ev = cfg.evaluation
-    return EvaluatorConfig(
-        eval_freq_steps=cfg.exp_ctrl.eval_freq_steps,
-        test_path=cfg.dataset.test_path,
-        columns=dataclasses.replace(cfg.dataset.columns),
-        test_split=cfg.dataset.test_split,
-        config_name=cfg.dataset.config_name,
-        chat_template=cfg.dataset.chat_template,
-        agent=dataclasses.replace(cfg.rollout.agent),
-        env=dataclasses.replace(cfg.rollout.env),
-        gconfig=dataclasses.replace(cfg.ppo.gen),
-        episode_timeout=cfg.rollout.episode_timeout,
-        n_prompts=ev.during_n_prompts,
-        samples=ev.during_samples,
-        temperature=ev.sampled_temperature,
-        max_new_tokens=ev.max_new_tokens,
-        batch_size=ev.batch_size,
-        n_threads=ev.during_n_threads,
-        nice=ev.during_nice,
-        model_path=cfg.actor.path,
-        native=dataclasses.replace(cfg.gen_server.native),
-        device=cfg.cluster.device,
-        seed=cfg.seed,
-        stats=dataclasses.replace(cfg.stats),
+    return from_root(
+        EvaluatorConfig,
+        cfg,
         run_dir=files.run_dir,
         metrics_path=os.path.join(files.log_dir, EVAL_METRICS_FILE),
         wandb_run_name=f"{cfg.trial_name}-eval",
@@ -156,100 +136,57 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
     point = resume_point(cfg)
     resume = point[1] if point else {}
     check_external_servers_answer(cfg.gen_server.urls, int(resume.get("version", 0)))
-    host = cfg.cluster.bind_host
     n_rows = count_prompts(cfg.dataset.path, cfg.dataset.split, cfg.dataset.config_name)
     total_steps = total_train_steps(cfg, n_rows)
 
     gen_servers = [
-        GenerationServerConfig(
+        from_root(
+            GenerationServerConfig,
+            cfg,
             backend=alloc.gen_engine,
-            model_path=cfg.actor.path,
-            host=host,
-            device=cfg.cluster.device,
-            max_request_bytes=cfg.cluster.max_request_bytes,
-            native=dataclasses.replace(cfg.gen_server.native),
-            sglang=dataclasses.replace(cfg.gen_server.sglang),
             tp_size=alloc.gen.tp,
             base_gpu_id=slot.gpus[0] if slot.gpus else 0,
             gpu_memory_fraction=slot.memory_fraction,
-            seed=cfg.seed,
             # a restarted server loads the current weights from here
             weights_root=str(trial_files.published_weights_dir(files.run_dir, "actor")),
         )
         for slot in placement.servers
     ]
-    manager = GserverManagerConfig(
-        host=host,
-        schedule_policy=cfg.schedule_policy,
-        max_concurrent_rollouts=cfg.max_concurrent_rollouts,
-        groups_per_step=cfg.groups_per_step,
-        max_head_offpolicyness=cfg.max_head_offpolicyness,
+    manager = from_root(
+        GserverManagerConfig,
+        cfg,
         n_servers=alloc.gen.dp,
-        server_urls=list(cfg.gen_server.urls),
         pause_for_update=not (alloc.gen_engine == "native" and cfg.gen_server.native.keep_running_on_update),
         n_trainer_ranks=alloc.train.dp,
-        max_request_bytes=cfg.cluster.max_request_bytes,
         model_role="actor",
         run_dir=files.run_dir,
-        weight_sync=cfg.weight_sync,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
-    rollout = RolloutWorkerConfig(
-        dataset_path=cfg.dataset.path,
-        dataset_columns=dataclasses.replace(cfg.dataset.columns),
-        dataset_split=cfg.dataset.split,
-        dataset_config_name=cfg.dataset.config_name,
-        chat_template=cfg.dataset.chat_template,
-        tokenizer_path=cfg.actor.path,
-        seed=cfg.seed,
-        agent=dataclasses.replace(cfg.rollout.agent),
-        env=dataclasses.replace(cfg.rollout.env),
-        gconfig=dataclasses.replace(cfg.ppo.gen),
-        group_size=cfg.group_size,
+    rollout = from_root(
+        RolloutWorkerConfig,
+        cfg,
         max_concurrent_rollouts=rollouts_per_worker(cfg),
-        new_tokens_per_chunk=cfg.new_tokens_per_chunk,
         n_pullers=alloc.train.dp,
-        request_timeout=cfg.rollout.request_timeout,
-        group_in_one_request=cfg.rollout.group_in_one_request,
-        episode_timeout=cfg.rollout.episode_timeout,
-        max_message_bytes=cfg.cluster.max_message_bytes,
         context_tokens=server_context(cfg)[0],
     )
-    model = ModelWorkerConfig(
-        actor=cfg.actor,
-        ref=cfg.ref,
-        critic=cfg.critic,
-        ppo=cfg.ppo,
-        device=cfg.cluster.device,
+    model = from_root(
+        ModelWorkerConfig,
+        cfg,
         run_dir=files.run_dir,
-        bind_host=host,
-        max_head_offpolicyness=cfg.max_head_offpolicyness,
         total_train_steps=total_steps,
-        seed=cfg.seed,
         recover=bool(resume),
         recover_path=str(point[0]) if point else "",
-        keep_last_saves=cfg.exp_ctrl.keep_last_saves,
-        max_message_bytes=cfg.cluster.max_message_bytes,
-        collective_timeout=cfg.cluster.collective_timeout,
-        weight_sync=cfg.weight_sync,
-        weight_sync_bucket_mb=cfg.weight_sync_bucket_mb,
         weight_sync_backend="nccl" if placement.mode == "separate" else "gloo",
         ranks_per_server=alloc.gen.tp,
         gen_backend=alloc.gen_engine,
         disk_every=cfg.exp_ctrl.eval_freq_steps,
     )
-    master = MasterWorkerConfig(
+    master = from_root(
+        MasterWorkerConfig,
+        cfg,
         n_model_workers=alloc.train.dp,
-        groups_per_step=cfg.groups_per_step,
-        group_size=cfg.group_size,
         total_train_steps=total_steps,
-        ppo=cfg.ppo,
-        exp_ctrl=cfg.exp_ctrl,
-        stats=cfg.stats,
         log_dir=files.log_dir,
-        bind_host=host,
-        stall_timeout=cfg.stall_timeout,
-        max_message_bytes=cfg.cluster.max_message_bytes,
         expected_workers={
             "generation_server": 0 if cfg.gen_server.urls else alloc.gen.dp,
             "gserver_manager": 1,
