@@ -58,6 +58,7 @@ from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives, memory_budget
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
+from realhf.impl.engine import tensor_parallel
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model import checkpoint, lora
 from realhf.impl.model.batching import micro_batches
@@ -91,6 +92,10 @@ class FSDPEngineConfig:
     trainable: bool = True  # False: frozen (the reference policy), no optimizer
     seed: int = 1  # initialises a value head (the same on every rank)
     name: str = "actor"  # the role (actor, ref, critic): errors name it
+    # Tensor parallelism (allocation_mode's trainer `m`): ranks r..r+tp-1 form one model replica
+    # splitting every decoder layer (realhf.impl.engine.tensor_parallel) and must be handed the
+    # same batch; the world is dp x tp, FSDP2 shards over dp.
+    tp_size: int = 1
 
 
 class FSDPEngine(TrainEngine):
@@ -119,6 +124,13 @@ class FSDPEngine(TrainEngine):
             dist.init_process_group(dist_backend(self.device), store=dist.HashStore(), rank=0, world_size=1)
             self._owns_group = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.tp_size = self.config.tp_size
+        if self.tp_size < 1 or self.world_size % self.tp_size:
+            raise ValueError(
+                f"the {self.config.name} engine: tp_size={self.tp_size} does not divide the {self.world_size} trainer ranks"
+            )
+        self.dp_size = self.world_size // self.tp_size
+        self.dp_group = None  # all ranks (None) unless tensor parallelism splits them
 
         if self.config.value_head:
             model = load_value_model(self.config.model, self.config.seed)
@@ -140,13 +152,18 @@ class FSDPEngine(TrainEngine):
             self.lora_scaling = self.config.model.lora.alpha / self.config.model.lora.r
         mp = self._mixed_precision(model)
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
+        if self.tp_size > 1 and self.lora_scaling:
+            raise ValueError(
+                f"the {self.config.name} engine: LoRA adapters under tensor parallelism are not supported "
+                "(peft wraps the projections tensor parallelism splits); use m1 with actor.lora.r > 0"
+            )
         if self.sharded:
             self._shard(model, mp or MixedPrecisionPolicy())
         shards = self.world_size if self.sharded else 1
         memory_budget.check_device_fits(
             f"the {self.config.name} engine ({self.config.model.path}: weights"
             + (", gradients and AdamW states" if self.config.trainable else "")
-            + f" over {shards} FSDP shard(s))",
+            + f" over {shards} shard(s), FSDP x tensor parallel)",
             memory_budget.trainer_bytes(model, self.config.trainable, shards),
             self.device,
             "raise the trainer's data parallelism in allocation_mode (FSDP2 shards all of it over the ranks), "
@@ -184,7 +201,6 @@ class FSDPEngine(TrainEngine):
         return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
     def _shard(self, model: torch.nn.Module, mp: MixedPrecisionPolicy) -> None:
-        mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         layer_classes = set(getattr(model, "_no_split_modules", None) or ())
         layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
         if not layers:
@@ -192,6 +208,16 @@ class FSDPEngine(TrainEngine):
                 f"{type(model).__name__} names no decoder-layer class in _no_split_modules; "
                 "FSDPEngine shards per decoder layer and cannot wrap it"
             )
+        if self.tp_size > 1:
+            where = f"the {self.config.name} engine ({self.config.model.path})"
+            tensor_parallel.check_tp_fits(model, layers, self.tp_size, where)
+            # Ranks r*tp .. r*tp+tp-1 are one replica (tp innermost: on GPUs, the NVLink neighbours).
+            mesh2d = init_device_mesh(self.device.type, (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
+            tensor_parallel.apply_tp(layers, mesh2d["tp"])
+            mesh = mesh2d["dp"]
+            self.dp_group = mesh.get_group()
+        else:
+            mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         for layer in layers:
             fully_shard(layer, mesh=mesh, mp_policy=mp)
         # The root's weights (embeddings, final norm, LM head) are the first the backward needs:
@@ -209,7 +235,13 @@ class FSDPEngine(TrainEngine):
 
     def _named(self, call: str):
         """Collectives of `call`; a timeout names this rank, this engine and the call."""
-        return collectives.named(f"dp rank {self.rank}/{self.world_size}: {self.config.name} {call}")
+        if self.tp_size > 1:
+            where = (
+                f"rank {self.rank}/{self.world_size} (dp {self.rank // self.tp_size}, tp {self.rank % self.tp_size})"
+            )
+        else:
+            where = f"dp rank {self.rank}/{self.world_size}"
+        return collectives.named(f"{where}: {self.config.name} {call}")
 
     @torch.no_grad()
     def forward(self, batch: TrainBatch, output_fn: OutputFn) -> torch.Tensor:
@@ -256,7 +288,10 @@ class FSDPEngine(TrainEngine):
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.config.model.optimizer.gradient_clipping
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        if self.tp_size > 1:  # gradients on two meshes (realhf.impl.engine.tensor_parallel)
+            grad_norm = tensor_parallel.clip_grad_norm(params, max_norm if max_norm > 0 else float("inf"))
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
         if isinstance(grad_norm, DTensor):  # the norm over all shards, on every rank
             grad_norm = grad_norm.full_tensor()
         lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses
@@ -345,9 +380,10 @@ class FSDPEngine(TrainEngine):
         )  # a one-token prompt: the shared-prompt forward takes it too
 
     def _sum_over_ranks(self, x: float) -> float:
+        """Σ over the data-parallel ranks (the tp ranks of a replica hold the same value)."""
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(t)
+        if self.dp_size > 1:
+            dist.all_reduce(t, group=self.dp_group)
         return float(t)
 
     # ---- HF weights -----------------------------------------------------------------------------
