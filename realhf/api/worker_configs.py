@@ -215,13 +215,17 @@ class RolloutWorkerConfig:
 
 @dataclass
 class ModelWorkerConfig:
-    """One data-parallel rank of the trainer."""
+    """One rank of the trainer: data-parallel rank index // tp_size, tensor-parallel rank index % tp_size."""
 
     actor: ModelTrainEvalConfig = same_as("actor")
     ref: ModelTrainEvalConfig = same_as("ref")
     critic: ModelTrainEvalConfig = same_as("critic")
     ppo: PPOHyperparameters = same_as("ppo")
     device: str = same_as("cluster.device")
+    tp_size: int = _f(
+        1,
+        "Tensor parallelism of the trainer (allocation_mode's trainer m): model workers i·tp_size … i·tp_size + tp_size − 1 are one data-parallel rank splitting every decoder layer; the first of them (its head) receives the trajectories and hands each step's batch to the others.",
+    )
     gpu: int = _f(
         0,
         "This DP rank's GPU on its node (realhf.base.placement). Unused on the CPU, and where the launcher gives the process its own GPU (Ray): then device 0.",
@@ -273,7 +277,11 @@ class ModelWorkerConfig:
 
 @dataclass
 class MasterWorkerConfig:
-    n_model_workers: int = _f(1, "Model workers (= DP ranks) to drive.")
+    n_model_workers: int = _f(1, "Model workers to drive (trainer DP ranks × trainer_tp).")
+    trainer_tp: int = _f(
+        1,
+        "Tensor parallelism of the trainer: model workers i·trainer_tp … are one DP rank, data goes through the first (its head).",
+    )
     groups_per_step: int = same_as("groups_per_step")
     group_size: int = same_as("group_size")
     total_train_steps: int = _f(1, "Train steps of the run (exp_ctrl.benchmark_steps, or epochs x steps per epoch).")

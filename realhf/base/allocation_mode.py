@@ -100,11 +100,11 @@ class AllocationMode:
                 f"the native engine runs each generation server on one device, so it needs m1 p1 "
                 f"(got m{self.gen.tp} p{self.gen.pp}); use more servers (d) instead, or the sglang engine on GPUs"
             )
-        if self.train.tp != 1 or self.train.pp != 1:
+        if self.train.pp != 1:
             fail(
-                f"the trainer part needs m1 p1 (got m{self.train.tp} p{self.train.pp}): trainer tensor and "
-                f"pipeline parallelism (Megatron-core TP/PP) is not built yet, the trainer runs FSDP2 data "
-                f"parallelism only; use d{self.train.world_size}m1p1"
+                f"the trainer part needs p1 (got p{self.train.pp}): pipeline parallelism of the trainer is not "
+                f"built yet; it runs FSDP2 data parallelism (d) and tensor parallelism (m): use "
+                f"d{self.train.dp}m{self.train.tp * self.train.pp}p1 or d{self.train.dp * self.train.pp}m{self.train.tp}p1"
             )
 
 

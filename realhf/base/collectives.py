@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import re
 from contextlib import contextmanager
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -76,12 +76,13 @@ def agree_max(values: List[int], device: torch.device) -> List[int]:
     return [int(x) for x in t.tolist()]
 
 
-def new_gloo_group(timeout_s: float):
-    """A gloo group of all ranks with its own timeout (None on one rank): for CPU data between
-    ranks whatever the compute backend, and for waits on another rank's disk writes."""
+def new_gloo_group(timeout_s: float, ranks: Optional[List[int]] = None):
+    """A gloo group of all ranks (or of `ranks`: every rank must make the same call) with its own
+    timeout (None on one rank): for CPU data between ranks whatever the compute backend, and for
+    waits on another rank's disk writes."""
     if world_size() == 1:
         return None
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def barrier(group=None) -> None:

@@ -83,7 +83,7 @@ def place(
                 f"on a CPU machine use the native engine, e.g. 'native.{alloc.gen}+{alloc.train}'"
             )
         cpu = Slot(node=0, gpus=())
-        return Placement("cpu", (cpu,) * alloc.gen.dp, (cpu,) * alloc.train.dp)
+        return Placement("cpu", (cpu,) * alloc.gen.dp, (cpu,) * alloc.train.world_size)
 
     per_server = alloc.gen.tp * alloc.gen.pp
     G, T = alloc.gen.world_size, alloc.train.world_size

@@ -5,7 +5,7 @@ naming the field, before a process starts) and turns it into the launcher's `Wor
 (docs/architecture.md §2, §8):
 
     generation_server × gen.dp    gserver_manager × 1    rollout_worker × rollout.n_workers
-    model_worker × train.dp       master_worker × 1 (its log is echoed to the console)
+    model_worker × train.dp·train.tp   master_worker × 1 (its log is echoed to the console)
     evaluator × 1, only when exp_ctrl.eval_freq_steps > 0
 
 Each worker config is derived here and nowhere else: a fact of the root tree reaches every
@@ -176,6 +176,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         total_train_steps=total_steps,
         recover=bool(resume),
         recover_path=str(point[0]) if point else "",
+        tp_size=alloc.train.tp,
         weight_sync_backend="nccl" if placement.mode == "separate" else "gloo",
         ranks_per_server=alloc.gen.tp,
         gen_backend=alloc.gen_engine,
@@ -184,13 +185,14 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
     master = from_root(
         MasterWorkerConfig,
         cfg,
-        n_model_workers=alloc.train.dp,
+        n_model_workers=alloc.train.world_size,
+        trainer_tp=alloc.train.tp,
         total_train_steps=total_steps,
         log_dir=files.log_dir,
         expected_workers={
             "generation_server": 0 if cfg.gen_server.urls else alloc.gen.dp,
             "gserver_manager": 1,
-            "model_worker": alloc.train.dp,
+            "model_worker": alloc.train.world_size,
             "rollout_worker": cfg.rollout.n_workers,
         },
         run_config=wandb_run_config(cfg) if cfg.stats.wandb_project else {},
@@ -224,7 +226,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         WorkerSpec("gserver_manager", 1, [manager]),
         WorkerSpec(
             "model_worker",
-            alloc.train.dp,
+            alloc.train.world_size,
             models,
             cpus=cfg.actor.n_threads,
             gpus=ray_gpus(placement.trainer),

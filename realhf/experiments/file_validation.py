@@ -113,6 +113,37 @@ def check_files(cfg: AsyncPPOConfig) -> None:
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
 
 
+def check_trainer_tp(cfg: AsyncPPOConfig, tp: int) -> None:
+    """Tensor parallelism of the trainer (allocation_mode's trainer m) against the models it splits:
+    the attention heads, key/value heads and MLP width must divide by m (realhf.impl.engine.tensor_parallel)."""
+    if tp == 1:
+        return
+    where = (
+        f"allocation_mode={cfg.allocation_mode!r} splits the trainer's decoder layers over m{tp} tensor-parallel ranks"
+    )
+    _Fields.need(
+        cfg.actor.lora.r == 0,
+        f"{where}, which LoRA adapters (actor.lora.r={cfg.actor.lora.r}) do not support yet: use m1 with LoRA",
+    )
+    models = [("actor.path", cfg.actor.path)]
+    if adv_estimator(cfg.ppo.adv_estimator).needs_critic and cfg.critic.path:
+        models.append(("critic.path", cfg.critic.path))
+    for field, path in models:
+        hf = _hf_config(field, path)
+        heads = hf.get("num_attention_heads")
+        sizes = {
+            "num_attention_heads": heads,
+            "num_key_value_heads": hf.get("num_key_value_heads") or heads,
+            "intermediate_size": hf.get("intermediate_size"),
+        }
+        wrong = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or v % tp]
+        _Fields.need(
+            not wrong,
+            f"{where}, but {field}={path!r} has {', '.join(wrong)} in its config.json, not divisible by {tp}: "
+            "lower the trainer part's m",
+        )
+
+
 def check_eval_rows(cfg: AsyncPPOConfig) -> None:
     """The held-out rows the evaluation runs the task on (realhf.system.evaluator.task_eval: the rollout's
     agent and environment) exist and carry what the environment needs; else the error says how to

@@ -93,6 +93,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_ppo(c.ppo)
     check_device(c.device, f.name("device"))
     f.at_least("gpu", 0)
+    f.at_least("tp_size", 1)
     _check_gpu_share(f)
     if adv_estimator(c.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(c.critic.path, c.actor.path)
@@ -111,9 +112,15 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
 def _check_master(c: MasterWorkerConfig) -> None:
     f = _Fields(c, "master_worker")
     f.at_least("n_model_workers", 1)
+    f.at_least("trainer_tp", 1)
     f.need(
-        c.groups_per_step >= c.n_model_workers,
-        f"groups_per_step ({c.groups_per_step}) must be >= the number of model workers ({c.n_model_workers}): "
+        c.n_model_workers % c.trainer_tp == 0,
+        f"master_worker.n_model_workers={c.n_model_workers} is not a multiple of trainer_tp={c.trainer_tp}",
+    )
+    dp = c.n_model_workers // max(c.trainer_tp, 1)
+    f.need(
+        c.groups_per_step >= dp,
+        f"groups_per_step ({c.groups_per_step}) must be >= the trainer's DP ranks ({dp}): "
         "every DP rank trains at least one group per step",
     )
     f.at_least("total_train_steps", 0, strict=True)

@@ -47,7 +47,9 @@ def main(out: Path) -> None:
         streamed = {name: t.clone() for name, t in engine.hf_tensors()}  # every rank runs it; rank 0 gets them
         if rank == 0:
             save_file(streamed, str(out / "hf_tensors.safetensors"))
-        recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2})
+        recover_checkpoint.save(
+            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
+        )
         stats += run_steps(engine, [0], dp_rank, dp_size)
         _write(out, "params_step3.safetensors", engine)
         engine.destroy()

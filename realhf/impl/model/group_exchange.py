@@ -72,3 +72,20 @@ def exchange(
             received.update({(src, i): Trajectory.from_msg(m) for i, m in zip(indices, msgs)})
         offset += size
     return [groups[i] if s == rank else received[(s, i)] for s, i in mine]
+
+
+def replicate(groups: List[Trajectory], src: int, group=None) -> List[Trajectory]:
+    """Collective over `group` (one tensor-parallel replica): the groups of rank `src` (global
+    rank), on every rank of the replica. The ranks of a replica split one model, so they must
+    train the same batch; the head's groups travel as wire messages (msgpack), never pickled."""
+    blob = serialization.dumps([g.to_msg() for g in groups]) if dist.get_rank() == src else b""
+    size = torch.tensor([len(blob)], dtype=torch.int64)  # [1]
+    dist.broadcast(size, src=src, group=group)
+    data = torch.from_numpy(np.frombuffer(blob, dtype=np.uint8).copy()) if blob else torch.empty(0, dtype=torch.uint8)
+    if dist.get_rank() != src:
+        data = torch.empty(int(size), dtype=torch.uint8)  # [size]
+    if int(size):
+        dist.broadcast(data, src=src, group=group)
+    if dist.get_rank() == src:
+        return groups
+    return [Trajectory.from_msg(m) for m in serialization.loads(data.numpy().tobytes())] if int(size) else []

@@ -56,7 +56,7 @@ class MasterWorker(Worker):
         self._stats: Optional[StatsLogger] = None
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
         self.total_steps = cfg.total_train_steps
-        self.shares = dp_shares(cfg.groups_per_step, cfg.n_model_workers)
+        self.shares = dp_shares(cfg.groups_per_step, len(self._heads))
 
         self._stream = MasterStream(
             exp,
@@ -128,6 +128,12 @@ class MasterWorker(Worker):
             f"{cfg.ppo.policy_loss}, advantages {cfg.ppo.adv_estimator}; metrics in {self.metrics_path}"
         )
 
+    @property
+    def _heads(self) -> List[int]:
+        """The model workers that are DP heads: with trainer tensor parallelism every tp-th one
+        holds its replica's data (fetch); the others follow it (balance and the model calls go to all)."""
+        return list(range(0, self.config.n_model_workers, self.config.trainer_tp))
+
     @staticmethod
     def _read_trained(path: str) -> set:
         """Every qid trained in this trial so far (the file is already cut to the resumed step)."""
@@ -190,7 +196,7 @@ class MasterWorker(Worker):
         t0 = last_log = time.monotonic()
         reported_at = 0.0
         while True:
-            replies = self._stream.call_all("fetch", {"take": 0}, timeout=cfg.request_timeout)
+            replies = self._stream.call_all("fetch", {"take": 0}, workers=self._heads, timeout=cfg.request_timeout)
             self._update_stale_dropped(replies)
             short = [r for r in replies if r["buffered"] < self.shares[r["dp_rank"]]]
             if not short:
@@ -230,11 +236,11 @@ class MasterWorker(Worker):
     def _run_step(self) -> None:
         cfg = self.config
         wait_s = self._wait_for_data()
-        take = {i: {"take": s} for i, s in enumerate(self.shares)}
+        take = {head: {"take": s} for head, s in zip(self._heads, self.shares)}
         if cfg.stats.log_completions:
             # DP rank 0 decodes the step's logged samples from its share (realhf.system.stats.completion_log).
             take[0]["completions"] = cfg.stats.log_completions
-        fetched = self._stream.call_all("fetch", per_worker_data=take, timeout=cfg.request_timeout)
+        fetched = self._stream.call_all("fetch", workers=self._heads, per_worker_data=take, timeout=cfg.request_timeout)
         self._update_stale_dropped(fetched)
         balance = self._balance(fetched)
         inference, train = self._train_calls()
@@ -289,7 +295,10 @@ class MasterWorker(Worker):
         train: List[Any] = []
         for c in step_calls(self.config.ppo):
             data = {"model": c.model} if c.handler == "inference" else None
-            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)
+            # Every rank runs the call; the heads' replies speak for their replicas (the same numbers).
+            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)[
+                :: self.config.trainer_tp
+            ]
             if c.handler == "inference":
                 inference[c.model] = replies
             elif c.name == "critic_train":
@@ -391,7 +400,9 @@ class MasterWorker(Worker):
             # A group counted accepted was pushed before: allow its last hop (ZMQ, then the
             # head's pull thread, which polls every 0.1 s) before asking where it is.
             time.sleep(1.0)
-            heads = self._stream.call_all("fetch", {"take": 0}, timeout=self.config.request_timeout)
+            heads = self._stream.call_all(
+                "fetch", {"take": 0}, workers=self._heads, timeout=self.config.request_timeout
+            )
         except Exception as e:  # noqa: BLE001 - the run itself is done; say what could not be counted
             self.logger.warning(f"no final group accounting: {type(e).__name__}: {e}")
             return

@@ -62,24 +62,34 @@ class ModelWorker(Worker):
         torch.set_num_threads(cfg.actor.n_threads)
         torch.manual_seed(cfg.seed)
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
-        self.dp_rank, self.dp_size = self.ctx.worker_index, self.ctx.worker_count
+        # Tensor parallelism: workers i·tp … i·tp + tp − 1 are DP rank i, splitting every layer; the
+        # first (the head) receives the trajectories and hands each step's batch to the others.
+        self.tp_size = cfg.tp_size
+        self.rank, self.world_size = self.ctx.worker_index, self.ctx.worker_count
+        if self.world_size % self.tp_size:
+            raise ValueError(f"{self.world_size} model workers do not divide into tp_size={self.tp_size}")
+        self.dp_rank, self.dp_size = self.rank // self.tp_size, self.world_size // self.tp_size
+        self.tp_rank = self.rank % self.tp_size
+        self.is_head = self.tp_rank == 0
         self.version = 0
         self._taken: List[Trajectory] = []  # this rank's share of the step, before balancing
         self._batch: Optional[TrainBatch] = None
         self._tokenizer: Any = None  # loaded when the master first asks for completions (stats.log_completions)
 
         # Listen for trajectories first, so rollout workers can start pushing while we load.
-        puller = NameResolvingZmqPuller(
-            exp,
-            trial,
-            self.dp_rank,
-            host=cfg.bind_host,
-            secret=self.ctx.secret,
-            max_message_bytes=cfg.max_message_bytes,
-        )
-        self._dataset = StreamDataset(
-            puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg, name=f"dp{self.dp_rank}-stream"
-        )
+        puller = None
+        if self.is_head:
+            puller = NameResolvingZmqPuller(
+                exp,
+                trial,
+                self.dp_rank,
+                host=cfg.bind_host,
+                secret=self.ctx.secret,
+                max_message_bytes=cfg.max_message_bytes,
+            )
+            self._dataset = StreamDataset(
+                puller, maxsize=cfg.stream_queue_size, parse=Trajectory.from_msg, name=f"dp{self.dp_rank}-stream"
+            )
         self._buffer = TrajectoryBuffer(cfg.max_head_offpolicyness)
         # The placement's GPU (realhf.base.placement), unless the launcher gave the process its
         # own GPU (Ray): then it is device 0. A GPU shared with a generation server caps our memory.
@@ -103,7 +113,7 @@ class ModelWorker(Worker):
         # The launcher chose (and verified) the checkpoint: ranks deciding on their own could differ.
         resume_from = Path(cfg.recover_path) if cfg.recover_path else self._recover_path
         if cfg.recover and (cfg.recover_path or recover_checkpoint.read_info(resume_from) is not None):
-            info = recover_checkpoint.load(resume_from, self._trained, self.dp_rank, self.device)
+            info = recover_checkpoint.load(resume_from, self._trained, self.rank, self.device)
             self.version = int(info["version"])
             self.actor.load_state_dict(info.get("actor_state", {}))  # the adaptive KL coefficient
             self._resume = {k: info[k] for k in ("rollout_pending", "rollout_samplers") if k in info}
@@ -121,10 +131,17 @@ class ModelWorker(Worker):
             if self.device.type != "cpu" and cfg.gpu_memory_fraction < 1
             else ""
         )
+        layout = "FSDP2-sharded" if self.engines["actor"].sharded else "unsharded"
+        if self.tp_size > 1:
+            layout += f", layers split over {self.tp_size} tensor-parallel ranks"
         self.logger.info(
-            f"dp rank {self.dp_rank}/{self.dp_size} on {self.device}{share} ({why_device(cfg.device, self.device)}): {sizes} "
-            f"({cfg.actor.dtype}, {'FSDP2-sharded' if self.engines['actor'].sharded else 'unsharded'}), "
-            f"loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, puller {puller.address}"
+            f"{self._where()} on {self.device}{share} ({why_device(cfg.device, self.device)}): {sizes} "
+            f"({cfg.actor.dtype}, {layout}), loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, "
+            + (
+                f"puller {puller.address}"
+                if puller is not None
+                else f"data from its head (rank {self.rank - self.tp_rank})"
+            )
         )
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
@@ -135,7 +152,7 @@ class ModelWorker(Worker):
         self._stream = WorkerStream(
             exp,
             trial,
-            self.dp_rank,
+            self.rank,
             discovery_timeout=cfg.master_discovery_timeout,
             secret=self.ctx.secret,
             max_message_bytes=cfg.max_message_bytes,
@@ -150,7 +167,7 @@ class ModelWorker(Worker):
         backend = dist_backend(self.device)
         timeout = datetime.timedelta(seconds=cfg.distributed_timeout)
         bind_gloo_to(cfg.bind_host)  # gloo's own listeners too, not only the TCPStore
-        self._cpu_group = self._io_group = None
+        self._cpu_group = self._io_group = self._replica_group = None
         collective = datetime.timedelta(seconds=cfg.collective_timeout)
         if backend == "nccl":
             # NCCL's watchdog aborts a rank whose collective times out, before Python could name
@@ -159,19 +176,19 @@ class ModelWorker(Worker):
             os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
             os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
             os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(self.ctx.log_dir or ".", "nccl_trace_rank_"))
-        if self.dp_size == 1:
+        if self.world_size == 1:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=collective)
             self._dist_initialized = True
             return
         key = names.distributed_master(self.ctx.experiment_name, self.ctx.trial_name)
-        if self.dp_rank == 0:
+        if self.rank == 0:
             # TCPStore given a host still listens on every interface; handing it a socket we
             # bound ourselves keeps the rendezvous on bind_host (loopback by default).
             self._store_socket = socket.create_server((cfg.bind_host, 0))
             store = dist.TCPStore(
                 cfg.bind_host,
                 self._store_socket.getsockname()[1],
-                self.dp_size,
+                self.world_size,
                 is_master=True,
                 timeout=timeout,
                 wait_for_workers=False,
@@ -180,14 +197,20 @@ class ModelWorker(Worker):
             name_resolve.add(key, f"{host_for_peers(cfg.bind_host)}:{store.port}", replace=True)
         else:
             host, port = split_host_port(name_resolve.wait(key, timeout=cfg.distributed_timeout))
-            store = dist.TCPStore(host, port, self.dp_size, is_master=False, timeout=timeout)
+            store = dist.TCPStore(host, port, self.world_size, is_master=False, timeout=timeout)
         t0 = time.monotonic()
-        dist.init_process_group(backend, store=store, rank=self.dp_rank, world_size=self.dp_size, timeout=collective)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=collective)
         self._dist_initialized = True
-        self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout)
+        heads = list(range(0, self.world_size, self.tp_size))
+        # Groups move between the DP heads; a head hands its batch to its replica's other ranks.
+        self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout, heads if self.tp_size > 1 else None)
+        for head in heads:  # every rank makes every new_group call, in the same order
+            group = collectives.new_gloo_group(cfg.collective_timeout, list(range(head, head + self.tp_size)))
+            if head == self.rank - self.tp_rank:
+                self._replica_group = group
         self._io_group = collectives.new_gloo_group(cfg.distributed_timeout)
         self.logger.info(
-            f"torch.distributed ({backend}) ready: rank {self.dp_rank}/{self.dp_size} "
+            f"torch.distributed ({backend}) ready: rank {self.rank}/{self.world_size} "
             f"in {time.monotonic() - t0:.1f}s; collectives time out after {cfg.collective_timeout:g}s, "
             f"waits on another rank's disk writes after {cfg.distributed_timeout:g}s"
         )
@@ -261,7 +284,7 @@ class ModelWorker(Worker):
         if to_disk:
             self.engines["actor"].save_hf(out, cfg.actor.path)
             self._on_disk = self.version
-        if self.dp_rank != 0:
+        if self.rank != 0:
             return ""
         if to_disk:
             checkpoint.prune_versions(
@@ -275,7 +298,7 @@ class ModelWorker(Worker):
     def _how_published(self, published: str) -> str:
         b = self._last_broadcast
         if b is None:
-            return "disk" if published or self.dp_rank == 0 else "with rank 0"
+            return "disk" if published or self.rank == 0 else "with rank 0"
         sent = f"broadcast to {len(b.servers)} server(s) {b.seconds:.2f}s" if b.ok else "broadcast failed"
         return sent + (" + disk" if published else "")
 
@@ -283,7 +306,7 @@ class ModelWorker(Worker):
         """Collective over the DP ranks (each gathers its shards in step); rank 0 sends. True on
         rank 0 when every routed server got this version, and on every other rank."""
         tensors = self.engines["actor"].hf_tensors()
-        if self.dp_rank != 0:
+        if self.rank != 0:
             for _ in tensors:  # the gathers, in step with rank 0's
                 pass
             return True
@@ -310,6 +333,7 @@ class ModelWorker(Worker):
         return {
             "dp_rank": self.dp_rank,
             "dp_size": self.dp_size,
+            "tp_rank": self.tp_rank,
             "version": self.version,
             "n_params": self.engines["actor"].n_params,
             "resume": self._resume,
@@ -334,6 +358,10 @@ class ModelWorker(Worker):
 
     def _fetch(self, data: Dict[str, Any]) -> Dict[str, Any]:
         """`{take: n}`: move the n oldest trainable groups into this step's batch (n = 0: only report)."""
+        if not self.is_head:
+            raise ValueError(
+                f"fetch sent to rank {self.rank}, tensor-parallel rank {self.tp_rank} of DP rank {self.dp_rank}: only its head (rank {self.rank - self.tp_rank}) holds data"
+            )
         self._pull_into_buffer()
         reply = {
             "dp_rank": self.dp_rank,
@@ -383,9 +411,13 @@ class ModelWorker(Worker):
         """Collective `{assignment}`: the master's plan for where each rank's taken groups train
         (realhf.system.master.dp_balance); this rank's groups are exchanged and packed into the step's batch."""
         assignment = data["assignment"]
-        group_exchange.check_assignment(assignment, self.dp_rank, len(self._taken), self.dp_size)
-        with collectives.named(f"dp rank {self.dp_rank}/{self.dp_size}: group exchange"):
-            groups = group_exchange.exchange(self._taken, assignment, self.dp_rank, self._cpu_group)
+        groups: List[Trajectory] = []
+        with collectives.named(f"{self._where()}: group exchange"):
+            if self.is_head:
+                group_exchange.check_assignment(assignment, self.dp_rank, len(self._taken), self.dp_size)
+                groups = group_exchange.exchange(self._taken, assignment, self.dp_rank, self._cpu_group)
+            if self.tp_size > 1:  # the replica's ranks split one model: they train the same batch
+                groups = group_exchange.replicate(groups, self.rank - self.tp_rank, self._replica_group)
         self._taken = []
         self._batch = pack_trajectories(groups, self._pad_id())
         tokens = int(self._batch.attention_mask.sum())
@@ -468,7 +500,7 @@ class ModelWorker(Worker):
             # newest published version from disk.
             self._publish(weights=True, broadcast=False)
         self.engines["actor"].save_hf(Path(path), self.config.actor.path)
-        if self.dp_rank == 0 and not data.get("path"):
+        if self.rank == 0 and not data.get("path"):
             checkpoint.prune_saves(default.parent, self.config.keep_last_saves)
         return {"path": str(path), "version": self.version}
 
@@ -477,9 +509,16 @@ class ModelWorker(Worker):
         rank's RNG, the version and the master's `extra` counters) in one atomic write."""
         extra = {**(data.get("extra") or {}), "version": self.version, "actor_state": self.actor.state_dict()}
         recover_checkpoint.save(
-            self._recover_path, self._trained, self.dp_rank, self.dp_size, self.device, extra, self._io_group
+            self._recover_path, self._trained, self.rank, self.world_size, self.device, extra, self._io_group
         )
         return {"path": str(self._recover_path), "version": self.version}
+
+    def _where(self) -> str:
+        if self.tp_size == 1:
+            return f"dp rank {self.dp_rank}/{self.dp_size}"
+        return (
+            f"rank {self.rank}/{self.world_size} (dp {self.dp_rank}/{self.dp_size}, tp {self.tp_rank}/{self.tp_size})"
+        )
 
     def _ping(self, data: Any) -> Dict[str, Any]:
         return {"dp_rank": self.dp_rank, "version": self.version, "buffered": len(self._buffer)}

@@ -277,9 +277,19 @@ def test_dp_larger_than_the_batch_is_refused_naming_allocation_mode_and_groups_p
         check_config(cfg)
 
 
-def test_trainer_tp_or_pp_is_refused_naming_allocation_mode_and_megatron_core():
-    with pytest.raises(ConfigError, match=r"^allocation_mode: .*trainer part needs m1 p1 \(got m2 p1\).*Megatron-core"):
-        check_config(load("allocation_mode=native.d1+d1m2"))
+def test_trainer_pp_is_refused_naming_allocation_mode():
+    with pytest.raises(ConfigError, match=r"^allocation_mode: .*trainer part needs p1 \(got p2\).*not built yet"):
+        check_config(load("allocation_mode=native.d1+d1p2"))
+
+
+def test_trainer_tp_is_checked_against_the_models_heads_and_lora():
+    from realhf.experiments.file_validation import check_trainer_tp
+
+    check_trainer_tp(load("allocation_mode=native.d1+d1m2"), 2)  # 4 heads, 4 kv heads, MLP 512
+    with pytest.raises(ConfigError, match=r"m3 tensor-parallel ranks, but actor.path=.* num_attention_heads=4.*lower"):
+        check_trainer_tp(load("allocation_mode=native.d1+d1m3"), 3)
+    with pytest.raises(ConfigError, match=r"LoRA adapters \(actor.lora.r=4\) do not support yet"):
+        check_trainer_tp(load("allocation_mode=native.d1+d1m2", "actor.lora.r=4"), 2)
 
 
 @pytest.mark.parametrize(

@@ -73,10 +73,13 @@ def test_a_split_models_hf_directory_and_streamed_weights_are_its_parameters(tp_
 
 
 def test_a_split_model_resumes_from_its_recovery_checkpoint_exactly(tp_run):
-    assert _max_abs_diff(
-        load_file(str(tp_run / "params_step3.safetensors")),
-        load_file(str(tp_run / "params_step3_recovered.safetensors")),
-    ) == 0.0
+    assert (
+        _max_abs_diff(
+            load_file(str(tp_run / "params_step3.safetensors")),
+            load_file(str(tp_run / "params_step3_recovered.safetensors")),
+        )
+        == 0.0
+    )
     stats = json.loads((tp_run / "stats.json").read_text())
     assert stats[2] == stats[3]
 
