@@ -17,7 +17,10 @@ from realhf.base.allocation_mode import AllocationMode
 MODE = re.compile(r"\b(?:native|sglang)\.[dmp\d]+\+[dmp\d]+")
 # Modes a longer run of the suite already starts with the documented overrides (checked below, so
 # the two cannot drift apart): not started twice (CI time).
-STARTED_ELSEWHERE = {"native.d1m1p1+d3m1p1": ("test_data_parallel_runs.py", "test_grpo_trains_at_dp3")}
+STARTED_ELSEWHERE = {
+    "native.d1m1p1+d3m1p1": ("test_data_parallel_runs.py", "test_grpo_trains_at_dp3"),
+    "native.d1m1p1+d1m2p1": ("test_tensor_parallel_run.py", "test_a_tensor_parallel_trainer_runs_the_whole_system"),
+}
 SPAN = re.compile(r"`([^`\n]+)`")
 
 
@@ -76,6 +79,6 @@ def test_a_documented_allocation_mode_starts_and_trains(mode, tmp_path, no_lefto
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m["step"] for m in metrics] == [1, 2], out[-3000:]
-    assert len(list(log_dir.glob("model_worker-*.log"))) == alloc.train.dp
+    assert len(list(log_dir.glob("model_worker-*.log"))) == alloc.train.world_size
     assert len(list(log_dir.glob("generation_server-*.log"))) == alloc.gen.dp
     assert _trial_processes(str(tmp_path)) == []

@@ -18,12 +18,12 @@ from helpers.training_runs import check_finished_run, run_training
 ETA = 2
 
 
-def _run_split(tmp_path, mode: str, n_workers: int, steps: int):
+def _run_split(tmp_path, mode_override: str, n_workers: int, steps: int):
     proc, metrics, log_dir = run_training(
         tmp_path,
         "tp",
         f"exp_ctrl.benchmark_steps={steps}",
-        f"allocation_mode={mode}",
+        mode_override,
         f"max_head_offpolicyness={ETA}",
         "evaluation.n_prompts=0",
     )
@@ -45,7 +45,7 @@ def _run_split(tmp_path, mode: str, n_workers: int, steps: int):
 
 @pytest.mark.e2e
 def test_a_tensor_parallel_trainer_runs_the_whole_system(tmp_path, no_leftover_processes):
-    metrics = _run_split(tmp_path, "native.d1m1p1+d1m2p1", 2, steps=12)
+    metrics = _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m2p1", 2, steps=12)
     print(json.dumps({k: metrics[-1][k] for k in ("step", "success_rate", "loss")}))
 
 
@@ -53,5 +53,5 @@ def test_a_tensor_parallel_trainer_runs_the_whole_system(tmp_path, no_leftover_p
 @pytest.mark.slow
 def test_data_and_tensor_parallelism_together_run_the_whole_system(tmp_path, no_leftover_processes):
     """d2m2: two DP ranks of two tensor-parallel ranks each; the master balances the heads."""
-    metrics = _run_split(tmp_path, "native.d1m1p1+d2m2p1", 4, steps=8)
+    metrics = _run_split(tmp_path, "allocation_mode=native.d1m1p1+d2m2p1", 4, steps=8)
     assert all(m["dp_token_imbalance"] >= 1.0 for m in metrics)
