@@ -61,7 +61,9 @@ class GenerateRequest(BaseModel):
 
 class UpdateWeightsRequest(BaseModel):
     model_path: str
-    weight_version: Optional[int] = None
+    # A string, as SGLang declares it (an integer gets 422 here, 400 from SGLang): the manager's
+    # requests are checked on every test that updates a fake server.
+    weight_version: Optional[str] = Field(None, strict=True)
 
 
 class FakeSGLangServer:
@@ -207,7 +209,7 @@ class FakeSGLangServer:
             if self.update_delay:
                 await asyncio.sleep(self.update_delay)
             if req.weight_version is not None:
-                self.weight_version = req.weight_version
+                self.weight_version = int(req.weight_version)
             self.loaded_paths.append(req.model_path)
             self._record("update")
             return {"success": True, "message": "ok"}

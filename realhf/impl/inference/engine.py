@@ -434,7 +434,7 @@ class Engine:
 
     @staticmethod
     def _abort_reason(message: str) -> Dict[str, Any]:
-        return {"type": "abort", "message": message}
+        return {"type": "abort", "message": message, "status_code": None, "err_type": None}  # SGLang's keys
 
     def _abort_running(self, message: str) -> int:
         n = self.n_active

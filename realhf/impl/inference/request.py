@@ -51,22 +51,33 @@ class GenerateResult:
     weight_version_changes: Optional[List[Tuple[int, int]]] = None
 
     def to_sglang(self, return_logprob: bool = True) -> Dict[str, Any]:
-        """The `/generate` response body of docs/architecture.md §5."""
+        """The `/generate` response body of docs/architecture.md §5: SGLang's keys, each one
+        (realhf/testing/sglang_conformance/fixtures.py: META_INFO)."""
+        n = len(self.output_ids)
         meta: Dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(self.output_ids),
+            "completion_tokens": n,
             "cached_tokens": 0,
+            "reasoning_tokens": 0,
+            "num_retractions": 0,  # SGLang's count of preemptions; this engine never retracts
             "weight_version": str(self.weight_version),  # SGLang's is a string
+            "weight_versions": weight_version_spans(self.weight_version_changes or [(0, self.weight_version)], n),
             "e2e_latency": self.e2e_latency,
         }
-        if self.weight_version_changes:
-            # realhf's own field (SGLang has none): which tokens each version produced
-            meta["weight_version_changes"] = [[i, str(v)] for i, v in self.weight_version_changes]
         if return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(self.output_logprobs, self.output_ids)]
+            meta["output_token_logprobs_length"] = n
         return {"output_ids": self.output_ids, "meta_info": meta}
+
+
+def weight_version_spans(marks: List[Tuple[int, int]], n_tokens: int) -> List[Dict[str, Any]]:
+    """SGLang's `meta_info.weight_versions`: [{version, start, end}] spans tiling the `n_tokens`
+    output tokens, from (first token index, version) marks (the first at 0)."""
+    starts = [i for i, _ in marks]
+    ends = starts[1:] + [n_tokens]
+    return [{"version": str(v), "start": i, "end": end} for (i, v), end in zip(marks, ends)]
 
 
 def parse_weight_version(value: Any) -> Optional[int]:

@@ -5,15 +5,17 @@
                                     stream, rid} (realhf.impl.inference.sglang_generate)
     POST /pause_generation          running requests return now with finish_reason abort
     POST /continue_generation
-    POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message}
+    POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message, num_paused_requests}
     POST /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
                                     new weights broadcast by the trainer (realhf.impl.inference.weight_receiver)
-    POST /abort_request             {rid} or {abort_all: true}
+    POST /abort_request             {rid} or {abort_all: true} -> 200, an empty body (SGLang's)
     GET  /health, /health_generate, /v1/models, /get_model_info, /metrics; GET|POST /flush_cache
     GET  /openapi.json              the request bodies above as an OpenAPI spec
 
 The JSON fields are re-declared here (importing sglang drags in torchvision). Unknown fields are
-ignored, as SGLang ignores options it does not use. A body that does not validate — malformed
+ignored, as SGLang ignores them, except in `sampling_params`, where SGLang refuses a key it does
+not know and so does this server. Requests and answers are checked against SGLang's own shapes
+(realhf.testing.sglang_conformance; docs/scaling.md). A body that does not validate — malformed
 JSON, wrong types, an empty prompt, token ids out of the vocabulary, a prompt that does not fit
 the context, text without a tokenizer — gets a 400 with `{"error": {"message": ...}}` naming the
 field, never a 5xx. Weight versions are integers here and strings on the wire, as SGLang's
@@ -228,6 +230,22 @@ def _abort_quietly(engine: Engine, rids: List[str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _hf_identity(model_path: str) -> Tuple[Optional[str], Optional[List[str]]]:
+    """(model_type, architectures) of the HF config in `model_path`, None where it does not say."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return None, None
+    if not isinstance(config, dict):
+        return None, None
+    model_type, arch = config.get("model_type"), config.get("architectures")
+    return (
+        model_type if isinstance(model_type, str) else None,
+        list(arch) if isinstance(arch, list) and all(isinstance(a, str) for a in arch) else None,
+    )
+
+
 def _inside(path: str, root: str) -> bool:
     """`path` is `root` or below it once symlinks and `..` are resolved."""
     path, root = os.path.realpath(path), os.path.realpath(root)
@@ -385,12 +403,12 @@ def create_app(
         if body.mode != "abort":
             raise BadRequest(f"pause_generation: only mode 'abort' is supported, got {body.mode!r}")
         n = await _wait(engine.pause(), "pause_generation")
-        return _json({"success": True, "message": f"paused; {n} running requests aborted"})
+        return _json({"message": f"Generation paused; {n} running requests aborted.", "status": "ok"})  # SGLang's
 
     @app.post("/continue_generation")
     async def continue_generation():
         await _wait(engine.resume(), "continue_generation")
-        return _json({"success": True, "message": "continued"})
+        return _json({"message": "Generation continued.", "status": "ok"})  # SGLang's
 
     @app.post("/update_weights_from_disk", openapi_extra=_body_spec(UpdateWeightsBody))
     async def update_weights_from_disk(request: Request):
@@ -430,12 +448,16 @@ def create_app(
             raise
         except Exception as e:  # any unloadable checkpoint (missing, corrupt, other shape) is the caller's
             logger.warning(f"update_weights_from_disk {body.model_path!r} failed: {e}")
-            return _json({"success": False, "message": f"failed to load {body.model_path!r}: {e}"}, status=400)
+            return _json(
+                {"success": False, "message": f"failed to load {body.model_path!r}: {e}", "num_paused_requests": 0},
+                status=400,
+            )
         return _json(
             {
                 "success": True,
                 "message": f"loaded {body.model_path} as weight version {version}",
-                "weight_version": str(version),
+                "num_paused_requests": 0,  # SGLang's key; this engine pauses nothing to load
+                "weight_version": str(version),  # realhf's own: the version now served
             }
         )
 
@@ -494,27 +516,33 @@ def create_app(
     @app.post("/destroy_weights_update_group", openapi_extra=_body_spec(GroupNameBody, required=False))
     async def destroy_weights_update_group(request: Request):
         body = await _parse(request, GroupNameBody)
-        found = await asyncio.to_thread(receiver.destroy, body.group_name)
-        return _json({"success": True, "message": f"{body.group_name} {'destroyed' if found else 'was not joined'}"})
+        if not await asyncio.to_thread(receiver.destroy, body.group_name):
+            # SGLang's answer to a group it does not hold
+            return _json({"success": False, "message": f"weight group {body.group_name!r} was not joined"}, status=400)
+        return _json({"success": True, "message": f"weight group {body.group_name!r} destroyed"})
 
     @app.post("/abort_request", openapi_extra=_body_spec(AbortBody, required=False))
     async def abort_request(request: Request):
+        # SGLang answers 200 with an empty body whatever happened; the log says what did.
         body = await _parse(request, AbortBody)
         if body.abort_all:
             n = await _wait(engine.abort_all(), "abort_request")
-            return _json({"success": True, "message": f"{n} requests aborted"})
+            logger.info(f"abort_request: abort_all: {n} requests aborted")
+            return Response(status_code=200)
         if not body.rid:
-            return _error(400, "abort_request needs rid (or abort_all: true)")
+            logger.warning("abort_request without rid or abort_all: ignored (as SGLang does)")
+            return Response(status_code=200)
         found = False
         for rid in groups.get(body.rid, [body.rid]):  # a prompt's rid names all its n samples
             found = bool(await _wait(engine.abort(rid), "abort_request")) or found
-        return _json({"success": found, "message": "aborted" if found else f"no request with rid {body.rid!r}"})
+        logger.debug(f"abort_request {body.rid!r}: {'aborted' if found else 'no such running request'}")
+        return Response(status_code=200)
 
     @app.get("/flush_cache", operation_id="flush_cache_get")
     @app.post("/flush_cache", operation_id="flush_cache_post")
     async def flush_cache():
         await _wait(engine.flush_cache(), "flush_cache")
-        return _json({"success": True, "message": "cache flushed"})
+        return Response("Cache flushed.\n", status_code=200)  # SGLang answers plain text
 
     @app.get("/health")
     async def health():
@@ -546,12 +574,24 @@ def create_app(
 
     @app.get("/get_model_info")
     async def model_info():
+        # SGLang's keys, each one (realhf/testing/sglang_conformance/fixtures.py: MODEL_INFO)
+        model_type, architectures = _hf_identity(engine.model_path)
         return _json(
             {
                 "model_path": engine.model_path,
+                "served_model_name": model_name,
                 "tokenizer_path": (tokenizer_path or engine.model_path) if tokenizer is not None else None,
                 "is_generation": True,
+                "preferred_sampling_params": None,
                 "weight_version": str(engine.weight_version),  # SGLang's is a string
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": model_type,
+                "architectures": architectures,
             }
         )
 

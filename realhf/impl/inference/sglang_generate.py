@@ -11,7 +11,9 @@ A request becomes len(batch) × n engine requests in SGLang's order, prompt-majo
 prompt 0, then those of prompt 1, ... The answer is one object for a single prompt with n == 1,
 else a list in that order (SGLang's shapes). Each item: `text` (when the server has a tokenizer),
 `output_ids`, `meta_info` {id, finish_reason, prompt_tokens, completion_tokens, cached_tokens,
-weight_version (a string, as SGLang's), e2e_latency, output_token_logprobs when asked}.
+reasoning_tokens, num_retractions, weight_version (a string, as SGLang's), weight_versions (spans),
+e2e_latency, output_token_logprobs and output_token_logprobs_length when asked}. A `sampling_params`
+key SGLang does not know is refused (400), as SGLang refuses it.
 
 Sample j of a prompt whose rid is R runs as rid `R` when n == 1, else `R-j`; the rid without a
 suffix still names all n of them to /abort_request (`Plan.groups`).
@@ -28,7 +30,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realhf.base import logging
 from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, GenerateRequest, GenerateResult, SamplingParams
@@ -45,8 +47,23 @@ class BadRequest(Exception):
     """The body cannot be served: HTTP 400 with this message (naming the field)."""
 
 
+# The `sampling_params` keys SGLang knows (v0.5.23): it refuses any other with 400, and so does this
+# server, so that a request that works here works there. Those this engine does not implement
+# (penalties, grammars, ...) are accepted and ignored. Checked against the conformance fixtures
+# (realhf/testing/sglang_conformance/fixtures.py: SAMPLING_PARAMS).
+SGLANG_SAMPLING_PARAMS = frozenset(
+    (
+        "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty "
+        "presence_penalty repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos "
+        "skip_special_tokens spaces_between_special_tokens no_stop_trim stream_interval logit_bias "
+        "sampling_seed custom_params beam_width watermark choice"
+    ).split()
+)
+
+
 class SamplingParamsBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     min_new_tokens: int = 0
     temperature: float = 1.0
@@ -57,6 +74,18 @@ class SamplingParamsBody(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_to_sglang(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(k for k in data if k not in SGLANG_SAMPLING_PARAMS)
+            if unknown:
+                raise ValueError(
+                    f"unknown sampling parameter(s) {unknown[:5]} (SGLang refuses them too); "
+                    f"known: {', '.join(sorted(SGLANG_SAMPLING_PARAMS))}"
+                )
+        return data
 
 
 class GenerateBody(BaseModel):
@@ -196,10 +225,13 @@ def partial_item(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(ids),
         "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "num_retractions": 0,
         "weight_version": str(weight_version),
     }
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logprobs, ids)]
+        meta["output_token_logprobs_length"] = len(ids)
     out: Dict[str, Any] = {"output_ids": list(ids), "meta_info": meta}
     if tokenizer is not None:
         out = {"text": tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), **out}

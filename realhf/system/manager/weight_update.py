@@ -105,8 +105,12 @@ async def update_server(
 
 
 async def _load(session: aiohttp.ClientSession, url: str, model_path: str, version: int, timeout: float) -> None:
+    # A string, as SGLang declares it: SGLang refuses an integer weight_version with 400.
     r = await post_json(
-        session, f"{url}/update_weights_from_disk", {"model_path": model_path, "weight_version": int(version)}, timeout
+        session,
+        f"{url}/update_weights_from_disk",
+        {"model_path": model_path, "weight_version": str(int(version))},
+        timeout,
     )
     if not r.get("success", False):
         raise WeightUpdateError(f"{url} refused weights {model_path} (version {version}): {r.get('message', r)}")

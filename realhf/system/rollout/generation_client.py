@@ -413,7 +413,7 @@ def sampling_params(
 
 def token_versions(weight_version: Union[None, int, List[int]], routed: Optional[int], n: int) -> List[int]:
     """The version of each of `n` output tokens: per token where the answer said
-    (weight_version_changes), else its one version, else the version the manager routed by."""
+    (meta_info.weight_versions), else its one version, else the version the manager routed by."""
     if isinstance(weight_version, list):
         return weight_version
     return [routed if weight_version is None else weight_version] * n
@@ -424,7 +424,8 @@ def parse_generate_response(
 ) -> Tuple[List[int], List[float], str, Union[None, int, List[int]]]:
     """(output_ids, logprobs, finish type, weight version) of an SGLang /generate answer; the
     version is None (not said), one int, or one per token when the weights changed while the
-    request ran (`meta_info.weight_version_changes`, realhf's server with keep_running_on_update)."""
+    request ran (SGLang's `meta_info.weight_versions` spans, or `weight_version_changes` of an
+    older realhf server)."""
     where = f"{url}/generate answer"
     ids = r.get("output_ids")
     meta = r.get("meta_info")
@@ -445,16 +446,42 @@ def parse_generate_response(
         ids = [int(t) for t in ids]
     except (TypeError, ValueError, IndexError):
         raise GenerationError(f"{where}: malformed output_ids or output_token_logprobs") from None
-    changes = meta.get("weight_version_changes")
-    if changes:
-        try:
-            marks = [(int(i), parse_weight_version(v)) for i, v in changes]
-        except (TypeError, ValueError):
-            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}") from None
-        if marks[0][0] != 0 or any(v is None for _, v in marks) or [i for i, _ in marks] != sorted(i for i, _ in marks):
-            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}")
-        ends = [i for i, _ in marks[1:]] + [len(ids)]
-        return ids, logprobs, reason, [v for (i, v), end in zip(marks, ends) for _ in range(end - i)]
+    per_token = _versions_per_token(where, meta, len(ids))
+    if per_token is not None:
+        return ids, logprobs, reason, per_token
     # SGLang's string ("3"), an older server's integer; None for a name such as SGLang's "default"
     # (then the version the manager routed by stands for it).
     return ids, logprobs, reason, parse_weight_version(meta.get("weight_version"))
+
+
+def _versions_per_token(where: str, meta: Dict[str, Any], n: int) -> Optional[List[int]]:
+    """The version of each of the `n` output tokens when the answer says they differ; None when
+    they are all of one version (or the versions are names, such as SGLang's "default")."""
+    spans = meta.get("weight_versions")  # SGLang's: [{version, start, end}] tiling the output
+    if spans:
+        try:
+            marks = [(int(s["start"]), int(s["end"]), parse_weight_version(s["version"])) for s in spans]
+        except (TypeError, ValueError, KeyError):
+            raise GenerationError(f"{where}: malformed weight_versions {str(spans)[:200]}") from None
+        tiles = [m[0] for m in marks] == [0] + [m[1] for m in marks[:-1]] and marks[-1][1] == n
+        if not tiles or any(start > end for start, end, _ in marks):
+            raise GenerationError(f"{where}: weight_versions {str(spans)[:200]} do not tile the {n} output tokens")
+        versions = {v for _, _, v in marks}
+        if len(versions) == 1 or None in versions:
+            return None  # one version (meta_info.weight_version says it), or names this project cannot order
+        return [v for start, end, v in marks for _ in range(end - start)]
+    changes = meta.get("weight_version_changes")  # realhf's own field before it spoke SGLang's
+    if changes:
+        try:
+            starts = [(int(i), parse_weight_version(v)) for i, v in changes]
+        except (TypeError, ValueError):
+            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}") from None
+        if (
+            starts[0][0] != 0
+            or any(v is None for _, v in starts)
+            or [i for i, _ in starts] != sorted(i for i, _ in starts)
+        ):
+            raise GenerationError(f"{where}: malformed weight_version_changes {str(changes)[:200]}")
+        ends = [i for i, _ in starts[1:]] + [n]
+        return [v for (i, v), end in zip(starts, ends) for _ in range(end - i)]
+    return None

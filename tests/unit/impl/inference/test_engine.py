@@ -214,11 +214,15 @@ def test_keep_running_on_update_decodes_on_with_the_new_weights_and_tags_each_to
     assert out.weight_version == 4
     (start0, v0), (switch, v1) = out.weight_version_changes
     assert (start0, v0, v1) == (0, 0, 4) and 0 < switch < 400, out.weight_version_changes
-    meta = out.to_sglang()["meta_info"]
-    assert meta["weight_version_changes"] == [[0, "0"], [switch, "4"]]
-    # A request that ran under one version says nothing more than its weight_version.
+    meta = out.to_sglang()["meta_info"]  # SGLang's spans of the output tokens per version
+    assert meta["weight_versions"] == [
+        {"version": "0", "start": 0, "end": switch},
+        {"version": "4", "start": switch, "end": 400},
+    ]
+    # A request that ran under one version: one span, the whole output.
     after = engine.submit(req([3, 4], max_new_tokens=5, temperature=0.0)).result(30)
-    assert after.weight_version_changes is None and "weight_version_changes" not in after.to_sglang()["meta_info"]
+    assert after.weight_version_changes is None
+    assert after.to_sglang()["meta_info"]["weight_versions"] == [{"version": "4", "start": 0, "end": 5}]
 
 
 def test_a_bad_checkpoint_leaves_the_old_weights_in_place(engine_factory, gpt2_path, hf_ref, tmp_path):

@@ -173,7 +173,7 @@ def test_the_prompts_rid_aborts_all_its_samples(served):
     wait_for(lambda: engine.n_active == 3, 30, "3 running samples")
     status, body = http("POST", f"{url}/abort_request", {"rid": "grp"})
     t.join(timeout=30)
-    assert status == 200 and body["success"] is True and not t.is_alive()
+    assert status == 200 and body is None and not t.is_alive()  # SGLang's answer: an empty body
     assert [o["meta_info"]["finish_reason"]["type"] for o in out["r"]] == ["abort"] * 3
 
 
