@@ -121,10 +121,6 @@ def check_trainer_tp(cfg: AsyncPPOConfig, tp: int) -> None:
     where = (
         f"allocation_mode={cfg.allocation_mode!r} splits the trainer's decoder layers over m{tp} tensor-parallel ranks"
     )
-    _Fields.need(
-        cfg.actor.lora.r == 0,
-        f"{where}, which LoRA adapters (actor.lora.r={cfg.actor.lora.r}) do not support yet: use m1 with LoRA",
-    )
     models = [("actor.path", cfg.actor.path)]
     if adv_estimator(cfg.ppo.adv_estimator).needs_critic and cfg.critic.path:
         models.append(("critic.path", cfg.critic.path))

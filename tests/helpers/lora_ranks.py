@@ -1,6 +1,9 @@
 """One rank of a LoRA FSDPEngine run at DP=2 (tests/unit/impl/engine/test_lora_dp2.py).
 
-    RANK=r WORLD_SIZE=w MASTER_PORT=p python -m helpers.lora_ranks OUT_DIR
+    RANK=r WORLD_SIZE=w MASTER_PORT=p [TP=t] python -m helpers.lora_ranks OUT_DIR
+
+With TP=t the engine also splits its layers (and adapters) over t ranks; the world is then
+(w / t) data-parallel replicas, and the t ranks of a replica take the same rows.
 
 The engine of helpers.fsdp_ranks with `lora_config()`'s adapters; each rank trains its share
 of `make_batch()`:
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,10 +44,12 @@ def main(out: Path) -> None:
     from safetensors.torch import save_file
 
     rank, world_size = join_gloo_group(60)
+    tp = int(os.environ.get("TP", "1"))
+    dp_rank, dp_size = rank // tp, world_size // tp
     try:
-        engine = FSDPEngine(lora_config())
+        engine = FSDPEngine(lora_config(tp_size=tp))
         engine.initialize()
-        stats = run_steps(engine, [0, 1], rank, world_size)
+        stats = run_steps(engine, [0, 1], dp_rank, dp_size)
         _write(out, "params_step2.safetensors", engine)
         engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
         # Every rank computes its own rows' reference log-probs; here each takes the whole batch.
@@ -53,14 +59,14 @@ def main(out: Path) -> None:
         recover_checkpoint.save(
             out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
         )
-        stats += run_steps(engine, [0], rank, world_size)
+        stats += run_steps(engine, [0], dp_rank, dp_size)
         _write(out, "params_step3.safetensors", engine)
         engine.destroy()
 
-        fresh = FSDPEngine(lora_config())
+        fresh = FSDPEngine(lora_config(tp_size=tp))
         fresh.initialize()
         recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
-        stats += run_steps(fresh, [0], rank, world_size)
+        stats += run_steps(fresh, [0], dp_rank, dp_size)
         _write(out, "params_step3_recovered.safetensors", fresh)
         fresh.destroy()
         if rank == 0:

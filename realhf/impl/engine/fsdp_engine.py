@@ -152,11 +152,7 @@ class FSDPEngine(TrainEngine):
             self.lora_scaling = self.config.model.lora.alpha / self.config.model.lora.r
         mp = self._mixed_precision(model)
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
-        if self.tp_size > 1 and self.lora_scaling:
-            raise ValueError(
-                f"the {self.config.name} engine: LoRA adapters under tensor parallelism are not supported "
-                "(peft wraps the projections tensor parallelism splits); use m1 with actor.lora.r > 0"
-            )
+
         if self.sharded:
             self._shard(model, mp or MixedPrecisionPolicy())
         shards = self.world_size if self.sharded else 1

@@ -11,7 +11,7 @@ Each decoder layer of a Qwen2 / Llama / Mistral-layout model is split Megatron-s
 so a layer's input and output are replicated over `tp` and each rank holds 1/tp of its
 attention and MLP weights. HF's attention reshapes with `view(..., -1, head_dim)`, so it runs
 on the local heads as they are (the head counts must divide by tp). Embeddings, norms and the
-LM head (or a critic's value head) stay replicated over `tp`: every rank computes full-vocabulary
+LM head (or a critic's value head) stay replicated over `tp` (LoRA adapters: `layer_plan`): every rank computes full-vocabulary
 logits, so log-probs, entropy and the losses need no gather (the price is the LM head's memory
 and compute on every tp rank, small next to the layers at the sizes this runs today). FSDP2 then
 shards every parameter over the `dp` dimension (realhf.impl.engine.fsdp_engine).
@@ -35,9 +35,26 @@ COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def layer_plan() -> Dict[str, object]:
-    """The `parallelize_module` plan of one decoder layer (module path → style)."""
-    return {**{n: ColwiseParallel() for n in COLWISE}, **{n: RowwiseParallel() for n in ROWWISE}}
+def layer_plan(layer: torch.nn.Module) -> Dict[str, object]:
+    """The `parallelize_module` plan of one decoder layer (module path → style).
+
+    A projection that carries LoRA adapters (peft wraps it: `base_layer`, `lora_A.<adapter>` [r, in],
+    `lora_B.<adapter>` [out, r]) is split so that the adapter's output lands where the base's does:
+    column-wise, the base and B are split by output and A stays whole (its input is whole);
+    row-wise, the base and A are split by input (A's partial sums all-reduced, as the base's are)
+    and B stays whole. The adapters' sum then needs no extra communication."""
+    plan: Dict[str, object] = {}
+    for names, style in ((COLWISE, ColwiseParallel), (ROWWISE, RowwiseParallel)):
+        for name in names:
+            module = layer.get_submodule(name)
+            if not hasattr(module, "base_layer"):
+                plan[name] = style()
+                continue
+            plan[f"{name}.base_layer"] = style()
+            split = "lora_B" if style is ColwiseParallel else "lora_A"
+            for adapter in getattr(module, split):
+                plan[f"{name}.{split}.{adapter}"] = style()
+    return plan
 
 
 def check_tp_fits(model: torch.nn.Module, layers: List[torch.nn.Module], tp: int, where: str) -> None:
@@ -65,9 +82,9 @@ def check_tp_fits(model: torch.nn.Module, layers: List[torch.nn.Module], tp: int
 
 
 def apply_tp(layers: Iterable[torch.nn.Module], tp_mesh: DeviceMesh) -> None:
-    """Split every decoder layer's attention and MLP over `tp_mesh` (in place)."""
+    """Split every decoder layer's attention and MLP (and their LoRA adapters) over `tp_mesh`, in place."""
     for layer in layers:
-        parallelize_module(layer, tp_mesh, layer_plan())
+        parallelize_module(layer, tp_mesh, layer_plan(layer))
 
 
 def clip_grad_norm(params: List[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -55,3 +55,21 @@ def test_data_and_tensor_parallelism_together_run_the_whole_system(tmp_path, no_
     """d2m2: two DP ranks of two tensor-parallel ranks each; the master balances the heads."""
     metrics = _run_split(tmp_path, "allocation_mode=native.d1m1p1+d2m2p1", 4, steps=8)
     assert all(m["dp_token_imbalance"] >= 1.0 for m in metrics)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_lora_adapters_split_over_tensor_parallel_ranks_run_the_whole_system(tmp_path, no_leftover_processes):
+    proc, metrics, log_dir = run_training(
+        tmp_path,
+        "tp",
+        "exp_ctrl.benchmark_steps=8",
+        "allocation_mode=native.d1m1p1+d1m2p1",
+        "actor.lora.r=8",
+        "actor.optimizer.lr=1e-3",
+        f"max_head_offpolicyness={ETA}",
+        "evaluation.n_prompts=0",
+    )
+    check_finished_run(proc, metrics, 8, ETA, tmp_path)
+    assert metrics[0]["actor_inf_behav_abs_diff"] < 1e-4, metrics[0]
+    assert "LoRA r=8" in (log_dir / "model_worker-1.log").read_text()

@@ -282,14 +282,13 @@ def test_trainer_pp_is_refused_naming_allocation_mode():
         check_config(load("allocation_mode=native.d1+d1p2"))
 
 
-def test_trainer_tp_is_checked_against_the_models_heads_and_lora():
+def test_trainer_tp_is_checked_against_the_models_heads():
     from realhf.experiments.file_validation import check_trainer_tp
 
     check_trainer_tp(load("allocation_mode=native.d1+d1m2"), 2)  # 4 heads, 4 kv heads, MLP 512
     with pytest.raises(ConfigError, match=r"m3 tensor-parallel ranks, but actor.path=.* num_attention_heads=4.*lower"):
         check_trainer_tp(load("allocation_mode=native.d1+d1m3"), 3)
-    with pytest.raises(ConfigError, match=r"LoRA adapters \(actor.lora.r=4\) do not support yet"):
-        check_trainer_tp(load("allocation_mode=native.d1+d1m2", "actor.lora.r=4"), 2)
+    check_trainer_tp(load("allocation_mode=native.d1+d1m2", "actor.lora.r=4"), 2)  # adapters split too
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""actor.lora under FSDP2 at DP=2 over real gloo (two processes, helpers.lora_ranks): the ranks
-take the step DP=1 takes on the union of their samples, the published directory is the merged
+"""actor.lora under FSDP2 at DP=2, and split over two tensor-parallel ranks (d1m2: adapters split
+with their projections, realhf.impl.engine.tensor_parallel.layer_plan), over real gloo (two
+processes, helpers.lora_ranks): the ranks take the step DP=1 takes on the union of their samples, the published directory is the merged
 model, the reference is the base, and a fresh engine restored from the recovery checkpoint
 continues exactly as the engine that wrote it."""
 
@@ -15,10 +16,11 @@ from helpers.lora_ranks import LORA, lora_config
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 
 
-@pytest.fixture(scope="module")
-def dp2_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lora_dp2")
-    launch_ranks("helpers.lora_ranks", out, world_size=2)
+@pytest.fixture(scope="module", params=["d2m1", "d1m2"])
+def dp2_run(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"lora_{request.param}")
+    tp = 2 if request.param == "d1m2" else 1
+    launch_ranks("helpers.lora_ranks", out, world_size=2, extra_env={"TP": str(tp)})
     return out
 
 
