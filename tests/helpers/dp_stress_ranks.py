@@ -1,6 +1,9 @@
 """One rank of the data-parallel stress run (tests/unit/impl/engine/test_dp_stress.py).
 
-    RANK=r WORLD_SIZE=w MASTER_PORT=p python -m helpers.dp_stress_ranks OUT_DIR
+    RANK=r WORLD_SIZE=w MASTER_PORT=p [STRESS_TP=t] python -m helpers.dp_stress_ranks OUT_DIR
+
+With STRESS_TP=t every engine also splits its layers over t tensor-parallel ranks: the batch is
+dealt to w / t data-parallel replicas, and the t ranks of a replica take the same rows.
 
 Every rank builds the same engines (an actor with shared prompts, a critic, a LoRA actor, a
 frozen reference) and walks through `N_CASES` random cases. A case is one global batch of
@@ -101,16 +104,18 @@ def main(out: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     rank, world = join_gloo_group(30)
+    tp = int(os.environ.get("STRESS_TP", "1"))
+    dp_rank, dp = rank // tp, world // tp
     ref_dir = Path(os.environ["STRESS_REF"]) if world > 1 else None
     params_dir = out / "params"
     params_dir.mkdir(exist_ok=True)
-    lora = config(name="lora")
+    lora = config(name="lora", tp_size=tp)
     lora.model.lora = copy.deepcopy(LoRAConfig(r=4, alpha=8.0))
     engines = {
-        "actor": config(),
-        "critic": config(value_head=True, seed=3, name="critic"),
+        "actor": config(tp_size=tp),
+        "critic": config(value_head=True, seed=3, name="critic", tp_size=tp),
         "lora": lora,
-        "ref": config(trainable=False, name="ref"),
+        "ref": config(trainable=False, name="ref", tp_size=tp),
     }
     for kind, cfg in engines.items():
         engines[kind] = FSDPEngine(cfg)
@@ -118,13 +123,13 @@ def main(out: Path) -> None:
     results: List[dict] = []
     try:
         for index in range(N_CASES):
-            kind, mbt, batch, rank_rows = case(index, world)
+            kind, mbt, batch, rank_rows = case(index, dp)
             engine = engines[kind]
             engine.config.micro_batch_tokens = mbt
-            rows = torch.tensor(rank_rows[rank], dtype=torch.long)
+            rows = torch.tensor(rank_rows[dp_rank], dtype=torch.long)
             local = batch.select(rows)
             t0 = time.monotonic()
-            result = {"case": index, "kind": kind, "rows": rows.tolist(), "n_rows": batch.n_seqs}
+            result = {"case": index, "kind": kind, "rows": rows.tolist(), "n_rows": batch.n_seqs, "tp_rank": rank % tp}
             if kind == "ref":
                 result["forward"] = engine.forward(local, token_logprobs).tolist()
             else:

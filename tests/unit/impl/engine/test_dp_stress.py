@@ -31,18 +31,34 @@ def _results(out, world):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-# CI runs DP=2 (the same planner and collectives); DP=3 costs a minute more: --runslow.
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])
-def test_random_batches_at_dp_n_finish_and_equal_dp1_on_the_union(world, dp1_reference, tmp_path):
+# CI runs DP=2 (the same planner and collectives); DP=3 and two replicas of two tensor-parallel
+# ranks (d2m2: 4 processes) cost a minute or more each: --runslow.
+@pytest.mark.parametrize(
+    "world, tp",
+    [
+        (2, 1),
+        pytest.param(3, 1, marks=pytest.mark.slow, id="3-1"),
+        pytest.param(4, 2, marks=pytest.mark.slow, id="d2m2"),
+    ],
+)
+def test_random_batches_at_dp_n_finish_and_equal_dp1_on_the_union(world, tp, dp1_reference, tmp_path):
     launch_ranks(
-        "helpers.dp_stress_ranks", tmp_path, world_size=world, timeout=900, extra_env={"STRESS_REF": str(dp1_reference)}
+        "helpers.dp_stress_ranks",
+        tmp_path,
+        world_size=world,
+        timeout=900,
+        extra_env={"STRESS_REF": str(dp1_reference), "STRESS_TP": str(tp)},
     )
     (reference,) = _results(dp1_reference, 1)
-    ranks = _results(tmp_path, world)
+    everyone = _results(tmp_path, world)
+    ranks = everyone[::tp]  # the replicas' heads: together they hold each row once
     assert len(reference) == N_CASES >= 200 and all(len(r) == N_CASES for r in ranks)
     empty_rank_cases = 0
     for i, ref in enumerate(reference):
         cases = [r[i] for r in ranks]
+        for t in range(1, tp):  # a replica's other ranks took its rows and computed the same
+            for head, peer in zip(ranks, everyone[t::tp]):
+                assert peer[i]["rows"] == head[i]["rows"] and peer[i].get("loss") == head[i].get("loss")
         assert sorted(row for c in cases for row in c["rows"]) == list(range(ref["n_rows"]))
         empty_rank_cases += any(not c["rows"] for c in cases)
         for c in cases:
