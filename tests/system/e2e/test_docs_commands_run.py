@@ -32,6 +32,7 @@ NOT_RUN = {
     "scripts/gpu_check.sh": "the GPU kit: tests/unit/scripts/test_gpu_check.py runs its stages on the CPU",
     "scripts/soak.sh": "a soak run by design (minutes to hours): tests/system/faults/test_chaos.py runs its kill loop",
     "realhf.launch_server": "a server that runs until stopped: tests/unit/test_launch_server.py starts one as documented",
+    "realhf.testing.sglang_conformance": "a check of a running server: tests/unit/testing/test_sglang_conformance.py runs the command against the built-in one",
     "sglang.launch_server": "SGLang, a GPU extra not installed here",
     "realhf.impl.inference.sglang_entry": "SGLang's entry point, a GPU extra",
     "realhf.apps.remote": "the launcher's entry point of one worker, not a user's command",
@@ -79,7 +80,7 @@ def _argv(words, tmp_path, index):
         args = [*[a for a in args if not a.startswith("output_path=")], *CAP_SFT, f"output_path={tmp_path / 'sft'}"]
     elif args[:2] == ["-m", "pytest"]:
         args = [*args, "-q", "-p", "no:cacheprovider"]
-    elif args[:2] != ["-m", "scripts.make_config_docs"]:
+    elif args[:2] not in (["-m", "scripts.make_config_docs"], ["-m", "scripts.memory_per_device"]):
         pytest.fail(f"`{' '.join(words)}`: no rule says how to run it here; add one (or a reason) to this test")
     return [program, *args]
 
