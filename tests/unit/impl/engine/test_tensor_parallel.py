@@ -17,7 +17,9 @@ from helpers.gloo_ranks import launch_ranks
 LAYOUTS = {"d1m2": (2, 2), "d2m2": (4, 2)}  # (processes, tp)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+# d1m2 in CI; d2m2 (four processes, dp and tp together) with --runslow, where the random-batch
+# stress test also runs it (test_dp_stress.py).
+@pytest.fixture(scope="module", params=["d1m2", pytest.param("d2m2", marks=pytest.mark.slow)])
 def tp_run(request, tmp_path_factory):
     world_size, tp = LAYOUTS[request.param]
     out = tmp_path_factory.mktemp(f"tp_{request.param}")
