@@ -146,6 +146,10 @@ class GserverManagerConfig:
     poll_interval: float = _f(0.25, "Seconds between reads of model_version and stale_dropped (<= 0.5).")
     discovery_timeout: float = _f(300.0, "Seconds to wait for n_servers generation servers to register.")
     update_timeout: float = _f(300.0, "Seconds allowed for one server's pause/update/continue.")
+    join_timeout: float = _f(
+        120.0,
+        "Seconds a server that joins late (restarted, added) may wait, unrouted, for the trainer's current weights before it is logged as overdue (again at 2x, 4x, ...); with no other server routed it is routed after this even if its update from disk failed.",
+    )
     log_interval: float = _f(10.0, "Seconds between status log lines.")
     health_check_interval: float = _f(1.0, "Seconds between GET /health of every registered generation server.")
     health_timeout: float = _f(5.0, "Seconds one /health may take before it counts as a failure.")

@@ -70,6 +70,7 @@ def _check_manager(c: GserverManagerConfig) -> None:
     )
     f.at_least("max_head_offpolicyness", 0)
     f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
+    f.at_least("join_timeout", 0, strict=True)
 
 
 def _check_rollout_worker(c: RolloutWorkerConfig) -> None:

@@ -11,9 +11,12 @@ HTTP endpoints (JSON; a body that does not validate gets a 422 naming the field)
     POST /finish_rollout   {qid, accepted, n_tokens, reason} → {success}; `reason`: why a rollout
                                                          that is not accepted ended without a group
                                                          (admission_ledger.ENDED_REASONS)
-    GET  /routed_servers                               → {servers}: the URLs routed now (a client
-                                                         gives up a request on a server dropped
-                                                         from routing instead of waiting it out)
+    GET  /routed_servers                               → {servers, joining}: the URLs routed now (a
+                                                         client gives up a request on a server
+                                                         dropped from routing instead of waiting
+                                                         it out), and the healthy ones kept out of
+                                                         routing until they hold the current weights
+                                                         (the trainer's weight group takes both)
     POST /abandon_rollouts {qids}                      → {abandoned, unknown}: free the slots of
                                                          rollouts whose worker died (no count)
     GET  /status                                       → version, running, accepted, rejections,
@@ -28,8 +31,8 @@ watcher coroutine, in the same event loop as the app, every `poll_interval` s
     reads `model_version/<role>` and `stale_dropped` (a JSON list, one total per trainer DP rank;
         a missing key counts as zeros),
     routes to the servers registered under `gen_servers/` that answer `/health` (a killed server
-        is dropped within ~`max_health_failures · health_check_interval` s, a restarted one
-        joins at the weight version it reports),
+        is dropped within ~`max_health_failures · health_check_interval` s; a restarted or added
+        one is routed once the weight version it reports is the trainer's: `joining`),
     starts a sequential weight-update round (`realhf.system.manager.weight_update`) when servers are behind.
 
 Health checks and update rounds run in tasks of their own, so the watcher and the handlers keep
@@ -151,7 +154,7 @@ def create_app(service: ManagerService, secret: str = "") -> FastAPI:
 
     @app.get("/routed_servers")
     async def routed_servers():
-        return {"servers": service.routed_servers()}
+        return {"servers": service.routed_servers(), "joining": service.joining_servers()}
 
     @app.post("/abandon_rollouts")
     async def abandon_rollouts(req: AbandonRequest):
@@ -212,22 +215,25 @@ async def check_health(service: ManagerService, session: aiohttp.ClientSession, 
     timeout = aiohttp.ClientTimeout(total=service.config.health_timeout)
 
     async def probe(url: str) -> tuple:
-        """(answered /health, the weight version a joining server reports or None)."""
+        """(answered /health, the weight version a joining server reports or None, the trainer's
+        version when it was asked for)."""
         try:
             async with session.get(f"{url}/health", timeout=timeout) as r:
                 if r.status != 200:
-                    return False, None
+                    return False, None, None
             if not service.is_joining(url):
-                return True, None
+                return True, None, None
+            asked_at = service.current_version()
             async with session.get(f"{url}/get_model_info", timeout=timeout) as r:
                 info = await r.json(content_type=None) if r.status == 200 else {}
-            return True, parse_weight_version(info.get("weight_version")) if isinstance(info, dict) else None
+            version = parse_weight_version(info.get("weight_version")) if isinstance(info, dict) else None
+            return True, version, asked_at
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return False, None
+            return False, None, None
 
     results = await asyncio.gather(*(probe(u) for u in urls))
-    for url, (ok, version) in zip(urls, results):
-        service.observe_health(url, ok, version)
+    for url, (ok, version, asked_at) in zip(urls, results):
+        service.observe_health(url, ok, version, asked_at)
     service.forget_unregistered(urls)
 
 
@@ -329,6 +335,7 @@ class GserverManager(Worker):
             self._last_log = time.monotonic()
             s = self._server.service.status()
             servers = " ".join(f"{x['url']}[req={x['requests']} v={x['version']}]" for x in s["servers"])
+            servers += "".join(f" {x['url']}[joining v={x['version']} {x['waited_s']:.0f}s]" for x in s["joining"])
             self.logger.info(
                 f"v={s['version']} running={s['running']} accepted={s['accepted']} capacity={s['capacity']} "
                 f"(per rank {s['per_rank']['capacity']}) stale_dropped={s['stale_dropped']} "

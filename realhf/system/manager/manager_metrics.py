@@ -95,6 +95,11 @@ class _StatusCollector:
             "Tokens of finished rollouts.",
             value=s["throughput"]["total_tokens"],
         )
+        yield GaugeMetricFamily(
+            "realhf_manager_joining_servers",
+            "Healthy servers not routed until they hold the trainer's current weights.",
+            value=len(s.get("joining", [])),
+        )
         per_server = [
             ("requests", "realhf_manager_server_requests", "Samples of in-flight groups routed to the server."),
             (

@@ -2,7 +2,9 @@
 
 It wires together admission (`realhf.system.manager.staleness.StalenessManager`, docs/architecture.md §4), routing
 (`realhf.system.manager.routing.Router`), server health (`realhf.system.manager.server_health.ServerHealth`), the
-per-server weight versions (`realhf.system.manager.weight_update.WeightUpdater`) and the counters of
+gate that keeps a late-joining server out of routing until it holds the current weights
+(`realhf.system.manager.joining.JoinGate`), the per-server weight versions
+(`realhf.system.manager.weight_update.WeightUpdater`: routed and joining servers) and the counters of
 `/status`. The HTTP app and the watcher (`realhf.system.manager.gserver_manager`) call into it from one
 event loop. Its only I/O is the admission ledger (`realhf.system.manager.admission_ledger`, optional):
 one small Redis transaction per admission event, written before the answer, so that a
@@ -21,12 +23,15 @@ update round (`WeightUpdater.run_round`, on the loop) writes only single entries
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import List, Optional
 
 from realhf.api.worker_configs import GserverManagerConfig
 from realhf.base import logging
+from realhf.base.trial_files import published_version_dir
 from realhf.system.manager.admission_ledger import ENDED_REASONS, AdmissionLedger
+from realhf.system.manager.joining import JoinGate, Routed
 from realhf.system.manager.manager_metrics import ThroughputWindow
 from realhf.system.manager.routing import Router
 from realhf.system.manager.server_health import DROPPED, UP, ServerHealth
@@ -90,6 +95,9 @@ class ManagerService:
         )
         self.updater.set_servers(server_urls)
         self.health = ServerHealth(server_urls, config.max_health_failures)
+        self.joins = JoinGate(config.join_timeout)
+        self.updater.on_served = self._served
+        self.n_joined = 0  # servers routed after joining late
         self.throughput = ThroughputWindow()
         self.n_abandoned = 0
         self.ended = {reason: 0 for reason in ENDED_REASONS}  # rollouts that ended without a group
@@ -196,6 +204,12 @@ class ManagerService:
         return list(self.router.servers())
 
     @_locked
+    def joining_servers(self) -> List[str]:
+        """Healthy servers kept out of routing until they hold the current weights: the trainer
+        makes them members of its weight group, so its next broadcast reaches them."""
+        return self.joins.joining()
+
+    @_locked
     def status(self) -> dict:
         s = self.admission.status()
         loads = self.router.loads()
@@ -209,6 +223,12 @@ class ManagerService:
             }
             for url, load in loads.items()
         ]
+        now = self.joins.clock()
+        s["joining"] = [
+            {"url": j.url, "version": j.version, "waited_s": round(j.waited(now), 1)}
+            for j in self.joins.joiners.values()
+        ]
+        s["servers_joined"] = self.n_joined
         s["schedule_policy"] = self.router.policy
         s["unhealthy_servers"] = sorted(self.health.failures)
         s["servers_dropped"] = self.health.n_dropped
@@ -244,46 +264,116 @@ class ManagerService:
 
     @_locked
     def observe_servers(self, registered: List[str]) -> None:
-        """Route to the registered servers that pass their health checks. A server new to
-        routing starts at the weight version it reported (a restarted server loads the current
-        weights itself)."""
-        urls = self.health.routable(registered)
+        """Route to the registered servers that pass their health checks, except those joining
+        (`joining`): a server new to routing is routed once it holds the trainer's current
+        version. The weight updater serves both: a joiner is brought up from disk when the
+        current version is there."""
+        healthy = self.health.routable(registered)
+        current = self.version.value
+        if self.joins.joiners:
+            others = [u for u in healthy if not self.joins.is_joining(u)]
+            on_disk = os.path.isdir(published_version_dir(self.config.run_dir, self.config.model_role, current))
+            for r in self.joins.admit(current, bool(others), on_disk):
+                self._log_routed(r, current)
+            self._log_overdue(current, on_disk)
+        urls = [u for u in healthy if not self.joins.is_joining(u)]
+        known = set(self.updater.versions)
+        self.updater.set_servers(healthy)  # routed and joining
+        for url in set(healthy) - known:
+            if self.joins.is_joining(url):
+                self.updater.versions[url] = self.joins.joiners[url].version
+            elif url in self.health.reported_versions:
+                self.updater.versions[url] = self.health.reported_versions[url]
         old = self.router.servers()
         if set(urls) == set(old):
             return
         self.router.set_servers(urls)
-        self.updater.set_servers(urls)
-        for url in set(urls) - set(old):
-            if url in self.health.reported_versions:
-                self.updater.versions[url] = self.health.reported_versions[url]
         logger.info(
             f"routed generation servers: {old} → {urls}"
             + ("" if urls else " (none alive: rollouts wait for a server to come back)")
         )
 
     @_locked
-    def observe_health(self, url: str, ok: bool, weight_version: Optional[int] = None) -> None:
-        """One /health check's result (`weight_version`: what a joining server reported)."""
+    def _served(self, url: str, version: int, target: int) -> None:
+        """An update round found `version` on `url` (or loaded it); `target`: the trainer's
+        version when the round asked."""
+        self.joins.report(url, version, asked_at=target)
+
+    def _log_routed(self, r: Routed, current: int) -> None:
+        self.n_joined += 1
+        if r.current:
+            logger.info(
+                f"generation server {r.url} caught up with the trainer's weights (it reported version "
+                f"{r.version}, current when asked; the trainer is at {current} now): routed after waiting "
+                f"{r.waited_s:.1f}s"
+            )
+        else:
+            logger.warning(
+                f"generation server {r.url} routed at weight version {r.version}, behind the trainer's {current}, "
+                f"after waiting {r.waited_s:.1f}s: no other server is routed, and version {current} "
+                + (
+                    f"did not load from disk within join_timeout ({self.joins.timeout:.0f}s)"
+                    if os.path.isdir(published_version_dir(self.config.run_dir, self.config.model_role, current))
+                    else "is not on disk (the trainer makes the next version only from rollouts)"
+                )
+            )
+
+    def _log_overdue(self, current: int, on_disk: bool) -> None:
+        for j in self.joins.overdue():
+            if on_disk:
+                source = f"its update to version {current} from disk (last error: {self.updater.last_error or 'none'})"
+            elif self.config.weight_sync == "distributed":
+                source = (
+                    f"the trainer's next broadcast (it is a member of the weight group; version {current} "
+                    "is not on disk)"
+                )
+            else:
+                source = f"version {current} on disk"
+            logger.warning(
+                f"generation server {j.url} has waited {j.waited(self.joins.clock()):.0f}s to be routed "
+                f"(join_timeout {self.joins.timeout:.0f}s): it holds weight version {j.version}, the trainer "
+                f"is at {current}; waiting for {source}. It stays unrouted; the other servers serve."
+            )
+
+    @_locked
+    def current_version(self) -> int:
+        return self.version.value
+
+    @_locked
+    def observe_health(
+        self, url: str, ok: bool, weight_version: Optional[int] = None, asked_at: Optional[int] = None
+    ) -> None:
+        """One /health check's result (`weight_version`: what a server not routed yet reported;
+        `asked_at`: the trainer's version, as this manager knew it, when that was asked for)."""
         change = self.health.record(url, ok, weight_version)
         if change == UP:
+            self.joins.arrive(url, weight_version, asked_at)
+            held, current = self.joins.joiners[url].version, self.version.value
             logger.info(
-                f"generation server {url} is up (weight version {self.health.reported_versions.get(url, 'unknown')})"
+                f"generation server {url} is up (weight version "
+                f"{weight_version if weight_version is not None else 'unknown'})"
+                + (f"; not routed until it holds the trainer's version {current}" if held < current else "")
             )
         elif change == DROPPED:
+            self.joins.leave(url)
             logger.warning(
                 f"generation server {url} failed {self.health.failures[url]} health checks in a row; "
                 "dropped from routing"
             )
+        elif ok:
+            self.joins.report(url, weight_version, asked_at)
 
     @_locked
     def is_joining(self, url: str) -> bool:
         """Not routed yet: a successful health check should also ask for its weight version."""
-        return self.health.is_joining(url)
+        return self.health.is_joining(url) or self.joins.is_joining(url)
 
     @_locked
     def forget_unregistered(self, registered: List[str]) -> None:
         """Forget the health records of servers no longer registered."""
         self.health.forget_unregistered(registered)
+        for url in set(self.joins.joining()) - set(registered):
+            self.joins.leave(url)
 
     @_locked
     def update_due(self) -> bool:

@@ -5,10 +5,11 @@
     health.record(url, ok=True)    # one success: "up" (back in routing)
     health.routable(registered)    # the registered servers that are in
 
-A server starts in routing if it was given at start (trusted), else after its first successful
-check. `max_failures` consecutive failed checks drop it; one success brings it back, at the weight
-version it reported (a restarted server loads the current weights itself). A server no longer
-registered is forgotten. Pure bookkeeping: the manager probes, this module decides.
+A server is healthy from the start if it was given at start (trusted), else after its first
+successful check. `max_failures` consecutive failed checks drop it; one success brings it back,
+with the weight version it reported. A server that becomes healthy is routed once it holds the
+trainer's current weights (`realhf.system.manager.joining`). A server no longer registered is
+forgotten. Pure bookkeeping: the manager probes, this module decides.
 """
 
 from __future__ import annotations

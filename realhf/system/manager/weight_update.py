@@ -7,7 +7,9 @@ servers already there (/get_model_info) and only brings from disk the ones a bro
 broadcast.
 
 For each server behind the target version (as the server itself reports it in /get_model_info:
-an update never asks a server to go back to a lower version, which it would refuse with a 409):
+an update never asks a server to go back to a lower version, which it would refuse with a 409),
+routed or joining routing (the manager routes a joining one once a round, or a broadcast, brought
+it to the trainer's version of when it was asked: `on_served`, realhf.system.manager.joining):
 
     POST /pause_generation                      running requests return `abort` with partial output
     POST /update_weights_from_disk {model_path: <published_weights>/<v>, weight_version: v}
@@ -35,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Dict, Iterable, Optional, Set
+from typing import Callable, Dict, Iterable, Optional, Set
 
 import aiohttp
 
@@ -145,6 +147,9 @@ class WeightUpdater:
         self.owes_continue: Set[str] = set()  # left routing mid-update: may still be paused
         self.n_abandoned = 0  # updates given up because their server left routing
         self.n_superseded = 0  # updates whose version was pruned before the server loaded it
+        # Told each version a round finds or puts on a server, with the round's target when it
+        # asked (the served version is at least that): the manager routes a joining server then.
+        self.on_served: Callable[[str, int, int], None] = lambda url, version, target: None
 
     def set_servers(self, urls: Iterable[str]) -> None:
         # A server we have not updated yet is assumed to hold the initial weights.
@@ -202,6 +207,7 @@ class WeightUpdater:
                         self.owes_continue.discard(url)
                     if url in self.versions:
                         self.versions[url] = current
+                        self.on_served(url, current, version)
                     continue
                 if self.from_disk_only_if_written and not os.path.isdir(path):
                     self.n_left_to_broadcast += 1
@@ -237,6 +243,7 @@ class WeightUpdater:
                 self.updating = None
             if url in self.versions:
                 self.versions[url] = version
+                self.on_served(url, version, version)
             self.n_updates += 1
             self.retry_at.pop(url, None)
             since = self._failing.pop(url, None)

@@ -60,7 +60,14 @@ def manager_line(experiment: str, trial: str, secret: str = "") -> str:
     except Exception as e:  # noqa: BLE001 - any failure is what we report
         return f"manager {url}: /status failed: {_describe_error(e)}"
     rejections = ", ".join(f"{k} {v}" for k, v in sorted(s.get("rejections", {}).items())) or "none"
-    servers = "; ".join(f"{x['url']} requests={x['requests']} version={x['version']}" for x in s.get("servers", []))
+    servers = "; ".join(
+        [f"{x['url']} requests={x['requests']} version={x['version']}" for x in s.get("servers", [])]
+        + [
+            f"{x['url']} joining for {x['waited_s']:.0f}s at version={x['version']} (not routed until it holds "
+            f"version {s.get('version')})"
+            for x in s.get("joining", [])
+        ]
+    )
     return (
         f"manager {url}: version {s.get('version')}, running {s.get('running')}, accepted {s.get('accepted')}, "
         f"capacity {s.get('capacity')} (per DP rank {s.get('per_rank', {}).get('capacity')}), "

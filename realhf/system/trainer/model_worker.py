@@ -268,7 +268,7 @@ class ModelWorker(Worker):
         rank 0 sets its number in name resolve (after the weights are in place: a reader never
         sees a version without them). `weight_sync=disk`, or a version the evaluator or the end
         of the run needs, or one whose broadcast failed: gathered from the shards and written as
-        an HF directory by rank 0; otherwise broadcast to every routed server
+        an HF directory by rank 0; otherwise broadcast to every routed (or joining) server
         (`weight_broadcast`). Returns the directory rank 0 wrote, "" on other ranks and without
         a disk write."""
         cfg = self.config
@@ -304,7 +304,8 @@ class ModelWorker(Worker):
 
     def _broadcast(self) -> bool:
         """Collective over the DP ranks (each gathers its shards in step); rank 0 sends. True on
-        rank 0 when every routed server got this version, and on every other rank."""
+        rank 0 when every server in the weight group (routed or joining) got this version, and on
+        every other rank."""
         tensors = self.engines["actor"].hf_tensors()
         if self.rank != 0:
             for _ in tensors:  # the gathers, in step with rank 0's
@@ -314,7 +315,7 @@ class ModelWorker(Worker):
             cfg = self.config
             key = names.gserver_manager(self.ctx.experiment_name, self.ctx.trial_name)
             self._broadcaster = WeightBroadcaster(
-                lambda: self._broadcaster.routed(name_resolve.get(key)),
+                lambda: self._broadcaster.ask_manager(name_resolve.get(key)),
                 cfg.bind_host,
                 cfg.weight_sync_backend,
                 cfg.collective_timeout,

@@ -1,8 +1,9 @@
 """New weights from the trainer to every generation server at once, in memory (`weight_sync=distributed`).
 
 DP rank 0 of the trainer is rank 0 of a process group whose other members are the generation
-servers the manager routes to, built through SGLang's own HTTP protocol, so the code that drives
-the built-in engine drives SGLang too:
+servers the manager routes to and those joining routing (a restarted or added server is routed
+only once it holds the current weights, and this broadcast is how it gets them; `Members`), built
+through SGLang's own HTTP protocol, so the code that drives the built-in engine drives SGLang too:
 
     once per member set    POST /init_weights_update_group  {master_address, master_port,
                            rank_offset: i + 1, world_size: n + 1, group_name, backend}
@@ -18,8 +19,10 @@ time), so no rank holds the whole model twice. Every wait is bounded by `timeout
 that fails or hangs makes the version's broadcast fail: the group is closed, the members that
 answered are continued, and the next version builds a new group from whoever the manager then
 routes; the caller writes this version to disk, from where the manager brings the servers that
-missed it (and any that join later) up to date. The group is rebuilt whenever the set of routed
-servers changes, so a server that restarts or is added joins at the next version.
+missed it up to date. The group is rebuilt whenever its set of members changes, so a server that
+restarts or is added gets the next version, and the manager routes it then. A joining server
+whose broadcast failed sits out the next 1, 2, 4, … versions (`JoinerSitOut`): one that cannot
+take a broadcast must not fail every version for the servers already routed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import concurrent.futures
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import aiohttp
 import torch
@@ -44,6 +47,59 @@ logger = logging.getLogger("weight_broadcast")
 
 ROUTED_CHECK_S = 0.25  # while waiting on the servers, how often the manager's routing is checked
 LEFT_ROUTING = "left routing (failed the manager's health checks) while waited on"
+
+
+MAX_SIT_OUT = 32  # versions a joining server that keeps failing its broadcast sits out at most
+
+
+@dataclass(frozen=True)
+class Members:
+    """Who gets a version: the servers the manager routes, and those joining routing (healthy,
+    kept out of routing until they hold the trainer's current weights)."""
+
+    servers: Sequence[str]
+    joining: Sequence[str] = ()
+
+    def all(self) -> set:
+        return set(self.servers) | set(self.joining)
+
+
+class JoinerSitOut:
+    """A joining server whose broadcast failed sits out the next 1, 2, 4, … versions (doubling
+    per failure in a row, at most MAX_SIT_OUT). The failed version goes to disk, from where the
+    manager brings the joiner up and routes it; meanwhile a joiner that cannot take a broadcast
+    does not fail every version for the servers already routed. Routed servers never sit out
+    (a dead one leaves routing); a server is forgotten here once it is routed or gone."""
+
+    def __init__(self):
+        self._failed: Dict[str, Tuple[int, int]] = {}  # url -> (failures in a row, first version it is back for)
+
+    def members(self, m: Members, version: int) -> List[str]:
+        """The group's members for `version`, sorted."""
+        joining = set(m.joining) - set(m.servers)
+        self._failed = {u: f for u, f in self._failed.items() if u in joining}
+        back = {u for u in joining if version >= self._failed.get(u, (0, 0))[1]}
+        return sorted(set(m.servers) | back)
+
+    def sitting_out(self) -> List[str]:
+        return sorted(self._failed)
+
+    def record(self, joiners: Iterable[str], failed: Dict[str, str], version: int) -> List[str]:
+        """After `version`'s broadcast to a group with `joiners`: those it failed for sit out;
+        returns them. A failure that names no server (the group's rendezvous, the broadcast
+        itself) counts against every joiner of the group; one that names only routed servers,
+        against none."""
+        joiners = sorted(joiners)
+        if not failed:
+            for u in joiners:
+                self._failed.pop(u, None)
+            return []
+        named = [u for u in failed if not u.startswith("(")]
+        culprits = [u for u in joiners if u in failed] if named else joiners
+        for u in culprits:
+            n = self._failed.get(u, (0, 0))[0] + 1
+            self._failed[u] = (n, version + 1 + min(2 ** (n - 1), MAX_SIT_OUT))
+        return culprits
 
 
 @dataclass
@@ -107,7 +163,7 @@ class WeightBroadcaster:
 
     def __init__(
         self,
-        members: Callable[[], List[str]],
+        members: Callable[[], Union[Members, List[str]]],
         bind_host: str,
         backend: str,
         timeout_s: float,
@@ -122,7 +178,8 @@ class WeightBroadcaster:
         # member that hangs then holds up the broadcast, not the other servers' generation.
         self.pause = pause
         self.ranks_per_server = ranks_per_server  # a tensor-parallel SGLang server joins with each of its ranks
-        self._members = members  # the servers to update now (the manager's routed ones: `routed`)
+        self._members = members  # the servers to update now (the manager's: `ask_manager`; a list: all routed)
+        self._sit_out = JoinerSitOut()
         self.bind_host, self.backend, self.timeout_s, self.bucket_bytes = bind_host, backend, timeout_s, bucket_bytes
         self._http = _Loop(secret)
         self._store: Optional[HostedStore] = None
@@ -131,14 +188,18 @@ class WeightBroadcaster:
         self._inflight: Optional[concurrent.futures.Future] = None  # the last bucket's broadcast
         self._n_groups = 0
 
-    def routed(self, manager_url: str) -> List[str]:
-        """The servers the manager at `manager_url` routes to now."""
+    def ask_manager(self, manager_url: str) -> Members:
+        """The servers the manager at `manager_url` routes to now, and those joining routing."""
         try:
-            return self._http.run(routed_servers(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
+            return self._http.run(weight_members(self._http.session, manager_url, self.timeout_s), self.timeout_s + 5)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(
                 f"GET {manager_url}/routed_servers: no answer within {self.timeout_s + 5:.0f}s"
             ) from None
+
+    def _members_now(self) -> Members:
+        m = self._members()
+        return m if isinstance(m, Members) else Members(list(m))
 
     # ---- the group -------------------------------------------------------------------------------
     def _post_all(self, urls: List[str], path: str, body_of: Callable[[int, str], dict], stop_at_failure=False):
@@ -242,19 +303,34 @@ class WeightBroadcaster:
     # ---- one version -----------------------------------------------------------------------------
     def publish(self, version: int, tensors: Iterable[Tuple[str, torch.Tensor]]) -> BroadcastResult:
         """Broadcast `tensors` (consumed to the end whatever happens: on other DP ranks the same
-        generator gathers shards in step with this one) as `version` to the routed servers."""
+        generator gathers shards in step with this one) as `version` to the routed servers and
+        those joining routing."""
         t0 = time.monotonic()
         tensors = iter(tensors)
         result = BroadcastResult(version, [])
         try:
-            urls = sorted(self._members())
+            now = self._members_now()
         except Exception as e:  # noqa: BLE001 - the manager is restarting, say: disk this time
             result.failed["(manager)"] = f"routed servers unknown: {type(e).__name__}: {e}"
             _drain(tensors)
             return result
+        urls = self._sit_out.members(now, version)
+        joiners = [u for u in urls if u in set(now.joining) - set(now.servers)]
+        try:
+            return self._publish_to(version, tensors, urls, result, t0)
+        finally:
+            culprits = self._sit_out.record(joiners, result.failed, version)
+            if culprits:
+                logger.warning(
+                    f"version {version}: joining server(s) {culprits} did not take the broadcast; they sit out "
+                    "the next version(s) of the weight group, and the manager brings them up from disk "
+                    "(where this version goes) before it routes them"
+                )
+
+    def _publish_to(self, version: int, tensors, urls: List[str], result: BroadcastResult, t0: float):
         if not urls:
             _drain(tensors)
-            result.failed["(none)"] = "no routed generation server"
+            result.failed["(none)"] = "no routed or joining generation server"
             return result
         if urls != self._group_members or self._group is None:
             failed = self._build_group(urls)
@@ -372,7 +448,7 @@ class WeightBroadcaster:
                 result.failed[f"({what})"] = f"no answer within {self.timeout_s + 10:.0f}s"
                 return {}
             try:
-                routed = set(self._members())
+                routed = self._members_now().all()
             except Exception:  # noqa: BLE001 - the manager is away: keep waiting, up to the deadline
                 continue
             gone = [u for u in members if u not in routed]
@@ -429,5 +505,7 @@ def _with_last(it):
     yield prev, True
 
 
-async def routed_servers(session: aiohttp.ClientSession, manager_url: str, timeout: float) -> List[str]:
-    return list((await request_json(session, "GET", f"{manager_url}/routed_servers", timeout))["servers"])
+async def weight_members(session: aiohttp.ClientSession, manager_url: str, timeout: float) -> Members:
+    """The manager's `GET /routed_servers`: {servers, joining} (an older manager: no `joining`)."""
+    answer = await request_json(session, "GET", f"{manager_url}/routed_servers", timeout)
+    return Members(list(answer["servers"]), list(answer.get("joining", [])))

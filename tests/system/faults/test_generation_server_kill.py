@@ -56,6 +56,13 @@ def _kill_a_generation_server_mid_run(tmp_path, n_servers: int):
         assert "realhf launcher: restart 1 of generation_server/0" in log0
         loaded = re.search(r"trainer is at version (\d+): loading published version (\d+)", log0)
         assert loaded and int(loaded.group(2)) >= 1, log0[-3000:]
+        # Routed only once it held the trainer's weights (the newest on disk may be older); with
+        # no other server the manager may route it behind rather than stall the run.
+        manager_log = run.log("gserver_manager-0")
+        ways = [f"generation server {new_url} caught up with the trainer's weights"]
+        if n_servers == 1:
+            ways.append(f"generation server {new_url} routed at weight version")
+        assert any(w in manager_log for w in ways), manager_log[-3000:]
 
         code = run.finish()
         out = run.output()

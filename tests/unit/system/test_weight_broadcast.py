@@ -10,15 +10,13 @@ import time
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from helpers.http import http
 from helpers.native_server import launch_server
-from helpers.sglang_client import generate
 from helpers.tcp_proxy import TcpProxy
+from helpers.weight_checks import hf_greedy, perturbed, served
 from realhf.system.trainer.weight_broadcast import WeightBroadcaster, buckets
 
-PROMPT = [7, 8, 9, 10]
 FLAGS = ["--n-threads", "1", "--max-running-requests", "8", "--context-length", "128"]
 
 
@@ -29,33 +27,6 @@ def servers(n, model_path, tmp_path):
             stack.enter_context(launch_server(tmp_path / f"s{i}.log", "--model-path", model_path, *FLAGS))
             for i in range(n)
         ]
-
-
-def perturbed(model_path, seed):
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
-
-
-def hf_greedy(model, n=8):
-    with torch.no_grad():
-        logits_ids = []
-        ids = torch.tensor([PROMPT])
-        for _ in range(n):
-            nxt = model(ids).logits[0, -1].argmax()
-            logits_ids.append(int(nxt))
-            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return logits_ids
-
-
-def served(url):
-    status, info = http("GET", f"{url}/get_model_info")
-    assert status == 200
-    out = generate(url, PROMPT, max_new_tokens=8, temperature=0.0, ignore_eos=True)
-    return int(info["weight_version"]), out["output_ids"]
 
 
 def killing(proc, items, after):
