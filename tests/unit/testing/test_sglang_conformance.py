@@ -258,7 +258,8 @@ def test_health_checks_and_the_servers_config_check_use_sglangs_get_endpoints(sg
     service = SimpleNamespace(
         config=SimpleNamespace(health_timeout=10.0),
         is_joining=lambda url: True,
-        observe_health=lambda url, ok, version: seen.append((ok, version)),
+        current_version=lambda: 3,
+        observe_health=lambda url, ok, version, asked_at: seen.append((ok, version, asked_at)),
         forget_unregistered=lambda urls: None,
     )
 
@@ -268,7 +269,7 @@ def test_health_checks_and_the_servers_config_check_use_sglangs_get_endpoints(sg
 
     asyncio.run(main())
     check_external_servers_answer([sglang_stand_in.url], start_version=10)
-    assert seen == [(True, 4)]
+    assert seen == [(True, 4, 3)]
     calls = [(c.method, c.path) for c in sglang_stand_in.calls]
     assert calls == [("GET", "/health"), ("GET", "/get_model_info"), ("GET", "/get_model_info")]
     for method, path in calls:
