@@ -328,20 +328,10 @@ class FSDPEngine(TrainEngine):
         local_weight = sum(float(loss_weight_fn(batch.select(rows))) for rows, _ in plan if rows is not None)
         global_weight = self._sum_over_ranks(local_weight)
         denominator = global_weight if global_weight > 0 else 1.0
-        local_loss = 0.0
         if self.pp_size > 1:
             local_loss = self._pp_backward(batch, plan, loss_fn, denominator)
-            plan = []
-        # Gradients accumulate over the micro-batches; each adds its loss sum / the global weight.
-        for rows, shared in plan:
-            if rows is None:
-                # Zero loss through every layer: this rank joins the other ranks' collectives.
-                (self._logits(self._padding_batch(), shared).float().sum() * 0.0).backward()
-                continue
-            mb = self._on_device(batch.select(rows))
-            loss = loss_fn(self._logits(mb, shared), mb, rows)  # scalar: Σ over mb's tokens
-            (loss / denominator).backward()
-            local_loss += float(loss.detach())
+        else:
+            local_loss = self._backward(batch, plan, loss_fn, denominator)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.config.model.optimizer.gradient_clipping
@@ -386,6 +376,21 @@ class FSDPEngine(TrainEngine):
             "loss_weight": global_weight,
             "skipped": 0.0 if finite else 1.0,
         }
+
+    def _backward(self, batch: TrainBatch, plan, loss_fn: LossFn, denominator: float) -> float:
+        """Gradients accumulate over the micro-batches; each adds its loss sum / the global
+        weight. Returns this rank's Σ loss_fn."""
+        local_loss = 0.0
+        for rows, shared in plan:
+            if rows is None:
+                # Zero loss through every layer: this rank joins the other ranks' collectives.
+                (self._logits(self._padding_batch(), shared).float().sum() * 0.0).backward()
+                continue
+            mb = self._on_device(batch.select(rows))
+            loss = loss_fn(self._logits(mb, shared), mb, rows)  # scalar: Σ over mb's tokens
+            (loss / denominator).backward()
+            local_loss += float(loss.detach())
+        return local_loss
 
     def _plan(self, batch: TrainBatch) -> List[Tuple[Optional[torch.Tensor], bool]]:
         """(rows, shared) of each micro-batch, the same number and kinds on every rank.
@@ -507,7 +512,7 @@ class FSDPEngine(TrainEngine):
 
         def head(logits: torch.Tensor) -> torch.Tensor:  # [R, T, V] -> [R, T-1]
             y = torch.zeros((R, T - 1), dtype=torch.float32, device=logits.device)
-            rows, mb = next(order)
+            _, mb = next(order)
             if mb is not None:
                 n, t = mb.input_ids.shape
                 out = output_fn(logits[:n, :t], mb)  # [n, t-1]

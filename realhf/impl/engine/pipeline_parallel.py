@@ -25,6 +25,12 @@ A tied LM head (`tie_word_embeddings`: the head is the embedding matrix) lives o
 stage 0's embedding and the last stage's `lm_head.weight`, each its own copy. `sync_tied_grads`
 sums their gradients (what the tied parameter of the unsplit model receives), so both copies
 take the same step; the norm counts it once (`clip_grad_norm`).
+
+Limits: measured at p2 only (the tiny test model has two layers; a middle stage of a tied model
+takes no part in the head's gradient, by construction, untested); `forward` keeps each
+micro-batch's stage output until the call ends (the schedule's forward cache; `[R, T, H]` per
+micro-batch, the logits are reduced by `output_fn` on the last stage as they come); the stage and
+schedule are rebuilt per call (their shapes change with the batch).
 """
 
 from __future__ import annotations
