@@ -13,6 +13,7 @@ With the data and loss of helpers.fsdp_ranks:
     a fresh engine, recovered    → params_step3_recovered.safetensors (continues as without)
     critic: initial, 2 steps     → critic_init.safetensors, critic_step2.safetensors (one micro-batch
                                    per step: the GPipe path; the loss is the same sum)
+    critic: a NaN loss step      → critic_nan{rank}.json (skipped, parameters unchanged: every rank)
 
 Parameters are gathered stage by stage with the engine's own `hf_tensors` generator, so every
 file holds the whole model under its unsplit names.
@@ -25,10 +26,20 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
-from helpers.fsdp_ranks import TINY_SFT, critic_config, engine_config, run_critic_steps, run_steps
+from helpers.fsdp_ranks import (
+    TINY_SFT,
+    critic_config,
+    engine_config,
+    make_batch,
+    rank_rows,
+    run_critic_steps,
+    run_steps,
+)
 from helpers.gloo_ranks import join_gloo_group
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 from realhf.impl.model import recover_checkpoint
@@ -38,6 +49,11 @@ def _write(out: Path, name: str, engine: FSDPEngine) -> None:
     params = {n: t.detach().cpu().clone().contiguous() for n, t in engine._pp_full_tensors(skip_tied=False)}
     if engine.rank == 0:
         save_file(params, str(out / name))
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's shard (comparing DTensors would be a collective of their own)."""
+    return p.detach().to_local() if isinstance(p, DTensor) else p.detach()
 
 
 def main(out: Path) -> None:
@@ -77,6 +93,17 @@ def main(out: Path) -> None:
         _write(out, "critic_init.safetensors", critic)
         critic_stats = run_critic_steps(critic, [0, 1], dp_rank, dp_size)
         _write(out, "critic_step2.safetensors", critic)
+        # A NaN loss, computed on the last stage only: every rank must skip the step.
+        before = [_local(p).clone() for p in critic.model.parameters()]
+        nan_stats = critic.train_batch(
+            make_batch().select(rank_rows(0, dp_rank, dp_size)),
+            lambda output, mb, rows: output.float().sum() * float("nan"),
+            lambda mb: float(mb.loss_mask.sum()),
+        )
+        unchanged = all(torch.equal(a, _local(b)) for a, b in zip(before, critic.model.parameters()))
+        (out / f"critic_nan{rank}.json").write_text(
+            json.dumps({"skipped": nan_stats["skipped"], "unchanged": unchanged})
+        )
         critic.destroy()
         if rank == 0:
             (out / "stats.json").write_text(json.dumps(stats))

@@ -128,6 +128,12 @@ def test_a_pipelined_critic_takes_the_dp1_steps(pp_run, dp1_critic_run):
             assert pp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+def test_a_non_finite_loss_on_the_last_stage_skips_the_step_on_every_rank(pp_run):
+    ranks = [json.loads(f.read_text()) for f in sorted(pp_run.glob("critic_nan*.json"))]
+    assert len(ranks) >= 2
+    assert all(r == {"skipped": 1.0, "unchanged": True} for r in ranks)
+
+
 def test_a_model_with_fewer_layers_than_stages_is_refused_naming_them():
     from realhf.impl.engine.pipeline_parallel import split_model
     from realhf.impl.model.model_loading import load_causal_lm
