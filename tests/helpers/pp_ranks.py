@@ -7,6 +7,7 @@ data-parallel rank (r // t) % dp and tensor-parallel rank r % t. Every stage and
 replica is handed the same rows (`rank_rows` of its dp rank), as a model worker's peers would be.
 With the data and loss of helpers.fsdp_ranks:
 
+    actor: forward               → logprobs{rank}.safetensors (its dp rank's rows of step 1)
     actor: step 1, step 2        → params_step2.safetensors, hf/ (save_hf), hf_tensors.safetensors,
                                    n_params.json (the engine's count on every rank)
     load_hf(hf/), recover/, step 3 → params_step3.safetensors
@@ -39,6 +40,7 @@ from helpers.fsdp_ranks import (
     rank_rows,
     run_critic_steps,
     run_steps,
+    token_logprobs,
 )
 from helpers.gloo_ranks import join_gloo_group
 from realhf.impl.engine.fsdp_engine import FSDPEngine
@@ -65,6 +67,8 @@ def main(out: Path) -> None:
     try:
         engine = FSDPEngine(engine_config(**layout))
         engine.initialize()
+        logprobs = engine.forward(make_batch().select(rank_rows(0, dp_rank, dp_size)), token_logprobs)
+        save_file({"logprobs": logprobs}, str(out / f"logprobs{rank}.safetensors"))  # every rank's copy
         stats = run_steps(engine, [0, 1], dp_rank, dp_size)
         _write(out, "params_step2.safetensors", engine)
         engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)

@@ -26,6 +26,7 @@ LAYOUTS = {
 def pp_run(request, tmp_path_factory):
     world_size, pp, tp = request.param
     out = tmp_path_factory.mktemp(f"pp_w{world_size}p{pp}m{tp}")
+    (out / "layout.json").write_text(json.dumps([world_size, pp, tp]))
     launch_ranks("helpers.pp_ranks", out, world_size=world_size, timeout=240, extra_env={"PP": str(pp), "TP": str(tp)})
     return out
 
@@ -74,6 +75,20 @@ def test_a_pipelined_model_takes_the_dp1_step(pp_run, dp1_run):
         assert pp_step["loss_weight"] == dp1_step["loss_weight"]  # counted once per replica, not per stage
         for key in ("loss", "grad_norm", "lr"):
             assert pp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
+
+
+def test_every_rank_gets_the_forward_results_of_its_rows(pp_run):
+    """Computed on the last stage, broadcast to the pipeline: rank r holds the log-probs of its dp
+    rank's rows, as the unwrapped engine computes them."""
+    from helpers.fsdp_ranks import make_batch, rank_rows, token_logprobs
+
+    world_size, pp, tp = json.loads((pp_run / "layout.json").read_text())
+    dp = world_size // (pp * tp)
+    with open_engines(engine_config()) as (engine,):
+        want = [engine.forward(make_batch().select(rank_rows(0, d, dp)), token_logprobs) for d in range(dp)]
+    for rank in range(world_size):
+        got = load_file(str(pp_run / f"logprobs{rank}.safetensors"))["logprobs"]
+        torch.testing.assert_close(got, want[(rank // tp) % dp], rtol=0, atol=1e-5)
 
 
 def test_every_stage_counts_the_whole_models_parameters(pp_run, dp1_run):
