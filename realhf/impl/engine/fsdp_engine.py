@@ -27,6 +27,17 @@ LoRA (`model.lora.r > 0`, realhf.impl.model.lora): peft wraps the loaded model b
 sharded (the decoder layers keep their class inside the wrapper), only the adapters require
 gradients, so the optimizer and the recovery checkpoint hold only them (recovery skips frozen
 parameters: the base is reloaded from `model.path`); `save_hf` publishes the merged weights.
+
+Tensor parallelism (`tp_size`, realhf.impl.engine.tensor_parallel) splits every decoder layer
+over the `tp` dimension of the mesh. Pipeline parallelism (`pp_size`, realhf.impl.engine.
+pipeline_parallel; engine level only, the system does not start it yet) keeps one stage of
+consecutive layers per rank, original parameter names kept, on a (pp, dp, tp) mesh with FSDP2
+over `dp` of each stage. Under it `forward` and `train_batch` run the plan's micro-batches, padded
+to one shape, through torch's pipelining schedules (the shared-prompt forward is off: plain
+forwards); the gradient norm is taken over every stage and `forward`'s result is broadcast from
+the last stage, so every rank sees what an unsplit engine returns. `save_hf` and `hf_tensors`
+gather the stages on rank 0 in order; the recovery checkpoint stores each stage's shards under
+the unsplit names (optimizer state flattened), so it loads at any layout. LoRA is refused.
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives, memory_budget
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
-from realhf.impl.engine import tensor_parallel
+from realhf.impl.engine import pipeline_parallel, tensor_parallel
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model import checkpoint, lora
 from realhf.impl.model.batching import micro_batches
@@ -66,8 +77,10 @@ from realhf.impl.model.model_loading import load_causal_lm, load_value_model
 from realhf.impl.model.optim import make_optimizer
 
 _LR_SCHEDULE_FILE = "lr_schedule.json"
-# Recovery saves what training changes: a frozen weight (LoRA's base) is reloaded from its path.
-_TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
+# Present where the optimizer state was saved flattened (one key per parameter for its state
+# and its param group's settings): what pipeline stages write, since the stages' param groups
+# list different parameters and would collide as one unflattened `param_groups` entry.
+_FLAT_OPTIMIZER_FILE = "flat_optimizer"
 
 
 @dataclass
@@ -83,7 +96,7 @@ class FSDPEngineConfig:
     reduce_dtype: str = "float32"
     micro_batch_tokens: int = 1024  # padded tokens (rows x longest row) per forward; 0: whole batch
     # Each prompt computed once for the rows of its group in a micro-batch (realhf.impl.engine.
-    # shared_prompt); causal LMs only (a value head takes the plain forward).
+    # shared_prompt); causal LMs only (a value head takes the plain forward), off under pp_size > 1.
     shared_prompt: bool = False
     # DP=1 only: fully_shard the model anyway. Off: with one rank FSDP's hooks and DTensors cost
     # time and save nothing (measured 13% slower per step, docs/benchmarks.md "Trainer engine").
@@ -96,6 +109,10 @@ class FSDPEngineConfig:
     # splitting every decoder layer (realhf.impl.engine.tensor_parallel) and must be handed the
     # same batch; the world is dp x tp, FSDP2 shards over dp.
     tp_size: int = 1
+    # Pipeline parallelism (realhf.impl.engine.pipeline_parallel): pp stages of consecutive
+    # decoder layers, pp outermost (world = pp x dp x tp); the ranks of one pipeline are handed the
+    # same batch. Engine level only: allocation_mode does not start trainers with p > 1 yet.
+    pp_size: int = 1
 
 
 class FSDPEngine(TrainEngine):
@@ -124,13 +141,18 @@ class FSDPEngine(TrainEngine):
             dist.init_process_group(dist_backend(self.device), store=dist.HashStore(), rank=0, world_size=1)
             self._owns_group = True
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.tp_size = self.config.tp_size
-        if self.tp_size < 1 or self.world_size % self.tp_size:
+        self.tp_size, self.pp_size = self.config.tp_size, self.config.pp_size
+        if self.tp_size < 1 or self.pp_size < 1 or self.world_size % (self.tp_size * self.pp_size):
             raise ValueError(
-                f"the {self.config.name} engine: tp_size={self.tp_size} does not divide the {self.world_size} trainer ranks"
+                f"the {self.config.name} engine: tp_size={self.tp_size} x pp_size={self.pp_size} does not divide "
+                f"the {self.world_size} trainer ranks"
             )
-        self.dp_size = self.world_size // self.tp_size
-        self.dp_group = None  # all ranks (None) unless tensor parallelism splits them
+        self.dp_size = self.world_size // (self.tp_size * self.pp_size)
+        self.dp_group = None  # all ranks (None) unless tensor or pipeline parallelism splits them
+        # This rank's stage (pp outermost: ranks s*dp*tp .. (s+1)*dp*tp-1 are stage s).
+        self.pp_rank = self.rank // (self.dp_size * self.tp_size)
+        self.pp_group = None
+        self.tied_group = None  # pp > 1 with a tied LM head: this rank's first-and-last-stage group
 
         if self.config.value_head:
             model = load_value_model(self.config.model, self.config.seed)
@@ -150,16 +172,31 @@ class FSDPEngine(TrainEngine):
                 )
             model = lora.apply_lora(model, self.config.model.lora, self.config.seed)
             self.lora_scaling = self.config.model.lora.alpha / self.config.model.lora.r
+        # The whole model's counts, taken before pipeline parallelism keeps one stage of it.
+        self._n_params = sum(p.numel() for p in model.parameters())
+        self._n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         mp = self._mixed_precision(model)
+        # The dtype activations travel between pipeline stages in (the layers' compute dtype).
+        self.compute_dtype = mp.param_dtype if mp is not None else next(model.parameters()).dtype
         self.sharded = self.world_size > 1 or self.config.shard_single_rank or mp is not None
-
+        self.tied = False
+        if self.pp_size > 1:
+            if self.lora_scaling:
+                raise ValueError(
+                    f"the {self.config.name} engine: LoRA adapters under pipeline parallelism are not supported; "
+                    "use p1 with actor.lora.r > 0"
+                )
+            where = f"the {self.config.name} engine ({self.config.model.path})"
+            self.tied = pipeline_parallel.is_tied(model, self.config.value_head)
+            pipeline_parallel.split_model(model, self.pp_rank, self.pp_size, self.config.value_head, where)
         if self.sharded:
             self._shard(model, mp or MixedPrecisionPolicy())
-        shards = self.world_size if self.sharded else 1
+        shards = self.world_size // self.pp_size if self.sharded else 1
         memory_budget.check_device_fits(
             f"the {self.config.name} engine ({self.config.model.path}: weights"
             + (", gradients and AdamW states" if self.config.trainable else "")
-            + f" over {shards} shard(s), FSDP x tensor parallel)",
+            + f" over {shards} shard(s), FSDP x tensor parallel"
+            + (f", pipeline stage {self.pp_rank} of {self.pp_size})" if self.pp_size > 1 else ")"),
             memory_budget.trainer_bytes(model, self.config.trainable, shards),
             self.device,
             "raise the trainer's data parallelism in allocation_mode (FSDP2 shards all of it over the ranks), "
@@ -174,12 +211,12 @@ class FSDPEngine(TrainEngine):
 
     @property
     def n_params(self) -> int:
-        """Parameters of the whole model (a sharded DTensor reports its global shape)."""
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters of the whole model (every stage's under pipeline parallelism)."""
+        return self._n_params
 
     @property
     def n_trainable(self) -> int:
-        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return self._n_trainable
 
     def destroy(self) -> None:
         self.model = self.optimizer = self.lr_scheduler = None
@@ -204,14 +241,23 @@ class FSDPEngine(TrainEngine):
                 f"{type(model).__name__} names no decoder-layer class in _no_split_modules; "
                 "FSDPEngine shards per decoder layer and cannot wrap it"
             )
-        if self.tp_size > 1:
-            where = f"the {self.config.name} engine ({self.config.model.path})"
-            tensor_parallel.check_tp_fits(model, layers, self.tp_size, where)
-            # Ranks r*tp .. r*tp+tp-1 are one replica (tp innermost: on GPUs, the NVLink neighbours).
-            mesh2d = init_device_mesh(self.device.type, (self.dp_size, self.tp_size), mesh_dim_names=("dp", "tp"))
-            tensor_parallel.apply_tp(layers, mesh2d["tp"])
-            mesh = mesh2d["dp"]
+        if self.tp_size > 1 or self.pp_size > 1:
+            # Ranks r*tp .. r*tp+tp-1 are one replica (tp innermost: on GPUs, the NVLink neighbours);
+            # pp outermost: the stages of one pipeline are dp*tp ranks apart.
+            mesh3d = init_device_mesh(
+                self.device.type, (self.pp_size, self.dp_size, self.tp_size), mesh_dim_names=("pp", "dp", "tp")
+            )
+            if self.tp_size > 1:
+                where = f"the {self.config.name} engine ({self.config.model.path})"
+                tensor_parallel.check_tp_fits(model, layers, self.tp_size, where)
+                tensor_parallel.apply_tp(layers, mesh3d["tp"])
+            mesh = mesh3d["dp"]
             self.dp_group = mesh.get_group()
+            if self.pp_size > 1:
+                self.pp_group = mesh3d["pp"].get_group()
+                if self.tied:
+                    groups = pipeline_parallel.tied_groups(self.pp_size, self.dp_size, self.tp_size)
+                    self.tied_group = groups.get(self.rank)
         else:
             mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
         for layer in layers:
@@ -231,7 +277,12 @@ class FSDPEngine(TrainEngine):
 
     def _named(self, call: str):
         """Collectives of `call`; a timeout names this rank, this engine and the call."""
-        if self.tp_size > 1:
+        if self.pp_size > 1:
+            dp_rank = (self.rank // self.tp_size) % self.dp_size
+            where = (
+                f"rank {self.rank}/{self.world_size} (pp {self.pp_rank}, dp {dp_rank}, tp {self.rank % self.tp_size})"
+            )
+        elif self.tp_size > 1:
             where = (
                 f"rank {self.rank}/{self.world_size} (dp {self.rank // self.tp_size}, tp {self.rank % self.tp_size})"
             )
@@ -245,6 +296,8 @@ class FSDPEngine(TrainEngine):
         self.model.eval()
         try:
             with self._named("forward"):
+                if self.pp_size > 1:
+                    return self._pp_forward(batch, output_fn)
                 out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32)  # [N, T-1]
                 for rows, shared in self._plan(batch):
                     if rows is None:
@@ -270,28 +323,28 @@ class FSDPEngine(TrainEngine):
         local_weight = sum(float(loss_weight_fn(batch.select(rows))) for rows, _ in plan if rows is not None)
         global_weight = self._sum_over_ranks(local_weight)
         denominator = global_weight if global_weight > 0 else 1.0
-        local_loss = 0.0
-        # Gradients accumulate over the micro-batches; each adds its loss sum / the global weight.
-        for rows, shared in plan:
-            if rows is None:
-                # Zero loss through every layer: this rank joins the other ranks' collectives.
-                (self._logits(self._padding_batch(), shared).float().sum() * 0.0).backward()
-                continue
-            mb = self._on_device(batch.select(rows))
-            loss = loss_fn(self._logits(mb, shared), mb, rows)  # scalar: Σ over mb's tokens
-            (loss / denominator).backward()
-            local_loss += float(loss.detach())
+        if self.pp_size > 1:
+            local_loss = self._pp_backward(batch, plan, loss_fn, denominator)
+        else:
+            local_loss = self._backward(batch, plan, loss_fn, denominator)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.config.model.optimizer.gradient_clipping
-        if self.tp_size > 1:  # gradients on two meshes (realhf.impl.engine.tensor_parallel)
-            grad_norm = tensor_parallel.clip_grad_norm(params, max_norm if max_norm > 0 else float("inf"))
+        max_norm = max_norm if max_norm > 0 else float("inf")
+        if self.pp_size > 1:  # each stage's part of the norm, summed over the pipeline
+            first, last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+            if self.tied:
+                pipeline_parallel.sync_tied_grads(self.model, first, last, self.tied_group)
+            skip = [self.model.lm_head.weight] if self.tied and last else []  # counted on stage 0
+            grad_norm = pipeline_parallel.clip_grad_norm(params, max_norm, self.pp_group, skip)
+        elif self.tp_size > 1:  # gradients on two meshes (realhf.impl.engine.tensor_parallel)
+            grad_norm = tensor_parallel.clip_grad_norm(params, max_norm)
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if isinstance(grad_norm, DTensor):  # the norm over all shards, on every rank
             grad_norm = grad_norm.full_tensor()
         lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses
-        loss = self._sum_over_ranks(local_loss) / denominator
+        loss = self._from_last_stage(self._sum_over_ranks(local_loss)) / denominator
         grad_norm = float(grad_norm)
         # The norm and the loss are global, so every rank takes the same decision.
         finite = math.isfinite(grad_norm) and math.isfinite(loss)
@@ -319,6 +372,21 @@ class FSDPEngine(TrainEngine):
             "skipped": 0.0 if finite else 1.0,
         }
 
+    def _backward(self, batch: TrainBatch, plan, loss_fn: LossFn, denominator: float) -> float:
+        """Gradients accumulate over the micro-batches; each adds its loss sum / the global
+        weight. Returns this rank's Σ loss_fn."""
+        local_loss = 0.0
+        for rows, shared in plan:
+            if rows is None:
+                # Zero loss through every layer: this rank joins the other ranks' collectives.
+                (self._logits(self._padding_batch(), shared).float().sum() * 0.0).backward()
+                continue
+            mb = self._on_device(batch.select(rows))
+            loss = loss_fn(self._logits(mb, shared), mb, rows)  # scalar: Σ over mb's tokens
+            (loss / denominator).backward()
+            local_loss += float(loss.detach())
+        return local_loss
+
     def _plan(self, batch: TrainBatch) -> List[Tuple[Optional[torch.Tensor], bool]]:
         """(rows, shared) of each micro-batch, the same number and kinds on every rank.
 
@@ -338,9 +406,11 @@ class FSDPEngine(TrainEngine):
         return [(rows, bool(kind)) for rows, kind in zip(padded, kinds)]
 
     def _shares_prompts(self, batch: TrainBatch) -> bool:
-        # HF models keep no keys and values to share when they recompute activations.
+        # HF models keep no keys and values to share when they recompute activations; a pipeline
+        # stage runs the plain forward (the shared-prompt forward is two model calls).
         return (
             self.config.shared_prompt
+            and self.pp_size == 1
             and not self.config.value_head
             and batch.prompt_lens is not None
             and not self.config.model.gradient_checkpointing
@@ -382,6 +452,142 @@ class FSDPEngine(TrainEngine):
             dist.all_reduce(t, group=self.dp_group)
         return float(t)
 
+    def _from_last_stage(self, x: float) -> float:
+        """The last pipeline stage's `x` on every stage (the others pass 0)."""
+        if self.pp_size == 1:
+            return x
+        t = torch.tensor([x if self.pp_rank == self.pp_size - 1 else 0.0], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.pp_group)
+        return float(t)
+
+    # ---- pipeline parallelism (realhf.impl.engine.pipeline_parallel) ----------------------------
+
+    def _pp_micro_batches(self, batch: TrainBatch, plan) -> Tuple[torch.Tensor, list, int, int]:
+        """The plan's micro-batches padded to one shape [R, T] (the largest, agreed over all
+        ranks; the schedule's static shape): token ids `[n_micro * R, T]` on the device (micro-batch
+        i is rows i*R .. i*R+R-1, zeros beyond its own rows and width) and each micro-batch's
+        (rows, batch on the device), (None, None) for a padding one."""
+        mbs = [(rows, None if rows is None else self._on_device(batch.select(rows))) for rows, _ in plan]
+        shapes = [mb.input_ids.shape for _, mb in mbs if mb is not None] or [(1, 2)]
+        R, T = collectives.agree_max([max(n for n, _ in shapes), max(t for _, t in shapes)], self.device)
+        ids = torch.zeros((len(mbs) * R, T), dtype=torch.long, device=self.device)  # [n_micro * R, T]
+        for i, (_, mb) in enumerate(mbs):
+            if mb is not None:
+                n, t = mb.input_ids.shape
+                ids[i * R : i * R + n, :t] = mb.input_ids
+        return ids, mbs, R, T
+
+    def _pp_schedule(self, n_micro: int, R: int, T: int, out_meta: torch.Tensor, loss_fn, train: bool):
+        """This stage's schedule for one call: input `[R, T]` ids (stage 0) or `[R, T, H]` hidden
+        states, output `out_meta` on the last stage and `[R, T, H]` on the others."""
+        first, last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        hidden = torch.empty(
+            (R, T, self.hf_config.hidden_size), dtype=self.compute_dtype, device="meta", requires_grad=train
+        )  # [R, T, H]
+        in_meta = torch.empty((R, T), dtype=torch.long, device="meta") if first else hidden
+        return pipeline_parallel.build_schedule(
+            self.model,
+            self.pp_rank,
+            self.pp_size,
+            self.pp_group,
+            self.device,
+            n_micro,
+            in_meta,
+            out_meta if last else hidden,
+            loss_fn,
+        )
+
+    def _pp_forward(self, batch: TrainBatch, output_fn: OutputFn) -> torch.Tensor:
+        """`forward` through the pipeline: the last stage applies `output_fn` to each micro-batch
+        as it leaves the head (only `[R, T-1]` per micro-batch is kept, not the logits), then
+        broadcasts the `[N, T-1]` result to the other stages."""
+        ids, mbs, R, T = self._pp_micro_batches(batch, self._plan(batch))
+        first, last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        order = iter(mbs)  # the last stage sees the micro-batches in order
+
+        def head(logits: torch.Tensor) -> torch.Tensor:  # [R, T, V] -> [R, T-1]
+            y = torch.zeros((R, T - 1), dtype=torch.float32, device=logits.device)
+            _, mb = next(order)
+            if mb is not None:
+                n, t = mb.input_ids.shape
+                out = output_fn(logits[:n, :t], mb)  # [n, t-1]
+                y[:n, : out.shape[1]] = out.float()
+            return y
+
+        out_meta = torch.empty((R, T - 1), dtype=torch.float32, device="meta")
+        schedule = self._pp_schedule(len(mbs), R, T, out_meta, None, train=False)
+        self.model.forward.head = head if last else None
+        try:
+            result = schedule.step(ids) if first else schedule.step()  # last stage: [n_micro * R, T-1]
+        finally:
+            self.model.forward.head = None
+        out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32, device=self.device)
+        if last:
+            for i, (rows, mb) in enumerate(mbs):
+                if mb is not None:
+                    w = min(T - 1, out.shape[1])
+                    out[rows, :w] = result[i * R : i * R + len(rows), :w]
+        dist.broadcast(out, group=self.pp_group, group_src=self.pp_size - 1)
+        return out.cpu()  # [N, T-1]
+
+    def _pp_backward(self, batch: TrainBatch, plan, loss_fn: LossFn, denominator: float) -> float:
+        """Forward and backward of every micro-batch through the pipeline (gradients accumulate
+        as in the micro-batch loop); the last stage's Σ loss_fn (0 on the other stages)."""
+        ids, mbs, R, T = self._pp_micro_batches(batch, plan)
+        sums: List[float] = []
+
+        def pipe_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # output [R, T, V] (a critic: [R, T, 1]); target [1]: the micro-batch's index
+            rows, mb = mbs[int(target[0])]
+            if mb is None:
+                return output.float().sum() * 0.0  # a padding micro-batch: nothing to train
+            n, t = mb.input_ids.shape
+            loss = loss_fn(output[:n, :t], mb, rows)  # scalar: Σ over mb's tokens
+            sums.append(float(loss.detach()))
+            return loss / denominator
+
+        width = 1 if self.config.value_head else self.hf_config.vocab_size
+        out_meta = torch.empty((R, T, width), dtype=self.compute_dtype, device="meta", requires_grad=True)
+        schedule = self._pp_schedule(len(mbs), R, T, out_meta, pipe_loss, train=True)
+        target = torch.arange(len(mbs), device=self.device)  # [n_micro]
+        if self.pp_rank == 0:
+            schedule.step(ids, target=target, return_outputs=False)
+        else:
+            schedule.step(target=target, return_outputs=False)
+        return sum(sums)
+
+    def _pp_full_tensors(self, skip_tied: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Collective: every stage's full tensors under their original names, stage by stage,
+        yielded on rank 0. The ranks of stage s gather each tensor from its shards (FSDP, TP);
+        the stage's first rank sends it to rank 0 (point to point: pipelining moves activations,
+        not weights). `skip_tied`: leave out the last stage's copy of a tied embedding."""
+        last = self.pp_size - 1
+        for stage in range(self.pp_size):
+            leader = stage * self.dp_size * self.tp_size
+            if self.pp_rank == stage:
+                state = get_model_state_dict(self.model)
+                items = [
+                    (n, t)
+                    for n, t in state.items()
+                    if not (skip_tied and self.tied and stage == last and n == pipeline_parallel.TIED_HEAD)
+                ]
+                if self.rank == leader and stage > 0:
+                    dist.send_object_list([[(n, tuple(t.shape), t.dtype) for n, t in items]], dst=0)
+                for name, t in items:
+                    full = t.full_tensor() if isinstance(t, DTensor) else t
+                    if self.rank == 0:
+                        yield name, full.detach()
+                    elif self.rank == leader:
+                        dist.send(full.detach().contiguous(), dst=0)
+                    del full
+            elif self.rank == 0:
+                metas: list = [None]
+                dist.recv_object_list(metas, src=leader)
+                for name, shape, dtype in metas[0]:
+                    buf = torch.empty(shape, dtype=dtype, device=self.device)
+                    dist.recv(buf, src=leader)
+                    yield name, buf
+
     # ---- HF weights -----------------------------------------------------------------------------
 
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:
@@ -390,6 +596,12 @@ class FSDPEngine(TrainEngine):
             self._save_hf(path, tokenizer_source)
 
     def _save_hf(self, path: Path, tokenizer_source: Optional[str]) -> None:
+        if self.pp_size > 1:
+            full = {n: t.cpu() for n, t in self._pp_full_tensors(skip_tied=False)}
+            if self.rank == 0:
+                checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
+            collectives.barrier(self.io_group)
+            return
         if not self.sharded and self.device.type == "cpu" and not self.lora_scaling:
             # One unwrapped rank holding the weights in host memory: save them as they are (the
             # gather and the rebuilt model below cost ~10 ms per publish of the tiny model).
@@ -407,7 +619,13 @@ class FSDPEngine(TrainEngine):
         """Collective: the weights a generation server loads, under HF names, one full tensor at a
         time (each gathered from the shards as it is reached, so no rank holds the model twice;
         LoRA: gathered at once, merged, then yielded). Every rank must run the generator to its
-        end; rank 0 gets the tensors, the others get nothing."""
+        end; rank 0 gets the tensors, the others get nothing. Pipeline parallelism: stage by stage,
+        each stage's first rank sending them to rank 0; a tied LM head is sent once, as the
+        embedding."""
+        if self.pp_size > 1:
+            with self._named("hf_tensors"):
+                yield from self._pp_full_tensors(skip_tied=True)
+            return
         if not self.sharded or self.lora_scaling:
             if not self.sharded and not self.lora_scaling:
                 yield from ((n, t.detach()) for n, t in self.model.state_dict().items())
@@ -460,6 +678,10 @@ class FSDPEngine(TrainEngine):
         state: Dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
+        embedding = "model.embed_tokens.weight"
+        if self.tied and pipeline_parallel.TIED_HEAD not in state and embedding in state:
+            # The last stage's copy of a tied head, stored once as the embedding.
+            state[pipeline_parallel.TIED_HEAD] = state[embedding]
         result = set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
         # A tied weight (e.g. lm_head = embed_tokens) is stored once; every distinct parameter
         # must still have been loaded under one of its names.
@@ -483,21 +705,26 @@ class FSDPEngine(TrainEngine):
             path.mkdir(parents=True, exist_ok=True)
         with self._named("save"):
             collectives.barrier(self.io_group)
-            model_state, optim_state = self._recover_state()
+            model_state, optim_state = self._recover_state(flat=self.pp_size > 1)
             # DCP's own collectives wait for every rank's file writes: the disk group's timeout.
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path), process_group=self.io_group)
         if self.rank == 0:
             (path / _LR_SCHEDULE_FILE).write_text(json.dumps(self.lr_scheduler.state_dict()))
+            if self.pp_size > 1:
+                (path / _FLAT_OPTIMIZER_FILE).write_text("")
 
     def load_recover(self, path: Path) -> None:
         path = Path(path)
+        flat = (path / _FLAT_OPTIMIZER_FILE).exists()  # written by a pipeline: loads at any layout
         with self._named("load"):
-            model_state, optim_state = self._recover_state()
+            model_state, optim_state = self._recover_state(flat)
             state = {"model": model_state, "optim": optim_state}
             dcp.load(state, checkpoint_id=str(path), process_group=self.io_group)
         # With LoRA the frozen base is absent by design: a non-strict load, then every trained
         # parameter must have been restored.
-        options = StateDictOptions(ignore_frozen_params=True, strict=not self.lora_scaling)
+        options = StateDictOptions(
+            ignore_frozen_params=True, strict=not self.lora_scaling, flatten_optimizer_state_dict=flat
+        )
         with self._named("load"):
             result = set_state_dict(
                 self.model,
@@ -511,10 +738,12 @@ class FSDPEngine(TrainEngine):
             raise ValueError(f"recovery checkpoint {path} lacks {lost[:5]}; was it written with the same actor.lora?")
         self.lr_scheduler.load_state_dict(json.loads((path / _LR_SCHEDULE_FILE).read_text()))
 
-    def _recover_state(self):
+    def _recover_state(self, flat: bool):
         """The (model, optimizer) state a recovery checkpoint holds: with LoRA only the adapters'
-        (a tied LM head is no parameter of its own, so ignore_frozen_params keeps it: dropped too)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=_TRAINED_ONLY)
+        (a tied LM head is no parameter of its own, so ignore_frozen_params keeps it: dropped too).
+        Recovery saves what training changes: a frozen weight (LoRA's base) is reloaded from its path."""
+        options = StateDictOptions(ignore_frozen_params=True, flatten_optimizer_state_dict=flat)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
         if self.lora_scaling:
             trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
             model_state = {k: v for k, v in model_state.items() if k in trained}
