@@ -43,12 +43,13 @@ from helpers.fsdp_ranks import (
     token_logprobs,
 )
 from helpers.gloo_ranks import join_gloo_group
+from realhf.impl.engine import pipeline_calls
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 from realhf.impl.model import recover_checkpoint
 
 
 def _write(out: Path, name: str, engine: FSDPEngine) -> None:
-    params = {n: t.detach().cpu().clone().contiguous() for n, t in engine._pp_full_tensors(skip_tied=False)}
+    params = {n: t.detach().cpu().clone().contiguous() for n, t in pipeline_calls.full_tensors(engine, skip_tied=False)}
     if engine.rank == 0:
         save_file(params, str(out / name))
 

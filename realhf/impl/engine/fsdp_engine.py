@@ -69,7 +69,7 @@ from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives, memory_budget
 from realhf.base.device import bind_device, dist_backend, pick_device
 from realhf.base.dtypes import torch_dtype
-from realhf.impl.engine import pipeline_parallel, tensor_parallel
+from realhf.impl.engine import pipeline_calls, pipeline_parallel, tensor_parallel
 from realhf.impl.engine.shared_prompt import shared_prompt_logits, shares_prompts
 from realhf.impl.model import checkpoint, lora
 from realhf.impl.model.batching import micro_batches
@@ -297,7 +297,7 @@ class FSDPEngine(TrainEngine):
         try:
             with self._named("forward"):
                 if self.pp_size > 1:
-                    return self._pp_forward(batch, output_fn)
+                    return pipeline_calls.forward(self, batch, output_fn)
                 out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32)  # [N, T-1]
                 for rows, shared in self._plan(batch):
                     if rows is None:
@@ -324,7 +324,7 @@ class FSDPEngine(TrainEngine):
         global_weight = self._sum_over_ranks(local_weight)
         denominator = global_weight if global_weight > 0 else 1.0
         if self.pp_size > 1:
-            local_loss = self._pp_backward(batch, plan, loss_fn, denominator)
+            local_loss = pipeline_calls.backward(self, batch, plan, loss_fn, denominator)
         else:
             local_loss = self._backward(batch, plan, loss_fn, denominator)
 
@@ -460,134 +460,6 @@ class FSDPEngine(TrainEngine):
         dist.all_reduce(t, group=self.pp_group)
         return float(t)
 
-    # ---- pipeline parallelism (realhf.impl.engine.pipeline_parallel) ----------------------------
-
-    def _pp_micro_batches(self, batch: TrainBatch, plan) -> Tuple[torch.Tensor, list, int, int]:
-        """The plan's micro-batches padded to one shape [R, T] (the largest, agreed over all
-        ranks; the schedule's static shape): token ids `[n_micro * R, T]` on the device (micro-batch
-        i is rows i*R .. i*R+R-1, zeros beyond its own rows and width) and each micro-batch's
-        (rows, batch on the device), (None, None) for a padding one."""
-        mbs = [(rows, None if rows is None else self._on_device(batch.select(rows))) for rows, _ in plan]
-        shapes = [mb.input_ids.shape for _, mb in mbs if mb is not None] or [(1, 2)]
-        R, T = collectives.agree_max([max(n for n, _ in shapes), max(t for _, t in shapes)], self.device)
-        ids = torch.zeros((len(mbs) * R, T), dtype=torch.long, device=self.device)  # [n_micro * R, T]
-        for i, (_, mb) in enumerate(mbs):
-            if mb is not None:
-                n, t = mb.input_ids.shape
-                ids[i * R : i * R + n, :t] = mb.input_ids
-        return ids, mbs, R, T
-
-    def _pp_schedule(self, n_micro: int, R: int, T: int, out_meta: torch.Tensor, loss_fn, train: bool):
-        """This stage's schedule for one call: input `[R, T]` ids (stage 0) or `[R, T, H]` hidden
-        states, output `out_meta` on the last stage and `[R, T, H]` on the others."""
-        first, last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
-        hidden = torch.empty(
-            (R, T, self.hf_config.hidden_size), dtype=self.compute_dtype, device="meta", requires_grad=train
-        )  # [R, T, H]
-        in_meta = torch.empty((R, T), dtype=torch.long, device="meta") if first else hidden
-        return pipeline_parallel.build_schedule(
-            self.model,
-            self.pp_rank,
-            self.pp_size,
-            self.pp_group,
-            self.device,
-            n_micro,
-            in_meta,
-            out_meta if last else hidden,
-            loss_fn,
-        )
-
-    def _pp_forward(self, batch: TrainBatch, output_fn: OutputFn) -> torch.Tensor:
-        """`forward` through the pipeline: the last stage applies `output_fn` to each micro-batch
-        as it leaves the head (only `[R, T-1]` per micro-batch is kept, not the logits), then
-        broadcasts the `[N, T-1]` result to the other stages."""
-        ids, mbs, R, T = self._pp_micro_batches(batch, self._plan(batch))
-        first, last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
-        order = iter(mbs)  # the last stage sees the micro-batches in order
-
-        def head(logits: torch.Tensor) -> torch.Tensor:  # [R, T, V] -> [R, T-1]
-            y = torch.zeros((R, T - 1), dtype=torch.float32, device=logits.device)
-            _, mb = next(order)
-            if mb is not None:
-                n, t = mb.input_ids.shape
-                out = output_fn(logits[:n, :t], mb)  # [n, t-1]
-                y[:n, : out.shape[1]] = out.float()
-            return y
-
-        out_meta = torch.empty((R, T - 1), dtype=torch.float32, device="meta")
-        schedule = self._pp_schedule(len(mbs), R, T, out_meta, None, train=False)
-        self.model.forward.head = head if last else None
-        try:
-            result = schedule.step(ids) if first else schedule.step()  # last stage: [n_micro * R, T-1]
-        finally:
-            self.model.forward.head = None
-        out = torch.zeros((batch.n_seqs, batch.input_ids.shape[1] - 1), dtype=torch.float32, device=self.device)
-        if last:
-            for i, (rows, mb) in enumerate(mbs):
-                if mb is not None:
-                    w = min(T - 1, out.shape[1])
-                    out[rows, :w] = result[i * R : i * R + len(rows), :w]
-        dist.broadcast(out, group=self.pp_group, group_src=self.pp_size - 1)
-        return out.cpu()  # [N, T-1]
-
-    def _pp_backward(self, batch: TrainBatch, plan, loss_fn: LossFn, denominator: float) -> float:
-        """Forward and backward of every micro-batch through the pipeline (gradients accumulate
-        as in the micro-batch loop); the last stage's Σ loss_fn (0 on the other stages)."""
-        ids, mbs, R, T = self._pp_micro_batches(batch, plan)
-        sums: List[float] = []
-
-        def pipe_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            # output [R, T, V] (a critic: [R, T, 1]); target [1]: the micro-batch's index
-            rows, mb = mbs[int(target[0])]
-            if mb is None:
-                return output.float().sum() * 0.0  # a padding micro-batch: nothing to train
-            n, t = mb.input_ids.shape
-            loss = loss_fn(output[:n, :t], mb, rows)  # scalar: Σ over mb's tokens
-            sums.append(float(loss.detach()))
-            return loss / denominator
-
-        width = 1 if self.config.value_head else self.hf_config.vocab_size
-        out_meta = torch.empty((R, T, width), dtype=self.compute_dtype, device="meta", requires_grad=True)
-        schedule = self._pp_schedule(len(mbs), R, T, out_meta, pipe_loss, train=True)
-        target = torch.arange(len(mbs), device=self.device)  # [n_micro]
-        if self.pp_rank == 0:
-            schedule.step(ids, target=target, return_outputs=False)
-        else:
-            schedule.step(target=target, return_outputs=False)
-        return sum(sums)
-
-    def _pp_full_tensors(self, skip_tied: bool) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Collective: every stage's full tensors under their original names, stage by stage,
-        yielded on rank 0. The ranks of stage s gather each tensor from its shards (FSDP, TP);
-        the stage's first rank sends it to rank 0 (point to point: pipelining moves activations,
-        not weights). `skip_tied`: leave out the last stage's copy of a tied embedding."""
-        last = self.pp_size - 1
-        for stage in range(self.pp_size):
-            leader = stage * self.dp_size * self.tp_size
-            if self.pp_rank == stage:
-                state = get_model_state_dict(self.model)
-                items = [
-                    (n, t)
-                    for n, t in state.items()
-                    if not (skip_tied and self.tied and stage == last and n == pipeline_parallel.TIED_HEAD)
-                ]
-                if self.rank == leader and stage > 0:
-                    dist.send_object_list([[(n, tuple(t.shape), t.dtype) for n, t in items]], dst=0)
-                for name, t in items:
-                    full = t.full_tensor() if isinstance(t, DTensor) else t
-                    if self.rank == 0:
-                        yield name, full.detach()
-                    elif self.rank == leader:
-                        dist.send(full.detach().contiguous(), dst=0)
-                    del full
-            elif self.rank == 0:
-                metas: list = [None]
-                dist.recv_object_list(metas, src=leader)
-                for name, shape, dtype in metas[0]:
-                    buf = torch.empty(shape, dtype=dtype, device=self.device)
-                    dist.recv(buf, src=leader)
-                    yield name, buf
-
     # ---- HF weights -----------------------------------------------------------------------------
 
     def save_hf(self, path: Path, tokenizer_source: Optional[str] = None) -> None:
@@ -597,7 +469,7 @@ class FSDPEngine(TrainEngine):
 
     def _save_hf(self, path: Path, tokenizer_source: Optional[str]) -> None:
         if self.pp_size > 1:
-            full = {n: t.cpu() for n, t in self._pp_full_tensors(skip_tied=False)}
+            full = {n: t.cpu() for n, t in pipeline_calls.full_tensors(self, skip_tied=False)}
             if self.rank == 0:
                 checkpoint.save_hf_dir(self._plain_hf_model(full), Path(path), tokenizer_source)
             collectives.barrier(self.io_group)
@@ -624,7 +496,7 @@ class FSDPEngine(TrainEngine):
         embedding."""
         if self.pp_size > 1:
             with self._named("hf_tensors"):
-                yield from self._pp_full_tensors(skip_tied=True)
+                yield from pipeline_calls.full_tensors(self, skip_tied=True)
             return
         if not self.sharded or self.lora_scaling:
             if not self.sharded and not self.lora_scaling:
