@@ -219,7 +219,7 @@ class RolloutWorkerConfig:
 
 @dataclass
 class ModelWorkerConfig:
-    """One rank of the trainer: data-parallel rank index // tp_size, tensor-parallel rank index % tp_size."""
+    """One rank of the trainer; which part of the model and data it holds: realhf.base.trainer_layout."""
 
     actor: ModelTrainEvalConfig = same_as("actor")
     ref: ModelTrainEvalConfig = same_as("ref")
@@ -228,7 +228,11 @@ class ModelWorkerConfig:
     device: str = same_as("cluster.device")
     tp_size: int = _f(
         1,
-        "Tensor parallelism of the trainer (allocation_mode's trainer m): model workers i·tp_size … i·tp_size + tp_size − 1 are one data-parallel rank splitting every decoder layer; the first of them (its head) receives the trajectories and hands each step's batch to the others.",
+        "Tensor parallelism of the trainer (allocation_mode's trainer m): the ranks of one replica split every decoder layer over tp_size ranks; the replica's head receives the trajectories and hands each step's batch to the others (realhf.base.trainer_layout).",
+    )
+    pp_size: int = _f(
+        1,
+        "Pipeline stages of the trainer (allocation_mode's trainer p): the ranks of one replica hold consecutive decoder layers (realhf.impl.engine.pipeline_parallel).",
     )
     gpu: int = _f(
         0,
@@ -284,8 +288,9 @@ class MasterWorkerConfig:
     n_model_workers: int = _f(1, "Model workers to drive (trainer DP ranks × trainer_tp).")
     trainer_tp: int = _f(
         1,
-        "Tensor parallelism of the trainer: model workers i·trainer_tp … are one DP rank, data goes through the first (its head).",
+        "Tensor parallelism of the trainer (realhf.base.trainer_layout: which model workers are the DP heads the data goes through).",
     )
+    trainer_pp: int = _f(1, "Pipeline stages of the trainer (realhf.base.trainer_layout).")
     groups_per_step: int = same_as("groups_per_step")
     group_size: int = same_as("group_size")
     total_train_steps: int = _f(1, "Train steps of the run (exp_ctrl.benchmark_steps, or epochs x steps per epoch).")

@@ -100,12 +100,6 @@ class AllocationMode:
                 f"the native engine runs each generation server on one device, so it needs m1 p1 "
                 f"(got m{self.gen.tp} p{self.gen.pp}); use more servers (d) instead, or the sglang engine on GPUs"
             )
-        if self.train.pp != 1:
-            fail(
-                f"the trainer part needs p1 (got p{self.train.pp}): pipeline parallelism of the trainer is not "
-                f"built yet; it runs FSDP2 data parallelism (d) and tensor parallelism (m): use "
-                f"d{self.train.dp}m{self.train.tp * self.train.pp}p1 or d{self.train.dp * self.train.pp}m{self.train.tp}p1"
-            )
 
 
 def _parse_strategy(value: str, part: str, role: str) -> ParallelStrategy:

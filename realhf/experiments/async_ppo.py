@@ -5,7 +5,7 @@ naming the field, before a process starts) and turns it into the launcher's `Wor
 (docs/architecture.md §2, §8):
 
     generation_server × gen.dp    gserver_manager × 1    rollout_worker × rollout.n_workers
-    model_worker × train.dp·train.tp   master_worker × 1 (its log is echoed to the console)
+    model_worker × train.dp·tp·pp      master_worker × 1 (its log is echoed to the console)
     evaluator × 1, only when exp_ctrl.eval_freq_steps > 0
 
 Each worker config is derived here and nowhere else: a fact of the root tree reaches every
@@ -177,6 +177,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         recover=bool(resume),
         recover_path=str(point[0]) if point else "",
         tp_size=alloc.train.tp,
+        pp_size=alloc.train.pp,
         weight_sync_backend="nccl" if placement.mode == "separate" else "gloo",
         ranks_per_server=alloc.gen.tp,
         gen_backend=alloc.gen_engine,
@@ -187,6 +188,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         cfg,
         n_model_workers=alloc.train.world_size,
         trainer_tp=alloc.train.tp,
+        trainer_pp=alloc.train.pp,
         total_train_steps=total_steps,
         log_dir=files.log_dir,
         expected_workers={

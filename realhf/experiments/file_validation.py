@@ -113,13 +113,20 @@ def check_files(cfg: AsyncPPOConfig) -> None:
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
 
 
-def check_trainer_tp(cfg: AsyncPPOConfig, tp: int) -> None:
-    """Tensor parallelism of the trainer (allocation_mode's trainer m) against the models it splits:
-    the attention heads, key/value heads and MLP width must divide by m (realhf.impl.engine.tensor_parallel)."""
-    if tp == 1:
+def check_trainer_split(cfg: AsyncPPOConfig, tp: int, pp: int) -> None:
+    """Tensor and pipeline parallelism of the trainer (allocation_mode's trainer m and p) against
+    the models they split: the attention heads, key/value heads and MLP width must divide by m
+    (realhf.impl.engine.tensor_parallel), and there must be a decoder layer per stage
+    (realhf.impl.engine.pipeline_parallel; LoRA adapters are not built under it)."""
+    if tp == 1 and pp == 1:
         return
-    where = (
-        f"allocation_mode={cfg.allocation_mode!r} splits the trainer's decoder layers over m{tp} tensor-parallel ranks"
+    where = f"allocation_mode={cfg.allocation_mode!r} splits the trainer's models"
+    where += f" over m{tp} tensor-parallel ranks" if tp > 1 else ""
+    where += f"{' and' if tp > 1 else ' over'} p{pp} pipeline stages" if pp > 1 else ""
+    _Fields.need(
+        pp == 1 or cfg.actor.lora.r == 0,
+        f"{where}, and LoRA adapters (actor.lora.r={cfg.actor.lora.r}) are not built under pipeline "
+        "stages yet: use p1 (m may split a LoRA model)",
     )
     models = [("actor.path", cfg.actor.path)]
     if adv_estimator(cfg.ppo.adv_estimator).needs_critic and cfg.critic.path:
@@ -137,6 +144,12 @@ def check_trainer_tp(cfg: AsyncPPOConfig, tp: int) -> None:
             not wrong,
             f"{where}, but {field}={path!r} has {', '.join(wrong)} in its config.json, not divisible by {tp}: "
             "lower the trainer part's m",
+        )
+        layers = hf.get("num_hidden_layers")
+        _Fields.need(
+            isinstance(layers, int) and layers >= pp,
+            f"{where}, but {field}={path!r} has {layers} decoder layers (num_hidden_layers), fewer than the "
+            f"{pp} stages: lower the trainer part's p",
         )
 
 

@@ -8,7 +8,7 @@ import os
 from realhf.api.cli_args import AsyncPPOConfig
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.importing import use_import_roots
-from realhf.experiments.file_validation import check_files, check_trainer_tp
+from realhf.experiments.file_validation import check_files, check_trainer_split
 from realhf.experiments.validation import check_shapes, check_user_paths, check_values
 
 
@@ -20,6 +20,6 @@ def validate_experiment(cfg: AsyncPPOConfig) -> AllocationMode:
     use_import_roots(os.getcwd(), cfg.user_paths)  # before the checks below import the user's code
     alloc = check_values(cfg)
     check_files(cfg)
-    check_trainer_tp(cfg, alloc.train.tp)
+    check_trainer_split(cfg, alloc.train.tp, alloc.train.pp)
     check_shapes(cfg, alloc)
     return alloc

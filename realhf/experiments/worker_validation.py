@@ -95,6 +95,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_device(c.device, f.name("device"))
     f.at_least("gpu", 0)
     f.at_least("tp_size", 1)
+    f.at_least("pp_size", 1)
     _check_gpu_share(f)
     if adv_estimator(c.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(c.critic.path, c.actor.path)
@@ -114,11 +115,13 @@ def _check_master(c: MasterWorkerConfig) -> None:
     f = _Fields(c, "master_worker")
     f.at_least("n_model_workers", 1)
     f.at_least("trainer_tp", 1)
+    f.at_least("trainer_pp", 1)
+    split = max(c.trainer_tp, 1) * max(c.trainer_pp, 1)
     f.need(
-        c.n_model_workers % c.trainer_tp == 0,
-        f"master_worker.n_model_workers={c.n_model_workers} is not a multiple of trainer_tp={c.trainer_tp}",
+        c.n_model_workers % split == 0,
+        f"master_worker.n_model_workers={c.n_model_workers} is not a multiple of trainer_tp x trainer_pp={split}",
     )
-    dp = c.n_model_workers // max(c.trainer_tp, 1)
+    dp = c.n_model_workers // split
     f.need(
         c.groups_per_step >= dp,
         f"groups_per_step ({c.groups_per_step}) must be >= the trainer's DP ranks ({dp}): "

@@ -67,6 +67,7 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
         seed=cfg.seed,
         name=role,
         tp_size=cfg.tp_size,
+        pp_size=cfg.pp_size,
         param_dtype=model.param_dtype or None,
         reduce_dtype=model.reduce_dtype,
     )

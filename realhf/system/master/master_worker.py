@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
+from realhf.base.trainer_layout import TrainerLayout
 from realhf.base.trial_files import completions_path, metrics_path, read_metrics
 from realhf.impl.model.step_calls import step_calls
 from realhf.system.manager.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
@@ -130,9 +131,11 @@ class MasterWorker(Worker):
 
     @property
     def _heads(self) -> List[int]:
-        """The model workers that are DP heads: with trainer tensor parallelism every tp-th one
-        holds its replica's data (fetch); the others follow it (balance and the model calls go to all)."""
-        return list(range(0, self.config.n_model_workers, self.config.trainer_tp))
+        """The model workers that are DP heads: with trainer tensor or pipeline parallelism one rank
+        of each replica holds its data (fetch); the others follow it (balance and the model calls
+        go to all). realhf.base.trainer_layout."""
+        cfg = self.config
+        return TrainerLayout.of(cfg.n_model_workers, cfg.trainer_tp, cfg.trainer_pp).heads()
 
     @staticmethod
     def _read_trained(path: str) -> set:
@@ -296,9 +299,8 @@ class MasterWorker(Worker):
         for c in step_calls(self.config.ppo):
             data = {"model": c.model} if c.handler == "inference" else None
             # Every rank runs the call; the heads' replies speak for their replicas (the same numbers).
-            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)[
-                :: self.config.trainer_tp
-            ]
+            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)
+            replies = [replies[h] for h in self._heads]
             if c.handler == "inference":
                 inference[c.model] = replies
             elif c.name == "critic_train":

@@ -38,6 +38,7 @@ from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, cap_memory, dist_backend, pick_device, why_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
+from realhf.base.trainer_layout import TrainerLayout
 from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
 from realhf.impl.model.batching import batch_summary, pack_trajectories
 from realhf.impl.model.buffer import TrajectoryBuffer
@@ -62,15 +63,15 @@ class ModelWorker(Worker):
         torch.set_num_threads(cfg.actor.n_threads)
         torch.manual_seed(cfg.seed)
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
-        # Tensor parallelism: workers i·tp … i·tp + tp − 1 are DP rank i, splitting every layer; the
-        # first (the head) receives the trajectories and hands each step's batch to the others.
-        self.tp_size = cfg.tp_size
+        # Tensor and pipeline parallelism: the ranks of one replica split the layers and stages;
+        # its head receives the trajectories and hands each step's batch to the others
+        # (realhf.base.trainer_layout).
         self.rank, self.world_size = self.ctx.worker_index, self.ctx.worker_count
-        if self.world_size % self.tp_size:
-            raise ValueError(f"{self.world_size} model workers do not divide into tp_size={self.tp_size}")
-        self.dp_rank, self.dp_size = self.rank // self.tp_size, self.world_size // self.tp_size
-        self.tp_rank = self.rank % self.tp_size
-        self.is_head = self.tp_rank == 0
+        self.layout = TrainerLayout.of(self.world_size, cfg.tp_size, cfg.pp_size)
+        self.tp_size, self.pp_size, self.dp_size = self.layout.tp, self.layout.pp, self.layout.dp
+        self.dp_rank, self.tp_rank, self.pp_rank = self.layout.coords(self.rank)
+        self.head_rank = self.layout.head(self.dp_rank)
+        self.is_head = self.rank == self.head_rank
         self.version = 0
         self._taken: List[Trajectory] = []  # this rank's share of the step, before balancing
         self._batch: Optional[TrainBatch] = None
@@ -134,14 +135,12 @@ class ModelWorker(Worker):
         layout = "FSDP2-sharded" if self.engines["actor"].sharded else "unsharded"
         if self.tp_size > 1:
             layout += f", layers split over {self.tp_size} tensor-parallel ranks"
+        if self.pp_size > 1:
+            layout += f", pipeline stage {self.pp_rank} of {self.pp_size}"
         self.logger.info(
             f"{self._where()} on {self.device}{share} ({why_device(cfg.device, self.device)}): {sizes} "
             f"({cfg.actor.dtype}, {layout}), loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, "
-            + (
-                f"puller {puller.address}"
-                if puller is not None
-                else f"data from its head (rank {self.rank - self.tp_rank})"
-            )
+            + (f"puller {puller.address}" if puller is not None else f"data from its head (rank {self.head_rank})")
         )
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
@@ -201,12 +200,12 @@ class ModelWorker(Worker):
         t0 = time.monotonic()
         dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world_size, timeout=collective)
         self._dist_initialized = True
-        heads = list(range(0, self.world_size, self.tp_size))
+        split = self.layout.world > self.dp_size
         # Groups move between the DP heads; a head hands its batch to its replica's other ranks.
-        self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout, heads if self.tp_size > 1 else None)
-        for head in heads:  # every rank makes every new_group call, in the same order
-            group = collectives.new_gloo_group(cfg.collective_timeout, list(range(head, head + self.tp_size)))
-            if head == self.rank - self.tp_rank:
+        self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout, self.layout.heads() if split else None)
+        for d in range(self.dp_size):  # every rank makes every new_group call, in the same order
+            group = collectives.new_gloo_group(cfg.collective_timeout, self.layout.replica(d))
+            if d == self.dp_rank:
                 self._replica_group = group
         self._io_group = collectives.new_gloo_group(cfg.distributed_timeout)
         self.logger.info(
@@ -361,7 +360,7 @@ class ModelWorker(Worker):
         """`{take: n}`: move the n oldest trainable groups into this step's batch (n = 0: only report)."""
         if not self.is_head:
             raise ValueError(
-                f"fetch sent to rank {self.rank}, tensor-parallel rank {self.tp_rank} of DP rank {self.dp_rank}: only its head (rank {self.rank - self.tp_rank}) holds data"
+                f"fetch sent to rank {self.rank} of DP rank {self.dp_rank}'s replica: only its head (rank {self.head_rank}) holds data"
             )
         self._pull_into_buffer()
         reply = {
@@ -417,8 +416,8 @@ class ModelWorker(Worker):
             if self.is_head:
                 group_exchange.check_assignment(assignment, self.dp_rank, len(self._taken), self.dp_size)
                 groups = group_exchange.exchange(self._taken, assignment, self.dp_rank, self._cpu_group)
-            if self.tp_size > 1:  # the replica's ranks split one model: they train the same batch
-                groups = group_exchange.replicate(groups, self.rank - self.tp_rank, self._replica_group)
+            if self.layout.world > self.dp_size:  # the replica's ranks split one model: they train the same batch
+                groups = group_exchange.replicate(groups, self.head_rank, self._replica_group)
         self._taken = []
         self._batch = pack_trajectories(groups, self._pad_id())
         tokens = int(self._batch.attention_mask.sum())
@@ -515,11 +514,11 @@ class ModelWorker(Worker):
         return {"path": str(self._recover_path), "version": self.version}
 
     def _where(self) -> str:
-        if self.tp_size == 1:
+        if self.layout.world == self.dp_size:
             return f"dp rank {self.dp_rank}/{self.dp_size}"
-        return (
-            f"rank {self.rank}/{self.world_size} (dp {self.dp_rank}/{self.dp_size}, tp {self.tp_rank}/{self.tp_size})"
-        )
+        where = f"rank {self.rank}/{self.world_size} (dp {self.dp_rank}/{self.dp_size}"
+        where += f", tp {self.tp_rank}/{self.tp_size}" if self.tp_size > 1 else ""
+        return where + (f", pp {self.pp_rank}/{self.pp_size})" if self.pp_size > 1 else ")")
 
     def _ping(self, data: Any) -> Dict[str, Any]:
         return {"dp_rank": self.dp_rank, "version": self.version, "buffered": len(self._buffer)}

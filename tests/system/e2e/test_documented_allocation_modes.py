@@ -19,7 +19,8 @@ MODE = re.compile(r"\b(?:native|sglang)\.[dmp\d]+\+[dmp\d]+")
 # the two cannot drift apart): not started twice (CI time).
 STARTED_ELSEWHERE = {
     "native.d1m1p1+d3m1p1": ("test_data_parallel_runs.py", "test_grpo_trains_at_dp3"),
-    "native.d1m1p1+d1m2p1": ("test_tensor_parallel_run.py", "test_a_tensor_parallel_trainer_runs_the_whole_system"),
+    "native.d1m1p1+d1m2p1": ("test_model_parallel_runs.py", "test_a_tensor_parallel_trainer_runs_the_whole_system"),
+    "native.d1m1p1+d1m1p2": ("test_model_parallel_runs.py", "test_a_pipelined_trainer_runs_the_whole_system"),
 }
 SPAN = re.compile(r"`([^`\n]+)`")
 

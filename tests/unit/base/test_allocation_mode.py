@@ -108,22 +108,12 @@ def test_native_engine_supports_only_tp_and_pp_one(text):
 
 
 @pytest.mark.parametrize(
-    "text, instead", [("sglang.d1+d2p2", "d2m2p1 or d4m1p1"), ("native.d1+d1m2p2", "d1m4p1 or d2m2p1")]
+    "text", ["native.d1+d1m2", "native.d1+d2m2p1", "sglang.d1+d4m2", "native.d1+d1p2", "native.d1+d1m2p2"]
 )
-def test_trainer_pp_is_refused_naming_the_layouts_that_run(text, instead):
-    mode = AllocationMode.parse(text)
-    with pytest.raises(AllocationModeError) as info:
-        mode.validate()
-    message = str(info.value)
-    assert message.startswith(f"allocation_mode={str(mode)!r}: the trainer part needs p1 (got p2)")
-    assert "pipeline parallelism of the trainer is not built yet" in message and f"use {instead}" in message
-
-
-@pytest.mark.parametrize("text", ["native.d1+d1m2", "native.d1+d2m2p1", "sglang.d1+d4m2"])
-def test_trainer_tensor_parallelism_is_accepted(text):
+def test_trainer_tensor_and_pipeline_parallelism_are_accepted(text):
     mode = AllocationMode.parse(text)
     mode.validate()
-    assert mode.train.world_size == mode.train.dp * mode.train.tp
+    assert mode.train.world_size == mode.train.dp * mode.train.tp * mode.train.pp
 
 
 def test_sglang_tensor_parallel_generation_is_fine():

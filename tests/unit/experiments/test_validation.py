@@ -277,18 +277,20 @@ def test_dp_larger_than_the_batch_is_refused_naming_allocation_mode_and_groups_p
         check_config(cfg)
 
 
-def test_trainer_pp_is_refused_naming_allocation_mode():
-    with pytest.raises(ConfigError, match=r"^allocation_mode: .*trainer part needs p1 \(got p2\).*not built yet"):
-        check_config(load("allocation_mode=native.d1+d1p2"))
+def test_trainer_tp_and_pp_are_checked_against_the_models():
+    from realhf.experiments.file_validation import check_trainer_split
 
-
-def test_trainer_tp_is_checked_against_the_models_heads():
-    from realhf.experiments.file_validation import check_trainer_tp
-
-    check_trainer_tp(load("allocation_mode=native.d1+d1m2"), 2)  # 4 heads, 4 kv heads, MLP 512
+    check_trainer_split(load("allocation_mode=native.d1+d1m2"), 2, 1)  # 4 heads, 4 kv heads, MLP 512
+    check_trainer_split(load("allocation_mode=native.d1+d1m2p2"), 2, 2)  # 2 layers, 2 stages
     with pytest.raises(ConfigError, match=r"m3 tensor-parallel ranks, but actor.path=.* num_attention_heads=4.*lower"):
-        check_trainer_tp(load("allocation_mode=native.d1+d1m3"), 3)
-    check_trainer_tp(load("allocation_mode=native.d1+d1m2", "actor.lora.r=4"), 2)  # adapters split too
+        check_trainer_split(load("allocation_mode=native.d1+d1m3"), 3, 1)
+    check_trainer_split(load("allocation_mode=native.d1+d1m2", "actor.lora.r=4"), 2, 1)  # adapters split too
+    with pytest.raises(
+        ConfigError, match=r"p3 pipeline stages, but actor.path=.* 2 decoder layers .*lower the trainer part's p"
+    ):
+        check_trainer_split(load("allocation_mode=native.d1+d1p3"), 1, 3)
+    with pytest.raises(ConfigError, match=r"p2 pipeline stages, and LoRA adapters \(actor.lora.r=4\) are not built"):
+        check_trainer_split(load("allocation_mode=native.d1+d1p2", "actor.lora.r=4"), 1, 2)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""Issue 32, item 5: the whole system trains with tensor parallelism in the trainer
-(`allocation_mode=native.d1m1p1+d1m2p1`: two model workers splitting every decoder layer, the
-first the DP head that receives the trajectories and hands each step's batch to the other).
+"""Issue 32, item 5: the whole system trains with tensor and pipeline parallelism in the trainer
+(`allocation_mode=native.d1m1p1+d1m2p1`: two model workers splitting every decoder layer;
+`+d1m1p2`: two pipeline stages; the first worker of a replica is its DP head, which receives the
+trajectories and hands each step's batch to the others; realhf.base.trainer_layout).
 
 Correctness is the point here (two cores make it slow): the run ends well, both ranks logged
 their split, the split trainer's log-probs of the first batch equal the generation server's
@@ -18,7 +19,9 @@ from helpers.training_runs import check_finished_run, run_training
 ETA = 2
 
 
-def _run_split(tmp_path, mode_override: str, n_workers: int, steps: int):
+def _run_split(
+    tmp_path, mode_override: str, n_workers: int, steps: int, split: str = "layers split over 2 tensor-parallel ranks"
+):
     proc, metrics, log_dir = run_training(
         tmp_path,
         "tp",
@@ -31,7 +34,7 @@ def _run_split(tmp_path, mode_override: str, n_workers: int, steps: int):
     logs = sorted(log_dir.glob("model_worker-*.log"))
     assert len(logs) == n_workers
     for log in logs:
-        assert "layers split over 2 tensor-parallel ranks" in log.read_text()
+        assert split in log.read_text()
     # Version 0 on both sides: the split model's log-probs are the server's (float rounding).
     assert metrics[0]["actor_inf_behav_abs_diff"] < 1e-4, metrics[0]
     assert all("loss" in m for m in metrics)
@@ -73,3 +76,14 @@ def test_lora_adapters_split_over_tensor_parallel_ranks_run_the_whole_system(tmp
     check_finished_run(proc, metrics, 8, ETA, tmp_path)
     assert metrics[0]["actor_inf_behav_abs_diff"] < 1e-4, metrics[0]
     assert "LoRA r=8" in (log_dir / "model_worker-1.log").read_text()
+
+
+@pytest.mark.e2e
+def test_a_pipelined_trainer_runs_the_whole_system(tmp_path, no_leftover_processes):
+    _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m1p2", 2, steps=12, split="pipeline stage")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_tensor_and_pipeline_parallelism_together_run_the_whole_system(tmp_path, no_leftover_processes):
+    _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m2p2", 4, steps=8, split="pipeline stage")
