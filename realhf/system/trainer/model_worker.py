@@ -203,7 +203,7 @@ class ModelWorker(Worker):
         split = self.layout.world > self.dp_size
         # Groups move between the DP heads; a head hands its batch to its replica's other ranks.
         self._cpu_group = collectives.new_gloo_group(cfg.collective_timeout, self.layout.heads() if split else None)
-        for d in range(self.dp_size):  # every rank makes every new_group call, in the same order
+        for d in range(self.dp_size if split else 0):  # every rank makes every new_group call, in order
             group = collectives.new_gloo_group(cfg.collective_timeout, self.layout.replica(d))
             if d == self.dp_rank:
                 self._replica_group = group
