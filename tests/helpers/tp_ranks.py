@@ -1,6 +1,6 @@
 """One rank of a tensor-parallel FSDPEngine run (tests/unit/impl/engine/test_tensor_parallel.py).
 
-    RANK=r WORLD_SIZE=w TP=t MASTER_PORT=p python -m helpers.tp_ranks OUT_DIR
+    RANK=r WORLD_SIZE=w TP=t MASTER_PORT=p [RESUME_FROM=DIR] python -m helpers.tp_ranks OUT_DIR
 
 The world is dp x tp (dp = w / t); rank r is data-parallel rank r // t and tensor-parallel rank
 r % t, and the t ranks of one replica are handed the same rows (`rank_rows` of their dp rank),
@@ -10,6 +10,9 @@ as a model worker's tensor-parallel peers are. With the data and loss of helpers
     recover/, step 3             → params_step3.safetensors
     a fresh engine, recovered    → params_step3_recovered.safetensors (continues as without)
     critic: initial, 2 steps     → critic_init.safetensors, critic_step2.safetensors
+
+With RESUME_FROM (a recovery checkpoint written at another layout, e.g. by helpers.fsdp_ranks at
+DP=2 after its two steps), only: load it, then step 3 → resumed_step3.safetensors.
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ def main(out: Path) -> None:
     tp = int(os.environ["TP"])
     dp_rank, dp_size = rank // tp, world_size // tp
     try:
+        if os.environ.get("RESUME_FROM"):
+            engine = FSDPEngine(engine_config(tp_size=tp))
+            engine.initialize()
+            recover_checkpoint.load(Path(os.environ["RESUME_FROM"]), {"actor": engine}, rank, engine.device)
+            stats = run_steps(engine, [0], dp_rank, dp_size)
+            _write(out, "resumed_step3.safetensors", engine)
+            if rank == 0:
+                (out / "stats.json").write_text(json.dumps(stats))
+            engine.destroy()
+            dist.barrier()
+            return
         engine = FSDPEngine(engine_config(tp_size=tp))
         engine.initialize()
         stats = run_steps(engine, [0, 1], dp_rank, dp_size)

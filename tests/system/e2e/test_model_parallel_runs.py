@@ -48,7 +48,7 @@ def _run_split(
 
 @pytest.mark.e2e
 def test_a_tensor_parallel_trainer_runs_the_whole_system(tmp_path, no_leftover_processes):
-    metrics = _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m2p1", 2, steps=12)
+    metrics = _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m2p1", 2, steps=8)
     print(json.dumps({k: metrics[-1][k] for k in ("step", "success_rate", "loss")}))
 
 
@@ -80,7 +80,7 @@ def test_lora_adapters_split_over_tensor_parallel_ranks_run_the_whole_system(tmp
 
 @pytest.mark.e2e
 def test_a_pipelined_trainer_runs_the_whole_system(tmp_path, no_leftover_processes):
-    _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m1p2", 2, steps=12, split="pipeline stage")
+    _run_split(tmp_path, "allocation_mode=native.d1m1p1+d1m1p2", 2, steps=8, split="pipeline stage")
 
 
 @pytest.mark.e2e

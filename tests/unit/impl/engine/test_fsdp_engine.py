@@ -100,6 +100,19 @@ def test_load_recover_into_fresh_engines_continues_exactly_as_without_the_save(d
     assert sorted(p.name for p in (dp2_run / "recover" / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
 
 
+def test_a_dp2_recovery_checkpoint_resumes_into_tensor_parallel_ranks(dp2_run, tmp_path):
+    """Resume at another layout (issue 32): the d2m1 checkpoint into d1m2 ranks (DCP reshards the
+    FSDP shards into the split layers); the step after it is the one the d2m1 engine took."""
+    launch_ranks(
+        "helpers.tp_ranks", tmp_path, world_size=2, extra_env={"TP": "2", "RESUME_FROM": str(dp2_run / "recover")}
+    )
+    continued = load_file(str(dp2_run / "params_step3.safetensors"))
+    assert _max_abs_diff(load_file(str(tmp_path / "resumed_step3.safetensors")), continued) <= 1e-5
+    resumed = json.loads((tmp_path / "stats.json").read_text())[0]
+    d2 = json.loads((dp2_run / "stats.json").read_text())[2]
+    assert resumed["lr"] == d2["lr"] and resumed["loss"] == pytest.approx(d2["loss"], rel=1e-5)
+
+
 def test_dp2_value_head_starts_as_the_dp1_one_on_every_rank(dp2_run, dp1_critic_run):
     # The head is random (a causal-LM checkpoint has none); a rank that drew its own would show
     # here as a gathered head that is part one draw, part the other.
