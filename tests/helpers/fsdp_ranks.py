@@ -196,6 +196,26 @@ def dp1_steps(config: FSDPEngineConfig):
         torch.set_num_threads(threads)
 
 
+def dp1_critic_steps():
+    """(initial parameters, parameters, stats) of the critic's steps [0, 1] on one unwrapped rank
+    in this process: what a split or data-parallel critic run must match."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with open_engines(critic_config()) as (critic,):
+            initial = full_params(critic)
+            stats = run_critic_steps(critic, [0, 1], rank=0, world_size=1)
+            return initial, full_params(critic), stats
+    finally:
+        torch.set_num_threads(threads)
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    """The largest |a - b| over tensors of the same names (the names must match)."""
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
 def _write(out: Path, name: str, engine: FSDPEngine) -> None:
     from safetensors.torch import save_file
 

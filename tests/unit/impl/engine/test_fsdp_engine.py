@@ -16,12 +16,12 @@ from safetensors.torch import load_file
 
 from helpers.fsdp_ranks import (
     TINY_SFT,
-    critic_config,
+    dp1_critic_steps,
     dp1_steps,
     engine_config,
     full_params,
+    max_abs_diff,
     open_engines,
-    run_critic_steps,
     run_steps,
 )
 from helpers.gloo_ranks import launch_ranks
@@ -43,20 +43,7 @@ def dp1_run():
 @pytest.fixture(scope="module")
 def dp1_critic_run():
     """(initial parameters, parameters, stats) of the critic's two steps at DP=1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with open_engines(critic_config()) as (critic,):
-            initial = full_params(critic)
-            stats = run_critic_steps(critic, [0, 1], rank=0, world_size=1)
-            return initial, full_params(critic), stats
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return dp1_critic_steps()
 
 
 def test_dp2_fsdp_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_run):
@@ -64,8 +51,8 @@ def test_dp2_fsdp_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_r
     dp2 = load_file(str(dp2_run / "params_step2.safetensors"))
     initial = load_file(os.path.join(TINY_SFT, "model.safetensors"))
     # The steps moved the weights (far more than the tolerance), and DP=2 moved them as DP=1 did.
-    assert _max_abs_diff({k: dp2[k] for k in initial}, initial) > 1e-3
-    assert _max_abs_diff(dp2, dp1_params) <= 1e-5
+    assert max_abs_diff({k: dp2[k] for k in initial}, initial) > 1e-3
+    assert max_abs_diff(dp2, dp1_params) <= 1e-5
     # Adam's step hides a constant factor on the gradient; the loss and the (unclipped) gradient
     # norm show it: both are global token means, equal at DP=1 and DP=2.
     dp2_stats = json.loads((dp2_run / "stats.json").read_text())[:2]
@@ -84,13 +71,13 @@ def test_hf_directory_saved_at_dp2_loads_with_transformers_and_equals_the_engine
     assert (hf / "tokenizer.json").is_file()  # copied from the source model
     model = AutoModelForCausalLM.from_pretrained(str(hf))
     engine_params = load_file(str(dp2_run / "params_step2.safetensors"))
-    assert _max_abs_diff(dict(model.state_dict()), engine_params) == 0.0
+    assert max_abs_diff(dict(model.state_dict()), engine_params) == 0.0
 
 
 def test_load_recover_into_fresh_engines_continues_exactly_as_without_the_save(dp2_run):
     continued = load_file(str(dp2_run / "params_step3.safetensors"))
     recovered = load_file(str(dp2_run / "params_step3_recovered.safetensors"))
-    assert _max_abs_diff(continued, recovered) == 0.0
+    assert max_abs_diff(continued, recovered) == 0.0
     stats = json.loads((dp2_run / "stats.json").read_text())
     assert stats[2] == stats[3]  # same loss, grad norm and (cosine-scheduled) LR
     assert stats[2]["lr"] < stats[1]["lr"]  # the schedule moved on; it was not restarted
@@ -107,7 +94,7 @@ def test_a_dp2_recovery_checkpoint_resumes_into_tensor_parallel_ranks(dp2_run, t
         "helpers.tp_ranks", tmp_path, world_size=2, extra_env={"TP": "2", "RESUME_FROM": str(dp2_run / "recover")}
     )
     continued = load_file(str(dp2_run / "params_step3.safetensors"))
-    assert _max_abs_diff(load_file(str(tmp_path / "resumed_step3.safetensors")), continued) <= 1e-5
+    assert max_abs_diff(load_file(str(tmp_path / "resumed_step3.safetensors")), continued) <= 1e-5
     resumed = json.loads((tmp_path / "stats.json").read_text())[0]
     d2 = json.loads((dp2_run / "stats.json").read_text())[2]
     assert resumed["lr"] == d2["lr"] and resumed["loss"] == pytest.approx(d2["loss"], rel=1e-5)
@@ -119,14 +106,14 @@ def test_dp2_value_head_starts_as_the_dp1_one_on_every_rank(dp2_run, dp1_critic_
     initial, _, _ = dp1_critic_run
     dp2_initial = load_file(str(dp2_run / "critic_init.safetensors"))
     assert "score.weight" in dp2_initial and float(dp2_initial["score.weight"].abs().max()) > 0
-    assert _max_abs_diff(dp2_initial, initial) == 0.0
+    assert max_abs_diff(dp2_initial, initial) == 0.0
 
 
 def test_dp2_critic_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_critic_run):
     initial, dp1_params, dp1_stats = dp1_critic_run
     dp2 = load_file(str(dp2_run / "critic_step2.safetensors"))
-    assert _max_abs_diff(dp2, initial) > 1e-3  # the value loss moved the weights
-    assert _max_abs_diff(dp2, dp1_params) <= 1e-5
+    assert max_abs_diff(dp2, initial) > 1e-3  # the value loss moved the weights
+    assert max_abs_diff(dp2, dp1_params) <= 1e-5
     dp2_stats = json.loads((dp2_run / "critic_stats.json").read_text())
     for dp1_step, dp2_step in zip(dp1_stats, dp2_stats):
         assert dp2_step["loss_weight"] == dp1_step["loss_weight"]
@@ -147,7 +134,7 @@ def test_load_hf_puts_the_saved_weights_into_a_sharded_engine(dp2_run):
         loaded = full_params(engine)
     finally:
         engine.destroy()
-    assert _max_abs_diff(loaded, load_file(str(dp2_run / "params_step2.safetensors"))) == 0.0
+    assert max_abs_diff(loaded, load_file(str(dp2_run / "params_step2.safetensors"))) == 0.0
 
 
 @pytest.mark.parametrize("shard_single_rank", [False, True], ids=["unwrapped", "fsdp"])
@@ -170,5 +157,5 @@ def test_activation_checkpointing_makes_the_same_update(shard_single_rank):
     finally:
         torch.set_num_threads(threads)
     (plain, plain_stats), (ckpt, ckpt_stats) = results
-    assert _max_abs_diff(plain, ckpt) <= 1e-6
+    assert max_abs_diff(plain, ckpt) <= 1e-6
     assert [s["loss"] for s in ckpt_stats] == pytest.approx([s["loss"] for s in plain_stats], rel=1e-5)

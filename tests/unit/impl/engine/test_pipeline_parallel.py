@@ -10,8 +10,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers.fsdp_ranks import TINY_SFT, critic_config, dp1_steps, engine_config, full_params, open_engines
-from helpers.fsdp_ranks import run_critic_steps as critic_steps
+from helpers.fsdp_ranks import (
+    TINY_SFT,
+    dp1_critic_steps,
+    dp1_steps,
+    engine_config,
+    full_params,
+    max_abs_diff,
+    open_engines,
+)
 from helpers.gloo_ranks import launch_ranks
 
 # (processes, pp, tp); the four-process layouts run with --runslow
@@ -38,20 +45,8 @@ def dp1_run():
 
 @pytest.fixture(scope="module")
 def dp1_critic_run():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with open_engines(critic_config()) as (critic,):
-            initial = full_params(critic)
-            stats = critic_steps(critic, [0, 1], rank=0, world_size=1)
-            return initial, full_params(critic), stats
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    """(initial parameters, parameters, stats) of the critic's two steps at DP=1."""
+    return dp1_critic_steps()
 
 
 def test_stage_layers_are_contiguous_and_as_even_as_possible():
@@ -66,8 +61,8 @@ def test_a_pipelined_model_takes_the_dp1_step(pp_run, dp1_run):
     dp1_params, dp1_stats = dp1_run
     pp = load_file(str(pp_run / "params_step2.safetensors"))
     initial = load_file(f"{TINY_SFT}/model.safetensors")
-    assert _max_abs_diff({k: pp[k] for k in initial}, initial) > 1e-3  # the steps moved the weights
-    assert _max_abs_diff(pp, dp1_params) <= 1e-5
+    assert max_abs_diff({k: pp[k] for k in initial}, initial) > 1e-3  # the steps moved the weights
+    assert max_abs_diff(pp, dp1_params) <= 1e-5
     # A tied head: the last stage's copy took the embedding's step.
     assert torch.equal(pp["lm_head.weight"], pp["model.embed_tokens.weight"])
     pp_stats = json.loads((pp_run / "stats.json").read_text())[:2]
@@ -103,15 +98,15 @@ def test_a_pipelined_models_hf_directory_and_streamed_weights_are_its_parameters
 
     params = load_file(str(pp_run / "params_step2.safetensors"))
     model = AutoModelForCausalLM.from_pretrained(str(pp_run / "hf"))
-    assert _max_abs_diff(dict(model.state_dict()), params) == 0.0
+    assert max_abs_diff(dict(model.state_dict()), params) == 0.0
     streamed = load_file(str(pp_run / "hf_tensors.safetensors"))
-    assert _max_abs_diff(streamed, {k: params[k] for k in streamed}) == 0.0
+    assert max_abs_diff(streamed, {k: params[k] for k in streamed}) == 0.0
     assert set(params) - set(streamed) == {"lm_head.weight"}  # a tied head is sent once, as the embedding
 
 
 def test_a_pipelined_model_resumes_from_its_recovery_checkpoint_exactly(pp_run):
     assert (
-        _max_abs_diff(
+        max_abs_diff(
             load_file(str(pp_run / "params_step3.safetensors")),
             load_file(str(pp_run / "params_step3_recovered.safetensors")),
         )
@@ -129,15 +124,15 @@ def test_a_pp_recovery_checkpoint_loads_into_an_unsplit_engine(pp_run):
         recover_checkpoint.load(pp_run / "recover", {"actor": engine}, 0, engine.device)
         loaded = full_params(engine)
         assert int(engine.optimizer.state_dict()["state"][0]["step"]) == 2  # Adam's state came along
-    assert _max_abs_diff(loaded, load_file(str(pp_run / "params_step2.safetensors"))) == 0.0
+    assert max_abs_diff(loaded, load_file(str(pp_run / "params_step2.safetensors"))) == 0.0
 
 
 def test_a_pipelined_critic_takes_the_dp1_steps(pp_run, dp1_critic_run):
     initial, dp1_params, dp1_stats = dp1_critic_run
-    assert _max_abs_diff(load_file(str(pp_run / "critic_init.safetensors")), initial) == 0.0
+    assert max_abs_diff(load_file(str(pp_run / "critic_init.safetensors")), initial) == 0.0
     pp = load_file(str(pp_run / "critic_step2.safetensors"))
-    assert _max_abs_diff(pp, initial) > 1e-3
-    assert _max_abs_diff(pp, dp1_params) <= 1e-5
+    assert max_abs_diff(pp, initial) > 1e-3
+    assert max_abs_diff(pp, dp1_params) <= 1e-5
     for dp1_step, pp_step in zip(dp1_stats, json.loads((pp_run / "critic_stats.json").read_text())):
         for key in ("loss", "grad_norm"):
             assert pp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
