@@ -225,6 +225,28 @@ def _write(out: Path, name: str, engine: FSDPEngine) -> None:
         save_file({k: v.clone() for k, v in params.items()}, str(out / name))
 
 
+def checkpoint_and_resume(
+    out: Path, engine: FSDPEngine, config: FSDPEngineConfig, dp_rank: int, dp_size: int, write=None
+):
+    """After two steps: a recovery checkpoint (recover/), step 3 (params_step3.safetensors), then a
+    fresh engine of `config` restored from it takes step 3 again (params_step3_recovered.safetensors).
+    Destroys `engine`; returns the two steps' stats. `write(out, name, engine)`: how parameters are
+    written (default `_write`)."""
+    write = write or _write
+    rank, world_size = engine.rank, engine.world_size
+    recover_checkpoint.save(out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2})
+    stats = run_steps(engine, [0], dp_rank, dp_size)
+    write(out, "params_step3.safetensors", engine)
+    engine.destroy()
+    fresh = FSDPEngine(config)
+    fresh.initialize()
+    recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
+    stats += run_steps(fresh, [0], dp_rank, dp_size)
+    write(out, "params_step3_recovered.safetensors", fresh)
+    fresh.destroy()
+    return stats
+
+
 def main(out: Path) -> None:
     rank, world_size = join_gloo_group(60)
     try:
@@ -233,19 +255,7 @@ def main(out: Path) -> None:
         stats = run_steps(engine, [0, 1], rank, world_size)
         _write(out, "params_step2.safetensors", engine)
         engine.save_hf(out / "hf", tokenizer_source=TINY_SFT)
-        recover_checkpoint.save(
-            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
-        )
-        stats += run_steps(engine, [0], rank, world_size)
-        _write(out, "params_step3.safetensors", engine)
-        engine.destroy()
-
-        fresh = FSDPEngine(engine_config())
-        fresh.initialize()
-        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
-        stats += run_steps(fresh, [0], rank, world_size)
-        _write(out, "params_step3_recovered.safetensors", fresh)
-        fresh.destroy()
+        stats += checkpoint_and_resume(out, engine, engine_config(), rank, world_size)
 
         critic = FSDPEngine(critic_config())
         critic.initialize()

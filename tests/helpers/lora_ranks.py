@@ -24,11 +24,18 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from helpers.fsdp_ranks import TINY_SFT, _write, engine_config, make_batch, run_steps, token_logprobs
+from helpers.fsdp_ranks import (
+    TINY_SFT,
+    _write,
+    checkpoint_and_resume,
+    engine_config,
+    make_batch,
+    run_steps,
+    token_logprobs,
+)
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
-from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.lora import BaseModelView
 
 LORA = LoRAConfig(r=4, alpha=8.0)
@@ -56,19 +63,7 @@ def main(out: Path) -> None:
         ref = BaseModelView(engine).forward(make_batch(), token_logprobs)  # [N, T-1]
         if rank == 0:
             save_file({"ref": ref.contiguous()}, str(out / "ref_logprobs.safetensors"))
-        recover_checkpoint.save(
-            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
-        )
-        stats += run_steps(engine, [0], dp_rank, dp_size)
-        _write(out, "params_step3.safetensors", engine)
-        engine.destroy()
-
-        fresh = FSDPEngine(lora_config(tp_size=tp))
-        fresh.initialize()
-        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
-        stats += run_steps(fresh, [0], dp_rank, dp_size)
-        _write(out, "params_step3_recovered.safetensors", fresh)
-        fresh.destroy()
+        stats += checkpoint_and_resume(out, engine, lora_config(tp_size=tp), dp_rank, dp_size)
         if rank == 0:
             (out / "stats.json").write_text(json.dumps(stats))
         dist.barrier()  # leave gloo together (see helpers.fsdp_ranks)

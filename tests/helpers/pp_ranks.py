@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from helpers.fsdp_ranks import (
     TINY_SFT,
+    checkpoint_and_resume,
     critic_config,
     engine_config,
     make_batch,
@@ -45,7 +46,6 @@ from helpers.fsdp_ranks import (
 from helpers.gloo_ranks import join_gloo_group
 from realhf.impl.engine import pipeline_calls
 from realhf.impl.engine.fsdp_engine import FSDPEngine
-from realhf.impl.model import recover_checkpoint
 
 
 def _write(out: Path, name: str, engine: FSDPEngine) -> None:
@@ -78,19 +78,7 @@ def main(out: Path) -> None:
         if rank == 0:
             save_file(streamed, str(out / "hf_tensors.safetensors"))
         (out / f"n_params{rank}.json").write_text(json.dumps([engine.n_params, engine.n_trainable]))
-        recover_checkpoint.save(
-            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
-        )
-        stats += run_steps(engine, [0], dp_rank, dp_size)
-        _write(out, "params_step3.safetensors", engine)
-        engine.destroy()
-
-        fresh = FSDPEngine(engine_config(**layout))
-        fresh.initialize()
-        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
-        stats += run_steps(fresh, [0], dp_rank, dp_size)
-        _write(out, "params_step3_recovered.safetensors", fresh)
-        fresh.destroy()
+        stats += checkpoint_and_resume(out, engine, engine_config(**layout), dp_rank, dp_size, write=_write)
 
         # The whole batch as one micro-batch: fewer micro-batches than stages (GPipe), the same steps.
         critic = FSDPEngine(critic_config(micro_batch_tokens=0, **layout))

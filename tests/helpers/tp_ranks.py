@@ -25,7 +25,15 @@ from pathlib import Path
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from helpers.fsdp_ranks import TINY_SFT, critic_config, engine_config, full_params, run_critic_steps, run_steps
+from helpers.fsdp_ranks import (
+    TINY_SFT,
+    checkpoint_and_resume,
+    critic_config,
+    engine_config,
+    full_params,
+    run_critic_steps,
+    run_steps,
+)
 from helpers.gloo_ranks import join_gloo_group
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 from realhf.impl.model import recover_checkpoint
@@ -61,19 +69,7 @@ def main(out: Path) -> None:
         streamed = {name: t.clone() for name, t in engine.hf_tensors()}  # every rank runs it; rank 0 gets them
         if rank == 0:
             save_file(streamed, str(out / "hf_tensors.safetensors"))
-        recover_checkpoint.save(
-            out / "recover", {"actor": engine}, rank, world_size, engine.device, extra={"version": 2}
-        )
-        stats += run_steps(engine, [0], dp_rank, dp_size)
-        _write(out, "params_step3.safetensors", engine)
-        engine.destroy()
-
-        fresh = FSDPEngine(engine_config(tp_size=tp))
-        fresh.initialize()
-        recover_checkpoint.load(out / "recover", {"actor": fresh}, rank, fresh.device)
-        stats += run_steps(fresh, [0], dp_rank, dp_size)
-        _write(out, "params_step3_recovered.safetensors", fresh)
-        fresh.destroy()
+        stats += checkpoint_and_resume(out, engine, engine_config(tp_size=tp), dp_rank, dp_size)
 
         critic = FSDPEngine(critic_config(tp_size=tp))
         critic.initialize()
