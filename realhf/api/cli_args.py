@@ -423,6 +423,10 @@ class ExperimentSaveEvalControl:
         "> 0: also stop (final save, clean end) after the first train step at which the training time since the start of step 1 reaches this many seconds; 0: off.",
     )
     save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.")
+    save_freq_secs: float = _f(
+        0.0,
+        "Also save an HF checkpoint after the first train step that ends N or more seconds after the last save (or the start of step 1); 0: off. Saves at a wall-clock cadence whatever a step costs (time-to-accuracy comparisons).",
+    )
     keep_last_saves: int = _f(3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.")
     ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.")
     ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")

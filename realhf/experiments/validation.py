@@ -508,6 +508,7 @@ def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> No
         "total_train_epochs",
         "benchmark_steps",
         "save_freq_steps",
+        "save_freq_secs",
         "keep_last_saves",
         "ckpt_freq_steps",
         "ckpt_freq_secs",

@@ -1,7 +1,7 @@
 """realhf's benchmark suite (issue 5): `python -m scripts.bench all|<name> [--short] [--out-dir docs]`.
 
 One module per benchmark (e2e, generation, stream, weight_update, manager, scaling, trainer,
-engine, launchers, time_to_accuracy, data_parallel); each runs alone as `python -m scripts.bench.<name> [--short]`, prints its
+engine, launchers, time_to_accuracy, data_parallel, vs_trl); each runs alone as `python -m scripts.bench.<name> [--short]`, prints its
 tables, and ends with exactly one JSON line `{"bench": "<name>", ...}`. Benchmarks measure and never
 assert: on a shared machine trust the ratios measured side by side in one run, not the absolute
 numbers.
@@ -19,4 +19,5 @@ BENCHMARKS = (
     "launchers",
     "time_to_accuracy",
     "data_parallel",
+    "vs_trl",
 )

@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel [--short] [--out-dir docs]`
+"""`python -m scripts.bench all|e2e|generation|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl [--short] [--out-dir docs]`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -24,6 +24,7 @@ TIMEOUT_S = {
     "launchers": 1800,
     "time_to_accuracy": 5400,
     "data_parallel": 5400,
+    "vs_trl": 7200,
 }
 
 

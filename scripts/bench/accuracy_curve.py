@@ -46,8 +46,9 @@ def evaluate_curve(
     seed: int = 1,
     threads: int = 2,
     batch_size: int = 128,
+    temperature: float = 1.0,
 ) -> List[Dict]:
-    """[{"train_s", "accuracy", "path"}] per checkpoint, in order of training seconds."""
+    """[{"train_s", "accuracy", "path"}] per checkpoint, in order of training seconds (T=0: greedy)."""
     import torch
 
     from realhf.plugins.environments.math_grader import MathGrader
@@ -61,7 +62,7 @@ def evaluate_curve(
             r = evaluate_math_accuracy(
                 path,
                 rows,
-                temperature=1.0,
+                temperature=temperature,
                 n=n_samples,
                 max_new_tokens=32,
                 batch_size=batch_size,
@@ -102,6 +103,16 @@ def realhf_checkpoints(log_dir: str, run_dir: str) -> List[Dict]:
         if v.isdigit() and int(v) in at:
             out.append({"train_s": round(at[int(v)][0], 2), "step": at[int(v)][1], "version": int(v), "path": str(d)})
     return sorted(out, key=lambda c: c["train_s"])
+
+
+def clock_checkpoints(checkpoints: Sequence[Dict], t0: float) -> List[Dict]:
+    """The same saves with `clock_s`: when the save's weights file was written, in seconds since the
+    Unix time `t0` (the moment the training command was started)."""
+    out = [
+        {**c, "clock_s": round(os.path.getmtime(os.path.join(c["path"], "model.safetensors")) - t0, 2)}
+        for c in checkpoints
+    ]
+    return sorted(out, key=lambda c: c["clock_s"])
 
 
 def saved_at_checkpoints(root: str) -> List[Dict]:

@@ -77,26 +77,29 @@ def ensure_venv() -> str:
 
 
 def run_trl(
-    out_dir: str, budget_s: float, threads: int, save_steps: int, seed: int = 1, timeout: float = 3600.0
+    out_dir: str,
+    budget_s: float,
+    threads: int,
+    save_steps: int,
+    seed: int = 1,
+    timeout: float = 3600.0,
+    *,
+    save_secs: float = 0.0,
+    budget_clock: str = "train",
+    bf16: bool = False,
+    groups: int = 16,
+    minibatches: int = 2,
 ) -> Dict:
-    """One driver run; returns its summary plus `checkpoints` [{train_s, step, version, path}]."""
+    """One driver run; returns its summary plus `checkpoints` [{train_s, clock_s, step, version,
+    path}]. clock_s counts from just before the driver process starts (its imports and model load
+    on the clock); fp32 unless bf16."""
     from scripts.bench.accuracy_curve import saved_at_checkpoints
 
     python = ensure_venv()
-    cmd = [
-        python,
-        DRIVER,
-        "--out-dir",
-        out_dir,
-        "--budget-s",
-        str(budget_s),
-        "--threads",
-        str(threads),
-        "--save-steps",
-        str(save_steps),
-        "--seed",
-        str(seed),
-    ]
+    cmd = [python, DRIVER, "--out-dir", out_dir, "--budget-s", str(budget_s), "--threads", str(threads)]
+    cmd += ["--save-steps", str(save_steps), "--save-secs", str(save_secs), "--seed", str(seed)]
+    cmd += ["--budget-clock", budget_clock, "--groups", str(groups), "--minibatches", str(minibatches)]
+    cmd += ["--bf16"] if bf16 else []
     env = {
         **os.environ,
         "PYTHONPATH": REPO,
@@ -106,6 +109,7 @@ def run_trl(
     }
     load_before = load_average()
     t0 = time.monotonic()
+    cmd += ["--clock-start", repr(time.time())]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"the TRL driver exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-4000:]}")
@@ -117,7 +121,7 @@ def run_trl(
         checkpoints=saved_at_checkpoints(os.path.join(out_dir, "checkpoints")),
     )
     log(
-        f"TRL {out['trl']} at {threads} threads: {out['steps']} steps in {out['train_s']:.0f} train s, "
+        f"TRL {out['trl']} at {threads} threads ({'bf16' if out['bf16'] else 'fp32'}): {out['steps']} steps in {out['train_s']:.0f} train s, "
         f"{out['samples_per_s']:.1f} samples/s, {len(out['checkpoints'])} saves"
     )
     return out

@@ -16,10 +16,16 @@ gradient clipping 1.0, T=1 without top-k/top-p, 32 new tokens. The reward is rea
 environment with check_work: 1 when the final answer is right and every worked equation holds,
 else 0 (group normalisation makes this the same advantages as +1/-1).
 
-Every `--save-steps` generations (and at the end) the policy is saved as an HF directory
-`<out-dir>/checkpoints/version<g>` with `saved_at.json` = {train_s, step, version}, train_s being
-seconds since the trainer's `on_train_begin`. Training stops after the first generation's two
-optimizer steps at which train_s reaches `--budget-s`. The last stdout line is a JSON summary.
+Numerics: fp32 unless `--bf16` (GRPOConfig turns bf16 autocast ON by default; realhf's trainer
+computes in fp32, so a fair comparison passes bf16=False explicitly, and the summary says what ran).
+
+Every `--save-steps` generations and/or every `--save-secs` seconds (and at the end) the policy is
+saved as an HF directory `<out-dir>/checkpoints/version<g>` with `saved_at.json` = {train_s,
+clock_s, step, version}: train_s counts from the trainer's `on_train_begin`, clock_s from
+`--clock-start` (a Unix time: the moment the harness started this process; default the driver's
+own start), so that model loading and imports are on the clock as realhf's start-up is. Training
+stops after the first whole generation at which the `--budget-clock` (train or process) reaches
+`--budget-s`. The last stdout line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -51,12 +57,19 @@ def make_reward():
 
 
 def main(argv=None) -> int:
+    started = time.time()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out-dir", required=True)
     p.add_argument("--model", default="assets/tiny-math/sft")
     p.add_argument("--train-data", default="assets/tiny-math/data/train.jsonl")
     p.add_argument("--budget-s", type=float, default=372.0)
-    p.add_argument("--save-steps", type=int, default=10, help="save every N generations (each 16x8 samples)")
+    p.add_argument("--save-steps", type=int, default=10, help="save every N generations (each 16x8 samples); 0: off")
+    p.add_argument(
+        "--save-secs", type=float, default=0.0, help="save when N seconds passed since the last save; 0: off"
+    )
+    p.add_argument("--clock-start", type=float, default=None, help="Unix time the process clock starts at")
+    p.add_argument("--budget-clock", choices=("train", "process"), default="train")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast (TRL's default); off: fp32 as realhf")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--groups", type=int, default=16)
@@ -113,23 +126,29 @@ def main(argv=None) -> int:
         adam_beta2=0.999,
         adam_epsilon=1e-8,
         max_grad_norm=1.0,
+        bf16=args.bf16,
+        fp16=False,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     reward, grader = make_reward()
-    state = {"t0": None, "generations": 0, "train_s": 0.0, "saves": []}
+    clock_start = started if args.clock_start is None else args.clock_start
+    state = {"t0": None, "generations": 0, "train_s": 0.0, "saves": [], "last_save": time.time()}
 
     def save(train_s: float, g: int) -> None:
         d = os.path.join(ckpt_root, f"version{g}")
         model.save_pretrained(d, safe_serialization=True)
         tokenizer.save_pretrained(d)
         with open(os.path.join(d, "saved_at.json"), "w") as f:
-            json.dump({"train_s": round(train_s, 2), "step": g, "version": g}, f)
+            clock_s = round(time.time() - clock_start, 2)
+            json.dump({"train_s": round(train_s, 2), "clock_s": clock_s, "step": g, "version": g}, f)
         state["saves"].append(g)
+        state["last_save"] = time.time()
 
     class BudgetAndSaves(TrainerCallback):
         def on_train_begin(self, args_, st, control, **kw):
             state["t0"] = time.monotonic()
+            state["t_begin"] = state["last_save"] = time.time()
 
         def on_step_end(self, args_, st, control, **kw):
             if st.global_step % args.minibatches:
@@ -137,8 +156,11 @@ def main(argv=None) -> int:
             g = st.global_step // args.minibatches
             train_s = time.monotonic() - state["t0"]
             state["generations"], state["train_s"] = g, train_s
-            over = train_s >= args.budget_s or g >= args.max_generations
-            if g % args.save_steps == 0 or over:
+            clock = train_s if args.budget_clock == "train" else time.time() - clock_start
+            over = clock >= args.budget_s or g >= args.max_generations
+            by_steps = args.save_steps > 0 and g % args.save_steps == 0
+            by_secs = args.save_secs > 0 and time.time() - state["last_save"] >= args.save_secs
+            if by_steps or by_secs or over:
                 save(train_s, g)
             if over:
                 control.should_training_stop = True
@@ -162,7 +184,12 @@ def main(argv=None) -> int:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "threads": args.threads,
+        "bf16": bool(trainer.args.bf16),
+        "groups": args.groups,
+        "minibatches": args.minibatches,
         "budget_s": args.budget_s,
+        "budget_clock": args.budget_clock,
+        "start_s": round(state["t_begin"] - clock_start, 2),
         "steps": g,
         "train_s": round(train_s, 2),
         "n_samples": g * n_per_gen,

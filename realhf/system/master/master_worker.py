@@ -121,7 +121,7 @@ class MasterWorker(Worker):
         self._t_start = self._t_last_step = time.monotonic()
         # Training time is Σ step_time_s of metrics.jsonl; a resumed run continues the budget.
         self._train_s_before = sum(m["step_time_s"] for m in read_metrics(cfg.log_dir))
-        self._t_last_ckpt = time.monotonic()
+        self._t_last_ckpt = self._t_last_save = time.monotonic()
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
             f"training {self.total_steps} steps of B={cfg.groups_per_step} groups (shares {self.shares}) "
@@ -313,8 +313,11 @@ class MasterWorker(Worker):
     def _save_and_checkpoint(self) -> None:
         cfg, ctrl = self.config, self.config.exp_ctrl
         last = self.step >= self.total_steps or self._out_of_time()  # `_finish` saves the last step
-        if ctrl.save_freq_steps > 0 and self.step % ctrl.save_freq_steps == 0 and not last:
+        by_steps = ctrl.save_freq_steps > 0 and self.step % ctrl.save_freq_steps == 0
+        by_secs = ctrl.save_freq_secs > 0 and time.monotonic() - self._t_last_save >= ctrl.save_freq_secs
+        if (by_steps or by_secs) and not last:
             path = self._stream.call_all("save", timeout=cfg.request_timeout)[0]["path"]
+            self._t_last_save = time.monotonic()
             self.logger.info(f"step {self.step}: saved {path}")
         by_steps = ctrl.ckpt_freq_steps > 0 and self.step % ctrl.ckpt_freq_steps == 0
         by_secs = ctrl.ckpt_freq_secs > 0 and time.monotonic() - self._t_last_ckpt > ctrl.ckpt_freq_secs
