@@ -6,8 +6,9 @@ Everything that decides a number is in the protocol file (target, seeds, budget,
 checkpoint cadence, evaluator, numerics, realhf overrides, TRL's sweep); this module only carries
 it out, in three parts:
 
-1. TRL's sweep: each listed setting trains for `trl.sweep_budget_s`; the one with the most
-   samples/s (training clock) races. Every setting's figures are kept in the result.
+1. TRL's sweep: each listed setting trains for `trl.sweep_budget_s`; the fastest in samples/s
+   (training clock) races, a later-listed one winning only by more than `trl.sweep_margin`.
+   Every setting's figures are kept in the result.
 2. The race: for each seed, realhf (training/configs/async-ppo.yaml plus `realhf.overrides`) and
    TRL (the sweep's winner) train one after another for `budget_s` on the process clock, the one
    going first alternating by seed, each saving an HF checkpoint every `save_every_s` seconds.
@@ -79,6 +80,8 @@ def load_protocol(path: Path = PROTOCOL) -> Protocol:
         raise ValueError(
             f"{path}: numerics bf16: realhf's trainer has no bf16 mode that is measured to learn as well yet"
         )
+    if not 0 <= p.trl.get("sweep_margin", -1) < 1:
+        raise ValueError(f"{path}: trl.sweep_margin must be a fraction in [0, 1), got {p.trl.get('sweep_margin')}")
     if not p.trl.get("sweep"):
         raise ValueError(f"{path}: trl.sweep must list at least one setting")
     for s in p.trl["sweep"]:
@@ -157,6 +160,16 @@ def sweep(p: Protocol, work: str, budget_s: float) -> List[Dict]:
         r = run_trl(p, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900)
         out.append({**s, "samples_per_s": r["samples_per_s"], "steps": r["steps"], "bf16": r["bf16"]})
     return out
+
+
+def pick_setting(swept: List[Dict], margin: float) -> Dict:
+    """The sweep's winner: in listed order, a setting replaces the best so far only when its
+    samples/s beat it by more than `margin` (ties go to the setting closer to the exact algorithm)."""
+    best = swept[0]
+    for s in swept[1:]:
+        if s["samples_per_s"] > best["samples_per_s"] * (1 + margin):
+            best = s
+    return best
 
 
 def evaluate(runs: List[Dict], p: Protocol, budget_s: float, n_prompts: int) -> Dict:
@@ -303,7 +316,7 @@ def main(argv=None) -> int:
     timeout = budget + 900
     try:
         swept = sweep(p, work, sweep_budget)
-        best = max(swept, key=lambda s: s["samples_per_s"])
+        best = pick_setting(swept, float(p.trl["sweep_margin"]))
         setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
         log(f"TRL races with {setting}")
         runs: List[Dict] = []

@@ -33,8 +33,9 @@ def _write(tmp_path, **change):
         ({"numerics": "fp16"}, "numerics must be fp32 or bf16"),
         ({"numerics": "bf16"}, "realhf's trainer has no bf16 mode"),
         ({"budget": 3}, "unknown keys \\['budget'\\]"),
-        ({"trl": {"sweep_budget_s": 60, "sweep": []}}, "trl.sweep must list at least one setting"),
-        ({"trl": {"sweep": [{"threads": 2, "groups": 16, "minibatches": 3}]}}, "minibatches dividing"),
+        ({"trl": {"sweep_budget_s": 60, "sweep_margin": 0.05, "sweep": []}}, "trl.sweep must list at least one"),
+        ({"trl": {"sweep_margin": 0.05, "sweep": [{"threads": 2, "groups": 16, "minibatches": 3}]}}, "minibatches"),
+        ({"trl": {"sweep": [{"threads": 2, "groups": 16, "minibatches": 2}]}}, "trl.sweep_margin must be a fraction"),
     ],
 )
 def test_a_bad_protocol_is_refused_naming_the_file_and_the_key(tmp_path, change, error):
@@ -105,3 +106,13 @@ def test_medians_ratio_and_per_seed_figures():
     rendered = vs_trl.tables(res)
     assert [len(rows) for _, _, rows in rendered] == [1, 3, 2, 6]
     assert "2.5" in rendered[2][0]
+
+
+def test_a_looser_trl_setting_must_beat_the_ones_listed_before_it_by_the_margin():
+    def s(threads, groups, sps):
+        return {"threads": threads, "groups": groups, "minibatches": groups // 8, "samples_per_s": sps}
+
+    exact_1, exact_2, loose = s(1, 16, 134.4), s(2, 16, 219.5), s(2, 32, 224.2)
+    assert vs_trl.pick_setting([exact_1, exact_2, loose], 0.05) is exact_2  # 2% faster: noise
+    assert vs_trl.pick_setting([exact_1, exact_2, s(2, 32, 240.0)], 0.05)["groups"] == 32  # 9%: real
+    assert vs_trl.pick_setting([exact_1, exact_2, loose], 0.0) is loose
