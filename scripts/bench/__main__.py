@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl [--short] [--out-dir docs]`
+"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl [--short] [--out-dir docs]`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -16,6 +16,7 @@ TIMEOUT_S = {
     "e2e": 3600,
     "scaling": 3600,
     "generation": 1800,
+    "generation_sizes": 1800,
     "stream": 600,
     "weight_update": 900,
     "manager": 600,

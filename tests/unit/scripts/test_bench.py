@@ -172,3 +172,13 @@ def test_data_parallel_bench_reports_samples_per_s_and_token_balance_per_dp_size
         assert_positive(runs[0], ["samples_per_s", "dp_token_imbalance", "dp_token_imbalance_before"])
         assert runs[0]["dp_token_imbalance"] <= runs[0]["dp_token_imbalance_before"] + 1e-9
     assert result["token_imbalance"]["1"]["dp_token_imbalance"] == 1.0
+
+
+def test_generation_sizes_short_measures_both_sides_on_the_real_smollm2_weights(no_leftover_processes):
+    result, out = run_bench("scripts.bench.generation_sizes", "--short")
+    assert result["bench"] == "generation_sizes"
+    assert 130e6 < result["model_params"]["smollm2-135m"] < 140e6
+    (row,) = result["results"]
+    assert row["model"] == "smollm2-135m" and row["concurrency"] == 8
+    assert_positive(row, ["native_tok_s", "hf_tok_s", "ratio"])
+    assert "engine/HF" in out
