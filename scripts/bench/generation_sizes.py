@@ -117,7 +117,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--short", action="store_true", help="smoke mode: SmolLM2 only, 8 new tokens, concurrency 8")
+    p.add_argument("--smollm2-path", default=SMOLLM2, help="the converted SmolLM2-135M-Instruct directory")
     args = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.smollm2_path, "model.safetensors")):
+        p.error(
+            f"--smollm2-path {args.smollm2_path} has no model.safetensors: run `python scripts/convert_gguf.py` first"
+        )
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -128,7 +133,7 @@ def main(argv=None) -> int:
         args.new_tokens, args.concurrency, args.repeats = 8, [8], 1
     results, params = [], {}
     with tempfile.TemporaryDirectory(prefix="bench_generation_sizes_") as tmp:
-        models = [("smollm2-135m", SMOLLM2)]
+        models = [("smollm2-135m", args.smollm2_path)]
         if not args.short:
             log("building the random-weight Qwen2.5-0.5B-shaped model")
             models.append(("qwen2.5-0.5b", make_qwen05b(os.path.join(tmp, "qwen05b"), args.seed)))
