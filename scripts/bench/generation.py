@@ -31,22 +31,23 @@ import torch
 
 from scripts.bench.common import emit, print_tables
 
+TOY_SHAPE = dict(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=448,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+)
 
-def make_model(path: str, seed: int) -> str:
+
+def make_model(path: str, seed: int, **shape) -> str:
+    """A random-weight Qwen2 saved as an HF directory: the 2.6M toy, or `shape` (config fields)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=448,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
+        **(shape or TOY_SHAPE), tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=2
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

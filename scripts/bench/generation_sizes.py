@@ -29,10 +29,11 @@ SMOLLM2 = os.path.join(REPO, "assets", "smollm2-135m-instruct")
 
 
 def make_qwen05b(path: str, seed: int = 1) -> str:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from scripts.bench.generation import make_model
 
-    config = Qwen2Config(
+    return make_model(
+        path,
+        seed,
         vocab_size=151936,
         hidden_size=896,
         intermediate_size=4864,
@@ -40,17 +41,8 @@ def make_qwen05b(path: str, seed: int = 1) -> str:
         num_attention_heads=14,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
         rope_theta=1000000.0,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
     )
-    torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = Qwen2ForCausalLM(config)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
 
 
 def n_params(model_path: str) -> int:
