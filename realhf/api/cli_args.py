@@ -388,6 +388,12 @@ class PPOHyperparameters:
         True, "Decoupled PPO loss: clip against recomputed proximal log-probs, weight by pi_prox/pi_behav."
     )
     recompute_logprob: bool = _f(True, "Recompute the log-probs of the current weights before training (actor_inf).")
+    prox_logp: str = _f(
+        "recompute",
+        "Proximal log-probs of the decoupled loss: 'recompute' (the actor_inf forward, exact) or 'loglinear' "
+        "(no forward: behav + a*(current - behav) per token, a = lag/(lag+1) for a token lag versions "
+        "stale; the first minibatch stays exact, from its own train forward).",
+    )
     behav_imp_weight_cap: Optional[float] = _f(
         None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap."
     )

@@ -10,11 +10,12 @@ Layout (right padding, one row per sample, prompt then output):
                               output token j of a sample with P prompt tokens sits in column P+j-1
         loss_mask       trained tokens (generated ones; not the prompt, not inserted feedback)
         behav_logprobs  the log-prob the generation server sampled the token with
+        behav_versions  the weight version that sampled it (ppo.prox_logp=loglinear reads it)
     per sample [N]   rewards, group_ids (index of the prompt group in this batch), prompt_lens
                      (the group's prompt tokens, shared by its rows: realhf.impl.engine.shared_prompt)
 
-Token versions and `no_eos` stay on the trajectories (the staleness guard and `batch_summary`
-read them there); nothing in the train step does.
+`no_eos` stays on the trajectories (the staleness guard and `batch_summary` read the versions
+there too).
 
 Filled in by the train step's calls, `[N, T-1]` each: `prox_logprobs` / `ref_logprobs` /
 `values` by the `inference` of the actor / reference / critic, `advantages` and `returns` once
@@ -44,6 +45,7 @@ class TrainBatch:
     advantages: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     prompt_lens: Optional[torch.Tensor] = None
+    behav_versions: Optional[torch.Tensor] = None
 
     @property
     def n_seqs(self) -> int:

@@ -467,7 +467,20 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
         f.at_least("behav_imp_weight_cap", 1)
     f.at_least("kl_ctl", 0)
     f.choice("kl_estimator", choices.KL_ESTIMATORS)
-    f.plugin("adv_estimator", algorithms.ADV_ESTIMATORS)
+    f.choice("prox_logp", choices.PROX_LOGP_METHODS)
+    est = f.plugin("adv_estimator", algorithms.ADV_ESTIMATORS)
+    if c.prox_logp == "loglinear":
+        f.need(
+            c.use_decoupled_loss,
+            f"{f.name('prox_logp')}=loglinear approximates the decoupled loss's proximal log-probs; "
+            f"{f.name('use_decoupled_loss')} is false, so there are none to approximate",
+        )
+        f.need(
+            not (c.kl_ctl > 0 and est.kl_in_reward),
+            f"{f.name('prox_logp')}=loglinear: {f.name('adv_estimator')}={c.adv_estimator} with "
+            f"{f.name('kl_ctl')}={c.kl_ctl} puts the KL in the reward, which needs the proximal log-probs "
+            "before training; use prox_logp=recompute or kl_ctl=0",
+        )
     loss = f.plugin("policy_loss", algorithms.POLICY_LOSSES)
     f.choice("loss_agg_mode", choices.LOSS_AGG_MODES)
     f.need(

@@ -94,11 +94,11 @@ def _median_range(xs: List[float]) -> Dict[str, float]:
     return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
 
 
-def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: float) -> Dict:
+def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: float, trial: str = "") -> Dict:
     from realhf.base.trial_files import TrialFiles, read_metrics
     from scripts.bench.e2e import run_training
 
-    trial = f"vs-trl-realhf-{seed}"
+    trial = trial or f"vs-trl-realhf-{seed}"
     overrides = (
         f"exp_ctrl.max_train_seconds={budget_s}",  # its training clock starts after start-up: it overshoots, cut below
         "exp_ctrl.benchmark_steps=100000",

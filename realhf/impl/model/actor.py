@@ -190,6 +190,16 @@ class ActorLoss:
     `fill_prox` (the deferral, realhf.impl.model.ppo_actor), a minibatch's proximal log-probs
     were left to its own train forward, which runs before any optimizer step of the train step,
     with the proximal weights: `loss_fn` writes them into `batch.prox_logprobs` before using them.
+
+    With `ppo.prox_logp=loglinear` no forward computes them (no `actor_inf`): the first minibatch
+    is filled as above and every later one approximates them (AReaL's log-linear interpolation)
+    from the behaviour log-probs and the current ones, by how many versions each token is stale
+    against `version`, the weights' version at the start of the step (the proximal policy's):
+
+        lag = version − behav_version,  a = lag / (lag + 1),  prox ≈ behav + a·(logp − behav)
+
+    (the current policy counted one version past the proximal one; a fresh token, lag 0, takes its
+    behaviour log-prob, which the proximal weights did produce).
     """
 
     # Token sums, except `loss` (the aggregated sum) and `n_tokens` (the count).
@@ -207,7 +217,17 @@ class ActorLoss:
         "n_tokens",
     ]
 
-    def __init__(self, batch: TrainBatch, cfg: PPOHyperparameters, kl_coef: Optional[float] = None):
+    def __init__(
+        self, batch: TrainBatch, cfg: PPOHyperparameters, kl_coef: Optional[float] = None, version: Optional[int] = None
+    ):
+        self.loglinear = cfg.use_decoupled_loss and cfg.prox_logp == "loglinear"
+        if self.loglinear:
+            if version is None or batch.behav_versions is None:
+                raise ValueError("ppo.prox_logp=loglinear needs the step's version and the batch's behav_versions")
+            if batch.prox_logprobs is None:  # the first minibatch's, written by its train forward
+                batch.prox_logprobs = torch.zeros_like(batch.behav_logprobs)
+            lag = (version - batch.behav_versions).clamp(min=0).float()  # [N, T-1]
+            self.alpha = lag / (lag + 1.0)  # [N, T-1]
         if cfg.use_decoupled_loss and batch.prox_logprobs is None:
             raise ValueError(
                 "ppo.use_decoupled_loss needs proximal log-probs: run actor_inf (inference) before actor_train"
@@ -244,6 +264,9 @@ class ActorLoss:
                 # `old`/`prox` are views of this tensor: the loss below reads what is written here.
                 self.batch.prox_logprobs[chunk, :w] = logp.detach().cpu()
             prox = None if self.prox is None else self.prox[chunk, :w].to(dev)
+            if self.loglinear and not fill_prox:
+                old, a = self.old[chunk, :w].to(dev), self.alpha[chunk, :w].to(dev)
+                prox = old + a * (logp.detach() - old)
             loss, stats = F.actor_loss_fn(
                 logp,
                 self.old[chunk, :w].to(dev),

@@ -24,7 +24,8 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
     attention_mask = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     behav = torch.zeros((n, width - 1), dtype=torch.float32)
-    ids_np, mask_np, behav_np = input_ids.numpy(), loss_mask.numpy(), behav.numpy()
+    versions = torch.zeros((n, width - 1), dtype=torch.long)
+    ids_np, mask_np, behav_np, versions_np = input_ids.numpy(), loss_mask.numpy(), behav.numpy(), versions.numpy()
     for i, (_, prompt, s) in enumerate(rows):
         if not len(prompt):
             raise ValueError(f"sample {i}: empty prompt; the first output token needs a prompt token to predict it")
@@ -38,6 +39,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
             cols = slice(p - 1, p - 1 + o)
             mask_np[i, cols] = s.loss_mask != 0
             behav_np[i, cols] = s.logprobs
+            versions_np[i, cols] = s.versions
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -46,6 +48,7 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
         rewards=torch.tensor([s.reward for _, _, s in rows], dtype=torch.float32),
         group_ids=torch.tensor([g for g, _, _ in rows], dtype=torch.long),
         prompt_lens=torch.tensor([len(p) for _, p, _ in rows], dtype=torch.long),
+        behav_versions=versions,
     )
 
 

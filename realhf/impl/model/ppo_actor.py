@@ -160,15 +160,17 @@ class PPOActor:
         batch.prox_logprobs = logp
         return _inference_stats("actor", logp, batch, computed, t0)
 
-    def train_step(self, batch: TrainBatch) -> Dict[str, float]:
-        """`ppo_n_minibatches` optimizer steps on `batch`; global (all-rank) stats."""
-        deferred = self._deferred_batch is batch
+    def train_step(self, batch: TrainBatch, version: Optional[int] = None) -> Dict[str, float]:
+        """`ppo_n_minibatches` optimizer steps on `batch`; global (all-rank) stats. `version`: the
+        weights' version now (needed by `ppo.prox_logp=loglinear`)."""
+        loglinear = self.ppo.use_decoupled_loss and self.ppo.prox_logp == "loglinear"
+        deferred = self._deferred_batch is batch or (loglinear and self.can_defer_prox)
         self._deferred_batch = None
-        if deferred and batch.prox_logprobs is None:
+        if deferred and not loglinear and batch.prox_logprobs is None:
             raise ValueError("the deferred proximal log-probs need the other minibatches' from compute_logprobs")
         kl_coef = self.kl.value
         ensure_advantages(batch, self.ppo, kl_coef)
-        loss = ActorLoss(batch, self.ppo, kl_coef)
+        loss = ActorLoss(batch, self.ppo, kl_coef, version)
         norms, lr, weight, skipped = _minibatch_steps(self.engine, batch, self.ppo.ppo_n_minibatches, loss, deferred)
         out = loss.global_stats(weight)
         n_tokens = out["n_tokens"]

@@ -4,7 +4,8 @@ The master runs them in this order on every DP rank (`MasterWorker._train_calls`
 worker builds the engines they name (`ppo_actor.roles_of`), and the start-up log prints them.
 Which calls a step makes follows from three settings:
 
-    actor_inf     proximal log-probs (ppo.use_decoupled_loss or ppo.recompute_logprob)
+    actor_inf     proximal log-probs (ppo.use_decoupled_loss with ppo.prox_logp=recompute, or
+                  ppo.recompute_logprob without the decoupled loss)
     ref_inf       reference log-probs (ppo.kl_ctl > 0)
     critic_inf    values for GAE        } an estimator that needs a critic (ppo.adv_estimator=gae)
     critic_train  the value loss         }
@@ -29,7 +30,7 @@ class ModelCall:
 
 def step_calls(ppo: PPOHyperparameters) -> List[ModelCall]:
     calls = []
-    if ppo.recompute_logprob or ppo.use_decoupled_loss:
+    if (ppo.prox_logp == "recompute") if ppo.use_decoupled_loss else ppo.recompute_logprob:
         calls.append(ModelCall("actor_inf", "inference", "actor"))
     if ppo.kl_ctl > 0:
         calls.append(ModelCall("ref_inf", "inference", "ref"))

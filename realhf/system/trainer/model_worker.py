@@ -459,7 +459,7 @@ class ModelWorker(Worker):
         if self.critic is not None and self.version < cfg.ppo.critic_warmup_steps:
             stats = {"actor_frozen": 1.0}  # critic warm-up: the version advances, the weights stay
         else:
-            stats = self.actor.train_step(batch)
+            stats = self.actor.train_step(batch, self.version)
         train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None

@@ -64,6 +64,9 @@ REFUSED = [
     ("actor.dtype=float8", "actor.dtype"),
     ("ppo.kl_ctl=-0.1", "ppo.kl_ctl"),
     ("ppo.kl_estimator=k9", "ppo.kl_estimator"),
+    ("ppo.prox_logp=linear", "ppo.prox_logp"),
+    ("ppo.prox_logp=loglinear ppo.use_decoupled_loss=false", "ppo.use_decoupled_loss"),
+    ("ppo.prox_logp=loglinear ppo.adv_estimator=gae", "ppo.adv_estimator=gae with ppo.kl_ctl=0.1"),
     ("ppo.discount=2", "ppo.discount"),
     # the trainer engine, the critic and the device (issue 13)
     ("cluster.device=gpu", "cluster.device"),

@@ -10,8 +10,9 @@ from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_traje
 
 def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_it(tiny):
     model, tok = tiny
-    msg = make_groups(model, tok, load_rows(1), group_size=2)[0]
+    msg = make_groups(model, tok, load_rows(1), group_size=2, version=7)[0]
     traj = Trajectory.from_msg(msg)
+    traj.samples[1].versions[:2] = 5  # a sample interrupted by a weight update: two versions
     batch = pack_trajectories([traj], pad_id=0)
     p = len(traj.prompt_ids)
     for i, s in enumerate(traj.samples):
@@ -19,6 +20,12 @@ def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_i
         assert batch.input_ids[i, p : p + o].tolist() == s.output_ids.tolist()
         assert batch.loss_mask[i].nonzero().flatten().tolist() == list(range(p - 1, p - 1 + o))
         assert torch.allclose(batch.behav_logprobs[i, p - 1 : p - 1 + o], torch.from_numpy(s.logprobs.copy()))
+        assert batch.behav_versions[i, p - 1 : p - 1 + o].tolist() == s.versions.tolist()
+        assert (batch.behav_versions[i, ~batch.loss_mask[i]] == 0).all()
+    assert batch.behav_versions[1].max() == 7 and sorted(set(batch.behav_versions[1, batch.loss_mask[1]].tolist())) == [
+        5,
+        7,
+    ]
     assert batch.group_ids.tolist() == [0, 0] and batch.rewards.tolist() == [1.0, -1.0]
 
 

@@ -232,3 +232,79 @@ def test_a_non_finite_loss_skips_the_optimizer_step_and_too_many_in_a_row_fail(m
         trainer.compute_logprobs(poisoned_again)
         with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row .*max_nonfinite_steps=2"):
             trainer.train_step(poisoned_again)
+
+
+# ---- PPOActor: proximal log-probs approximated (ppo.prox_logp=loglinear) ---------------------------
+
+
+def test_loglinear_runs_no_actor_inf_and_recompute_does():
+    from realhf.impl.model.step_calls import step_calls
+
+    def names(**ppo):
+        return [c.name for c in step_calls(PPOHyperparameters(**ppo))]
+
+    assert names() == ["actor_inf", "actor_train"]
+    assert names(prox_logp="loglinear") == ["actor_train"]
+    assert names(prox_logp="loglinear", kl_ctl=0.1) == ["ref_inf", "actor_train"]
+    assert names(use_decoupled_loss=False, recompute_logprob=False) == ["actor_train"]
+    assert names(use_decoupled_loss=False) == ["actor_inf", "actor_train"]
+
+
+def test_loglinear_with_one_minibatch_is_the_exact_step(msgs):
+    """One minibatch: its own train forward (the proximal weights) gives the proximal log-probs,
+    so skipping actor_inf changes nothing."""
+    results = []
+    for method in ("recompute", "loglinear"):
+        cfg = _config(ppo_n_minibatches=1, prox_logp=method)
+        with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
+            trainer = PPOActor(engine, cfg.ppo)
+            batch = _batch(msgs)
+            if method == "recompute":
+                trainer.compute_logprobs(batch)
+            stats = trainer.train_step(batch, version=0)
+            results.append((_params(engine), stats))
+    (w_a, s_a), (w_b, s_b) = results
+    assert float((w_a - w_b).abs().max()) <= 1e-6
+    for key, value in s_a.items():
+        assert s_b[key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_loglinear_interpolates_each_tokens_proximal_logprob_by_its_version_lag(msgs):
+    from realhf.impl.model import actor
+    from realhf.impl.model.utils import ppo_functional as F
+
+    batch = _batch(msgs)
+    n = batch.n_seqs
+    lag = torch.arange(n) % 4  # rows 0, 1, 2 and 3 versions stale
+    batch.behav_versions = torch.where(batch.loss_mask, 10 - lag[:, None], torch.zeros_like(batch.behav_versions))
+    cfg = PPOHyperparameters(prox_logp="loglinear", behav_imp_weight_cap=5.0)
+    batch.advantages, batch.returns = actor.compute_advantages(batch, cfg)
+    logits = torch.randn(n, batch.input_ids.shape[1], 258, generator=torch.Generator().manual_seed(3))
+    rows = torch.arange(n)
+    loss = actor.ActorLoss(batch, cfg, version=10)
+    got = loss.for_rows(rows)(logits, batch, rows)  # a later minibatch: approximated
+
+    logp, old = actor.token_logprobs(logits, batch), batch.behav_logprobs
+    alpha = (lag / (lag + 1.0))[:, None]  # [N, 1]
+    prox = old + alpha * (logp - old)
+    per_token, _ = F.actor_loss_fn(
+        logp, old, batch.advantages, cfg.eps_clip, batch.loss_mask,
+        proximal_logprobs=prox, behav_imp_weight_cap=5.0, reduce="none",
+    )  # fmt: skip
+    want = actor.aggregation(cfg.loss_agg_mode).loss_sum(per_token, batch.loss_mask)
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+    # Against the behaviour log-probs as the proximal ones (α = 0 everywhere): another loss.
+    flat, _ = F.actor_loss_fn(
+        logp, old, batch.advantages, cfg.eps_clip, batch.loss_mask,
+        proximal_logprobs=old, behav_imp_weight_cap=5.0, reduce="none",
+    )  # fmt: skip
+    assert abs(float(want) - float(actor.aggregation(cfg.loss_agg_mode).loss_sum(flat, batch.loss_mask))) > 1e-3
+
+
+def test_loglinear_without_the_steps_version_is_refused(msgs):
+    from realhf.impl.model import actor
+
+    batch = _batch(msgs)
+    batch.advantages = torch.zeros_like(batch.behav_logprobs)
+    with pytest.raises(ValueError, match="loglinear needs the step's version"):
+        actor.ActorLoss(batch, PPOHyperparameters(prox_logp="loglinear"))
