@@ -6,7 +6,7 @@ checks them against these tuples and the code that acts on a choice imports the 
 """
 
 from realhf.base.allocation_mode import ENGINES
-from realhf.base.device import DEVICE_NAMES
+from realhf.base.device_names import DEVICE_NAMES
 from realhf.base.dtypes import DTYPE_NAMES
 from realhf.base.placement import PLACEMENT_MODES
 

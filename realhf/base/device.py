@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-DEVICE_NAMES = ("auto", "cpu", "cuda")
+from realhf.base.device_names import DEVICE_NAMES
+
 _GPU = "cuda"
 
 

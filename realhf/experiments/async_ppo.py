@@ -43,7 +43,6 @@ from realhf.experiments.validate import validate_experiment
 from realhf.experiments.validation import ConfigError, rollouts_per_worker
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.impl.dataset.prompt_dataset import count_prompts
-from realhf.impl.model import recover_checkpoint as recover_ckpt
 from realhf.scheduler.worker_spec import WorkerSpec
 from realhf.system.stats.stats_logger import EVAL_METRICS_FILE
 
@@ -71,6 +70,9 @@ def resume_point(cfg: AsyncPPOConfig) -> Optional[Tuple[Path, Dict[str, Any]]]:
     fileroot, most likely), or that cannot be continued as it is."""
     if cfg.recover_mode == "disabled":
         return None
+    # Here, not at the top: it imports torch and DCP (1.8 s on the launcher's critical path).
+    from realhf.impl.model import recover_checkpoint as recover_ckpt
+
     run_dir = trial_files_of(cfg).run_dir
     try:
         point = recover_ckpt.choose(run_dir)
@@ -92,6 +94,8 @@ def resumed_from(specs: List[WorkerSpec]) -> Optional[Tuple[str, Dict[str, Any]]
     model = next(s.configs[0] for s in specs if s.worker_type == "model_worker")
     if not model.recover_path:
         return None
+    from realhf.impl.model import recover_checkpoint as recover_ckpt  # torch + DCP: only when resuming
+
     return model.recover_path, recover_ckpt.read_info(Path(model.recover_path))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from realhf.api.cli_args import AsyncPPOConfig
 from realhf.base.allocation_mode import AllocationMode
-from realhf.base.device import gpu_available
+from realhf.base.device_names import torch_built_for_gpu
 from realhf.base.placement import Placement, place
 
 
@@ -19,10 +19,10 @@ def gpus_per_node(cfg: AsyncPPOConfig) -> int:
         return 0
     if cluster.n_gpus_per_node > 0:
         return cluster.n_gpus_per_node
-    if cluster.device == "cuda" or gpu_available():
-        import torch
+    if cluster.device == "cuda" or torch_built_for_gpu():
+        import torch  # here: a CPU-only build (the check above) spares the launcher its import
 
-        return torch.cuda.device_count()
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
     return 0
 
 

@@ -44,7 +44,6 @@ from realhf.api.cli_args import (
 )
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
-from realhf.base.device import pick_device
 from realhf.base.importing import import_roots
 from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
@@ -250,11 +249,22 @@ def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
 def check_device(name: str, field: str = "cluster.device") -> None:
     """A device name this machine can honour; a worker's copy names its own field."""
     _Fields.need(name in choices.DEVICES, f"{field}={name!r}: choose one of {list(choices.DEVICES)}")
+    if name != "cuda":
+        return  # 'auto' and 'cpu' run anywhere; only asking for a GPU needs torch to look for one
+    from realhf.base.device import pick_device  # torch: the launcher, master and manager never load it otherwise
+
     try:
         pick_device(name)  # refuses a GPU device on a machine where torch sees none
     except ValueError as e:
         # pick_device's message speaks of cluster.device, the root field every copy comes from
         raise ConfigError(str(e) if field == "cluster.device" else f"{field}: {e}") from None
+
+
+def _on_cpu(device: str) -> bool:
+    """Whether `cluster.device=device` puts this machine's processes on the CPU (imports torch)."""
+    from realhf.base.device import pick_device
+
+    return pick_device(device).type == "cpu"
 
 
 def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> None:
@@ -711,7 +721,7 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     check_native_engine(cfg.gen_server.native)
     check_sglang(cfg.gen_server.sglang)
     f.need(
-        cfg.gen_server.native.decode_attention != "kernel" or pick_device(cfg.cluster.device).type == "cpu",
+        cfg.gen_server.native.decode_attention != "kernel" or _on_cpu(cfg.cluster.device),
         f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "
         "puts the engine on a GPU; use 'auto' or 'torch'",
     )

@@ -21,11 +21,12 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import List, Optional
-
-import torch
+from typing import TYPE_CHECKING, List, Optional
 
 from realhf.base import logging
+
+if TYPE_CHECKING:  # only annotations: the launcher prunes directories with this module, without torch
+    import torch
 
 logger = logging.getLogger("checkpoint")
 

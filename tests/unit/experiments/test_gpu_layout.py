@@ -23,9 +23,12 @@ def _repo_cwd(monkeypatch):
 
 
 def _torch_sees(monkeypatch, n: int) -> None:
-    """What torch reports about GPUs, whatever this machine has."""
+    """What torch reports about GPUs, whatever this machine has (a GPU build of torch, when n > 0)."""
     import torch
 
+    from realhf.experiments import gpu_layout
+
+    monkeypatch.setattr(gpu_layout, "torch_built_for_gpu", lambda: n > 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
 
