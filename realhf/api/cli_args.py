@@ -581,7 +581,7 @@ class AsyncPPOConfig:
     group_size: int = _f(8, "Answers sampled per prompt (one prompt group).")
     ppo: PPOHyperparameters = _sub(PPOHyperparameters, "PPO/GRPO and sampling hyper-parameters.")
     max_head_offpolicyness: int = _f(
-        4, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO."
+        2, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO."
     )
     max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.")
     new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")

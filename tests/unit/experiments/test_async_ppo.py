@@ -48,7 +48,7 @@ def test_every_yaml_key_is_a_dataclass_field():
 def test_defaults_compose_into_the_typed_config_and_pass_the_checks():
     cfg = load()
     assert isinstance(cfg, AsyncPPOConfig)
-    assert cfg.max_head_offpolicyness == 4 and cfg.group_size == 8
+    assert cfg.max_head_offpolicyness == 2 and cfg.group_size == 8
     check_config(cfg)
 
 
@@ -106,7 +106,7 @@ def test_initial_setup_gives_every_worker_type_its_share():
     rollout = specs["rollout_worker"].configs[0]
     assert rollout.n_pullers == 2 and rollout.max_concurrent_rollouts == 10 and rollout.group_size == 8
     manager = specs["gserver_manager"].configs[0]
-    assert (manager.groups_per_step, manager.max_head_offpolicyness, manager.n_servers) == (16, 4, 2)
+    assert (manager.groups_per_step, manager.max_head_offpolicyness, manager.n_servers) == (16, 2, 2)
     assert specs["model_worker"].configs[0].run_dir == manager.run_dir  # weights written where the manager reads
 
 
