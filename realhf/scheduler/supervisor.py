@@ -338,18 +338,34 @@ class Supervisor:
     def _redis_where(self) -> str:
         return f"Redis at {redact_url(self.name_resolve_config.redis_url)}"
 
+    def _redis_died(self, grace_s: float = 0.0) -> Optional[RedisLostError]:
+        """The error for the trial's own redis-server having died (within `grace_s`), else None."""
+        if self._redis is None:
+            return None
+        deadline = time.monotonic() + grace_s
+        while pid_alive(self._redis.pid):
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+        return RedisLostError(
+            f"the trial's redis-server (pid {self._redis.pid}, {self._redis_where()}) died; every worker depends on it"
+        )
+
     def _redis_call(self, what: str, fn, *args):
         """`fn(*args)` against name resolve; RedisLostError naming Redis if it cannot be reached."""
-        if self._redis is not None and not pid_alive(self._redis.pid):
-            raise RedisLostError(
-                f"the trial's redis-server (pid {self._redis.pid}, {self._redis_where()}) "
-                "died; every worker depends on it"
-            )
+        died = self._redis_died()
+        if died is not None:
+            raise died
         try:
             return fn(*args)
         except (name_resolve.NameEntryNotFoundError, LauncherError):
             raise
         except Exception as e:  # redis.ConnectionError, TimeoutError…
+            # A killed server refuses connections while the kernel is still tearing it down: give
+            # it a moment to be seen dead, so the message says why rather than only what failed.
+            died = self._redis_died(grace_s=1.0)
+            if died is not None:
+                raise died from None
             raise RedisLostError(f"{self._redis_where()} is unreachable ({what}): {type(e).__name__}: {e}") from None
 
     def _status(self) -> str:
