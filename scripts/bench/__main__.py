@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers [--short] [--out-dir docs]`
+"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers|vs_trl_smollm2 [--short] [--out-dir docs]`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -27,6 +27,7 @@ TIMEOUT_S = {
     "data_parallel": 5400,
     "vs_trl": 7200,
     "levers": 7200,
+    "vs_trl_smollm2": 14400,
 }
 
 

@@ -3,8 +3,8 @@
 TRL is never a dependency of realhf: the benchmark makes its own venv under `.bench/venvs/trl`
 (gitignored) on first use. torch is installed FIRST and pinned to realhf's (the machine has a
 local CPU wheel; an unpinned resolve would pull a multi-GB CUDA build), then TRL at `TRL_VERSION`
-with the transformers and math-verify versions of realhf's own environment, so both sides run the
-same model code and the same grader.
+with the transformers, math-verify and peft versions of realhf's own environment, so both sides
+run the same model code, the same grader and the same LoRA.
 
     python -m scripts.bench.peer_trl --short      # make the venv if needed, one short run
 """
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from importlib import metadata
-from typing import Dict
+from typing import Dict, Sequence
 
 from scripts.bench.common import REPO, emit, last_json_line, load_average, log, print_tables
 
@@ -39,6 +39,7 @@ def pins() -> Dict[str, str]:
         "trl": TRL_VERSION,
         "transformers": metadata.version("transformers"),
         "math-verify": metadata.version("math-verify"),
+        "peft": metadata.version("peft"),  # the SmolLM2 race's LoRA (realhf's test extra has it)
     }
 
 
@@ -69,6 +70,7 @@ def ensure_venv() -> str:
         f"trl=={p['trl']}",
         f"transformers=={p['transformers']}",
         f"math-verify=={p['math-verify']}",
+        f"peft=={p['peft']}",
         f"torch=={p['torch']}",
     )
     with open(os.path.join(VENV, MARKER), "w") as f:
@@ -89,6 +91,7 @@ def run_trl(
     bf16: bool = False,
     groups: int = 16,
     minibatches: int = 2,
+    driver_args: Sequence[str] = (),
 ) -> Dict:
     """One driver run; returns its summary plus `checkpoints` [{train_s, clock_s, step, version,
     path}]. clock_s counts from just before the driver process starts (its imports and model load
@@ -100,6 +103,7 @@ def run_trl(
     cmd += ["--save-steps", str(save_steps), "--save-secs", str(save_secs), "--seed", str(seed)]
     cmd += ["--budget-clock", budget_clock, "--groups", str(groups), "--minibatches", str(minibatches)]
     cmd += ["--bf16"] if bf16 else []
+    cmd += list(driver_args)  # the task and algorithm when not the tiny default (see trl_driver.py)
     env = {
         **os.environ,
         "PYTHONPATH": REPO,

@@ -16,6 +16,12 @@ gradient clipping 1.0, T=1 without top-k/top-p, 32 new tokens. The reward is rea
 environment with check_work: 1 when the final answer is right and every worked equation holds,
 else 0 (group normalisation makes this the same advantages as +1/-1).
 
+The SmolLM2 race (scripts/bench/vs_trl_smollm2.py) changes what its config changes:
+`--model`/`--train-data` of the chat task (rows of chat `messages`, which go through the
+tokenizer's template; `--chat` does the same for text rows), `--reward answer` (final answer only, as `rollout.env.check_work=false`),
+`--temperature 0.7`, `--beta 0` and `--lora-r 16 --lora-alpha 32` (peft adapters on every
+projection, no dropout: realhf's `actor.lora`).
+
 Numerics: fp32 unless `--bf16` (GRPOConfig turns bf16 autocast ON by default; realhf's trainer
 computes in fp32, so a fair comparison passes bf16=False explicitly, and the summary says what ran).
 
@@ -37,23 +43,41 @@ import sys
 import time
 
 
-def load_prompts(path: str):
+def load_prompts(path: str, chat: bool = False):
+    """realhf's prompt rows as TRL's dataset: a row's chat `messages` as a conversational prompt
+    (TRL applies the tokenizer's chat template with the generation prompt, as realhf does), else
+    its `prompt` text, wrapped as one user message with `chat` (`dataset.chat_template=on`)."""
     from datasets import Dataset
 
+    def prompt(r):
+        if r.get("messages") is not None:
+            return r["messages"]
+        return [{"role": "user", "content": r["prompt"]}] if chat else r["prompt"]
+
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    return Dataset.from_list([{"prompt": r["prompt"], "solutions": r["solutions"]} for r in rows])
+    return Dataset.from_list([{"prompt": prompt(r), "solutions": r["solutions"]} for r in rows])
 
 
-def make_reward():
+def _text(completion) -> str:
+    return completion if isinstance(completion, str) else completion[-1]["content"]  # conversational: messages
+
+
+def make_reward(check_work: bool = True):
+    """realhf's math reward: 1 for the right final answer (and, with check_work, every worked
+    equation holding), else 0."""
     from realhf.plugins.environments.math_answer import work_lines_correct
     from realhf.plugins.environments.math_grader import MathGrader
 
     grader = MathGrader(n_workers=1)  # its pool starts only for non-numeric answers
 
-    def check_work_reward(prompts, completions, solutions, **kwargs):
-        return [1.0 if grader.grade(c, s) and work_lines_correct(c) else 0.0 for c, s in zip(completions, solutions)]
+    def math_reward(prompts, completions, solutions, **kwargs):
+        texts = [_text(c) for c in completions]
+        return [
+            1.0 if grader.grade(t, s) and (not check_work or work_lines_correct(t)) else 0.0
+            for t, s in zip(texts, solutions)
+        ]
 
-    return check_work_reward, grader
+    return math_reward, grader
 
 
 def main(argv=None) -> int:
@@ -78,6 +102,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--chat", action="store_true", help="prompts as one user chat message (the tokenizer's template)")
+    p.add_argument("--reward", choices=("check-work", "answer"), default="check-work")
+    p.add_argument("--lora-r", type=int, default=0, help="PEFT LoRA rank (0: full fine-tuning); saves hold the adapter")
+    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--max-generations", type=int, default=100000, help="safety bound beside the time budget")
     args = p.parse_args(argv)
 
@@ -110,7 +140,7 @@ def main(argv=None) -> int:
         num_iterations=1,
         max_steps=args.max_generations * args.minibatches,
         max_completion_length=args.max_new_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         top_p=1.0,
         top_k=0,
         beta=args.beta,
@@ -131,17 +161,34 @@ def main(argv=None) -> int:
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    reward, grader = make_reward()
+    reward, grader = make_reward(check_work=args.reward == "check-work")
+    peft_config = None
+    if args.lora_r > 0:
+        from peft import LoraConfig  # realhf's actor.lora: the same targets, no dropout, no bias
+
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=args.lora_targets.split(","),
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
     clock_start = started if args.clock_start is None else args.clock_start
     state = {"t0": None, "generations": 0, "train_s": 0.0, "saves": [], "last_save": time.time()}
 
     def save(train_s: float, g: int) -> None:
+        # With LoRA the trainer's model is peft's: its save holds the adapter only (what a TRL +
+        # PEFT user saves); the evaluator merges it into --model after all training.
         d = os.path.join(ckpt_root, f"version{g}")
-        model.save_pretrained(d, safe_serialization=True)
+        trainer.model.save_pretrained(d, safe_serialization=True)
         tokenizer.save_pretrained(d)
         with open(os.path.join(d, "saved_at.json"), "w") as f:
             clock_s = round(time.time() - clock_start, 2)
-            json.dump({"train_s": round(train_s, 2), "clock_s": clock_s, "step": g, "version": g}, f)
+            at = {"train_s": round(train_s, 2), "clock_s": clock_s, "step": g, "version": g}
+            if peft_config is not None:
+                at["adapter_of"] = os.path.abspath(args.model)
+            json.dump(at, f)
         state["saves"].append(g)
         state["last_save"] = time.time()
 
@@ -169,9 +216,10 @@ def main(argv=None) -> int:
         model=model,
         reward_funcs=reward,
         args=cfg,
-        train_dataset=load_prompts(args.train_data),
+        train_dataset=load_prompts(args.train_data, chat=args.chat),
         processing_class=tokenizer,
         callbacks=[BudgetAndSaves()],
+        peft_config=peft_config,
     )
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
@@ -187,6 +235,7 @@ def main(argv=None) -> int:
         "bf16": bool(trainer.args.bf16),
         "groups": args.groups,
         "minibatches": args.minibatches,
+        "lora_r": args.lora_r,
         "budget_s": args.budget_s,
         "budget_clock": args.budget_clock,
         "start_s": round(state["t_begin"] - clock_start, 2),

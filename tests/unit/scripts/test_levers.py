@@ -11,7 +11,7 @@ from scripts.bench import levers
 def test_the_shipped_levers_file_is_checked_and_names_its_base_protocol():
     base, named = levers.load_levers()
     assert base.target == 0.5 and len(base.seeds) >= 3  # the vs-TRL protocol's rules
-    assert named["prox_loglinear"] == ["ppo.prox_logp=loglinear"] and "eta4" in named
+    assert named["prox_loglinear"] == ["ppo.prox_logp=loglinear"] and named["mb4096"] == ["ppo.micro_batch_tokens=4096"]
     assert all(name != levers.DEFAULT for name in named)
 
 

@@ -1,0 +1,457 @@
+"""SmolLM2-135M-Instruct with LoRA: realhf against TRL + PEFT under a protocol declared before the runs.
+
+    python -m scripts.bench.vs_trl_smollm2 [--short] [--protocol scripts/bench/protocol_smollm2_vs_trl.yaml] [--work-dir D]
+
+The tiny-task race (scripts/bench/vs_trl.py) on the row users believe: the real pretrained model
+of `bash examples/run_async_ppo_smollm2.sh`, LoRA adapters on both sides, and an evaluation a
+reader accepts: prompts whose facts never occur in training (two-digit operands where training
+has one-digit ones) and an answer budget the base model fits in. Everything that decides a number
+is in the protocol file; TRL's algorithm is derived from realhf's composed config (`trl_driver_args`),
+and a realhf setting the TRL driver cannot match is refused (`algorithm_mismatches`).
+
+1. Set-up (off the clock): the model (scripts/convert_gguf.py), the training rows
+   (scripts/make_math_dataset.py --chat --steps 1) and the eval set, checked to share no fact.
+2. TRL's sweep, then for each seed realhf and TRL one after another for `budget_s` on the process
+   clock (the one going first alternating by seed), each saving every `save_every_s`.
+3. After all training, one evaluator (realhf's task evaluator: the rollout's agent and environment
+   on the native engine) scores every checkpoint greedily on the eval set, each run's last one also
+   sampled, and the base model with the fraction of its answers cut off by the budget.
+
+Reported per seed and as medians with ranges, in `results.vs_trl_smollm2`. Full mode: about
+90 minutes on 2 cores (see docs/benchmarks.md for the measured time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List
+
+import yaml
+
+from scripts.bench import vs_trl
+from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
+
+PROTOCOL = Path(__file__).with_name("protocol_smollm2_vs_trl.yaml")
+TRAIN_STORY_MAX_OPERAND = 9  # scripts/make_math_dataset.py --chat --steps 1 (the example's data)
+INSTRUCTION = "Give only the final number as your answer."  # make_math_dataset's --chat default
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The declared protocol (protocol_smollm2_vs_trl.yaml says what each field means)."""
+
+    declared: str
+    realhf: Dict
+    eval_set: Dict[str, int]
+    evaluation: Dict
+    target: float
+    seeds: List[int]
+    budget_s: float
+    save_every_s: float
+    numerics: str
+    trl: Dict
+
+    @property
+    def bf16(self) -> bool:
+        return self.numerics == "bf16"
+
+
+def load_protocol(path: Path = PROTOCOL) -> Protocol:
+    """The protocol file, checked: an unknown or missing key, or a bad value, names the file and key."""
+    raw = yaml.safe_load(Path(path).read_text())
+    names = set(Protocol.__dataclass_fields__)
+    unknown, missing = set(raw) - names, names - set(raw)
+    if unknown or missing:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    p = Protocol(**raw)
+    if len(p.seeds) < 3 or len(set(p.seeds)) != len(p.seeds):
+        raise ValueError(f"{path}: seeds must be 3 or more distinct seeds, got {p.seeds}")
+    if not 0 < p.target < 1:
+        raise ValueError(f"{path}: target must be an accuracy in (0, 1), got {p.target}")
+    if p.numerics != "fp32":
+        raise ValueError(
+            f"{path}: numerics must be fp32 (realhf's trainer has no bf16 mode measured to help), got {p.numerics!r}"
+        )
+    if set(p.realhf) != {"config", "overrides"} or not isinstance(p.realhf["overrides"], list):
+        raise ValueError(f"{path}: realhf needs exactly config (a training/configs name) and overrides (a list)")
+    if set(p.eval_set) != {"digits", "steps", "n_prompts", "seed"} or p.eval_set["digits"] < 2:
+        raise ValueError(
+            f"{path}: eval_set needs digits (>= 2: operands outside training's 1..9), steps, n_prompts, seed"
+        )
+    if set(p.evaluation) != {"max_new_tokens", "sampled_temperature", "threads"}:
+        raise ValueError(f"{path}: evaluation needs exactly max_new_tokens, sampled_temperature, threads")
+    if not 0 <= p.trl.get("sweep_margin", -1) < 1 or not p.trl.get("sweep"):
+        raise ValueError(f"{path}: trl needs sweep_margin in [0, 1) and a non-empty sweep")
+    for s in p.trl["sweep"]:
+        if set(s) != {"threads", "groups", "minibatches"}:
+            raise ValueError(f"{path}: trl.sweep entry {s}: needs exactly threads, groups, minibatches")
+    return p
+
+
+# -- the same algorithm on both sides ---------------------------------------------------------------
+
+
+def realhf_config(p: Protocol):
+    from realhf.experiments.config_loading import compose_config
+
+    return compose_config(p.realhf["overrides"], config_name=p.realhf["config"])
+
+
+def algorithm_mismatches(cfg) -> List[str]:
+    """realhf settings the TRL driver does not reproduce (it runs PPO-clip 0.2 on group-normalised
+    advantages, token-mean loss, k3 KL, AdamW 0.9/0.999/1e-8 without decay at a constant lr,
+    clipping 1.0, pure sampling); empty when the two sides run the same algorithm."""
+    want = {
+        "ppo.eps_clip": (cfg.ppo.eps_clip, 0.2),
+        "ppo.eps_clip_high": (cfg.ppo.eps_clip_high in (None, 0.2), True),
+        "ppo.c_clip": (cfg.ppo.c_clip, None),
+        "ppo.policy_loss": (cfg.ppo.policy_loss, "ppo"),
+        "ppo.loss_agg_mode": (cfg.ppo.loss_agg_mode, "token-mean"),
+        "ppo.adv_estimator": (cfg.ppo.adv_estimator, "grpo"),
+        "ppo.entropy_coef": (cfg.ppo.entropy_coef, 0.0),
+        "ppo.kl_estimator": (cfg.ppo.kl_estimator if cfg.ppo.kl_ctl > 0 else "k3", "k3"),
+        "ppo.gen.top_p": (cfg.ppo.gen.top_p, 1.0),
+        "ppo.gen.top_k": (cfg.ppo.gen.top_k <= 0, True),
+        "actor.optimizer.weight_decay": (cfg.actor.optimizer.weight_decay, 0.0),
+        "actor.optimizer.beta1": (cfg.actor.optimizer.beta1, 0.9),
+        "actor.optimizer.beta2": (cfg.actor.optimizer.beta2, 0.999),
+        "actor.optimizer.eps": (cfg.actor.optimizer.eps, 1e-8),
+        "actor.optimizer.lr_scheduler_type": (cfg.actor.optimizer.lr_scheduler_type, "constant"),
+        "actor.optimizer.warmup_steps_proportion": (cfg.actor.optimizer.warmup_steps_proportion, 0.0),
+        "actor.optimizer.gradient_clipping": (cfg.actor.optimizer.gradient_clipping, 1.0),
+        "actor.param_dtype": (cfg.actor.param_dtype in ("", "float32"), True),
+    }
+    return [f"{k}: realhf {got!r}, the TRL driver {exp!r}" for k, (got, exp) in want.items() if got != exp]
+
+
+def samples_per_optimizer_step(cfg) -> int:
+    return cfg.groups_per_step * cfg.group_size // cfg.ppo.ppo_n_minibatches
+
+
+def trl_driver_args(cfg) -> List[str]:
+    """TRL's side of the race, read off realhf's composed config (groups and minibatches come
+    from the sweep setting)."""
+    lora = cfg.actor.lora
+    args = [
+        "--model", os.path.join(REPO, cfg.actor.path),
+        "--train-data", os.path.join(REPO, cfg.dataset.path),
+        "--group-size", str(cfg.group_size),
+        "--max-new-tokens", str(cfg.ppo.gen.max_new_tokens),
+        "--lr", repr(cfg.actor.optimizer.lr),
+        "--beta", repr(cfg.ppo.kl_ctl),
+        "--temperature", repr(cfg.ppo.gen.temperature),
+        "--reward", "check-work" if cfg.rollout.env.check_work else "answer",
+    ]  # fmt: skip
+    if cfg.dataset.chat_template == "on":
+        args.append("--chat")
+    if lora.r > 0:
+        args += [
+            "--lora-r",
+            str(lora.r),
+            "--lora-alpha",
+            repr(lora.alpha),
+            "--lora-targets",
+            ",".join(lora.target_modules),
+        ]
+    return args
+
+
+# -- set-up: model, training rows, the eval set ---------------------------------------------------
+
+
+def _numbers(text: str) -> List[int]:
+    return [int(x) for x in re.findall(r"\d+", text)]
+
+
+def write_eval_set(p: Protocol, train_path: str, out: Path) -> Dict:
+    """The eval rows (chat, as the training rows) with operands of eval_set.digits digits, checked
+    to share no operand, hence no fact, with any training story; returns what was checked."""
+    from realhf.plugins.tasks.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
+
+    e = p.eval_set
+    _, problems = generate_splits(0, e["n_prompts"], e["seed"], GeneratorConfig(digits=e["digits"], steps=e["steps"]))
+    rows = to_rows(problems, "ood", INSTRUCTION)
+    train_max = 0
+    for line in Path(train_path).read_text().splitlines():
+        if line.strip():
+            content = json.loads(line)["messages"][-1]["content"]
+            train_max = max([train_max, *_numbers(content)])
+    eval_min = min(min([pr.start, *(v for _, v in pr.ops)]) for pr in problems)
+    if eval_min <= train_max:
+        raise ValueError(
+            f"eval operands reach down to {eval_min}, training stories go up to {train_max}: facts may overlap"
+        )
+    write_jsonl(out, rows)
+    return {"path": str(out), "n_prompts": len(rows), "eval_min_operand": eval_min, "train_max_number": train_max}
+
+
+def prepare_assets(cfg) -> None:
+    """The example's model and training rows, made as `examples/run_async_ppo_smollm2.sh` makes them."""
+    model = os.path.join(REPO, cfg.actor.path)
+    subprocess.run([PYTHON, "scripts/convert_gguf.py", "--out", model], cwd=REPO, check=True, timeout=1800)
+    train = Path(REPO, cfg.dataset.path)
+    if not train.is_file():
+        cmd = [PYTHON, "scripts/make_math_dataset.py", "--out", str(train.parent), "--chat", "--steps", "1"]
+        subprocess.run(cmd, cwd=REPO, check=True, timeout=600)
+
+
+# -- the runs -------------------------------------------------------------------------------------
+
+
+def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: float) -> Dict:
+    from realhf.base.trial_files import TrialFiles, read_metrics
+    from scripts.bench import accuracy_curve as ac
+    from scripts.bench.e2e import run_training
+
+    trial = f"smollm2-realhf-{seed}"
+    overrides = (
+        f"--config-name={p.realhf['config']}",
+        "experiment_name=async-ppo",  # run_training reads logs/async-ppo/<trial>
+        f"exp_ctrl.max_train_seconds={budget_s}",
+        "exp_ctrl.benchmark_steps=100000",
+        f"exp_ctrl.save_freq_secs={p.save_every_s}",
+        "exp_ctrl.ckpt_freq_steps=0",
+        "exp_ctrl.keep_last_saves=0",
+        "evaluation.n_prompts=0",
+        f"seed={seed}",
+        *p.realhf["overrides"],
+    )
+    t0 = time.time()
+    summary = run_training(trial, overrides, timeout, fileroot=work)
+    files = TrialFiles(work, "async-ppo", trial)
+    metrics = read_metrics(files.log_dir)
+    train_s = sum(m["step_time_s"] for m in metrics)
+    return {
+        "system": "realhf",
+        "seed": seed,
+        "overrides": list(p.realhf["overrides"]),
+        "steps": len(metrics),
+        "samples_per_s": round(sum(m["n_samples"] for m in metrics) / train_s, 3),
+        "load": [summary["load_before"][0], summary["load_after"][0]],
+        "checkpoints": ac.clock_checkpoints(ac.realhf_checkpoints(files.log_dir, files.run_dir), t0),
+    }
+
+
+def run_trl(p: Protocol, cfg, seed: int, setting: Dict, work: str, budget_s: float, timeout: float) -> Dict:
+    from scripts.bench.peer_trl import run_trl as drive
+
+    r = drive(
+        os.path.join(work, f"trl-{seed}-{setting['threads']}-{setting['groups']}"),
+        budget_s,
+        setting["threads"],
+        save_steps=0,
+        seed=seed,
+        timeout=timeout,
+        save_secs=p.save_every_s,
+        budget_clock="process",
+        bf16=p.bf16,
+        groups=setting["groups"],
+        minibatches=setting["minibatches"],
+        driver_args=trl_driver_args(cfg),
+    )
+    return {
+        "system": "trl",
+        "seed": seed,
+        "overrides": [f"trl=={r['trl']}", *(f"{k}={v}" for k, v in setting.items())],
+        "bf16": r["bf16"],
+        "steps": r["steps"],
+        "samples_per_s": r["samples_per_s"],
+        "start_s": r["start_s"],
+        "load": [r["load_before"][0], r["load_after"][0]],
+        "checkpoints": r["checkpoints"],
+    }
+
+
+def sweep(p: Protocol, cfg, work: str, budget_s: float) -> List[Dict]:
+    out = []
+    for s in p.trl["sweep"]:
+        if s["groups"] * cfg.group_size // s["minibatches"] != samples_per_optimizer_step(cfg):
+            raise ValueError(
+                f"trl.sweep entry {s}: not realhf's {samples_per_optimizer_step(cfg)} samples per optimizer step"
+            )
+        log(f"TRL sweep: {s} for {budget_s:.0f} s")
+        r = run_trl(p, cfg, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900)
+        out.append({**s, "samples_per_s": r["samples_per_s"], "steps": r["steps"], "bf16": r["bf16"]})
+    return out
+
+
+# -- evaluation -----------------------------------------------------------------------------------
+
+
+def merged_dir(c: Dict, work: str) -> str:
+    """An HF directory for a checkpoint: realhf's saves are merged already; a TRL + PEFT save (an
+    adapter, `adapter_of` its base) is merged into its base here."""
+    if "adapter_of" not in c:
+        return c["path"]
+    out = os.path.join(work, "merged", os.path.relpath(c["path"], work).replace(os.sep, "_"))
+    if not os.path.isfile(os.path.join(out, "model.safetensors")):
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        base = AutoModelForCausalLM.from_pretrained(c["adapter_of"], dtype=torch.float32)
+        PeftModel.from_pretrained(base, c["path"]).merge_and_unload().save_pretrained(out, safe_serialization=True)
+        AutoTokenizer.from_pretrained(c["adapter_of"]).save_pretrained(out)
+    return out
+
+
+def evaluator(p: Protocol, eval_path: str, n_prompts: int, work: str):
+    """score(path, temperature) -> the task evaluator's result on the eval set (realhf's agent and
+    environment of the race's config, the native engine, `evaluation.max_new_tokens`)."""
+    from realhf.experiments.async_ppo import evaluator_config, trial_files_of
+    from realhf.experiments.config_loading import compose_config
+    from realhf.system.evaluator.task_eval import evaluate_weights
+
+    cfg = compose_config(
+        [
+            *p.realhf["overrides"],
+            f"dataset.test_path={eval_path}",
+            f"evaluation.max_new_tokens={p.evaluation['max_new_tokens']}",
+            f"cluster.fileroot={work}",
+        ],
+        config_name=p.realhf["config"],
+    )
+    ev = dataclasses.replace(evaluator_config(cfg, trial_files_of(cfg), 0), n_threads=p.evaluation["threads"], nice=0)
+
+    def score(path: str, temperature: float) -> Dict:
+        t0 = time.perf_counter()
+        (r,) = evaluate_weights(ev, path, [(temperature, 1)], n_prompts)
+        log(
+            f"T={temperature}: {r['accuracy']:.3f} ({r['truncated']:.2f} cut off) in {time.perf_counter() - t0:.0f} s: {path}"
+        )
+        return r
+
+    return score
+
+
+def evaluate(
+    runs: List[Dict], p: Protocol, budget_s: float, eval_path: str, n_prompts: int, work: str, base: str
+) -> Dict:
+    score = evaluator(p, eval_path, n_prompts, work)
+    temp = p.evaluation["sampled_temperature"]
+    g0, s0 = score(base, 0.0), score(base, temp)
+    for r in runs:
+        inside = [c for c in r.pop("checkpoints") if c["clock_s"] <= budget_s]
+        if not inside:
+            raise RuntimeError(f"{r['system']} seed {r['seed']} saved nothing within {budget_s} s")
+        r["curve"] = [{"clock_s": 0.0, "accuracy": round(g0["accuracy"], 4)}]
+        for c in inside:
+            g = score(merged_dir(c, work), 0.0)
+            r["curve"].append(
+                {"clock_s": c["clock_s"], "accuracy": round(g["accuracy"], 4), "truncated": g["truncated"]}
+            )
+        # As in vs_trl: final_accuracy is sampled (here at the rollouts' temperature), the curve
+        # and the target are greedy.
+        r["final_greedy_accuracy"] = r["curve"][-1]["accuracy"]
+        r["final_accuracy"] = round(score(merged_dir(inside[-1], work), temp)["accuracy"], 4)
+        r["final_clock_s"] = inside[-1]["clock_s"]
+        t = next((c["clock_s"] for c in r["curve"] if c["accuracy"] >= p.target), None)
+        r["reached"] = t is not None
+        r["time_to_target_s"] = t if t is not None else budget_s
+    return {
+        "start_accuracy": round(g0["accuracy"], 4),
+        "start_greedy_accuracy": round(g0["accuracy"], 4),
+        "start_sampled_accuracy": round(s0["accuracy"], 4),
+        "base_truncated_greedy": round(g0["truncated"], 4),
+        "base_truncated_sampled": round(s0["truncated"], 4),
+        "base_mean_new_tokens_greedy": round(g0["mean_new_tokens"], 2),
+    }
+
+
+def tables(r: Dict):
+    sw, per_seed, systems, curves = vs_trl.tables(r)
+    title = (
+        f"SmolLM2-135M-Instruct + LoRA vs TRL + PEFT, protocol declared {r['declared']}: target {r['target']} greedy "
+        f"accuracy on {r['eval_prompts']} prompts with {r['eval_set']['digits']}-digit operands (none in training; base "
+        f"greedy {r['start_greedy_accuracy']}, sampled {r['start_sampled_accuracy']}; {r['base_truncated_greedy']} of its "
+        f"greedy answers cut off at {r['eval_max_new_tokens']} tokens), {r['budget_s']} s from process start, "
+        f"checkpoints every {r['save_every_s']} s, fp32 both, TRL {r['trl_setting']}; final sampled at "
+        f"T={r['eval_sampled_temperature']}, one answer per prompt"
+    )
+    return [sw, (title, *per_seed[1:]), systems, ("greedy accuracy curves (process-clock s: accuracy)", *curves[1:])]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.vs_trl_smollm2", description=__doc__.split("\n")[0])
+    ap.add_argument("--protocol", default=str(PROTOCOL))
+    ap.add_argument(
+        "--short", action="store_true", help="smoke mode: 60 s budgets, 30 s sweep runs, 20 eval prompts, seed 1"
+    )
+    ap.add_argument("--work-dir", default=None, help="keep runs and checkpoints here (default: a temp dir, deleted)")
+    args = ap.parse_args(argv)
+    p = load_protocol(Path(args.protocol))
+    cfg = realhf_config(p)
+    bad = algorithm_mismatches(cfg)
+    if bad:
+        raise SystemExit(f"{args.protocol}: realhf's config runs what the TRL driver cannot: {'; '.join(bad)}")
+    budget = 60.0 if args.short else float(p.budget_s)
+    sweep_budget = 30.0 if args.short else float(p.trl["sweep_budget_s"])
+    n_prompts = 20 if args.short else p.eval_set["n_prompts"]
+    seeds = p.seeds[:1] if args.short else list(p.seeds)
+    sweep_list = p.trl["sweep"][:1] if args.short else p.trl["sweep"]
+    work = args.work_dir or tempfile.mkdtemp(prefix="bench_smollm2_")
+    started = time.time()
+    try:
+        prepare_assets(cfg)
+        eval_set = write_eval_set(p, os.path.join(REPO, cfg.dataset.path), Path(work, "eval", "ood.jsonl"))
+        swept = sweep(dataclasses.replace(p, trl={**p.trl, "sweep": sweep_list}), cfg, work, sweep_budget)
+        best = vs_trl.pick_setting(swept, float(p.trl["sweep_margin"]))
+        setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
+        log(f"TRL races with {setting}")
+        runs: List[Dict] = []
+        for i, seed in enumerate(seeds):
+            for system in ("realhf", "trl") if i % 2 == 0 else ("trl", "realhf"):
+                log(f"seed {seed}: {system} for {budget:.0f} s")
+                if system == "realhf":
+                    runs.append(run_realhf(p, seed, work, budget, budget + 900))
+                else:
+                    runs.append(run_trl(p, cfg, seed, setting, work, budget, budget + 900))
+        log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
+        starts = evaluate(runs, p, budget, eval_set["path"], n_prompts, work, os.path.join(REPO, cfg.actor.path))
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    res = {
+        "bench": "vs_trl_smollm2",
+        "protocol": os.path.relpath(args.protocol),
+        "declared": p.declared,
+        "target": p.target,
+        "metric": "greedy",
+        "seeds": seeds,
+        "budget_s": budget,
+        "save_every_s": p.save_every_s,
+        "numerics": p.numerics,
+        "trl_numerics": "bf16" if p.bf16 else "fp32",
+        "trl_bf16": all(r["bf16"] for r in runs if r["system"] == "trl"),
+        "realhf_bf16": False,
+        "eval_set": {**p.eval_set, **{k: v for k, v in eval_set.items() if k != "path"}},
+        "eval_prompts": n_prompts,
+        "eval_max_new_tokens": p.evaluation["max_new_tokens"],
+        "eval_sampled_temperature": p.evaluation["sampled_temperature"],
+        "trl_driver_args": trl_driver_args(cfg),
+        "trl_sweep_budget_s": sweep_budget,
+        "trl_sweep": swept,
+        "trl_setting": setting,
+        **starts,
+        "runs": runs,
+        "wall_minutes": round((time.time() - started) / 60, 1),
+    }
+    res.update(vs_trl.summarize(runs, seeds))
+    print_tables(tables(res))
+    emit(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
