@@ -37,6 +37,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The same "2-core AMD EPYC" has been hosts with and without AVX-512 (and its bf16 instructions):
+# torch's CPU kernels, hence every absolute number here, ran about 2x slower on the latter.
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> str:
+    """The vector instruction sets this host has, of VECTOR_FLAGS (space-separated)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        have = set()
+    return " ".join(flag for flag in VECTOR_FLAGS if flag in have) or "unknown"
+
+
 def load_average() -> List[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -68,6 +83,7 @@ def _version(module: str) -> str:
 def machine_info() -> Dict[str, Any]:
     return {
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(),
@@ -148,6 +164,7 @@ def run_benchmark(name: str, short: bool, timeout: float, extra: Sequence[str] =
     result["_seconds"] = round(time.monotonic() - t0, 1)
     result["_date"] = utc_now()
     result["_commit"] = git_commit()
+    result["_cpu_flags"] = cpu_flags()
     return result
 
 
@@ -157,7 +174,7 @@ def render_markdown(doc: Dict[str, Any], order: Sequence[str]) -> str:
     out = [
         MD_BEGIN,
         "",
-        f"Machine: {m['cpu_model']}, {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}, "
+        f"Machine: {m['cpu_model']} ({m.get('cpu_flags', '?')}), {m['cores']} cores, {m['memory_gib']} GiB; Python {m['python']}, "
         f"torch {m['torch']}, transformers {m['transformers']}; commit `{m['git_commit']}`.",
         "The machine is shared with other people's tests while these run: absolute numbers move "
         "with the load (given per benchmark), ratios measured side by side in one run are what count.",
@@ -172,7 +189,8 @@ def render_markdown(doc: Dict[str, Any], order: Sequence[str]) -> str:
             f"### {name}",
             "",
             f"{r.get('_mode', '?')} mode, {r.get('_date', '?')}, commit `{r.get('_commit', '?')}`, "
-            f"{r.get('_seconds', '?')} s; load average "
+            + (f"CPU {r['_cpu_flags']}, " if "_cpu_flags" in r else "")
+            + f"{r.get('_seconds', '?')} s; load average "
             f"(1/5/15 min) before {r.get('_load_before')}, after {r.get('_load_after')}.",
         ]
         for title, headers, rows in mod.tables(r):

@@ -127,12 +127,16 @@ def evaluate_fallback(fileroot: str, repo: str, overrides: Sequence[str]) -> Dic
     return out
 
 
-def run_training(trial: str, overrides: Sequence[str], timeout: float, repo: str = REPO, fileroot: str = "") -> Dict:
-    """One `training/main_async_ppo.py` run of the checkout at `repo`; returns its summary (raises
-    with the log tail on failure)."""
+def run_training(
+    trial: str, overrides: Sequence[str], timeout: float, repo: str = REPO, fileroot: str = "", config_name: str = ""
+) -> Dict:
+    """One `training/main_async_ppo.py` run of the checkout at `repo` (`config_name`: another
+    training/configs file than async-ppo.yaml); returns its summary (raises with the log tail on
+    failure)."""
     own_root = not fileroot
     fileroot = fileroot or tempfile.mkdtemp(prefix="bench_e2e_")
-    cmd = [PYTHON, "training/main_async_ppo.py", f"trial_name={trial}", f"cluster.fileroot={fileroot}", *overrides]
+    cmd = [PYTHON, "training/main_async_ppo.py", *([f"--config-name={config_name}"] if config_name else [])]
+    cmd += [f"trial_name={trial}", f"cluster.fileroot={fileroot}", *overrides]
     load_before = load_average()
     t0 = time.monotonic()
     try:

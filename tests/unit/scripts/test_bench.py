@@ -125,9 +125,12 @@ def test_suite_entry_point_writes_markdown_and_json(tmp_path, no_leftover_proces
     assert doc["machine"]["cores"] > 0 and doc["machine"]["cpu_model"]
     entry = doc["results"]["stream"]
     assert entry["_mode"] == "short" and len(entry["_load_before"]) == 3
+    # Hosts of one machine kind differ in vector instructions (and then ~2x in speed): every
+    # result says which it ran on.
+    assert entry["_cpu_flags"] == doc["machine"]["cpu_flags"] and entry["_cpu_flags"] != ""
     assert_positive(entry, ["stream_msgs_per_s"])
     md = (tmp_path / "benchmarks.md").read_text()
-    assert "### stream" in md and "load average" in md
+    assert "### stream" in md and "load average" in md and f"CPU {entry['_cpu_flags']}, " in md
     # A second run regenerates the marked part and keeps text written outside it.
     (tmp_path / "benchmarks.md").write_text(md + "\n## Optimisations\n\nhand-written notes\n")
     run_bench("scripts.bench", "stream", "--short", "--out-dir", str(tmp_path))

@@ -118,3 +118,78 @@ def test_the_trl_driver_reads_chat_rows_as_conversations(tmp_path):
     assert load_prompts(str(chat))[0]["prompt"] == [{"role": "user", "content": "Ann has 2 pens. She gets 5 more."}]
     assert load_prompts(str(text))[0]["prompt"] == "Q: 1+1?\nA:"
     assert load_prompts(str(text), chat=True)[0]["prompt"] == [{"role": "user", "content": "Q: 1+1?\nA:"}]
+
+
+def _fake_score(truncated):
+    def score(path, temperature):
+        cut = truncated[temperature > 0]
+        return {"accuracy": 0.1 if temperature == 0 else 0.05, "truncated": cut, "mean_new_tokens": 40.0}
+
+    return score
+
+
+def test_an_answer_budget_that_cuts_off_the_base_model_is_refused_before_any_training():
+    p = race.load_protocol()
+    start = race.score_base(_fake_score((0.02, 0.3)), p, "base", strict=True)
+    assert start["eval_budget_ok"] and start["start_greedy_accuracy"] == 0.1 and start["start_sampled_accuracy"] == 0.05
+    assert start["base_truncated_sampled"] == 0.3  # recorded beside the sampled score
+    with pytest.raises(SystemExit, match=r"evaluation.max_new_tokens=128 cuts off 0.12 of the base model's greedy"):
+        race.score_base(_fake_score((0.12, 0.3)), p, "base", strict=True)
+    assert race.score_base(_fake_score((0.12, 0.3)), p, "base", strict=False)["eval_budget_ok"] is False  # smoke: said
+
+
+def test_time_to_target_is_the_first_greedy_checkpoint_at_the_target(tmp_path):
+    p = race.load_protocol()
+    accs = {"c1": 0.1, "c2": p.target, "c3": p.target - 0.05}
+
+    def score(path, temperature):
+        return {"accuracy": accs[path] if temperature == 0 else 0.5, "truncated": 0.0}
+
+    runs = [
+        {
+            "system": "realhf",
+            "seed": 1,
+            "checkpoints": [
+                {"clock_s": 100.0, "path": "c1"},
+                {"clock_s": 200.0, "path": "c2"},
+                {"clock_s": 300.0, "path": "c3"},
+                {"clock_s": 1e6, "path": "late"},
+            ],
+        },
+        {"system": "trl", "seed": 1, "checkpoints": [{"clock_s": 150.0, "path": "c1"}]},
+        {"system": "trl", "seed": 2, "checkpoints": [{"clock_s": 1e6, "path": "late"}]},  # nothing inside
+    ]
+    start = {"start_greedy_accuracy": 0.05, "start_sampled_accuracy": 0.02}
+    race.evaluate(runs, score, p, p.budget_s, start, str(tmp_path))
+    a, b, c = runs
+    assert not c["reached"] and c["final_greedy_accuracy"] == 0.05 and c["final_accuracy"] == 0.02
+    assert a["reached"] and a["time_to_target_s"] == 200.0 and a["final_greedy_accuracy"] == p.target - 0.05
+    assert [c["clock_s"] for c in a["curve"]] == [0.0, 100.0, 200.0, 300.0]  # the save past the budget is out
+    assert not b["reached"] and b["time_to_target_s"] == p.budget_s and b["final_accuracy"] == 0.5
+
+
+def test_a_trl_peft_save_is_merged_into_its_base_for_the_evaluator(tmp_path):
+    peft = pytest.importorskip("peft")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from scripts.bench.common import REPO
+
+    base = f"{REPO}/assets/tiny-math/sft"
+    model = peft.get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
+    with torch.no_grad():  # B starts at zero: make the adapter change the model
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    save = tmp_path / "run" / "checkpoints" / "version3"
+    model.save_pretrained(save)
+    ids = torch.tensor([[1, 5, 9, 12, 7]])
+    want = model(input_ids=ids).logits
+    merged = race.merged_dir({"path": str(save), "adapter_of": base}, str(tmp_path))
+    got = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(input_ids=ids).logits
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(plain, want, atol=1e-3)
+    assert race.merged_dir({"path": "/a/realhf/save"}, str(tmp_path)) == "/a/realhf/save"  # merged already
