@@ -4,22 +4,24 @@
 
 The tiny-task race (scripts/bench/vs_trl.py) on the row users believe: the real pretrained model
 of `bash examples/run_async_ppo_smollm2.sh`, LoRA adapters on both sides, and an evaluation a
-reader accepts: prompts whose facts never occur in training (two-digit operands where training
-has one-digit ones) and an answer budget the base model fits in. Everything that decides a number
-is in the protocol file; TRL's algorithm is derived from realhf's composed config (`trl_driver_args`),
-and a realhf setting the TRL driver cannot match is refused (`algorithm_mismatches`).
+reader accepts: stories asking facts the race never trains on, and an answer budget the base
+model fits in. Everything that decides a number is in the protocol file; TRL's algorithm is
+derived from realhf's composed config (`trl_driver_args`), and a realhf setting the TRL driver
+cannot match is refused (`algorithm_mismatches`).
 
-1. Set-up (off the clock): the model (scripts/convert_gguf.py), the training rows
-   (scripts/make_math_dataset.py --chat --steps 1) and the eval set, checked to share no fact.
-2. TRL's sweep, then for each seed realhf and TRL one after another for `budget_s` on the process
-   clock (the one going first alternating by seed), each saving every `save_every_s`.
-3. One evaluator (realhf's task evaluator: the rollout's agent and environment on the native
-   engine) scores the base model before any training (refusing an answer budget that cuts off 10%
-   or more of its answers), and after all training every checkpoint greedily, each run's last one
-   also sampled.
+1. Set-up (off the clock): the model (scripts/convert_gguf.py), the example's training rows
+   (scripts/make_math_dataset.py --chat --steps 1), and from them the race's rows
+   (`write_race_data`): training without the held-out facts, stories asking only those (the
+   target's eval set), and two-digit stories (scored on each run's last checkpoint).
+2. The base model is scored (refusing an answer budget that cuts off 10% or more of its greedy
+   answers); TRL's sweep; then for each seed realhf and TRL one after another for `budget_s` on
+   the process clock (the one going first alternating by seed), each saving every `save_every_s`.
+3. After all training one evaluator (realhf's task evaluator: the rollout's agent and environment
+   on the native engine) scores every checkpoint greedily, each run's last one also sampled and
+   on the two-digit stories.
 
-Reported per seed and as medians with ranges, in `results.vs_trl_smollm2`. Full mode: about
-90 minutes on 2 cores (see docs/benchmarks.md for the measured time).
+Reported per seed and as medians with ranges, in `results.vs_trl_smollm2`. Full mode: about two
+hours on a 2-core host without AVX-512 (the estimate in docs/benchmarks.md), less with it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import yaml
 
@@ -44,7 +46,6 @@ from scripts.bench import vs_trl
 from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
 
 PROTOCOL = Path(__file__).with_name("protocol_smollm2_vs_trl.yaml")
-TRAIN_STORY_MAX_OPERAND = 9  # scripts/make_math_dataset.py --chat --steps 1 (the example's data)
 INSTRUCTION = "Give only the final number as your answer."  # make_math_dataset's --chat default
 EVAL_PROMPT_TOKENS = 128  # an eval prompt with SmolLM2's chat template and system turn is ≈ 60 tokens
 MAX_BASE_TRUNCATED = 0.10  # the eval budget must let the base model finish at least 90% of its answers
@@ -56,7 +57,8 @@ class Protocol:
 
     declared: str
     realhf: Dict
-    eval_set: Dict[str, int]
+    held_out: Dict
+    ood_set: Dict[str, int]
     evaluation: Dict
     target: float
     seeds: List[int]
@@ -88,9 +90,11 @@ def load_protocol(path: Path = PROTOCOL) -> Protocol:
         )
     if set(p.realhf) != {"config", "overrides"} or not isinstance(p.realhf["overrides"], list):
         raise ValueError(f"{path}: realhf needs exactly config (a training/configs name) and overrides (a list)")
-    if set(p.eval_set) != {"digits", "steps", "n_prompts", "seed"} or p.eval_set["digits"] < 2:
+    if set(p.held_out) != {"fraction", "n_prompts", "seed"} or not 0 < p.held_out["fraction"] < 1:
+        raise ValueError(f"{path}: held_out needs fraction (in (0, 1): of the training facts), n_prompts, seed")
+    if set(p.ood_set) != {"digits", "steps", "n_prompts", "seed"} or p.ood_set["digits"] < 2:
         raise ValueError(
-            f"{path}: eval_set needs digits (>= 2: operands outside training's 1..9), steps, n_prompts, seed"
+            f"{path}: ood_set needs digits (>= 2: operands outside training's 1..9), steps, n_prompts, seed"
         )
     if set(p.evaluation) != {"max_new_tokens", "sampled_temperature", "threads"}:
         raise ValueError(f"{path}: evaluation needs exactly max_new_tokens, sampled_temperature, threads")
@@ -173,30 +177,83 @@ def trl_driver_args(cfg) -> List[str]:
 # -- set-up: model, training rows, the eval set ---------------------------------------------------
 
 
+FACT = re.compile(r"^\s*(\d+)([+-])(\d+)=")
+
+
+def fact_of(row: Dict) -> Tuple[int, str, int]:
+    """The (start, op, operand) a one-step story asks, read off its worked solution."""
+    m = FACT.match(row["solutions"][0])
+    if m is None or row["solutions"][0].count("=") != 1:
+        raise ValueError(f"row {row.get('query_id')!r}: not a one-step story ({row['solutions'][0]!r})")
+    return int(m.group(1)), m.group(2), int(m.group(3))
+
+
+def _unordered(fact: Tuple[int, str, int]) -> Tuple[int, str, int]:
+    a, op, b = fact
+    return (min(a, b), op, max(a, b)) if op == "+" else fact
+
+
 def _numbers(text: str) -> List[int]:
     return [int(x) for x in re.findall(r"\d+", text)]
 
 
-def write_eval_set(p: Protocol, train_path: str, out: Path) -> Dict:
-    """The eval rows (chat, as the training rows) with operands of eval_set.digits digits, checked
-    to share no operand, hence no fact, with any training story; returns what was checked."""
-    from realhf.plugins.tasks.math_synthetic import GeneratorConfig, generate_splits, to_rows, write_jsonl
+def write_race_data(p: Protocol, train_path: str, out: Path, n_held_out: int, n_ood: int) -> Dict:
+    """The race's rows under `out`: train.jsonl (the example's training stories without the held-out
+    facts; a sum is held out in both orders), held_out.jsonl (new stories asking only those facts: the target's eval set) and
+    ood.jsonl (stories with ood_set.digits-digit operands, none of which occurs in any training
+    story). Each is a pure function of the protocol and the example's rows, checked; returns what
+    was checked."""
+    import random
 
-    e = p.eval_set
-    _, problems = generate_splits(0, e["n_prompts"], e["seed"], GeneratorConfig(digits=e["digits"], steps=e["steps"]))
-    rows = to_rows(problems, "ood", INSTRUCTION)
-    train_max = 0
-    for line in Path(train_path).read_text().splitlines():
-        if line.strip():
-            content = json.loads(line)["messages"][-1]["content"]
-            train_max = max([train_max, *_numbers(content)])
-    eval_min = min(min([pr.start, *(v for _, v in pr.ops)]) for pr in problems)
-    if eval_min <= train_max:
-        raise ValueError(
-            f"eval operands reach down to {eval_min}, training stories go up to {train_max}: facts may overlap"
-        )
-    write_jsonl(out, rows)
-    return {"path": str(out), "n_prompts": len(rows), "eval_min_operand": eval_min, "train_max_number": train_max}
+    from realhf.plugins.tasks.math_synthetic import (
+        GeneratorConfig,
+        generate_problem,
+        generate_splits,
+        to_rows,
+        write_jsonl,
+    )
+
+    rows = [json.loads(line) for line in Path(train_path).read_text().splitlines() if line.strip()]
+    facts = sorted({fact_of(r) for r in rows})
+    # a+b and b+a are one fact to hold out: knowing one order gives the other away.
+    keys = sorted({_unordered(f) for f in facts})
+    h = p.held_out
+    held_keys = set(random.Random(h["seed"]).sample(keys, round(h["fraction"] * len(keys))))
+    held = {f for f in facts if _unordered(f) in held_keys}
+    train = [r for r in rows if fact_of(r) not in held]
+    seen = {r["messages"][-1]["content"] for r in rows}
+    rng, asked = random.Random(h["seed"]), []
+    for _ in range(200 * n_held_out):  # held-out stories are a `fraction` of all draws: ample tries
+        pr = generate_problem(rng, GeneratorConfig(digits=1, steps=1))
+        row = to_rows([pr], "held-out", INSTRUCTION)[0]
+        if (pr.start, *pr.ops[0]) in held and row["messages"][-1]["content"] not in seen:
+            seen.add(row["messages"][-1]["content"])
+            asked.append(pr)
+        if len(asked) == n_held_out:
+            break
+    if len(asked) < n_held_out:
+        raise ValueError(f"only {len(asked)} distinct stories ask the {len(held)} held-out facts, not {n_held_out}")
+    o = p.ood_set
+    _, ood = generate_splits(0, n_ood, o["seed"], GeneratorConfig(digits=o["digits"], steps=o["steps"]))
+    train_max = max(n for r in rows for n in _numbers(r["messages"][-1]["content"]))
+    ood_min = min(min([pr.start, *(v for _, v in pr.ops)]) for pr in ood)
+    if ood_min <= train_max:
+        raise ValueError(f"ood operands reach down to {ood_min}, training stories go up to {train_max}")
+    paths = {name: out / f"{name}.jsonl" for name in ("train", "held_out", "ood")}
+    write_jsonl(paths["train"], train)
+    write_jsonl(paths["held_out"], to_rows(asked, "held-out", INSTRUCTION))
+    write_jsonl(paths["ood"], to_rows(ood, "ood", INSTRUCTION))
+    return {
+        "paths": {k: str(v) for k, v in paths.items()},
+        "facts": len(facts),
+        "held_out_facts": sorted(f"{a}{op}{b}" for a, op, b in held),
+        "train_rows": len(train),
+        "train_rows_dropped": len(rows) - len(train),
+        "held_out_prompts": len(asked),
+        "ood_prompts": len(ood),
+        "ood_min_operand": ood_min,
+        "train_max_number": train_max,
+    }
 
 
 def prepare_assets(cfg) -> None:
@@ -363,6 +420,7 @@ def score_base(score, p: Protocol, base: str, strict: bool) -> Dict:
         "base_truncated_sampled": round(s0["truncated"], 4),
         "base_mean_new_tokens_greedy": round(g0["mean_new_tokens"], 2),
         "eval_budget_ok": cut < MAX_BASE_TRUNCATED,
+        "base_path": base,
     }
 
 
@@ -376,7 +434,7 @@ def evaluate(runs: List[Dict], score, p: Protocol, budget_s: float, start: Dict,
         if not inside:  # too slow to save inside the budget: it ends where it began, not reached
             log(f"{r['system']} seed {r['seed']} saved nothing within {budget_s} s: scored as the base model")
             r.update(final_greedy_accuracy=r["curve"][0]["accuracy"], final_accuracy=start["start_sampled_accuracy"])
-            r.update(final_clock_s=0.0, reached=False, time_to_target_s=budget_s)
+            r.update(final_clock_s=0.0, reached=False, time_to_target_s=budget_s, final_path=start["base_path"])
             continue
         for c in inside:
             g = score(merged_dir(c, work), 0.0)
@@ -387,6 +445,7 @@ def evaluate(runs: List[Dict], score, p: Protocol, budget_s: float, start: Dict,
         temp = p.evaluation["sampled_temperature"]
         r["final_accuracy"] = round(score(merged_dir(inside[-1], work), temp)["accuracy"], 4)
         r["final_clock_s"] = inside[-1]["clock_s"]
+        r["final_path"] = merged_dir(inside[-1], work)
         t = next((c["clock_s"] for c in r["curve"] if c["accuracy"] >= p.target), None)
         r["reached"] = t is not None
         r["time_to_target_s"] = t if t is not None else budget_s
@@ -396,13 +455,19 @@ def tables(r: Dict):
     sw, per_seed, systems, curves = vs_trl.tables(r)
     title = (
         f"SmolLM2-135M-Instruct + LoRA vs TRL + PEFT, protocol declared {r['declared']}: target {r['target']} greedy "
-        f"accuracy on {r['eval_prompts']} prompts with {r['eval_set']['digits']}-digit operands (none in training; base "
-        f"greedy {r['start_greedy_accuracy']}, sampled {r['start_sampled_accuracy']}; {r['base_truncated_greedy']} of its "
-        f"greedy answers cut off at {r['eval_max_new_tokens']} tokens), {r['budget_s']} s from process start, "
-        f"checkpoints every {r['save_every_s']} s, fp32 both, TRL {r['trl_setting']}; final sampled at "
-        f"T={r['eval_sampled_temperature']}, one answer per prompt"
+        f"accuracy on {r['eval_prompts']} stories asking the {len(r['data']['held_out_facts'])} held-out facts (none in "
+        f"the race's training rows; base greedy {r['start_greedy_accuracy']}, sampled {r['start_sampled_accuracy']}; "
+        f"{r['base_truncated_greedy']} of its greedy answers cut off at {r['eval_max_new_tokens']} tokens), "
+        f"{r['budget_s']} s from process start, checkpoints every {r['save_every_s']} s, fp32 both, TRL "
+        f"{r['trl_setting']}; final sampled at T={r['eval_sampled_temperature']}, one answer per prompt"
     )
-    return [sw, (title, *per_seed[1:]), systems, ("greedy accuracy curves (process-clock s: accuracy)", *curves[1:])]
+    ood = [[x["system"], x["seed"], r["ood_start_greedy_accuracy"], x["final_ood_greedy_accuracy"]] for x in r["runs"]]
+    ood_title = (
+        f"two-digit stories ({r['data']['ood_prompts']} prompts, operands >= {r['data']['ood_min_operand']}; "
+        f"training's <= {r['data']['train_max_number']}), greedy, each run's last checkpoint"
+    )
+    curves = ("greedy accuracy curves, held-out facts (process-clock s: accuracy)", *curves[1:])
+    return [sw, (title, *per_seed[1:]), systems, curves, (ood_title, ["system", "seed", "base", "final"], ood)]
 
 
 def main(argv=None) -> int:
@@ -422,16 +487,24 @@ def main(argv=None) -> int:
         p = dataclasses.replace(p, save_every_s=30.0)
     budget = 150.0 if args.short else float(p.budget_s)
     sweep_budget = 30.0 if args.short else float(p.trl["sweep_budget_s"])
-    n_prompts = 20 if args.short else p.eval_set["n_prompts"]
+    n_held, n_ood = (20, 20) if args.short else (p.held_out["n_prompts"], p.ood_set["n_prompts"])
     seeds = p.seeds[:1] if args.short else list(p.seeds)
     sweep_list = p.trl["sweep"][:1] if args.short else p.trl["sweep"]
     work = args.work_dir or tempfile.mkdtemp(prefix="bench_smollm2_")
     started = time.time()
     try:
         prepare_assets(cfg)
-        eval_set = write_eval_set(p, os.path.join(REPO, cfg.dataset.path), Path(work, "eval", "ood.jsonl"))
-        score = evaluator(p, eval_set["path"], n_prompts, work)
-        starts = score_base(score, p, os.path.join(REPO, cfg.actor.path), strict=not args.short)
+        data = write_race_data(p, os.path.join(REPO, cfg.dataset.path), Path(work, "data"), n_held, n_ood)
+        # Both sides train on the rows without the held-out facts (TRL's arguments come from this config).
+        p = dataclasses.replace(
+            p, realhf={**p.realhf, "overrides": [*p.realhf["overrides"], f"dataset.path={data['paths']['train']}"]}
+        )
+        cfg = realhf_config(p)
+        base = os.path.join(REPO, cfg.actor.path)
+        score = evaluator(p, data["paths"]["held_out"], n_held, work)
+        score_ood = evaluator(p, data["paths"]["ood"], n_ood, work)
+        starts = score_base(score, p, base, strict=not args.short)
+        ood0 = score_ood(base, 0.0)
         swept = sweep(dataclasses.replace(p, trl={**p.trl, "sweep": sweep_list}), cfg, work, sweep_budget)
         best = vs_trl.pick_setting(swept, float(p.trl["sweep_margin"]))
         setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
@@ -446,6 +519,8 @@ def main(argv=None) -> int:
                     runs.append(run_trl(p, cfg, seed, setting, work, budget, budget + 900))
         log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
         evaluate(runs, score, p, budget, starts, work)
+        for r in runs:
+            r["final_ood_greedy_accuracy"] = round(score_ood(r.pop("final_path"), 0.0)["accuracy"], 4)
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -462,19 +537,27 @@ def main(argv=None) -> int:
         "trl_numerics": "bf16" if p.bf16 else "fp32",
         "trl_bf16": all(r["bf16"] for r in runs if r["system"] == "trl"),
         "realhf_bf16": False,
-        "eval_set": {**p.eval_set, **{k: v for k, v in eval_set.items() if k != "path"}},
-        "eval_prompts": n_prompts,
+        "held_out": p.held_out,
+        "ood_set": p.ood_set,
+        "data": {k: v for k, v in data.items() if k != "paths"},
+        "eval_prompts": n_held,
+        "ood_start_greedy_accuracy": round(ood0["accuracy"], 4),
+        "ood_base_truncated_greedy": round(ood0["truncated"], 4),
         "eval_max_new_tokens": p.evaluation["max_new_tokens"],
         "eval_sampled_temperature": p.evaluation["sampled_temperature"],
         "trl_driver_args": trl_driver_args(cfg),
         "trl_sweep_budget_s": sweep_budget,
         "trl_sweep": swept,
         "trl_setting": setting,
-        **starts,
+        **{k: v for k, v in starts.items() if k != "base_path"},
         "runs": runs,
         "wall_minutes": round((time.time() - started) / 60, 1),
     }
     res.update(vs_trl.summarize(runs, seeds))
+    for system, v in res["systems"].items():
+        v["final_ood_greedy_accuracy"] = vs_trl._median_range(
+            [r["final_ood_greedy_accuracy"] for r in runs if r["system"] == system]
+        )
     print_tables(tables(res))
     emit(res)
     return 0

@@ -17,7 +17,7 @@ def test_the_shipped_protocol_is_complete_and_fair():
     assert len(p.seeds) >= 3 and 0 < p.target < 1 and p.budget_s > 0 and p.save_every_s > 0
     assert p.numerics == "fp32" and not p.bf16
     assert p.realhf == {"config": "async-ppo-smollm2", "overrides": []}  # the example as a user runs it
-    assert p.eval_set["digits"] >= 2 and p.evaluation["max_new_tokens"] >= 64
+    assert 0 < p.held_out["fraction"] < 1 and p.ood_set["digits"] >= 2 and p.evaluation["max_new_tokens"] >= 64
 
 
 def _write(tmp_path, **change):
@@ -34,7 +34,8 @@ def _write(tmp_path, **change):
         ({"seeds": [1, 2]}, "seeds must be 3 or more"),
         ({"target": 0.0}, "target must be an accuracy"),
         ({"numerics": "bf16"}, "numerics must be fp32"),
-        ({"eval_set": {"digits": 1, "steps": 1, "n_prompts": 200, "seed": 7}}, "eval_set needs digits"),
+        ({"ood_set": {"digits": 1, "steps": 1, "n_prompts": 200, "seed": 7}}, "ood_set needs digits"),
+        ({"held_out": {"fraction": 1.0, "n_prompts": 200, "seed": 7}}, "held_out needs fraction"),
         ({"evaluation": {"max_new_tokens": 96}}, "evaluation needs exactly"),
         ({"realhf": {"config": "async-ppo-smollm2"}}, "realhf needs exactly config"),
         ({"trl": {"sweep_margin": 0.05, "sweep": [{"threads": 2}]}}, "needs exactly threads, groups, minibatches"),
@@ -77,45 +78,68 @@ def test_a_setting_the_trl_driver_cannot_match_is_named():
     assert len(bad) == 2 and bad[0].startswith("ppo.eps_clip: realhf 0.3") and bad[1].startswith("ppo.adv_estimator")
 
 
-def _train_rows(path, numbers):
-    rows = [
-        {
-            "query_id": f"t{i}",
-            "messages": [{"role": "user", "content": f"Ann has {a} pens. She gets {b} more."}],
-            "solutions": [f"#### {a + b}"],
-        }
-        for i, (a, b) in enumerate(numbers)
-    ]
+def _train_rows(path, facts):
+    rows = []
+    for i, (a, op, b) in enumerate(facts):
+        verb = "gets" if op == "+" else "loses"
+        c = a + b if op == "+" else a - b
+        content = f"Ann has {a} pens. She {verb} {b}. How many pens does she have now? {race.INSTRUCTION}"
+        rows.append(
+            {
+                "query_id": f"t{i}",
+                "messages": [{"role": "user", "content": content}],
+                "solutions": [f" {a}{op}{b}={c}\n#### {c}"],
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_the_eval_set_shares_no_fact_with_training(tmp_path):
-    p = race.load_protocol()
-    train = tmp_path / "train.jsonl"
-    _train_rows(train, [(1, 9), (3, 4)])
-    got = race.write_eval_set(p, str(train), tmp_path / "ood.jsonl")
-    rows = [json.loads(line) for line in (tmp_path / "ood.jsonl").read_text().splitlines()]
-    assert len(rows) == got["n_prompts"] == p.eval_set["n_prompts"]
-    assert got["eval_min_operand"] >= 10 and got["train_max_number"] == 9
-    assert all(r["messages"][0]["content"].endswith(race.INSTRUCTION) for r in rows)
-    # The same values make the same set (a pure function of the protocol).
-    again = race.write_eval_set(p, str(train), tmp_path / "again.jsonl")
-    assert (tmp_path / "again.jsonl").read_text() == (tmp_path / "ood.jsonl").read_text() and again == {
-        **got,
-        "path": again["path"],
-    }
+def test_facts_are_read_off_one_step_solutions():
+    assert race.fact_of({"solutions": [" 7-3=4\n#### 4"]}) == (7, "-", 3)
+    with pytest.raises(ValueError, match="row 'q': not a one-step story"):
+        race.fact_of({"query_id": "q", "solutions": [" 7-3=4\n4+2=6\n#### 6"]})
 
-    _train_rows(train, [(12, 3)])  # a training story with a two-digit number: facts may overlap
-    with pytest.raises(ValueError, match="facts may overlap"):
-        race.write_eval_set(p, str(train), tmp_path / "bad.jsonl")
+
+def test_the_race_trains_without_the_held_out_facts_and_asks_only_them(tmp_path):
+    p = race.load_protocol()
+    facts = [(a, "+", b) for a in range(1, 10) for b in range(1, 10)] + [
+        (a, "-", b) for a in range(1, 10) for b in range(1, a + 1)
+    ]
+    train = tmp_path / "train.jsonl"
+    _train_rows(train, facts * 2)  # each fact twice, as in a real draw
+    got = race.write_race_data(p, str(train), tmp_path / "data", n_held_out=40, n_ood=30)
+    read = {k: [json.loads(line) for line in open(v)] for k, v in got["paths"].items()}
+    held = {race.fact_of(r) for r in read["held_out"]}
+    kept = {race.fact_of(r) for r in read["train"]}
+    assert got["facts"] == len(set(facts))
+    listed = {(int(f.split(op)[0]), op, int(f.split(op)[1])) for f in got["held_out_facts"] for op in "+-" if op in f}
+    keys = {race._unordered(f) for f in facts}
+    assert len({race._unordered(f) for f in listed}) == round(p.held_out["fraction"] * len(keys))
+    assert not {(b, "+", a) for a, op, b in held if op == "+"} & kept  # the other order is held out too
+    assert held and not held & kept  # never trained on what is asked
+    assert held <= {
+        (int(f.split(op)[0]), op, int(f.split(op)[1])) for f in got["held_out_facts"] for op in "+-" if op in f
+    }
+    assert got["train_rows"] + got["train_rows_dropped"] == 2 * len(facts) and got["train_rows"] == len(read["train"])
+    assert len(read["held_out"]) == 40 and len({r["messages"][0]["content"] for r in read["held_out"]}) == 40
+    assert all(r["messages"][0]["content"].endswith(race.INSTRUCTION) for r in read["held_out"] + read["ood"])
+    assert len(read["ood"]) == 30 and got["ood_min_operand"] >= 10 and got["train_max_number"] == 9
+    # A pure function of the protocol and the rows.
+    again = race.write_race_data(p, str(train), tmp_path / "again", n_held_out=40, n_ood=30)
+    for k in got["paths"]:
+        assert open(got["paths"][k]).read() == open(again["paths"][k]).read()
+
+    _train_rows(train, facts + [(12, "+", 3)])  # a training story with a two-digit number: ood facts may overlap
+    with pytest.raises(ValueError, match="ood operands reach down to 1[0-9], training stories go up to 12"):
+        race.write_race_data(p, str(train), tmp_path / "bad", n_held_out=1, n_ood=30)
 
 
 def test_the_trl_driver_reads_chat_rows_as_conversations(tmp_path):
     pytest.importorskip("datasets")
     chat, text = tmp_path / "chat.jsonl", tmp_path / "text.jsonl"
-    _train_rows(chat, [(2, 5)])
+    _train_rows(chat, [(2, "+", 5)])
     text.write_text(json.dumps({"query_id": "p", "prompt": "Q: 1+1?\nA:", "solutions": ["#### 2"]}) + "\n")
-    assert load_prompts(str(chat))[0]["prompt"] == [{"role": "user", "content": "Ann has 2 pens. She gets 5 more."}]
+    assert load_prompts(str(chat))[0]["prompt"][0]["content"].startswith("Ann has 2 pens. She gets 5.")
     assert load_prompts(str(text))[0]["prompt"] == "Q: 1+1?\nA:"
     assert load_prompts(str(text), chat=True)[0]["prompt"] == [{"role": "user", "content": "Q: 1+1?\nA:"}]
 
@@ -159,10 +183,11 @@ def test_time_to_target_is_the_first_greedy_checkpoint_at_the_target(tmp_path):
         {"system": "trl", "seed": 1, "checkpoints": [{"clock_s": 150.0, "path": "c1"}]},
         {"system": "trl", "seed": 2, "checkpoints": [{"clock_s": 1e6, "path": "late"}]},  # nothing inside
     ]
-    start = {"start_greedy_accuracy": 0.05, "start_sampled_accuracy": 0.02}
+    start = {"start_greedy_accuracy": 0.05, "start_sampled_accuracy": 0.02, "base_path": "base"}
     race.evaluate(runs, score, p, p.budget_s, start, str(tmp_path))
     a, b, c = runs
     assert not c["reached"] and c["final_greedy_accuracy"] == 0.05 and c["final_accuracy"] == 0.02
+    assert c["final_path"] == "base" and a["final_path"] == "c3"  # what the two-digit set scores last
     assert a["reached"] and a["time_to_target_s"] == 200.0 and a["final_greedy_accuracy"] == p.target - 0.05
     assert [c["clock_s"] for c in a["curve"]] == [0.0, 100.0, 200.0, 300.0]  # the save past the budget is out
     assert not b["reached"] and b["time_to_target_s"] == p.budget_s and b["final_accuracy"] == 0.5
