@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import yaml
 
@@ -62,18 +62,25 @@ class Protocol:
         return self.numerics == "bf16"
 
 
-def load_protocol(path: Path = PROTOCOL) -> Protocol:
-    """The protocol file, checked: an unknown or missing key, or a bad value, names the file and key."""
+def read_protocol(path: Path, cls):
+    """A protocol file as `cls` (a dataclass), with the checks every race shares: an unknown or
+    missing key, fewer than 3 distinct seeds or a target outside (0, 1) names the file and key."""
     raw = yaml.safe_load(Path(path).read_text())
-    names = set(Protocol.__dataclass_fields__)
+    names = set(cls.__dataclass_fields__)
     unknown, missing = set(raw) - names, names - set(raw)
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
-    p = Protocol(**raw)
+    p = cls(**raw)
     if len(p.seeds) < 3 or len(set(p.seeds)) != len(p.seeds):
         raise ValueError(f"{path}: seeds must be 3 or more distinct seeds, got {p.seeds}")
     if not 0 < p.target < 1:
         raise ValueError(f"{path}: target must be an accuracy in (0, 1), got {p.target}")
+    return p
+
+
+def load_protocol(path: Path = PROTOCOL) -> Protocol:
+    """The protocol file, checked: an unknown or missing key, or a bad value, names the file and key."""
+    p = read_protocol(path, Protocol)
     if p.numerics not in ("fp32", "bf16"):
         raise ValueError(f"{path}: numerics must be fp32 or bf16, got {p.numerics!r}")
     if p.numerics == "bf16":
@@ -94,22 +101,27 @@ def _median_range(xs: List[float]) -> Dict[str, float]:
     return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
 
 
-def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: float, trial: str = "") -> Dict:
+def run_realhf(
+    p: Protocol, seed: int, work: str, budget_s: float, timeout: float, trial: str = "", config_name: str = ""
+) -> Dict:
+    """One realhf run of the race (`config_name`: a training/configs file other than async-ppo.yaml)."""
     from realhf.base.trial_files import TrialFiles, read_metrics
     from scripts.bench.e2e import run_training
 
     trial = trial or f"vs-trl-realhf-{seed}"
     overrides = (
+        "experiment_name=async-ppo",  # where run_training reads the run's logs, whatever the config
         f"exp_ctrl.max_train_seconds={budget_s}",  # its training clock starts after start-up: it overshoots, cut below
         "exp_ctrl.benchmark_steps=100000",
         f"exp_ctrl.save_freq_secs={p.save_every_s}",
         "exp_ctrl.keep_last_saves=0",
+        "exp_ctrl.ckpt_freq_steps=0",  # recovery checkpoints: TRL's side writes none
         "evaluation.n_prompts=0",
         f"seed={seed}",
         *p.realhf.get("overrides", []),
     )
     t0 = time.time()
-    summary = run_training(trial, overrides, timeout, fileroot=work)
+    summary = run_training(trial, overrides, timeout, fileroot=work, config_name=config_name)
     files = TrialFiles(work, "async-ppo", trial)
     metrics = read_metrics(files.log_dir)
     train_s = sum(m["step_time_s"] for m in metrics)
@@ -124,7 +136,10 @@ def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: floa
     }
 
 
-def run_trl(p: Protocol, seed: int, setting: Dict, work: str, budget_s: float, timeout: float) -> Dict:
+def run_trl(
+    p: Protocol, seed: int, setting: Dict, work: str, budget_s: float, timeout: float, driver_args: Sequence[str] = ()
+) -> Dict:
+    """One TRL run of the race (`driver_args`: the task and algorithm when not the tiny default)."""
     from scripts.bench.peer_trl import run_trl as drive
 
     r = drive(
@@ -139,6 +154,7 @@ def run_trl(p: Protocol, seed: int, setting: Dict, work: str, budget_s: float, t
         bf16=p.bf16,
         groups=setting["groups"],
         minibatches=setting["minibatches"],
+        driver_args=driver_args,
     )
     return {
         "system": "trl",
@@ -153,11 +169,11 @@ def run_trl(p: Protocol, seed: int, setting: Dict, work: str, budget_s: float, t
     }
 
 
-def sweep(p: Protocol, work: str, budget_s: float) -> List[Dict]:
+def sweep(p: Protocol, work: str, budget_s: float, driver_args: Sequence[str] = ()) -> List[Dict]:
     out = []
     for s in p.trl["sweep"]:
         log(f"TRL sweep: {s} for {budget_s:.0f} s")
-        r = run_trl(p, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900)
+        r = run_trl(p, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900, driver_args)
         out.append({**s, "samples_per_s": r["samples_per_s"], "steps": r["steps"], "bf16": r["bf16"]})
     return out
 

@@ -40,8 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-import yaml
-
 from scripts.bench import vs_trl
 from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
 
@@ -74,16 +72,7 @@ class Protocol:
 
 def load_protocol(path: Path = PROTOCOL) -> Protocol:
     """The protocol file, checked: an unknown or missing key, or a bad value, names the file and key."""
-    raw = yaml.safe_load(Path(path).read_text())
-    names = set(Protocol.__dataclass_fields__)
-    unknown, missing = set(raw) - names, names - set(raw)
-    if unknown or missing:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
-    p = Protocol(**raw)
-    if len(p.seeds) < 3 or len(set(p.seeds)) != len(p.seeds):
-        raise ValueError(f"{path}: seeds must be 3 or more distinct seeds, got {p.seeds}")
-    if not 0 < p.target < 1:
-        raise ValueError(f"{path}: target must be an accuracy in (0, 1), got {p.target}")
+    p = vs_trl.read_protocol(path, Protocol)
     if p.numerics != "fp32":
         raise ValueError(
             f"{path}: numerics must be fp32 (realhf's trainer has no bf16 mode measured to help), got {p.numerics!r}"
@@ -269,80 +258,13 @@ def prepare_assets(cfg) -> None:
 # -- the runs -------------------------------------------------------------------------------------
 
 
-def run_realhf(p: Protocol, seed: int, work: str, budget_s: float, timeout: float) -> Dict:
-    from realhf.base.trial_files import TrialFiles, read_metrics
-    from scripts.bench import accuracy_curve as ac
-    from scripts.bench.e2e import run_training
-
-    trial = f"smollm2-realhf-{seed}"
-    overrides = (
-        "experiment_name=async-ppo",  # run_training reads logs/async-ppo/<trial>
-        f"exp_ctrl.max_train_seconds={budget_s}",
-        "exp_ctrl.benchmark_steps=100000",
-        f"exp_ctrl.save_freq_secs={p.save_every_s}",
-        "exp_ctrl.ckpt_freq_steps=0",
-        "exp_ctrl.keep_last_saves=0",
-        "evaluation.n_prompts=0",
-        f"seed={seed}",
-        *p.realhf["overrides"],
-    )
-    t0 = time.time()
-    summary = run_training(trial, overrides, timeout, fileroot=work, config_name=p.realhf["config"])
-    files = TrialFiles(work, "async-ppo", trial)
-    metrics = read_metrics(files.log_dir)
-    train_s = sum(m["step_time_s"] for m in metrics)
-    return {
-        "system": "realhf",
-        "seed": seed,
-        "overrides": list(p.realhf["overrides"]),
-        "steps": len(metrics),
-        "samples_per_s": round(sum(m["n_samples"] for m in metrics) / train_s, 3),
-        "load": [summary["load_before"][0], summary["load_after"][0]],
-        "checkpoints": ac.clock_checkpoints(ac.realhf_checkpoints(files.log_dir, files.run_dir), t0),
-    }
-
-
-def run_trl(p: Protocol, cfg, seed: int, setting: Dict, work: str, budget_s: float, timeout: float) -> Dict:
-    from scripts.bench.peer_trl import run_trl as drive
-
-    r = drive(
-        os.path.join(work, f"trl-{seed}-{setting['threads']}-{setting['groups']}"),
-        budget_s,
-        setting["threads"],
-        save_steps=0,
-        seed=seed,
-        timeout=timeout,
-        save_secs=p.save_every_s,
-        budget_clock="process",
-        bf16=p.bf16,
-        groups=setting["groups"],
-        minibatches=setting["minibatches"],
-        driver_args=trl_driver_args(cfg),
-    )
-    return {
-        "system": "trl",
-        "seed": seed,
-        "overrides": [f"trl=={r['trl']}", *(f"{k}={v}" for k, v in setting.items())],
-        "bf16": r["bf16"],
-        "steps": r["steps"],
-        "samples_per_s": r["samples_per_s"],
-        "start_s": r["start_s"],
-        "load": [r["load_before"][0], r["load_after"][0]],
-        "checkpoints": r["checkpoints"],
-    }
-
-
 def sweep(p: Protocol, cfg, work: str, budget_s: float) -> List[Dict]:
-    out = []
     for s in p.trl["sweep"]:
         if s["groups"] * cfg.group_size // s["minibatches"] != samples_per_optimizer_step(cfg):
             raise ValueError(
                 f"trl.sweep entry {s}: not realhf's {samples_per_optimizer_step(cfg)} samples per optimizer step"
             )
-        log(f"TRL sweep: {s} for {budget_s:.0f} s")
-        r = run_trl(p, cfg, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900)
-        out.append({**s, "samples_per_s": r["samples_per_s"], "steps": r["steps"], "bf16": r["bf16"]})
-    return out
+    return vs_trl.sweep(p, work, budget_s, trl_driver_args(cfg))
 
 
 # -- evaluation -----------------------------------------------------------------------------------
@@ -514,9 +436,10 @@ def main(argv=None) -> int:
             for system in ("realhf", "trl") if i % 2 == 0 else ("trl", "realhf"):
                 log(f"seed {seed}: {system} for {budget:.0f} s")
                 if system == "realhf":
-                    runs.append(run_realhf(p, seed, work, budget, budget + 900))
+                    trial = f"smollm2-realhf-{seed}"
+                    runs.append(vs_trl.run_realhf(p, seed, work, budget, budget + 900, trial, p.realhf["config"]))
                 else:
-                    runs.append(run_trl(p, cfg, seed, setting, work, budget, budget + 900))
+                    runs.append(vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(cfg)))
         log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
         evaluate(runs, score, p, budget, starts, work)
         for r in runs:
