@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import yaml
 
@@ -176,6 +176,11 @@ def sweep(p: Protocol, work: str, budget_s: float, driver_args: Sequence[str] = 
         r = run_trl(p, p.seeds[0], s, os.path.join(work, "sweep"), budget_s, budget_s + 900, driver_args)
         out.append({**s, "samples_per_s": r["samples_per_s"], "steps": r["steps"], "bf16": r["bf16"]})
     return out
+
+
+def race_order(seeds: Sequence[int]) -> List[Tuple[int, str]]:
+    """(seed, system) in the order the runs go: per seed both systems, the first one alternating."""
+    return [(seed, system) for i, seed in enumerate(seeds) for system in (("realhf", "trl"), ("trl", "realhf"))[i % 2]]
 
 
 def pick_setting(swept: List[Dict], margin: float) -> Dict:
@@ -336,14 +341,12 @@ def main(argv=None) -> int:
         setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
         log(f"TRL races with {setting}")
         runs: List[Dict] = []
-        for i, seed in enumerate(p.seeds):
-            order = ("realhf", "trl") if i % 2 == 0 else ("trl", "realhf")
-            for system in order:
-                log(f"seed {seed}: {system} for {budget:.0f} s")
-                if system == "realhf":
-                    runs.append(run_realhf(p, seed, work, budget, timeout))
-                else:
-                    runs.append(run_trl(p, seed, setting, work, budget, timeout))
+        for seed, system in race_order(p.seeds):
+            log(f"seed {seed}: {system} for {budget:.0f} s")
+            if system == "realhf":
+                runs.append(run_realhf(p, seed, work, budget, timeout))
+            else:
+                runs.append(run_trl(p, seed, setting, work, budget, timeout))
         log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
         starts = evaluate(runs, p, budget, n_prompts)
     finally:

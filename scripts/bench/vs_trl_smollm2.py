@@ -432,14 +432,13 @@ def main(argv=None) -> int:
         setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
         log(f"TRL races with {setting}")
         runs: List[Dict] = []
-        for i, seed in enumerate(seeds):
-            for system in ("realhf", "trl") if i % 2 == 0 else ("trl", "realhf"):
-                log(f"seed {seed}: {system} for {budget:.0f} s")
-                if system == "realhf":
-                    trial = f"smollm2-realhf-{seed}"
-                    runs.append(vs_trl.run_realhf(p, seed, work, budget, budget + 900, trial, p.realhf["config"]))
-                else:
-                    runs.append(vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(cfg)))
+        for seed, system in vs_trl.race_order(seeds):
+            log(f"seed {seed}: {system} for {budget:.0f} s")
+            if system == "realhf":
+                trial = f"smollm2-realhf-{seed}"
+                runs.append(vs_trl.run_realhf(p, seed, work, budget, budget + 900, trial, p.realhf["config"]))
+            else:
+                runs.append(vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(cfg)))
         log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
         evaluate(runs, score, p, budget, starts, work)
         for r in runs:

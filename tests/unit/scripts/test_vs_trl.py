@@ -116,3 +116,9 @@ def test_a_looser_trl_setting_must_beat_the_ones_listed_before_it_by_the_margin(
     assert vs_trl.pick_setting([exact_1, exact_2, loose], 0.05) is exact_2  # 2% faster: noise
     assert vs_trl.pick_setting([exact_1, exact_2, s(2, 32, 240.0)], 0.05)["groups"] == 32  # 9%: real
     assert vs_trl.pick_setting([exact_1, exact_2, loose], 0.0) is loose
+
+
+def test_the_systems_alternate_which_goes_first_by_seed():
+    assert vs_trl.race_order([1, 2, 3]) == [
+        (1, "realhf"), (1, "trl"), (2, "trl"), (2, "realhf"), (3, "realhf"), (3, "trl"),
+    ]  # fmt: skip
