@@ -135,7 +135,10 @@ def test_deferred_proximal_logprobs_give_the_same_parameters_and_stats(msgs, n_m
             results.append((_params(engine), stats, batch.prox_logprobs.clone()))
     (w_full, s_full, p_full), (w_def, s_def, p_def) = results
     assert float((p_full - p_def).abs().max()) <= 1e-5  # the train forward filled the rows in
-    assert float((w_full - w_def).abs().max()) <= 1e-6
+    # Adam moves a weight by about lr (1e-3) per step, and by a sign-like amount where a gradient is
+    # near eps: the summation order of the two forwards shows there (1.2e-5 on an AVX2 host, 0 on
+    # AVX-512). 2% of one step is far below what a wrong proximal term does (a whole step).
+    assert float((w_full - w_def).abs().max()) <= 0.02 * 1e-3
     assert s_full.keys() == s_def.keys()
     for key, value in s_full.items():
         assert s_def[key] == pytest.approx(value, abs=1e-6), key
