@@ -1,8 +1,11 @@
 """Issue 26, item 4: the whole system trains at DP=2 and DP=3 — GRPO as shipped, PPO with a
 critic, LoRA — with the master balancing tokens across the ranks, and leaves nothing behind.
 
-Each run is 100 steps of the embedded task; "it trains" is the training success rate over the
-last third of the steps beating the first third by 0.02. Measured here, DP=2 (first → last third):
+GRPO at DP=2 runs 100 steps in the default suite; "it trains" is the training success rate over
+the last third of the steps beating the first third by 0.02. The critic, LoRA and DP=3 runs take
+16 steps there (every path, the balance, the critic's first steps) and their 100-step learning
+form is `--runslow`: on an AVX2-only 2-core host the four 100-step runs took 669 s of a 3588 s
+suite. Measured here, DP=2 (first → last third):
 GRPO 0.246 → 0.301, critic 0.216 → 0.305, LoRA 0.234 → 0.312; DP=3 (12 groups per step)
 GRPO 0.237 → 0.292. The per-step spread (0.06–0.09) makes the two thirds' difference uncertain by ~0.02.
 """
@@ -14,6 +17,8 @@ from helpers.training_runs import CRITIC_RUN, check_finished_run, run_training, 
 ETA = 2  # small, so that a short run reaches the bound
 DP2 = "allocation_mode=native.d1m1p1+d2m1p1"
 RISE = 0.02
+SHORT = 16  # steps of a default-suite run
+LEARN = pytest.param(100, marks=pytest.mark.slow, id="learns")
 
 
 def _check_balance(metrics, dp: int, log_dir) -> None:
@@ -51,8 +56,9 @@ def test_grpo_as_shipped_trains_at_dp2_on_balanced_ranks(tmp_path, no_leftover_p
 
 
 @pytest.mark.e2e
-def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path, no_leftover_processes):
-    steps, warmup = 80, 5  # the critic's step is the slowest; measured 0.216 -> 0.305 over 100 steps
+@pytest.mark.parametrize("steps", [pytest.param(SHORT, id="runs"), LEARN])
+def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path, steps, no_leftover_processes):
+    warmup = 5  # measured 0.216 -> 0.305 success over 100 steps
     proc, metrics, log_dir = run_training(
         tmp_path,
         "critic",
@@ -69,16 +75,18 @@ def test_ppo_with_a_critic_at_dp2_warms_the_critic_up_then_trains_both(tmp_path,
     assert all("loss" in m and "actor_frozen" not in m for m in metrics[warmup:])
     assert all(m["value_loss"] > 0 and "critic_inf_value_mean" in m for m in metrics)
     # The value head starts random (values near 0, returns near ±1): it soon predicts better.
-    first, last = metrics[0]["value_abs_error"], sum(m["value_abs_error"] for m in metrics[-10:]) / 10
-    print(f"critic |V - R|: step 1 {first:.3f}, last 10 steps {last:.3f}")
+    n = min(10, steps - warmup)
+    first, last = metrics[0]["value_abs_error"], sum(m["value_abs_error"] for m in metrics[-n:]) / n
+    print(f"critic |V - R|: step 1 {first:.3f}, last {n} steps {last:.3f}")
     assert last < 0.9 * first, (first, last)
     _check_balance(metrics, 2, log_dir)
-    _trains(metrics)
+    if steps >= 100:
+        _trains(metrics)
 
 
 @pytest.mark.e2e
-def test_lora_trains_its_adapters_at_dp2(tmp_path, no_leftover_processes):
-    steps = 100
+@pytest.mark.parametrize("steps", [pytest.param(SHORT, id="runs"), LEARN])
+def test_lora_trains_its_adapters_at_dp2(tmp_path, steps, no_leftover_processes):
     proc, metrics, log_dir = run_training(
         tmp_path,
         "lora",
@@ -93,12 +101,13 @@ def test_lora_trains_its_adapters_at_dp2(tmp_path, no_leftover_processes):
     for rank in (0, 1):
         assert "LoRA r=8" in (log_dir / f"model_worker-{rank}.log").read_text()
     _check_balance(metrics, 2, log_dir)
-    _trains(metrics)
+    if steps >= 100:
+        _trains(metrics)
 
 
 @pytest.mark.e2e
-def test_grpo_trains_at_dp3(tmp_path, no_leftover_processes):
-    steps = 100
+@pytest.mark.parametrize("steps", [pytest.param(SHORT, id="runs"), LEARN])
+def test_grpo_trains_at_dp3(tmp_path, steps, no_leftover_processes):
     proc, metrics, log_dir = run_training(
         tmp_path,
         "dp3",
@@ -110,4 +119,5 @@ def test_grpo_trains_at_dp3(tmp_path, no_leftover_processes):
     )
     check_finished_run(proc, metrics, steps, 4, tmp_path)
     _check_balance(metrics, 3, log_dir)
-    _trains(metrics)
+    if steps >= 100:
+        _trains(metrics)
