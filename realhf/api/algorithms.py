@@ -21,8 +21,9 @@ bound. An advantage estimator maps (scores [N], group ids [N]) to one advantage 
 same on each of its tokens; the KL to a reference then goes into the loss. GAE-style per-token
 estimators (a critic's values) are built in only.
 
-Names are resolved lazily: this module imports nothing of the trainer, and the built-ins are
-found by import path where they are defined.
+This module imports nothing of the trainer: a built-in's flags are declared here and its function
+is imported from where it is defined at its first call, so the launcher and the master choose and
+check them without torch.
 """
 
 from __future__ import annotations
@@ -56,10 +57,34 @@ def policy_loss_spec(fn: Surrogate, *, sequence_level: bool = False, clipped: bo
     return PolicyLoss(fn, sequence_level, clipped)
 
 
-class _Menu:
-    """Choices of one config field: registered objects, built-ins by import path, or `module:name`."""
+class _Builtin:
+    """A built-in's function by import path, imported at its first call. The specs and their flags
+    (needs_critic, sequence_level, ...) are then known where the math never runs (the launcher's
+    validation, the master's list of model calls) without importing the trainer and torch."""
 
-    def __init__(self, field: str, kind: type, wrap: Callable[[Any], Any], builtins: Dict[str, str]):
+    __slots__ = ("path", "_fn")
+
+    def __init__(self, path: str):
+        self.path, self._fn = path, None
+
+    def __call__(self, *args, **kwargs):
+        if self._fn is None:
+            self._fn = import_object(self.path, "built-in")
+        return self._fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<built-in {self.path}>"
+
+
+def _where(spec: Any, fallback: str) -> str:
+    fn = getattr(spec, "surrogate", None) or getattr(spec, "per_sample", None)
+    return fn.path if isinstance(fn, _Builtin) else fallback
+
+
+class _Menu:
+    """Choices of one config field: registered objects, built-in specs, or `module:name`."""
+
+    def __init__(self, field: str, kind: type, wrap: Callable[[Any], Any], builtins: Dict[str, Any]):
         self.field, self.kind, self._wrap = field, kind, wrap
         self._builtins = dict(builtins)
         self._registered: Dict[str, Any] = {}
@@ -74,7 +99,7 @@ class _Menu:
 
     def registered(self) -> Dict[str, str]:
         """Every name `get` accepts, with where its object lives (a registered one: its module)."""
-        found = dict(self._builtins)
+        found = {name: _where(spec, f"{__name__}:{name}") for name, spec in self._builtins.items()}
         for name, obj in self._registered.items():
             fn = getattr(obj, "surrogate", None) or getattr(obj, "per_sample", None) or obj
             found[name] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', name)}"
@@ -84,7 +109,9 @@ class _Menu:
         """The object `name` chooses; a ValueError naming the field and the choices otherwise."""
         if name in self._registered:
             return self._registered[name]
-        path = self._builtins.get(name) or (name if ":" in name else None)
+        if name in self._builtins:
+            return self._builtins[name]
+        path = name if ":" in name else None
         if path is None:
             raise ValueError(
                 f"{self.field}={name!r}: choose one of {self.names()} or 'module.path:function' / "
@@ -105,24 +132,32 @@ def _as_estimator(obj: Any) -> Any:
     return AdvantageEstimator(obj) if callable(obj) else obj
 
 
+# The built-ins: each spec's flags here, its math where it is defined (imported at the first call).
 _F = "realhf.impl.model.utils.ppo_functional"
 _A = "realhf.impl.model.algorithms"
+_clipped_ratio = _Builtin(f"{_F}:clipped_ratio")
 POLICY_LOSSES = _Menu(
     "ppo.policy_loss",
     PolicyLoss,
     _as_policy_loss,
-    {"ppo": f"{_F}:PPO", "gspo": f"{_F}:GSPO", "cpgd": f"{_F}:CPGD", "gpg": f"{_F}:GPG"},
+    {
+        "ppo": PolicyLoss(_clipped_ratio),
+        "gspo": PolicyLoss(_clipped_ratio, sequence_level=True),
+        "cpgd": PolicyLoss(_Builtin(f"{_F}:clipped_log_ratio")),
+        "gpg": PolicyLoss(_Builtin(f"{_F}:no_clip"), clipped=False),
+    },
 )
 ADV_ESTIMATORS = _Menu(
     "ppo.adv_estimator",
     AdvantageEstimator,
     _as_estimator,
     {
-        "grpo": f"{_A}:GRPO",
-        "dr_grpo": f"{_A}:DR_GRPO",
-        "batch_norm": f"{_A}:BATCH_NORM",
-        "gae": f"{_A}:GAE",
-        "reinforce": f"{_A}:REINFORCE",
+        "grpo": AdvantageEstimator(_Builtin(f"{_A}:grpo_advantages")),
+        "dr_grpo": AdvantageEstimator(_Builtin(f"{_A}:dr_grpo_advantages")),
+        "batch_norm": AdvantageEstimator(_Builtin(f"{_A}:batch_norm_advantages")),
+        # Per-token, over the critic's values (realhf.impl.model.actor); reinforce: zero values.
+        "gae": AdvantageEstimator(None, kl_in_reward=True, needs_critic=True),
+        "reinforce": AdvantageEstimator(None, kl_in_reward=True),
     },
 )
 

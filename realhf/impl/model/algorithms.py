@@ -1,7 +1,7 @@
 """The algorithm menu: what `ppo.adv_estimator`, `ppo.loss_agg_mode` and `ppo.kl_target` name.
 
-    GRPO, DR_GRPO, ...    the built-in advantage estimators: how a step's scores become
-                          advantages, and where the KL goes
+    grpo_advantages, ...  the built-in per-sample advantage estimators (their specs, with
+                          where the KL goes, are declared in realhf.api.algorithms)
     LOSS_AGGREGATIONS     name → how per-token losses become a micro-batch's loss sum, and the
                           weight the engine divides the minibatch's sum by
     KLController          the KL coefficient: fixed (`kl_ctl`) or adapted toward `kl_target`
@@ -49,12 +49,12 @@ def batch_norm_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> torc
     return F.masked_normalization(scores, all_reduce=True)
 
 
-# The built-in choices of ppo.adv_estimator (realhf.api.algorithms names them by these paths).
-GRPO = AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=True))
-DR_GRPO = AdvantageEstimator(lambda r, g: F.grpo_advantages(r, g, norm_std=False))
-BATCH_NORM = AdvantageEstimator(batch_norm_advantages)
-GAE = AdvantageEstimator(None, kl_in_reward=True, needs_critic=True)  # realhf.impl.model.actor._gae
-REINFORCE = AdvantageEstimator(None, kl_in_reward=True)  # GAE with zero values
+def grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    return F.grpo_advantages(scores, group_ids, norm_std=True)
+
+
+def dr_grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    return F.grpo_advantages(scores, group_ids, norm_std=False)
 
 
 def estimator(name: str) -> AdvantageEstimator:

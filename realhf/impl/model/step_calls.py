@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
+from realhf.api.algorithms import adv_estimator
 from realhf.api.cli_args import PPOHyperparameters
-from realhf.impl.model.algorithms import estimator
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def step_calls(ppo: PPOHyperparameters) -> List[ModelCall]:
         calls.append(ModelCall("actor_inf", "inference", "actor"))
     if ppo.kl_ctl > 0:
         calls.append(ModelCall("ref_inf", "inference", "ref"))
-    if estimator(ppo.adv_estimator).needs_critic:
+    if adv_estimator(ppo.adv_estimator).needs_critic:
         calls += [ModelCall("critic_inf", "inference", "critic"), ModelCall("critic_train", "critic_train", "critic")]
     return calls + [ModelCall("actor_train", "train_step", "actor")]
 

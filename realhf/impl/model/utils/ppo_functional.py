@@ -16,7 +16,6 @@ from typing import Dict, Literal, Optional, Tuple
 
 import torch
 
-from realhf.api.algorithms import PolicyLoss
 from realhf.api.algorithms import policy_loss as get_policy_loss
 from realhf.api.choices import KL_ESTIMATORS
 from realhf.base.device import all_reduce_sum
@@ -61,13 +60,14 @@ def _masked_sum_last(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, torch.zeros_like(x)).sum(-1, keepdim=True)
 
 
-def _clipped_ratio(log_ratio, adv, eps_low, eps_high):
+# The built-in surrogates of ppo.policy_loss; realhf.api.algorithms declares their specs.
+def clipped_ratio(log_ratio, adv, eps_low, eps_high):
     ratio = torch.exp(log_ratio)
     unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-def _clipped_log_ratio(log_ratio, adv, eps_low, eps_high):
+def clipped_log_ratio(log_ratio, adv, eps_low, eps_high):
     low = math.log(1.0 - eps_low) if eps_low < 1 else -math.inf
     unclipped, clipped = -adv * log_ratio, -adv * log_ratio.clamp(low, math.log(1.0 + eps_high))
     return torch.maximum(unclipped, clipped), clipped > unclipped
@@ -77,15 +77,8 @@ def _clipped_log_ratio(log_ratio, adv, eps_low, eps_high):
 # (per-token loss, where the clip was the active term). `gpg`'s −A·logp is written on the
 # log-ratio like the others: the denominator is a constant, so the gradient is the same and the
 # logged loss starts near 0 instead of at an arbitrary −A·logp.
-def _no_clip(log_ratio, adv, eps_low, eps_high):
+def no_clip(log_ratio, adv, eps_low, eps_high):
     return -adv * log_ratio, torch.zeros_like(log_ratio, dtype=torch.bool)
-
-
-# The built-in choices of ppo.policy_loss (realhf.api.algorithms names them by these paths).
-PPO = PolicyLoss(_clipped_ratio)
-GSPO = PolicyLoss(_clipped_ratio, sequence_level=True)
-CPGD = PolicyLoss(_clipped_log_ratio)
-GPG = PolicyLoss(_no_clip, clipped=False)
 
 
 def actor_loss_fn(
