@@ -22,8 +22,8 @@ same on each of its tokens; the KL to a reference then goes into the loss. GAE-s
 estimators (a critic's values) are built in only.
 
 This module imports nothing of the trainer: a built-in's flags are declared here and its function
-is imported from where it is defined at its first call, so the launcher and the master choose and
-check them without torch.
+is imported from where it is defined at its first call, so the master (which only needs the flags)
+never imports torch.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class _Builtin:
         return f"<built-in {self.path}>"
 
 
-def _where(spec: Any, fallback: str) -> str:
-    fn = getattr(spec, "surrogate", None) or getattr(spec, "per_sample", None)
-    return fn.path if isinstance(fn, _Builtin) else fallback
+def _function(spec: Any) -> Any:
+    """The function a spec wraps (a registered bare function is its own)."""
+    return getattr(spec, "surrogate", None) or getattr(spec, "per_sample", None) or spec
 
 
 class _Menu:
@@ -99,9 +99,12 @@ class _Menu:
 
     def registered(self) -> Dict[str, str]:
         """Every name `get` accepts, with where its object lives (a registered one: its module)."""
-        found = {name: _where(spec, f"{__name__}:{name}") for name, spec in self._builtins.items()}
+        found = {}
+        for name, spec in self._builtins.items():  # a per-token one (gae) has no function to name
+            fn = _function(spec)
+            found[name] = fn.path if isinstance(fn, _Builtin) else f"{__name__}:{name}"
         for name, obj in self._registered.items():
-            fn = getattr(obj, "surrogate", None) or getattr(obj, "per_sample", None) or obj
+            fn = _function(obj)
             found[name] = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', name)}"
         return found
 
