@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct with LoRA: realhf against TRL + PEFT under a protocol declared before the runs.
 
-    python -m scripts.bench.vs_trl_smollm2 [--short] [--protocol scripts/bench/protocol_smollm2_vs_trl.yaml] [--work-dir D]
+    python -m scripts.bench.vs_trl_smollm2 [--short] [--seeds 1,2] [--protocol P] [--work-dir D]
 
 The tiny-task race (scripts/bench/vs_trl.py) on the row users believe: the real pretrained model
 of `bash examples/run_async_ppo_smollm2.sh`, LoRA adapters on both sides, and an evaluation a
@@ -16,18 +16,23 @@ cannot match is refused (`algorithm_mismatches`).
 2. The base model is scored (refusing an answer budget that cuts off 10% or more of its greedy
    answers); TRL's sweep; then for each seed realhf and TRL one after another for `budget_s` on
    the process clock (the one going first alternating by seed), each saving every `save_every_s`.
-3. After all training one evaluator (realhf's task evaluator: the rollout's agent and environment
-   on the native engine) scores every checkpoint greedily, each run's last one also sampled and
-   on the two-digit stories.
+3. After each run, off the clock, one evaluator (realhf's task evaluator: the rollout's agent and
+   environment on the native engine) scores its checkpoints greedily, its last one also sampled
+   and on the two-digit stories.
 
-Reported per seed and as medians with ranges, in `results.vs_trl_smollm2`. Full mode: about two
-hours on a 2-core host without AVX-512 (the estimate in docs/benchmarks.md), less with it.
+Reported per seed and as medians with ranges, in `results.vs_trl_smollm2`. Full mode takes about
+three hours on a 2-core host without AVX-512 (per seed: two 12-minute runs and about half an hour
+of scoring; the base and the sweep once, about 15 minutes), less with it. It keeps its progress in
+`--work-dir` (by default `.bench/vs_trl_smollm2-<protocol sha>`), each run scored as soon as it
+ends and its checkpoints then deleted, so `--seeds 1` now and the same command later finish the
+race across sittings; a seed's two runs always race on one host, and the report names the hosts.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -41,7 +46,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from scripts.bench import vs_trl
-from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
+from scripts.bench.common import PYTHON, REPO, cpu_flags, cpu_model, emit, git_commit, log, print_tables, utc_now
 
 PROTOCOL = Path(__file__).with_name("protocol_smollm2_vs_trl.yaml")
 INSTRUCTION = "Give only the final number as your answer."  # make_math_dataset's --chat default
@@ -270,13 +275,13 @@ def sweep(p: Protocol, cfg, work: str, budget_s: float) -> List[Dict]:
 # -- evaluation -----------------------------------------------------------------------------------
 
 
-def merged_dir(c: Dict, work: str) -> str:
+def merged_dir(c: Dict, work: str, merge: bool = True) -> str:
     """An HF directory for a checkpoint: realhf's saves are merged already; a TRL + PEFT save (an
-    adapter, `adapter_of` its base) is merged into its base here."""
+    adapter, `adapter_of` its base) is merged into its base here (`merge=False`: only its path)."""
     if "adapter_of" not in c:
         return c["path"]
     out = os.path.join(work, "merged", os.path.relpath(c["path"], work).replace(os.sep, "_"))
-    if not os.path.isfile(os.path.join(out, "model.safetensors")):
+    if merge and not os.path.isfile(os.path.join(out, "model.safetensors")):
         import torch
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -346,31 +351,89 @@ def score_base(score, p: Protocol, base: str, strict: bool) -> Dict:
     }
 
 
-def evaluate(runs: List[Dict], score, p: Protocol, budget_s: float, start: Dict, work: str) -> None:
-    """Each run's greedy curve inside the budget (from the base's start), its time to target, and
-    its last checkpoint sampled once per prompt (as in vs_trl: `final_accuracy` is sampled, here
-    at the rollouts' temperature; the curve and the target are greedy)."""
-    for r in runs:
-        inside = [c for c in r.pop("checkpoints") if c["clock_s"] <= budget_s]
-        r["curve"] = [{"clock_s": 0.0, "accuracy": start["start_greedy_accuracy"]}]
-        if not inside:  # too slow to save inside the budget: it ends where it began, not reached
-            log(f"{r['system']} seed {r['seed']} saved nothing within {budget_s} s: scored as the base model")
-            r.update(final_greedy_accuracy=r["curve"][0]["accuracy"], final_accuracy=start["start_sampled_accuracy"])
-            r.update(final_clock_s=0.0, reached=False, time_to_target_s=budget_s, final_path=start["base_path"])
-            continue
+def score_run(r: Dict, score, score_ood, p: Protocol, budget_s: float, start: Dict, work: str) -> None:
+    """One run's greedy curve inside the budget (from the base's start), its time to target, its
+    last checkpoint sampled once per prompt (as in vs_trl: `final_accuracy` is sampled, here at the
+    rollouts' temperature; the curve and the target are greedy) and greedy on the two-digit
+    stories. Its checkpoints are deleted once scored: a race keeps its numbers, not 40 copies of
+    the model."""
+    saved = r.pop("checkpoints")
+    inside = [c for c in saved if c["clock_s"] <= budget_s]
+    r["curve"] = [{"clock_s": 0.0, "accuracy": start["start_greedy_accuracy"]}]
+    if not inside:  # too slow to save inside the budget: it ends where it began, not reached
+        log(f"{r['system']} seed {r['seed']} saved nothing within {budget_s} s: scored as the base model")
+        r.update(final_greedy_accuracy=r["curve"][0]["accuracy"], final_accuracy=start["start_sampled_accuracy"])
+        r.update(final_clock_s=0.0, reached=False, time_to_target_s=budget_s)
+        r["final_ood_greedy_accuracy"] = start["ood_start_greedy_accuracy"]
+    else:
         for c in inside:
             g = score(merged_dir(c, work), 0.0)
             r["curve"].append(
                 {"clock_s": c["clock_s"], "accuracy": round(g["accuracy"], 4), "truncated": g["truncated"]}
             )
+        last = merged_dir(inside[-1], work)
         r["final_greedy_accuracy"] = r["curve"][-1]["accuracy"]
-        temp = p.evaluation["sampled_temperature"]
-        r["final_accuracy"] = round(score(merged_dir(inside[-1], work), temp)["accuracy"], 4)
+        r["final_accuracy"] = round(score(last, p.evaluation["sampled_temperature"])["accuracy"], 4)
+        r["final_ood_greedy_accuracy"] = round(score_ood(last, 0.0)["accuracy"], 4)
         r["final_clock_s"] = inside[-1]["clock_s"]
-        r["final_path"] = merged_dir(inside[-1], work)
         t = next((c["clock_s"] for c in r["curve"] if c["accuracy"] >= p.target), None)
         r["reached"] = t is not None
         r["time_to_target_s"] = t if t is not None else budget_s
+    r["checkpoints_saved"] = len(saved)
+    for c in saved:
+        for path in {c["path"], merged_dir(c, work, merge=False)}:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- the race's progress, kept across invocations ---------------------------------------------------
+
+STATE = "race_state.json"
+
+
+def protocol_sha(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def open_state(work: str, sha: str, mode: str) -> Dict:
+    """The race's progress in `<work>/race_state.json`: the base's scores, the sweep, and every
+    scored run, each with the host it ran on. A race under another protocol file (or mode) is
+    refused, never mixed in."""
+    path = Path(work, STATE)
+    if not path.is_file():
+        return {"protocol_sha256": sha, "mode": mode, "runs": []}
+    s = json.loads(path.read_text())
+    if (s["protocol_sha256"], s["mode"]) != (sha, mode):
+        raise SystemExit(
+            f"{path}: a {s['mode']} race under protocol sha256 {s['protocol_sha256'][:12]}, not this {mode} one "
+            f"({sha[:12]}): pass another --work-dir"
+        )
+    log(f"resuming the race in {work}: {len(s['runs'])} runs already scored")
+    return s
+
+
+def save_state(work: str, s: Dict) -> None:
+    tmp = Path(work, STATE + ".tmp")
+    tmp.write_text(json.dumps(s, indent=1) + "\n")
+    os.replace(tmp, Path(work, STATE))
+
+
+def this_host() -> Dict:
+    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "commit": git_commit(), "date": utc_now()}
+
+
+def same_machine(a: Dict, b: Dict) -> bool:
+    return (a["cpu_model"], a["cpu_flags"]) == (b["cpu_model"], b["cpu_flags"])
+
+
+def pair_seed_on_this_host(state: Dict, seed: int, host: Dict) -> None:
+    """A seed's two runs race on one machine: half a pair left by an invocation on another host
+    (hosts with and without AVX-512 differ 2x in speed) is dropped, to be run again here."""
+    have = [r for r in state["runs"] if r["seed"] == seed]
+    if len(have) == 1 and not same_machine(have[0]["host"], host):
+        log(
+            f"seed {seed}: dropping its {have[0]['system']} run from {have[0]['host']['cpu_flags']}: a pair races on one host"
+        )
+        state["runs"] = [r for r in state["runs"] if r["seed"] != seed]
 
 
 def tables(r: Dict):
@@ -381,7 +444,10 @@ def tables(r: Dict):
         f"the race's training rows; base greedy {r['start_greedy_accuracy']}, sampled {r['start_sampled_accuracy']}; "
         f"{r['base_truncated_greedy']} of its greedy answers cut off at {r['eval_max_new_tokens']} tokens), "
         f"{r['budget_s']} s from process start, checkpoints every {r['save_every_s']} s, fp32 both, TRL "
-        f"{r['trl_setting']}; final sampled at T={r['eval_sampled_temperature']}, one answer per prompt"
+        f"{r['trl_setting']}; final sampled at T={r['eval_sampled_temperature']}, one answer per prompt; "
+        f"seeds {r['seeds']}"
+        + ("" if r["complete"] else f" (not yet run: {r['seeds_missing']})")
+        + f" on {', '.join(r['hosts'])}"
     )
     ood = [[x["system"], x["seed"], r["ood_start_greedy_accuracy"], x["final_ood_greedy_accuracy"]] for x in r["runs"]]
     ood_title = (
@@ -392,27 +458,67 @@ def tables(r: Dict):
     return [sw, (title, *per_seed[1:]), systems, curves, (ood_title, ["system", "seed", "base", "final"], ood)]
 
 
+def run_and_score(p: Protocol, cfg, system: str, seed: int, setting: Dict, work: str, budget: float, score_all) -> Dict:
+    """One run of the race from a clean directory (an interrupted attempt leaves its saves behind),
+    scored at once."""
+    if system == "realhf":
+        from realhf.base.trial_files import TrialFiles
+
+        trial = f"smollm2-realhf-{seed}"
+        files = TrialFiles(work, "async-ppo", trial)
+        for d in (files.run_dir, files.log_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        r = vs_trl.run_realhf(p, seed, work, budget, budget + 900, trial, p.realhf["config"])
+    else:
+        shutil.rmtree(os.path.join(work, f"trl-{seed}-{setting['threads']}-{setting['groups']}"), ignore_errors=True)
+        r = vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(cfg))
+    log(f"scoring {len(r['checkpoints'])} checkpoints of {system} seed {seed}")
+    score_all(r)
+    return r
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.vs_trl_smollm2", description=__doc__.split("\n")[0])
     ap.add_argument("--protocol", default=str(PROTOCOL))
     ap.add_argument(
         "--short", action="store_true", help="smoke mode: 150 s budgets, 30 s sweep runs, 20 eval prompts, seed 1"
     )
-    ap.add_argument("--work-dir", default=None, help="keep runs and checkpoints here (default: a temp dir, deleted)")
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        help="run only these of the protocol's seeds now (comma-separated); the same command later runs the rest",
+    )
+    ap.add_argument(
+        "--work-dir",
+        default=None,
+        help="the race's progress and runs (default: .bench/vs_trl_smollm2-<protocol sha> in full mode, "
+        "kept so that the same command goes on where it stopped; a deleted temp dir with --short)",
+    )
     args = ap.parse_args(argv)
     p = load_protocol(Path(args.protocol))
     cfg = realhf_config(p)
     bad = algorithm_mismatches(cfg)
     if bad:
         raise SystemExit(f"{args.protocol}: realhf's config runs what the TRL driver cannot: {'; '.join(bad)}")
+    sha, mode = protocol_sha(args.protocol), "short" if args.short else "full"
     if args.short:  # three saves inside the short budget
         p = dataclasses.replace(p, save_every_s=30.0)
     budget = 150.0 if args.short else float(p.budget_s)
     sweep_budget = 30.0 if args.short else float(p.trl["sweep_budget_s"])
     n_held, n_ood = (20, 20) if args.short else (p.held_out["n_prompts"], p.ood_set["n_prompts"])
     seeds = p.seeds[:1] if args.short else list(p.seeds)
+    now = seeds if args.seeds is None else [int(x) for x in args.seeds.split(",")]
+    if not set(now) <= set(seeds):
+        raise SystemExit(f"--seeds {args.seeds}: the protocol's seeds are {seeds}")
     sweep_list = p.trl["sweep"][:1] if args.short else p.trl["sweep"]
-    work = args.work_dir or tempfile.mkdtemp(prefix="bench_smollm2_")
+    temporary = args.work_dir is None and args.short
+    work = args.work_dir or (
+        tempfile.mkdtemp(prefix="bench_smollm2_")
+        if args.short
+        else os.path.join(REPO, ".bench", f"vs_trl_smollm2-{sha[:12]}")
+    )
+    os.makedirs(work, exist_ok=True)
+    state, host = open_state(work, sha, mode), this_host()
     started = time.time()
     try:
         prepare_assets(cfg)
@@ -422,37 +528,57 @@ def main(argv=None) -> int:
             p, realhf={**p.realhf, "overrides": [*p.realhf["overrides"], f"dataset.path={data['paths']['train']}"]}
         )
         cfg = realhf_config(p)
-        base = os.path.join(REPO, cfg.actor.path)
         score = evaluator(p, data["paths"]["held_out"], n_held, work)
         score_ood = evaluator(p, data["paths"]["ood"], n_ood, work)
-        starts = score_base(score, p, base, strict=not args.short)
-        ood0 = score_ood(base, 0.0)
-        swept = sweep(dataclasses.replace(p, trl={**p.trl, "sweep": sweep_list}), cfg, work, sweep_budget)
-        best = vs_trl.pick_setting(swept, float(p.trl["sweep_margin"]))
-        setting = {k: best[k] for k in ("threads", "groups", "minibatches")}
+        if "base" not in state:
+            base = os.path.join(REPO, cfg.actor.path)
+            starts = score_base(score, p, base, strict=not args.short)
+            ood0 = score_ood(base, 0.0)
+            starts.update(ood_start_greedy_accuracy=round(ood0["accuracy"], 4))
+            starts.update(ood_base_truncated_greedy=round(ood0["truncated"], 4))
+            state["base"] = {**starts, "host": host}
+            save_state(work, state)
+        starts = state["base"]
+        if "sweep" not in state:
+            swept = sweep(dataclasses.replace(p, trl={**p.trl, "sweep": sweep_list}), cfg, work, sweep_budget)
+            best = vs_trl.pick_setting(swept, float(p.trl["sweep_margin"]))
+            state["sweep"] = {"runs": swept, "setting": {k: best[k] for k in ("threads", "groups", "minibatches")}}
+            state["sweep"]["host"] = host
+            save_state(work, state)
+        setting = state["sweep"]["setting"]
         log(f"TRL races with {setting}")
-        runs: List[Dict] = []
+
+        def score_all(r: Dict) -> None:
+            score_run(r, score, score_ood, p, budget, starts, work)
+
         for seed, system in vs_trl.race_order(seeds):
+            if seed not in now:
+                continue
+            pair_seed_on_this_host(state, seed, host)
+            if any(r["seed"] == seed and r["system"] == system for r in state["runs"]):
+                continue
             log(f"seed {seed}: {system} for {budget:.0f} s")
-            if system == "realhf":
-                trial = f"smollm2-realhf-{seed}"
-                runs.append(vs_trl.run_realhf(p, seed, work, budget, budget + 900, trial, p.realhf["config"]))
-            else:
-                runs.append(vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(cfg)))
-        log(f"evaluating {sum(len(r['checkpoints']) for r in runs)} checkpoints")
-        evaluate(runs, score, p, budget, starts, work)
-        for r in runs:
-            r["final_ood_greedy_accuracy"] = round(score_ood(r.pop("final_path"), 0.0)["accuracy"], 4)
+            r = run_and_score(p, cfg, system, seed, setting, work, budget, score_all)
+            state["runs"].append({**r, "host": host})
+            save_state(work, state)
     finally:
-        if not args.work_dir:
+        if temporary:
             shutil.rmtree(work, ignore_errors=True)
+    done = [s for s in seeds if {r["system"] for r in state["runs"] if r["seed"] == s} == {"realhf", "trl"}]
+    if not done:
+        raise SystemExit(f"{work}: no seed has both runs scored yet")
+    runs = [r for r in state["runs"] if r["seed"] in done]
     res = {
         "bench": "vs_trl_smollm2",
-        "protocol": os.path.relpath(args.protocol),
+        "protocol": os.path.relpath(args.protocol, REPO),
+        "protocol_sha256": sha,
         "declared": p.declared,
         "target": p.target,
         "metric": "greedy",
-        "seeds": seeds,
+        "seeds": done,
+        "complete": done == seeds,
+        "seeds_missing": [s for s in seeds if s not in done],
+        "hosts": sorted({f"{r['host']['cpu_model']} ({r['host']['cpu_flags']})" for r in runs}),
         "budget_s": budget,
         "save_every_s": p.save_every_s,
         "numerics": p.numerics,
@@ -463,19 +589,17 @@ def main(argv=None) -> int:
         "ood_set": p.ood_set,
         "data": {k: v for k, v in data.items() if k != "paths"},
         "eval_prompts": n_held,
-        "ood_start_greedy_accuracy": round(ood0["accuracy"], 4),
-        "ood_base_truncated_greedy": round(ood0["truncated"], 4),
         "eval_max_new_tokens": p.evaluation["max_new_tokens"],
         "eval_sampled_temperature": p.evaluation["sampled_temperature"],
         "trl_driver_args": trl_driver_args(cfg),
         "trl_sweep_budget_s": sweep_budget,
-        "trl_sweep": swept,
+        "trl_sweep": state["sweep"]["runs"],
         "trl_setting": setting,
-        **{k: v for k, v in starts.items() if k != "base_path"},
+        **{k: v for k, v in starts.items() if k not in ("base_path", "host")},
         "runs": runs,
-        "wall_minutes": round((time.time() - started) / 60, 1),
+        "wall_minutes_this_invocation": round((time.time() - started) / 60, 1),
     }
-    res.update(vs_trl.summarize(runs, seeds))
+    res.update(vs_trl.summarize(runs, done))
     for system, v in res["systems"].items():
         v["final_ood_greedy_accuracy"] = vs_trl._median_range(
             [r["final_ood_greedy_accuracy"] for r in runs if r["system"] == system]

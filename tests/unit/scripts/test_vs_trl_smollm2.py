@@ -4,6 +4,7 @@ realhf setting the TRL driver cannot match is refused, and the eval set shares n
 training. The race itself takes over an hour and TRL's own venv: `python -m scripts.bench vs_trl_smollm2`."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -157,40 +158,132 @@ def test_an_answer_budget_that_cuts_off_the_base_model_is_refused_before_any_tra
     start = race.score_base(_fake_score((0.02, 0.3)), p, "base", strict=True)
     assert start["eval_budget_ok"] and start["start_greedy_accuracy"] == 0.1 and start["start_sampled_accuracy"] == 0.05
     assert start["base_truncated_sampled"] == 0.3  # recorded beside the sampled score
-    with pytest.raises(SystemExit, match=r"evaluation.max_new_tokens=128 cuts off 0.12 of the base model's greedy"):
+    with pytest.raises(SystemExit, match=r"evaluation.max_new_tokens=256 cuts off 0.12 of the base model's greedy"):
         race.score_base(_fake_score((0.12, 0.3)), p, "base", strict=True)
     assert race.score_base(_fake_score((0.12, 0.3)), p, "base", strict=False)["eval_budget_ok"] is False  # smoke: said
 
 
-def test_time_to_target_is_the_first_greedy_checkpoint_at_the_target(tmp_path):
+def _saves(root, *clocks):
+    out = []
+    for i, clock in enumerate(clocks):
+        d = root / f"save{i}"
+        d.mkdir(parents=True)
+        out.append({"clock_s": clock, "path": str(d)})
+    return out
+
+
+def test_time_to_target_is_the_first_greedy_checkpoint_at_the_target_and_scored_saves_are_deleted(tmp_path):
     p = race.load_protocol()
-    accs = {"c1": 0.1, "c2": p.target, "c3": p.target - 0.05}
+    a_saves = _saves(tmp_path / "a", 100.0, 200.0, 300.0, 1e6)
+    accs = dict(zip([c["path"] for c in a_saves], [0.1, p.target, p.target - 0.05, 0.99]))
+    scored = []
 
     def score(path, temperature):
-        return {"accuracy": accs[path] if temperature == 0 else 0.5, "truncated": 0.0}
+        scored.append((path, temperature))
+        return {"accuracy": accs.get(path, 0.1) if temperature == 0 else 0.5, "truncated": 0.0}
 
-    runs = [
-        {
-            "system": "realhf",
-            "seed": 1,
-            "checkpoints": [
-                {"clock_s": 100.0, "path": "c1"},
-                {"clock_s": 200.0, "path": "c2"},
-                {"clock_s": 300.0, "path": "c3"},
-                {"clock_s": 1e6, "path": "late"},
-            ],
-        },
-        {"system": "trl", "seed": 1, "checkpoints": [{"clock_s": 150.0, "path": "c1"}]},
-        {"system": "trl", "seed": 2, "checkpoints": [{"clock_s": 1e6, "path": "late"}]},  # nothing inside
-    ]
-    start = {"start_greedy_accuracy": 0.05, "start_sampled_accuracy": 0.02, "base_path": "base"}
-    race.evaluate(runs, score, p, p.budget_s, start, str(tmp_path))
-    a, b, c = runs
-    assert not c["reached"] and c["final_greedy_accuracy"] == 0.05 and c["final_accuracy"] == 0.02
-    assert c["final_path"] == "base" and a["final_path"] == "c3"  # what the two-digit set scores last
+    def score_ood(path, temperature):
+        return {"accuracy": 0.2 if path == a_saves[2]["path"] else 0.0, "truncated": 0.0}
+
+    start = {"start_greedy_accuracy": 0.05, "start_sampled_accuracy": 0.02, "ood_start_greedy_accuracy": 0.07}
+    a = {"system": "realhf", "seed": 1, "checkpoints": a_saves}
+    b = {"system": "trl", "seed": 1, "checkpoints": _saves(tmp_path / "b", 150.0)}
+    c = {"system": "trl", "seed": 2, "checkpoints": _saves(tmp_path / "c", 1e6)}  # nothing inside the budget
+    for r in (a, b, c):
+        race.score_run(r, score, score_ood, p, p.budget_s, start, str(tmp_path))
     assert a["reached"] and a["time_to_target_s"] == 200.0 and a["final_greedy_accuracy"] == p.target - 0.05
-    assert [c["clock_s"] for c in a["curve"]] == [0.0, 100.0, 200.0, 300.0]  # the save past the budget is out
+    assert [x["clock_s"] for x in a["curve"]] == [0.0, 100.0, 200.0, 300.0]  # the save past the budget is out
+    assert a["final_ood_greedy_accuracy"] == 0.2 and a["checkpoints_saved"] == 4  # the last save inside, two-digit
     assert not b["reached"] and b["time_to_target_s"] == p.budget_s and b["final_accuracy"] == 0.5
+    assert not c["reached"] and c["final_greedy_accuracy"] == 0.05 and c["final_accuracy"] == 0.02
+    assert c["final_ood_greedy_accuracy"] == 0.07  # scored as the base model
+    assert (a_saves[3]["path"], 0.0) not in scored and (a_saves[2]["path"], 0.7) in scored
+    assert not any(Path(x["path"]).exists() for x in a_saves)  # every save deleted once scored
+
+
+class _FakeRace:
+    """The race's stages without training or a model: each run leaves one save per 100 s."""
+
+    def __init__(self, monkeypatch, tmp_path):
+        self.calls, self.host = [], {"cpu_model": "EPYC", "cpu_flags": "avx2", "commit": "abc", "date": "d"}
+        self.fail = None
+        data = {
+            "paths": {k: str(tmp_path / f"{k}.jsonl") for k in ("train", "held_out", "ood")},
+            "held_out_facts": ["1+2", "2+1"],
+            "ood_prompts": 200,
+            "ood_min_operand": 10,
+            "train_max_number": 9,
+        }
+        monkeypatch.setattr(race, "prepare_assets", lambda cfg: None)
+        monkeypatch.setattr(race, "write_race_data", lambda *a: data)
+        monkeypatch.setattr(race, "this_host", lambda: dict(self.host))
+        monkeypatch.setattr(race, "evaluator", lambda p, path, n, work: self.score)
+        monkeypatch.setattr(race, "sweep", self.sweep)
+        monkeypatch.setattr(race.vs_trl, "run_realhf", lambda p, seed, work, *a: self.run("realhf", seed, work))
+        monkeypatch.setattr(race.vs_trl, "run_trl", lambda p, seed, setting, work, *a: self.run("trl", seed, work))
+
+    def score(self, path, temperature):
+        self.calls.append(("score", path))
+        return {"accuracy": 0.3 if "smollm2" in path else 0.6, "truncated": 0.0, "mean_new_tokens": 30.0}
+
+    def sweep(self, p, cfg, work, budget):
+        self.calls.append(("sweep",))
+        return [{**s, "samples_per_s": 1.0, "steps": 2, "bf16": False} for s in p.trl["sweep"]]
+
+    def run(self, system, seed, work):
+        self.calls.append((system, seed))
+        if self.fail == (system, seed):
+            raise KeyboardInterrupt
+        saves = _saves(Path(work, f"{system}-{seed}-{len(self.calls)}"), 100.0, 200.0)
+        r = {"system": system, "seed": seed, "steps": 4, "samples_per_s": 1.0, "checkpoints": saves}
+        return {**r, "bf16": False} if system == "trl" else r
+
+    def runs(self):
+        return [c for c in self.calls if c[0] in ("realhf", "trl")]
+
+
+def _main(capsys, *args):
+    assert race.main(list(args)) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_the_race_goes_on_where_it_stopped_across_invocations(tmp_path, monkeypatch, capsys):
+    fake, work = _FakeRace(monkeypatch, tmp_path), str(tmp_path / "race")
+    first = _main(capsys, "--seeds", "1", "--work-dir", work)
+    assert first["seeds"] == [1] and not first["complete"] and first["seeds_missing"] == [2, 3]
+    assert fake.runs() == [("realhf", 1), ("trl", 1)]
+    assert first["per_seed"][0]["trl_over_realhf_time_to_target"] == 1.0 and first["hosts"] == ["EPYC (avx2)"]
+    assert not any(Path(work).glob("*-1-*/save*"))  # scored, then deleted
+    n_scores = len([c for c in fake.calls if c[0] == "score"])
+
+    fake.fail = ("trl", 2)  # seed 2 goes TRL first (alternating): stopped before anything of it is scored
+    with pytest.raises(KeyboardInterrupt):
+        race.main(["--work-dir", work])
+    fake.fail, fake.host = None, {**fake.host, "cpu_flags": "avx2 avx512f"}  # another machine goes on
+    last = _main(capsys, "--work-dir", work)
+    assert last["complete"] and last["seeds"] == [1, 2, 3] and len(last["runs"]) == 6
+    assert fake.runs()[2:] == [("trl", 2), ("trl", 2), ("realhf", 2), ("realhf", 3), ("trl", 3)]
+    assert fake.calls.count(("sweep",)) == 1  # the base and the sweep are not run again
+    assert len([c for c in fake.calls if c[0] == "score"]) - n_scores == 4 * 4  # 4 runs x (2 greedy, sampled, ood)
+    assert last["hosts"] == ["EPYC (avx2 avx512f)", "EPYC (avx2)"]
+
+
+def test_half_a_pair_from_another_host_is_run_again_and_another_protocol_is_refused(tmp_path, monkeypatch, capsys):
+    fake, work = _FakeRace(monkeypatch, tmp_path), str(tmp_path / "race")
+    fake.fail = ("trl", 1)
+    with pytest.raises(KeyboardInterrupt):
+        race.main(["--seeds", "1", "--work-dir", work])
+    fake.fail, fake.host = None, {**fake.host, "cpu_model": "Xeon"}
+    out = _main(capsys, "--seeds", "1", "--work-dir", work)
+    assert fake.runs() == [("realhf", 1), ("trl", 1), ("realhf", 1), ("trl", 1)]  # realhf again, beside TRL
+    assert out["hosts"] == ["Xeon (avx2)"] and len(out["runs"]) == 2
+
+    other = tmp_path / "protocol.yaml"
+    other.write_text(race.PROTOCOL.read_text().replace("target: 0.50", "target: 0.55"))
+    with pytest.raises(SystemExit, match="not this full one .*pass another --work-dir"):
+        race.main(["--protocol", str(other), "--work-dir", work])
+    with pytest.raises(SystemExit, match=r"--seeds 4: the protocol's seeds are \[1, 2, 3\]"):
+        race.main(["--seeds", "4", "--work-dir", work])
 
 
 def test_a_trl_peft_save_is_merged_into_its_base_for_the_evaluator(tmp_path):
