@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers|vs_trl_smollm2 [--short] [--out-dir docs]`
+"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers|vs_trl_smollm2 [--short] [--out-dir docs] [--args='...']`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -6,6 +6,7 @@ lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/
 """
 
 import argparse
+import shlex
 import sys
 
 from scripts.bench import BENCHMARKS
@@ -36,14 +37,21 @@ def main(argv=None) -> int:
     p.add_argument("which", nargs="+", choices=("all",) + BENCHMARKS, help="benchmarks to run")
     p.add_argument("--short", action="store_true", help="quick smoke mode of every benchmark")
     p.add_argument("--out-dir", default=None, help="where benchmarks.md/.json go (default: docs for 'all')")
+    p.add_argument(
+        "--args", default="", help="passed to the one benchmark chosen, e.g. --args='--seeds 1' for vs_trl_smollm2"
+    )
     args = p.parse_args(argv)
     names = list(BENCHMARKS) if "all" in args.which else list(dict.fromkeys(args.which))
+    if args.args and len(names) != 1:
+        p.error(f"--args goes to one benchmark, not {len(names)}")
     out_dir = args.out_dir if args.out_dir is not None else ("docs" if "all" in args.which else None)
     results, failed = {}, []
     for name in names:
         log(f"running {name} ({'short' if args.short else 'full'} mode)")
         try:
-            results[name] = run_benchmark(name, args.short, TIMEOUT_S[name] * (0.5 if args.short else 1))
+            results[name] = run_benchmark(
+                name, args.short, TIMEOUT_S[name] * (0.5 if args.short else 1), shlex.split(args.args)
+            )
         except Exception as e:  # noqa: BLE001 - one failing benchmark does not lose the others' numbers
             log(f"{name} FAILED: {e}")
             failed.append(name)
