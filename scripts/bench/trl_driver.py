@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         output_dir=os.path.join(args.out_dir, "trainer"),
         report_to="none",
         save_strategy="no",
-        logging_steps=10,
+        logging_steps=1,  # every step's reward goes to the summary (train_success)
         disable_tqdm=True,
         use_cpu=True,
         seed=args.seed,
@@ -244,6 +244,14 @@ def main(argv=None) -> int:
         "n_samples": g * n_per_gen,
         "samples_per_s": round(g * n_per_gen / train_s, 2) if train_s else 0.0,
         "saves": state["saves"],
+        # TRL's reward per logged optimizer step: with realhf's 0/1 task reward, the training
+        # success rate, read beside realhf's `success_rate` (same rows, same reward).
+        "train_success": [round(h["reward"], 4) for h in trainer.state.log_history if "reward" in h],
+        "train_clipped": [
+            round(h["completions/clipped_ratio"], 4)
+            for h in trainer.state.log_history
+            if "completions/clipped_ratio" in h
+        ],
         "load_before": load_before,
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }

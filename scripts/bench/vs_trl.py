@@ -133,6 +133,7 @@ def run_realhf(
         "samples_per_s": round(sum(m["n_samples"] for m in metrics) / train_s, 2),
         "load": [summary["load_before"][0], summary["load_after"][0]],
         "checkpoints": ac.clock_checkpoints(ac.realhf_checkpoints(files.log_dir, files.run_dir), t0),
+        "train_success": [round(m["success_rate"], 4) for m in metrics],
     }
 
 
@@ -166,6 +167,8 @@ def run_trl(
         "start_s": r["start_s"],
         "load": [r["load_before"][0], r["load_after"][0]],
         "checkpoints": r["checkpoints"],
+        "train_success": r.get("train_success", []),
+        "train_clipped": r.get("train_clipped", []),
     }
 
 
