@@ -2,6 +2,9 @@
 
     python -m scripts.bench.levers [--short] [--levers scripts/bench/protocol_levers.yaml] [--work-dir D]
 
+A levers file may replace the base's `budget_s` and `save_every_s` (declared with it, e.g. for a
+host too slow to reach the target within the base's budget: protocol_levers_avx2.yaml).
+
 For each seed of the base protocol, the default (training/configs/async-ppo.yaml plus the base's
 `realhf.overrides`) and every lever (the same plus its overrides) train for the base's budget on
 the process clock, saving a checkpoint every `save_every_s`; the one going first rotates by seed.
@@ -37,7 +40,8 @@ def load_levers(path: Path = LEVERS):
     """(the base protocol, {name: overrides}) from the levers file, checked: an unknown or
     missing key, a bad name or an empty lever names the file and key."""
     raw = yaml.safe_load(Path(path).read_text())
-    unknown, missing = set(raw) - {"declared", "base", "levers"}, {"declared", "base", "levers"} - set(raw)
+    required, optional = {"declared", "base", "levers"}, {"budget_s", "save_every_s"}
+    unknown, missing = set(raw) - required - optional, required - set(raw)
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     levers = raw["levers"]
@@ -48,7 +52,12 @@ def load_levers(path: Path = LEVERS):
             raise ValueError(f"{path}: levers.{name}: a name of letters, digits and '_', not {DEFAULT!r}")
         if not isinstance(overrides, list) or not overrides or not all("=" in str(o) for o in overrides):
             raise ValueError(f"{path}: levers.{name}: a non-empty list of key=value overrides, got {overrides!r}")
+    replaced = {k: raw[k] for k in optional if k in raw}
+    for k, v in replaced.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(f"{path}: {k}: a positive number of seconds, got {v!r}")
     base = vs_trl.load_protocol(Path(path).parent / raw["base"])
+    base = dataclasses.replace(base, **{k: float(v) for k, v in replaced.items()})
     return base, {k: [str(o) for o in v] for k, v in levers.items()}
 
 

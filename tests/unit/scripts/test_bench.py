@@ -104,6 +104,9 @@ def test_trainer_bench_times_both_ways_of_doing_a_step(no_leftover_processes):
     result, _ = run_bench("scripts.bench.trainer", "--short")
     assert result["bench"] == "trainer"
     assert_positive(result, ["baseline_s", "current_s", "speedup", "n_tokens"])
+    phases = result["default_phases"]  # where the default's step goes: its three calls
+    assert set(phases) == {"actor_inf", "ref_inf", "actor_train"} and all(v > 0 for v in phases.values())
+    assert sum(phases.values()) <= result["current_s"] * 1.01  # the fastest repeat's own parts
 
 
 @pytest.mark.slow  # CI time; the suite's entry point and the other benchmarks' smoke runs stay

@@ -23,6 +23,8 @@ def test_the_shipped_levers_file_is_checked_and_names_its_base_protocol():
         ({"levers": {"default": ["seed=2"]}}, "levers.default"),
         ({"levers": {"x": []}}, "levers.x: a non-empty list"),
         ({"levers": {"x": ["no-equals-sign"]}}, "levers.x: a non-empty list"),
+        ({"budget_s": 0}, "budget_s: a positive number"),
+        ({"save_every_s": "10"}, "save_every_s: a positive number"),
     ],
 )
 def test_a_bad_levers_file_is_refused_naming_the_key(tmp_path, change, error):
@@ -34,6 +36,14 @@ def test_a_bad_levers_file_is_refused_naming_the_key(tmp_path, change, error):
     with pytest.raises(ValueError, match=error.replace("[", r"\[").replace("]", r"\]")) as e:
         levers.load_levers(path)
     assert str(path) in str(e.value)
+
+
+def test_a_slower_hosts_levers_file_replaces_the_base_budget_and_cadence_only():
+    base, _ = levers.load_levers()
+    slow, named = levers.load_levers(levers.LEVERS.with_name("protocol_levers_avx2.yaml"))
+    assert (slow.budget_s, slow.save_every_s) == (480.0, 15.0) != (base.budget_s, base.save_every_s)
+    assert (slow.target, slow.seeds, slow.realhf) == (base.target, base.seeds, base.realhf)
+    assert named == {"prox_loglinear": ["ppo.prox_logp=loglinear"]}
 
 
 def _run(lever, seed, t, sps, reached=True):
