@@ -7,12 +7,12 @@ user_paths that the user's code is imported from), and its config under `config`
 
 import argparse
 import os
-import sys
 
 from omegaconf import OmegaConf
 
 from realhf.base import logging
 from realhf.base.importing import use_import_roots
+from realhf.base.process_exit import exit_now
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext
@@ -44,4 +44,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # not sys.exit: realhf.base.process_exit says why

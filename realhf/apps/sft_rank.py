@@ -18,6 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import SFTConfig
+from realhf.base.process_exit import exit_now
 from realhf.experiments.sft import run_rank
 
 
@@ -54,4 +55,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # not sys.exit: realhf.base.process_exit says why
