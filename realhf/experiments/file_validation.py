@@ -6,6 +6,7 @@ Called by `validate.validate_experiment` after the checks of the values themselv
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import logging
@@ -17,6 +18,7 @@ from realhf.api.cli_args import AsyncPPOConfig, DatasetColumnsConfig, Generation
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.model_source import ModelPathError, resolve_model_path
 from realhf.base.package_files import packaged_path
+from realhf.base.passed_checks import KeyDigest, PassedChecks
 from realhf.experiments.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.impl.dataset.prompt_encoding import (
     CHAT_TEMPLATE_SETTINGS,
@@ -253,6 +255,67 @@ def check_prompts(
             scanned_bytes += n_bytes
             if i + 1 >= SCAN_MAX_ROWS or scanned_bytes >= SCAN_MAX_PROMPT_BYTES:
                 n_scan = i + 1
+    key = _prompt_scan_key(rows[:n_scan], tokenizer_path, chat_template, max_new_tokens, context, vocab_size)
+    passed = PassedChecks("prompt-scan")
+    if key and passed.passed(key):
+        logger.debug(f"{field}: the same {n_scan} prompts passed this scan before; not tokenised again")
+    else:
+        _scan_prompts(field, rows[:n_scan], tokenizer_path, chat_template, max_new_tokens, context, vocab_size)
+        if key:
+            passed.record(key)
+    if n_scan < len(rows):
+        logger.warning(
+            f"{field}: tokenised the first {n_scan} of {len(rows)} prompts (SCAN_MAX_ROWS={SCAN_MAX_ROWS}, "
+            f"SCAN_MAX_PROMPT_BYTES={SCAN_MAX_PROMPT_BYTES}); a prompt too long for the context among the "
+            "other rows is dropped, once and counted, by the rollout worker that draws it"
+        )
+    return n_scan
+
+
+# Files of a model directory that no tokenizer reads (weights): left out of a scan's key.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
+
+
+def _prompt_scan_key(
+    rows: Sequence[Any], tokenizer_path: str, chat_template: str, max_new_tokens: int, context: int, vocab_size: int
+) -> str:
+    """A digest of everything the token scan's outcome depends on: the scanned prompts (text or
+    messages), the tokenizer directory's files but the weights, the settings, this module and
+    prompt_encoding (the checking code), and the versions of the libraries that tokenise and
+    render templates. Loading the tokenizer costs seconds at every start (transformers imports
+    torch), so an unchanged run skips it. "" when the directory cannot be read (the scan says why)."""
+    from realhf.impl.dataset import prompt_encoding
+
+    key = KeyDigest("prompt-scan").add(chat_template, max_new_tokens, context, vocab_size)
+    try:
+        key.add_files([__file__, prompt_encoding.__file__])
+        key.add_files(
+            e.path for e in os.scandir(tokenizer_path) if e.is_file() and not e.name.endswith(_WEIGHT_SUFFIXES)
+        )
+    except OSError:
+        return ""
+    for dist in ("transformers", "tokenizers", "jinja2"):
+        try:
+            key.add(dist, importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            key.add(dist, None)
+    for row in rows:
+        messages = row.fields.get("messages")
+        key.add(row.prompt, None if messages is None else json.dumps(messages, sort_keys=True, default=str))
+    return key.hexdigest()
+
+
+def _scan_prompts(
+    field: str,
+    rows: Sequence[Any],
+    tokenizer_path: str,
+    chat_template: str,
+    max_new_tokens: int,
+    context: int,
+    vocab_size: int,
+) -> None:
+    """Tokenise `rows` as the rollout workers do and refuse the first that cannot be served."""
+    n_scan = len(rows)
     tokenizer = _load_tokenizer(tokenizer_path)
     try:
         chat = chat_template_on(chat_template, tokenizer)
@@ -276,13 +339,6 @@ def check_prompts(
                 f"{field}: {row.source}: prompt has token id {max(tokens)}, outside the model's vocabulary of "
                 f"{vocab_size} tokens (actor.path's tokenizer is larger than its config.json vocab_size)",
             )
-    if n_scan < len(rows):
-        logger.warning(
-            f"{field}: tokenised the first {n_scan} of {len(rows)} prompts (SCAN_MAX_ROWS={SCAN_MAX_ROWS}, "
-            f"SCAN_MAX_PROMPT_BYTES={SCAN_MAX_PROMPT_BYTES}); a prompt too long for the context among the "
-            "other rows is dropped, once and counted, by the rollout worker that draws it"
-        )
-    return n_scan
 
 
 def _encode(tokenizer: Any, texts: List[str], rows: Sequence[Any], field: str) -> List[List[int]]:

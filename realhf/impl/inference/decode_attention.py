@@ -41,6 +41,7 @@ import torch
 
 from realhf.api.choices import DECODE_ATTENTION
 from realhf.base import logging
+from realhf.base.user_cache import private_cache_dir
 
 logger = logging.getLogger("decode_attention")
 
@@ -249,26 +250,8 @@ def _flags() -> list:
     return flags
 
 
-def _is_private_dir(path: str) -> bool:
-    """Ours and writable by nobody else: a library found there is one we built (we load it)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022 and os.access(path, os.W_OK)
-
-
 def _cache_dir() -> str:
-    """`$XDG_CACHE_HOME/realhf/kernels` (default `~/.cache/...`) when private, else a private temp dir."""
-    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    for d in (
-        os.path.join(user_cache, "realhf", "kernels"),
-        os.path.join(tempfile.gettempdir(), f"realhf-kernels-{os.getuid()}"),
-    ):
-        if d and _is_private_dir(d):
-            return d
-    return tempfile.mkdtemp(prefix="realhf-kernels-")  # fresh and private; built anew each process
+    return private_cache_dir("kernels")
 
 
 def _build(cc: str) -> str:

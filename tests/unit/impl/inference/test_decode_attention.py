@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from realhf.base.user_cache import is_private_dir
 from realhf.impl.inference import decode_attention as da
 from realhf.impl.inference.decode_attention import decode_mask, load_kernel, resolve_attention, torch_decode_attention
 from realhf.impl.inference.transformer import StaticKVTransformer, load_model
@@ -135,7 +136,7 @@ def test_a_cache_dir_others_can_write_to_is_not_used(monkeypatch, tmp_path):
     shared.mkdir(parents=True)
     shared.chmod(0o777)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "shared"))
-    assert not da._is_private_dir(str(shared))
+    assert not is_private_dir(str(shared))
     assert da._cache_dir() != str(shared)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "private"))
     private = tmp_path / "private" / "realhf" / "kernels"
