@@ -260,7 +260,29 @@ def check_prompts(
     if key and passed.passed(key):
         logger.debug(f"{field}: the same {n_scan} prompts passed this scan before; not tokenised again")
     else:
-        _scan_prompts(field, rows[:n_scan], tokenizer_path, chat_template, max_new_tokens, context, vocab_size)
+        tokenizer = _load_tokenizer(tokenizer_path)
+        try:
+            chat = chat_template_on(chat_template, tokenizer)
+        except PromptEncodingError as e:
+            raise ConfigError(str(e)) from None
+        room = context - max_new_tokens
+        for start in range(0, n_scan, _TOKENIZE_BATCH):
+            batch = rows[start : min(start + _TOKENIZE_BATCH, n_scan)]
+            texts = [_render(tokenizer, row, chat, field) for row in batch]
+            ids = _encode(tokenizer, texts, batch, field)
+            for row, tokens in zip(batch, ids):
+                n = len(tokens)
+                _Fields.need(n > 0, f"{field}: {row.source}: empty prompt (no tokens)")
+                _Fields.need(
+                    not context or n <= room,
+                    f"{field}: {row.source}: prompt has {n} tokens; with ppo.gen.max_new_tokens={max_new_tokens} "
+                    f"it exceeds the server's context of {context} tokens",
+                )
+                _Fields.need(
+                    not vocab_size or max(tokens) < vocab_size,
+                    f"{field}: {row.source}: prompt has token id {max(tokens)}, outside the model's vocabulary of "
+                    f"{vocab_size} tokens (actor.path's tokenizer is larger than its config.json vocab_size)",
+                )
         if key:
             passed.record(key)
     if n_scan < len(rows):
@@ -303,42 +325,6 @@ def _prompt_scan_key(
         messages = row.fields.get("messages")
         key.add(row.prompt, None if messages is None else json.dumps(messages, sort_keys=True, default=str))
     return key.hexdigest()
-
-
-def _scan_prompts(
-    field: str,
-    rows: Sequence[Any],
-    tokenizer_path: str,
-    chat_template: str,
-    max_new_tokens: int,
-    context: int,
-    vocab_size: int,
-) -> None:
-    """Tokenise `rows` as the rollout workers do and refuse the first that cannot be served."""
-    n_scan = len(rows)
-    tokenizer = _load_tokenizer(tokenizer_path)
-    try:
-        chat = chat_template_on(chat_template, tokenizer)
-    except PromptEncodingError as e:
-        raise ConfigError(str(e)) from None
-    room = context - max_new_tokens
-    for start in range(0, n_scan, _TOKENIZE_BATCH):
-        batch = rows[start : min(start + _TOKENIZE_BATCH, n_scan)]
-        texts = [_render(tokenizer, row, chat, field) for row in batch]
-        ids = _encode(tokenizer, texts, batch, field)
-        for row, tokens in zip(batch, ids):
-            n = len(tokens)
-            _Fields.need(n > 0, f"{field}: {row.source}: empty prompt (no tokens)")
-            _Fields.need(
-                not context or n <= room,
-                f"{field}: {row.source}: prompt has {n} tokens; with ppo.gen.max_new_tokens={max_new_tokens} "
-                f"it exceeds the server's context of {context} tokens",
-            )
-            _Fields.need(
-                not vocab_size or max(tokens) < vocab_size,
-                f"{field}: {row.source}: prompt has token id {max(tokens)}, outside the model's vocabulary of "
-                f"{vocab_size} tokens (actor.path's tokenizer is larger than its config.json vocab_size)",
-            )
 
 
 def _encode(tokenizer: Any, texts: List[str], rows: Sequence[Any], field: str) -> List[List[int]]:
