@@ -109,6 +109,11 @@ def main(argv=None) -> int:
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--max-generations", type=int, default=100000, help="safety bound beside the time budget")
+    p.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="generate with transformers' continuous-batching engine (GRPOConfig.use_transformers_continuous_batching)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -158,6 +163,7 @@ def main(argv=None) -> int:
         max_grad_norm=1.0,
         bf16=args.bf16,
         fp16=False,
+        use_transformers_continuous_batching=args.continuous_batching,
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -235,6 +241,7 @@ def main(argv=None) -> int:
         "bf16": bool(trainer.args.bf16),
         "groups": args.groups,
         "minibatches": args.minibatches,
+        "continuous_batching": args.continuous_batching,
         "lora_r": args.lora_r,
         "budget_s": args.budget_s,
         "budget_clock": args.budget_clock,

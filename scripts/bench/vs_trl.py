@@ -137,14 +137,21 @@ def run_realhf(
     }
 
 
+def trl_run_dir_name(seed: int, setting: Dict) -> str:
+    cb = "-cb" if setting.get("continuous_batching") else ""
+    return f"trl-{seed}-{setting['threads']}-{setting['groups']}{cb}"
+
+
 def run_trl(
     p: Protocol, seed: int, setting: Dict, work: str, budget_s: float, timeout: float, driver_args: Sequence[str] = ()
 ) -> Dict:
     """One TRL run of the race (`driver_args`: the task and algorithm when not the tiny default)."""
     from scripts.bench.peer_trl import run_trl as drive
 
+    if setting.get("continuous_batching"):
+        driver_args = [*driver_args, "--continuous-batching"]
     r = drive(
-        os.path.join(work, f"trl-{seed}-{setting['threads']}-{setting['groups']}"),
+        os.path.join(work, trl_run_dir_name(seed, setting)),
         budget_s,
         setting["threads"],
         save_steps=0,

@@ -52,6 +52,32 @@ def hf_generate_fn(model: torch.nn.Module, pad_id: int, eos_id: int, batch_size:
     return generate
 
 
+def engine_generate_fn(
+    model_path: Union[str, Path], slots: int = 128, threads: int = 1, seed: int = 1, timeout: float = 1800.0
+) -> GenerateFn:
+    """A `GenerateFn` over the native engine (realhf.impl.inference) in this process: `slots`
+    answers decoded together, a finished one's slot refilled at once, so answers of very different
+    lengths cost their own tokens, not the longest one's (HF `generate` keeps stepping finished
+    rows until its batch's last answer ends). Pure sampling at temperature > 0, greedy at 0."""
+
+    def generate(prompts: List[List[int]], temperature: float, max_new_tokens: int) -> List[List[int]]:
+        from realhf.impl.inference.factory import create_engine
+        from realhf.impl.inference.request import GenerateRequest, SamplingParams
+
+        context = max(len(p) for p in prompts) + max_new_tokens
+        engine = create_engine(
+            str(model_path), max_running_requests=slots, context_length=context, n_threads=threads, seed=seed
+        ).start()
+        try:
+            sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+            futures = engine.submit_many([GenerateRequest(list(p), sampling) for p in prompts])
+            return [list(f.result(timeout=timeout).output_ids) for f in futures]
+        finally:
+            engine.stop()
+
+    return generate
+
+
 def _until_eos(ids: Sequence[int], eos_id: int) -> List[int]:
     ids = list(ids)
     return ids[: ids.index(eos_id)] if eos_id in ids else ids

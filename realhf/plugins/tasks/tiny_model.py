@@ -96,7 +96,7 @@ def _learn_merges(words: Sequence[str]) -> List[Tuple[str, str]]:
     return merges + [(_bl(" "), _bl(w)) for w in words]
 
 
-def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(words: Iterable[str], model_max_length: int = 256) -> PreTrainedTokenizerFast:
     words = [w for w in dict.fromkeys(words) if len(w) > 1]  # single letters are already chars
     for w in words:
         if not re.fullmatch(r"[A-Za-z]+", w):
@@ -131,7 +131,7 @@ def build_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
         # The default clean-up would turn " ." into "." and break exact round trips.
         clean_up_tokenization_spaces=False,
         padding_side="left",  # generation pads on the left; training code pads explicitly
-        model_max_length=256,
+        model_max_length=model_max_length,
     )
 
 
@@ -144,16 +144,19 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 1) -> Qwen2ForCausalLM:
-    """Random-init Qwen2: 2 layers, hidden 128, 4 heads, tied embeddings (~0.55M parameters)."""
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, seed: int = 1, n_layers: int = 2, max_positions: int = 256
+) -> Qwen2ForCausalLM:
+    """Random-init Qwen2: `n_layers` layers (2: ~0.55M parameters), hidden 128, 4 heads, tied
+    embeddings; `max_positions` is the longest sequence it is meant for (RoPE: config only)."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=512,
-        num_hidden_layers=2,
+        num_hidden_layers=n_layers,
         num_attention_heads=4,
         num_key_value_heads=4,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
