@@ -80,6 +80,40 @@ def make_reward(check_work: bool = True):
     return math_reward, grader
 
 
+def log_phases(trainer, path: str) -> None:
+    """Record when the trainer samples (`_generate`), scores (rewards, old and reference log-probs:
+    the rest of `_generate_and_score_completions`) and takes optimizer steps, as JSON lines: one
+    when a phase begins (no "end": a reader stopping the run mid-phase still knows it) and one
+    when it ends."""
+    from transformers import TrainerCallback
+
+    out = open(path, "a", buffering=1)
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.time()
+            out.write(json.dumps({"phase": name, "start": t0}) + "\n")
+            try:
+                return fn(*a, **kw)
+            finally:
+                out.write(json.dumps({"phase": name, "start": t0, "end": time.time()}) + "\n")
+
+        return wrapper
+
+    trainer._generate = timed("generate", trainer._generate)
+    trainer._generate_and_score_completions = timed("score", trainer._generate_and_score_completions)
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args_, st, control, **kw):
+            self.t0 = time.time()
+            out.write(json.dumps({"phase": "step", "start": self.t0}) + "\n")
+
+        def on_step_end(self, args_, st, control, **kw):
+            out.write(json.dumps({"phase": "step", "start": self.t0, "end": time.time()}) + "\n")
+
+    trainer.add_callback(Steps())
+
+
 def main(argv=None) -> int:
     started = time.time()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -109,6 +143,11 @@ def main(argv=None) -> int:
     p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--max-generations", type=int, default=100000, help="safety bound beside the time budget")
+    p.add_argument(
+        "--phase-log",
+        default="",
+        help="append one JSON line per phase (generate, score, step) with its start and end Unix times (scripts/bench/timeline.py)",
+    )
     p.add_argument(
         "--continuous-batching",
         action="store_true",
@@ -227,6 +266,8 @@ def main(argv=None) -> int:
         callbacks=[BudgetAndSaves()],
         peft_config=peft_config,
     )
+    if args.phase_log:
+        log_phases(trainer, args.phase_log)
     load_before = [round(x, 2) for x in os.getloadavg()]
     try:
         trainer.train()

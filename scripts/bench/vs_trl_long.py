@@ -24,7 +24,8 @@ never reaches the target counts as the budget and is marked `reached: false`. Th
 kept in `--work-dir` (default `.bench/vs_trl_long-<protocol sha>`), so `--seeds 1` now and the
 same command later finish the race across sittings; `--state F` starts from a race_state.json
 saved elsewhere (docs/bench-runs/, for a race that spans sessions on fresh machines). A seed's
-three runs race on one host. Full mode: about 3 hours per seed on 2 cores.
+three runs race on one host. Full mode: about 2 hours per seed on 2 cores (3 x 1800 s, then
+25 s of scoring per checkpoint).
 """
 
 from __future__ import annotations
