@@ -6,7 +6,7 @@ process keeps which core busy, and when.
 
 Three runs one after another, each measured for `--window` seconds once it has taken
 `--warmup-steps` steps: realhf (training/configs/async-ppo-long.yaml), realhf synchronous
-(`max_head_offpolicyness=0 ppo.use_decoupled_loss=false`) and TRL's GRPOTrainer with the race's
+(the race protocol's `sync_overrides`) and TRL's GRPOTrainer with the race's
 algorithm (scripts/bench/race.py reads it off the same config). Every 0.1 s each process's CPU
 time (psutil) is read; a lane shows the cores it used (0..2 on this machine). For realhf one lane
 per role (generation server, trainer, rollout workers, the rest: master, manager, Redis); TRL is
@@ -31,7 +31,6 @@ from typing import Dict, List, Sequence, Tuple
 from scripts.bench.common import PYTHON, REPO, emit, log, print_tables
 
 CONFIG = "async-ppo-long"
-SYNC = ("max_head_offpolicyness=0", "ppo.use_decoupled_loss=false")
 PERIOD_S = 0.1
 LANES = ("generation server", "trainer", "rollout workers", "master, manager, redis")
 TRL_LANE = "TRL (one process)"
@@ -282,7 +281,11 @@ def measure(window: float, warm: int, trl_setting: Dict) -> Dict:
     ensure_data()
     runs: Dict[str, Dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench_timeline_") as work:
-        for name, overrides in (("realhf", ()), ("realhf_sync", SYNC)):
+        # realhf's synchronous mode as the race declares it (protocol_vs_trl_long.yaml).
+        from scripts.bench.vs_trl_long import load_protocol
+
+        sync = tuple(load_protocol().realhf["sync_overrides"])
+        for name, overrides in (("realhf", ()), ("realhf_sync", sync)):
             log(f"timeline: {name}, {window:.0f} s after {warm} steps")
             runs[name] = run_realhf(work, overrides, window, warm, name)
         log(f"timeline: TRL, {window:.0f} s after {warm} steps")
