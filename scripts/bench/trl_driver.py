@@ -55,27 +55,36 @@ def load_prompts(path: str, chat: bool = False):
         return [{"role": "user", "content": r["prompt"]}] if chat else r["prompt"]
 
     rows = [json.loads(line) for line in open(path) if line.strip()]
-    return Dataset.from_list([{"prompt": prompt(r), "solutions": r["solutions"]} for r in rows])
+    return Dataset.from_list(
+        [{"prompt": prompt(r), "solutions": r["solutions"], "query_id": r.get("query_id", "")} for r in rows]
+    )
 
 
 def _text(completion) -> str:
     return completion if isinstance(completion, str) else completion[-1]["content"]  # conversational: messages
 
 
-def make_reward(check_work: bool = True):
+def make_reward(check_work: bool = True, sample_log: str = ""):
     """realhf's math reward: 1 for the right final answer (and, with check_work, every worked
-    equation holding), else 0."""
+    equation holding), else 0. With `sample_log`, each call appends one JSON line of the rows it
+    scored (`query_id`, `reward`, Unix time `t`): which prompts TRL trained, in order, to read
+    beside realhf's `trained_qids.jsonl`."""
     from realhf.plugins.environments.math_answer import work_lines_correct
     from realhf.plugins.environments.math_grader import MathGrader
 
     grader = MathGrader(n_workers=1)  # its pool starts only for non-numeric answers
 
-    def math_reward(prompts, completions, solutions, **kwargs):
+    out = open(sample_log, "a", buffering=1) if sample_log else None
+
+    def math_reward(prompts, completions, solutions, query_id=None, **kwargs):
         texts = [_text(c) for c in completions]
-        return [
+        rewards = [
             1.0 if grader.grade(t, s) and (not check_work or work_lines_correct(t)) else 0.0
             for t, s in zip(texts, solutions)
         ]
+        if out is not None:
+            out.write(json.dumps({"t": time.time(), "query_id": query_id, "reward": rewards}) + "\n")
+        return rewards
 
     return math_reward, grader
 
@@ -153,6 +162,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="generate with transformers' continuous-batching engine (GRPOConfig.use_transformers_continuous_batching)",
     )
+    p.add_argument(
+        "--sample-log",
+        default="",
+        help="append one JSON line per reward call: the scored rows' query ids and rewards (which prompts TRL trained)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -206,7 +220,7 @@ def main(argv=None) -> int:
     )
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    reward, grader = make_reward(check_work=args.reward == "check-work")
+    reward, grader = make_reward(check_work=args.reward == "check-work", sample_log=args.sample_log)
     peft_config = None
     if args.lora_r > 0:
         from peft import LoraConfig  # realhf's actor.lora: the same targets, no dropout, no bias

@@ -148,7 +148,13 @@ def run_system(p: Protocol, system: str, seed: int, setting: Dict, work: str, bu
     """One run of the race from a clean directory (an interrupted attempt leaves its saves behind)."""
     if system == "trl":
         shutil.rmtree(os.path.join(work, vs_trl.trl_run_dir_name(seed, setting)), ignore_errors=True)
-        return vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, trl_driver_args(realhf_config(p)))
+        # Which prompts TRL trained, in order (realhf writes its trained_qids.jsonl): read after
+        # the race to compare learning per sample at equal prompt difficulty.
+        samples = os.path.join(work, f"trl-samples-{seed}.jsonl")
+        if os.path.exists(samples):
+            os.remove(samples)
+        args = [*trl_driver_args(realhf_config(p)), "--sample-log", samples]
+        return vs_trl.run_trl(p, seed, setting, work, budget, budget + 900, args)
     from realhf.base.trial_files import TrialFiles
 
     sync = system == "realhf_sync"

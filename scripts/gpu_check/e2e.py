@@ -33,6 +33,8 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
+from scripts.bench.long_task import ensure_data
+from scripts.bench.vs_trl_long import load_protocol
 from scripts.gpu_check.checks import REPO, Skipped, Stage, add_common_args, default_device, log, require
 
 # Each training config's experiment_name (training/configs/*.yaml): where its logs go.
@@ -73,16 +75,6 @@ def smollm2_assets() -> None:
     if not os.path.isfile(os.path.join(data, "test.jsonl")):
         subprocess.run(
             [sys.executable, "scripts/make_math_dataset.py", "--out", data, "--chat", "--steps", "1"],
-            cwd=REPO,
-            check=True,
-        )
-
-
-def long_task_data() -> None:
-    """assets/tiny-long/data as `scripts/make_long_math_task.py --data-only` makes it (seconds)."""
-    if not os.path.isfile(os.path.join(REPO, "assets", "tiny-long", "data", "test.jsonl")):
-        subprocess.run(
-            [sys.executable, "scripts/make_long_math_task.py", "--out", "assets/tiny-long", "--data-only"],
             cwd=REPO,
             check=True,
         )
@@ -170,7 +162,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     stage = Stage("e2e", args.out, device)
     root = tempfile.mkdtemp(prefix="realhf-gpu-e2e-")
-    sync = ["max_head_offpolicyness=0", "ppo.use_decoupled_loss=false"]
+    sync = list(load_protocol().realhf["sync_overrides"])  # realhf's synchronous mode, as the races run it
     shared = ["cluster.gpu_placement=shared"] if device != "cpu" else []
     runs = args.runs.split(",")
     if "async" in runs:
@@ -196,7 +188,7 @@ def main(argv=None) -> int:
         if name in runs:
 
             def long_run(name=name, extra=extra, steps=steps):
-                long_task_data()
+                ensure_data()  # assets/tiny-long/data, seconds
                 overrides = shared + extra + args.overrides
                 return run_training(name, args.out, root, device, steps, args.timeout, overrides, "async-ppo-long")
 

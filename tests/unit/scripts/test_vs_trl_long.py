@@ -186,3 +186,29 @@ def test_a_seed_from_another_host_is_run_again_and_another_protocol_is_refused(t
     other.write_text(race.PROTOCOL.read_text().replace("target: 0.585", "target: 0.6"))
     with pytest.raises(SystemExit, match="pass another --work-dir"):
         race.main(["--protocol", str(other), "--work-dir", work])
+
+
+def test_trls_reward_logs_which_prompts_it_scored_in_order(tmp_path):
+    from scripts.bench.trl_driver import load_prompts, make_reward
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"query_id": q, "prompt": f"Q: {a}+{a}?\nA:", "solutions": [f"#### {2 * a}"]}) + "\n"
+            for q, a in (("train-1", 1), ("train-2", 2))
+        )
+    )
+    rows = load_prompts(str(data))
+    assert [r["query_id"] for r in rows] == ["train-1", "train-2"]  # TRL hands dataset columns to the reward
+    log = tmp_path / "samples.jsonl"
+    reward, grader = make_reward(check_work=False, sample_log=str(log))
+    try:
+        got = reward(
+            ["p1", "p2"], [" #### 2", " #### 5"], [r["solutions"] for r in rows], query_id=["train-1", "train-2"]
+        )
+        reward(["p1"], [" #### 2"], [rows[0]["solutions"]], query_id=["train-1"])
+    finally:
+        grader.close()
+    assert got == [1.0, 0.0]
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["query_id"], x["reward"]) for x in lines] == [(["train-1", "train-2"], [1.0, 0.0]), (["train-1"], [1.0])]
