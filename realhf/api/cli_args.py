@@ -351,7 +351,10 @@ class ModelTrainEvalConfig:
 @dataclass
 class PPOHyperparameters:
     gen: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling parameters of the rollouts.")
-    ppo_n_minibatches: int = _f(2, "Optimizer steps per train step; each takes 1/n of the step's samples.")
+    ppo_n_minibatches: int = _f(
+        2,
+        "Optimizer steps per train step; each takes 1/n of the step's samples, whole groups mixed by length (long and short answers in every minibatch).",
+    )
     micro_batch_tokens: int = _f(
         1024,
         "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.",

@@ -107,7 +107,7 @@ def rank_batch(batch, ppo, rank: int, world_size: int):
 
     from realhf.impl.model.batching import minibatch_rows
 
-    parts = [rows.tensor_split(world_size)[rank] for rows in minibatch_rows(batch.n_seqs, ppo.ppo_n_minibatches)]
+    parts = [rows.tensor_split(world_size)[rank] for rows in minibatch_rows(batch, ppo.ppo_n_minibatches)]
     return batch.select(torch.cat(parts))
 
 

@@ -86,8 +86,8 @@ def has_dropout(model: torch.nn.Module) -> bool:
     )
 
 
-def first_minibatch_rows(n_seqs: int, n_minibatches: int) -> torch.Tensor:
-    return minibatch_rows(n_seqs, n_minibatches)[0]
+def first_minibatch_rows(batch: TrainBatch, n_minibatches: int) -> torch.Tensor:
+    return minibatch_rows(batch, n_minibatches)[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -52,12 +52,44 @@ def pack_trajectories(trajectories: Sequence[Trajectory], pad_id: int) -> TrainB
     )
 
 
-def minibatch_rows(n_seqs: int, n_minibatches: int) -> List[torch.Tensor]:
-    """Contiguous row ranges of (nearly) equal size; some are empty when n_seqs < n_minibatches
-    (every DP rank must still take part in every optimizer step)."""
+def minibatch_rows(batch: TrainBatch, n_minibatches: int) -> List[torch.Tensor]:
+    """The rows of each of a step's `n_minibatches` optimizer steps: whole prompt groups, dealt in
+    turn from the longest down (minibatch 0, 1, …, n−1, 0, 1, …), so that every minibatch holds
+    long and short groups alike and the minibatches differ by at most one group's tokens at each
+    turn. Rows stay in batch order within a minibatch.
+
+    Why not contiguous ranges: a step's groups come in the order they finished, short answers
+    first. On the long task (assets/tiny-long) the first of two contiguous minibatches held
+    problems of 3.5 packs on average and the second 17.8: every other optimizer step went to
+    problems the policy already solved, where most groups have no advantage, and Adam scales
+    what little gradient is left to a full-size step (docs/benchmarks.md, "What bounds the ratio").
+
+    Dealt in turn rather than in snake order so that data parallelism can give the unsplit
+    trainer's update: ranks holding consecutive groups by length (rank 0 the two longest, …) deal
+    their minibatches into the same unions.
+
+    With fewer groups than minibatches the rows are dealt one at a time the same way (groups
+    split); some minibatches are empty when n_seqs < n_minibatches (every DP rank must still take
+    part in every optimizer step)."""
     if n_minibatches < 1:
         raise ValueError(f"ppo.ppo_n_minibatches must be >= 1, got {n_minibatches}")
-    return list(torch.tensor_split(torch.arange(n_seqs), n_minibatches))
+    n = batch.n_seqs
+    if n == 0:
+        return [torch.zeros(0, dtype=torch.long) for _ in range(n_minibatches)]
+    tokens = batch.attention_mask.sum(dim=1)  # [N]
+    _, group = torch.unique_consecutive(batch.group_ids, return_inverse=True)  # [N], groups are contiguous
+    n_groups = int(group.max()) + 1
+    if n_groups >= n_minibatches:
+        units, unit_of_row = n_groups, group
+    else:
+        units, unit_of_row = n, torch.arange(n)
+    size = torch.zeros(units, dtype=tokens.dtype).index_add_(0, unit_of_row, tokens)
+    order = sorted(range(units), key=lambda u: (-int(size[u]), u))  # longest first, ties in batch order
+    target = torch.empty(units, dtype=torch.long)
+    for k, u in enumerate(order):
+        target[u] = k % n_minibatches
+    row_target = target[unit_of_row]  # [N]
+    return [torch.nonzero(row_target == m).flatten() for m in range(n_minibatches)]
 
 
 def micro_batches(batch: TrainBatch, rows: torch.Tensor, max_tokens: int, by_group: bool = False) -> List[torch.Tensor]:

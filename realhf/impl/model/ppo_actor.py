@@ -125,7 +125,7 @@ def _minibatch_steps(engine: TrainEngine, batch: TrainBatch, n_minibatches: int,
     """One engine optimizer step per minibatch; returns (grad norms, LR of the last step, the
     global loss weight, steps skipped for a non-finite loss or gradient)."""
     norms, lr, weight, skipped = [], 0.0, 0.0, 0
-    for i, rows in enumerate(minibatch_rows(batch.n_seqs, n_minibatches)):
+    for i, rows in enumerate(minibatch_rows(batch, n_minibatches)):
         fn = loss.for_rows(rows, fill_prox=True) if fill_first and i == 0 else loss.for_rows(rows)
         out = engine.train_batch(batch.select(rows), fn, loss.weight)
         norms.append(out["grad_norm"])
@@ -151,7 +151,7 @@ class PPOActor:
         computed = torch.ones(batch.n_seqs, dtype=torch.bool)  # [N] rows this call computes
         self._deferred_batch = batch if self.can_defer_prox else None
         if self.can_defer_prox:
-            computed[first_minibatch_rows(batch.n_seqs, self.ppo.ppo_n_minibatches)] = False
+            computed[first_minibatch_rows(batch, self.ppo.ppo_n_minibatches)] = False
         rows = torch.nonzero(computed).flatten()
         temperature = self.ppo.gen.temperature
         part = self.engine.forward(batch.select(rows), lambda out, mb: token_logprobs(out, mb, temperature))

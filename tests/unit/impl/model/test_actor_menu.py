@@ -49,7 +49,7 @@ def _steps(engine, batch, cfg, kl_coef=None):
     batch.advantages, batch.returns = actor.compute_advantages(batch, cfg, kl_coef)
     loss = actor.ActorLoss(batch, cfg, kl_coef)
     weight = 0.0
-    for rows in minibatch_rows(batch.n_seqs, cfg.ppo_n_minibatches):
+    for rows in minibatch_rows(batch, cfg.ppo_n_minibatches):
         weight += engine.train_batch(batch.select(rows), loss.for_rows(rows), loss.weight)["loss_weight"]
     return {**loss.global_stats(weight), "weight": weight}
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from helpers.trajectories import load_rows, make_groups
+from realhf.api.train_batch import TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
 
@@ -29,12 +30,48 @@ def test_batch_puts_each_output_token_in_the_column_of_the_logits_that_predict_i
     assert batch.group_ids.tolist() == [0, 0] and batch.rewards.tolist() == [1.0, -1.0]
 
 
-def test_minibatches_are_contiguous_and_cover_every_sequence_once():
-    parts = minibatch_rows(5, 2)
-    assert [p.tolist() for p in parts] == [[0, 1, 2], [3, 4]]
-    assert [p.tolist() for p in minibatch_rows(1, 2)] == [[0], []]
+def _lengths_batch(groups):
+    """A batch of the given groups, each a list of its rows' token counts, groups contiguous."""
+    lengths = [n for g in groups for n in g]
+    width = max(lengths)
+    attention = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    group_ids = torch.tensor([k for k, g in enumerate(groups) for _ in g])
+    zeros = torch.zeros(len(lengths), width - 1)
+    return TrainBatch(
+        input_ids=torch.ones(len(lengths), width, dtype=torch.long),
+        attention_mask=attention,
+        loss_mask=zeros.bool(),
+        behav_logprobs=zeros,
+        rewards=torch.zeros(len(lengths)),
+        group_ids=group_ids,
+        prompt_lens=torch.ones(len(lengths), dtype=torch.long),
+        behav_versions=zeros.long(),
+    )
+
+
+def test_minibatches_mix_long_and_short_groups_whatever_order_they_arrived_in():
+    # Groups in the order they finished: short answers first, as a step's buffer hands them over.
+    groups = [[20, 20], [30, 30], [40, 40], [60, 60], [300, 300], [400, 400], [500, 500], [600, 600]]
+    batch = _lengths_batch(groups)
+    parts = minibatch_rows(batch, 2)
+    rows = sorted(r for p in parts for r in p.tolist())
+    assert rows == list(range(batch.n_seqs))  # every row once
+    tokens = [int(batch.attention_mask[p].sum()) for p in parts]
+    assert abs(tokens[0] - tokens[1]) <= 0.15 * sum(tokens)  # contiguous halves: 300 against 3,600
+    for p in parts:
+        gids = batch.group_ids[p].tolist()
+        assert all(gids.count(g) == 2 for g in set(gids))  # whole groups
+        assert p.tolist() == sorted(p.tolist())  # batch order within a minibatch
+        assert min(gids) < 4 <= max(gids)  # short and long groups in every minibatch
+
+
+def test_minibatches_split_groups_only_when_there_are_fewer_groups_than_minibatches():
+    batch = _lengths_batch([[10, 50, 30, 20]])
+    parts = minibatch_rows(batch, 2)
+    assert sorted(r for p in parts for r in p.tolist()) == [0, 1, 2, 3] and all(len(p) == 2 for p in parts)
+    assert [p.tolist() for p in minibatch_rows(_lengths_batch([[5]]), 2)] == [[0], []]  # n_seqs < n_minibatches
     with pytest.raises(ValueError, match="ppo_n_minibatches"):
-        minibatch_rows(4, 0)
+        minibatch_rows(batch, 0)
 
 
 def test_micro_batches_keep_every_row_once_in_order_of_length_within_the_token_budget(tiny):

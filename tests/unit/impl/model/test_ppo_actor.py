@@ -128,7 +128,7 @@ def test_deferred_proximal_logprobs_give_the_same_parameters_and_stats(msgs, n_m
             trainer.can_defer_prox = defer
             batch = _batch(msgs)
             inf = trainer.compute_logprobs(batch)
-            first = first_minibatch_rows(batch.n_seqs, n_minibatches)
+            first = first_minibatch_rows(batch, n_minibatches)
             assert inf["n_tokens"] == batch.n_tokens - (int(batch.loss_mask[first].sum()) if defer else 0)
             assert (batch.prox_logprobs[first].abs().sum() == 0) == defer  # really left out
             stats = trainer.train_step(batch)
