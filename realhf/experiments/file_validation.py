@@ -185,14 +185,14 @@ def largest_group_bytes(group_size: int, context: int) -> int:
 
 def server_context(cfg: AsyncPPOConfig) -> tuple:
     """(tokens per request the generation servers hold, 0 if unknown; the field that sets it): the
-    engine's context_length, 0 meaning the model's max_position_embeddings. The native engine
-    refuses at start a context_length beyond the model's, so that is refused here too."""
+    engine's context_length, 0 meaning the model's max_position_embeddings. The native engine and
+    vLLM refuse at start a context_length beyond the model's, so that is refused here too."""
     engine = AllocationMode.parse(cfg.allocation_mode).gen_engine  # parsed before this runs
     field = f"gen_server.{engine}.context_length"
     own = getattr(cfg.gen_server, engine).context_length
     model = _max_positions(cfg.actor.path)
     _Fields.need(
-        engine != "native" or not model or own <= model,
+        engine == "sglang" or not model or own <= model,
         f"{field}={own} exceeds the model's max_position_embeddings {model} (actor.path={cfg.actor.path!r}); "
         f"the generation server would refuse to start (0: the model's {model})",
     )

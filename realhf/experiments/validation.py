@@ -639,10 +639,17 @@ def check_gpu_placement(cfg: AsyncPPOConfig, alloc: AllocationMode) -> None:
         f"a trainer rank, which keeps the rest), got {fraction}",
     )
     f.need(
-        alloc.gen_engine == "native" or cfg.cluster.device != "cpu",
+        alloc.gen_engine != "sglang" or cfg.cluster.device != "cpu",
         f"allocation_mode={cfg.allocation_mode!r}: the {alloc.gen_engine} engine runs on GPUs, but cluster.device=cpu "
-        "keeps the whole run on the CPU; use cluster.device=auto or cuda, or the native engine",
+        "keeps the whole run on the CPU; use cluster.device=auto or cuda, or the native or vllm engine",
     )
+    if alloc.gen_engine == "vllm" and not cfg.gen_server.urls:
+        from realhf.impl.inference.vllm_launcher import VLLMMissing, vllm_python
+
+        try:  # that the interpreter is there; whether it imports vllm, the server's start says
+            vllm_python(cfg.gen_server.vllm, check=False)
+        except VLLMMissing as e:
+            raise ConfigError(str(e)) from None
     try:
         placement = run_placement(cfg, alloc)
     except ValueError as e:

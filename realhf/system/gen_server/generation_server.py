@@ -8,6 +8,8 @@
                        on `pick_device(device, base_gpu_id)`: weights, cache and steps all there,
                        held to `gpu_memory_fraction` of a GPU it shares with a trainer rank
                sglang: `python -m sglang.launch_server` as a child process, wait for /health
+               vllm:   realhf's server around vLLM (realhf.launch_vllm_server) as a
+                       child process from vLLM's own environment, wait for /health
                then register `http://host:port` under gen_servers/ (keep-alive key)
     loop:      check every `health_check_interval` s that the backend is alive and answers: a
                dead backend fails the worker at once; a hung one (the engine thread stuck in a
@@ -45,7 +47,7 @@ class GenerationServer(Worker):
     config_cls = GenerationServerConfig
 
     def _configure(self) -> None:
-        self._engine = self._server = self._sglang = None
+        self._engine = self._server = self._child = None
         self._key = None
         self._unanswered = 0  # liveness checks in a row without an answer (a hung backend)
         cfg: GenerationServerConfig = self.config
@@ -55,7 +57,7 @@ class GenerationServer(Worker):
         else:
             model_path, version = self._current_weights(cfg)
             cfg = self.config = dataclasses.replace(cfg, model_path=model_path, weight_version=version)
-            port = self._start_sglang(cfg, seed)
+            port = self._start_sglang(cfg, seed) if cfg.backend == "sglang" else self._start_vllm(cfg, seed)
         self.url = f"http://{host_for_peers(cfg.host)}:{port}"
         self._key = name_resolve.add_subentry(
             names.gen_servers(self.ctx.experiment_name, self.ctx.trial_name), self.url, keepalive_ttl=cfg.keepalive_ttl
@@ -140,7 +142,7 @@ class GenerationServer(Worker):
         return self._server.port
 
     def _start_sglang(self, cfg: GenerationServerConfig, seed: int) -> int:
-        from realhf.impl.inference.sglang_launcher import SGLangProcess, build_sglang_command, sglang_available
+        from realhf.impl.inference.sglang_launcher import build_sglang_command, sglang_available
 
         if not sglang_available():
             raise RuntimeError(
@@ -148,12 +150,8 @@ class GenerationServer(Worker):
                 "(pip install 'sglang[all]'); use backend=native on CPU machines"
             )
         port = cfg.port or find_free_port(cfg.host)
-        log_dir = self.ctx.log_dir or "."
-        key_file = ""
-        if self.ctx.secret:  # the key goes to SGLang through an owner-only file, not its command line
-            key_file = os.path.join(log_dir, "configs", f"sglang-key-{self.ctx.worker_index}")
-            os.makedirs(os.path.dirname(key_file), mode=0o700, exist_ok=True)
-            write_private(key_file, self.ctx.secret)
+        # The key goes to SGLang through an owner-only file, not its command line.
+        key_file = self._key_file("sglang")
         cmd = build_sglang_command(
             cfg.model_path,
             cfg.host,
@@ -165,16 +163,54 @@ class GenerationServer(Worker):
             seed=seed,
             api_key_file=key_file,
         )
-        log_path = os.path.join(log_dir, f"sglang-{self.ctx.worker_index}.log")
-        self._sglang = SGLangProcess(
-            cmd,
-            f"http://{host_for_peers(cfg.host)}:{port}",
-            log_path,
-            startup_timeout=cfg.sglang.startup_timeout,
-            health_timeout=cfg.health_timeout,
-            headers=auth_headers(self.ctx.secret),
-        ).start()
+        self._start_child("sglang", cmd, port, cfg.sglang.startup_timeout)
         return port
+
+    def _start_vllm(self, cfg: GenerationServerConfig, seed: int) -> int:
+        from realhf.impl.inference.vllm_launcher import build_vllm_command, server_env, vllm_python
+
+        port = cfg.port or find_free_port(cfg.host)
+        cmd = build_vllm_command(
+            vllm_python(cfg.vllm),
+            cfg.model_path,
+            cfg.host,
+            port,
+            cfg.vllm,
+            seed=seed,
+            weight_version=cfg.weight_version,
+            gpu_share=cfg.gpu_memory_fraction,
+            secret_file=self._key_file("vllm"),
+            weights_root=cfg.weights_root,
+            max_request_bytes=cfg.max_request_bytes,
+        )
+        env = {}
+        if cfg.device != "cpu" and not self.ctx.gpus_assigned:  # vLLM uses the first GPU it sees
+            env["CUDA_VISIBLE_DEVICES"] = str(cfg.base_gpu_id)
+        self._start_child("vllm", cmd, port, cfg.vllm.startup_timeout, server_env(env))
+        return port
+
+    def _key_file(self, backend: str) -> str:
+        """The run's secret in an owner-only file for the child server ("" without a secret)."""
+        if not self.ctx.secret:
+            return ""
+        key_file = os.path.join(self.ctx.log_dir or ".", "configs", f"{backend}-key-{self.ctx.worker_index}")
+        os.makedirs(os.path.dirname(key_file), mode=0o700, exist_ok=True)
+        write_private(key_file, self.ctx.secret)
+        return key_file
+
+    def _start_child(self, backend: str, cmd, port: int, startup_timeout: float, env=None) -> None:
+        from realhf.impl.inference.server_process import ServerProcess
+
+        log_path = os.path.join(self.ctx.log_dir or ".", f"{backend}-{self.ctx.worker_index}.log")
+        self._child = ServerProcess(
+            cmd,
+            f"http://{host_for_peers(self.config.host)}:{port}",
+            log_path,
+            startup_timeout=startup_timeout,
+            health_timeout=self.config.health_timeout,
+            headers=auth_headers(self.ctx.secret),
+            env=env,
+        ).start()
 
     def _poll(self) -> bool:
         now = time.monotonic()
@@ -197,12 +233,12 @@ class GenerationServer(Worker):
             raise RuntimeError(f"engine of {self.url} is no longer running")
         if self._server is not None and not self._server.is_alive():
             raise RuntimeError(f"HTTP server {self.url} stopped")
-        if self._sglang is not None:
-            code = self._sglang.exit_code()
+        if self._child is not None:
+            code = self._child.exit_code()
             if code is not None:
                 raise RuntimeError(
-                    f"sglang server {self.url} exited with code {code}; last lines of "
-                    f"{self._sglang.log_path}:\n{self._sglang.log_tail()}"
+                    f"{self.config.backend} server {self.url} exited with code {code}; last lines of "
+                    f"{self._child.log_path}:\n{self._child.log_tail()}"
                 )
         self._check_answers()
 
@@ -260,6 +296,6 @@ class GenerationServer(Worker):
             self._engine.stop(timeout=1.0 if hung else 10.0)
         if getattr(self, "_server", None) is not None:
             self._server.stop()
-        if getattr(self, "_sglang", None) is not None:
-            self._sglang.stop()
+        if getattr(self, "_child", None) is not None:
+            self._child.stop()
         self.logger.info("generation server stopped")

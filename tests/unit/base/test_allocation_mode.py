@@ -53,7 +53,7 @@ def test_str_gives_the_canonical_form_that_parses_back():
     "text, problem, bad_part",
     [
         ("d4m1p1+d2m1p1", "missing the '<engine>.' prefix", None),
-        ("vllm.d1+d1", "unknown engine 'vllm'", "vllm"),
+        ("trtllm.d1+d1", "unknown engine 'trtllm'", "trtllm"),
         ("sglang.d4m1p1", "needs exactly two parts joined by '+'", "d4m1p1"),
         ("sglang.d1+d1+d1", "needs exactly two parts joined by '+'", "d1+d1+d1"),
         ("sglang.+d2", "the generation part is empty", "+d2"),
@@ -99,6 +99,13 @@ def test_non_string_allocation_mode_is_rejected():
 def test_default_allocation_is_valid():
     AllocationMode.parse("native.d1m1p1+d1m1p1").validate()
     AllocationMode.parse("native.d2+d4").validate()
+    AllocationMode.parse("vllm.d2+d1").validate()
+
+
+@pytest.mark.parametrize("text", ["vllm.m2+d1", "vllm.d2p2+d1"])
+def test_vllm_servers_take_one_device_each_for_now(text):
+    with pytest.raises(AllocationModeError, match="vLLM servers run on one device each for now, so they need m1 p1"):
+        AllocationMode.parse(text).validate()
 
 
 @pytest.mark.parametrize("text", ["native.m2+d1", "native.p2+d1"])

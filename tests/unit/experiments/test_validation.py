@@ -37,7 +37,8 @@ REFUSED = [
     ("allocation_mode=garbage", "allocation_mode"),
     ("allocation_mode=''", "allocation_mode"),
     ("allocation_mode=native.d0m1p1+d1m1p1", "allocation_mode"),
-    ("allocation_mode=vllm.d1+d1", "allocation_mode"),
+    ("allocation_mode=trtllm.d1+d1", "allocation_mode"),
+    ("allocation_mode=vllm.d1+d1 gen_server.vllm.python=/no/such/python", "gen_server.vllm.python"),
     # sizes <= 0
     ("max_concurrent_rollouts=0", "max_concurrent_rollouts"),
     ("rollout.n_workers=0", "rollout.n_workers"),

@@ -98,7 +98,7 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
 @pytest.mark.parametrize(
     "change,field",
     [
-        (dict(backend="vllm"), "backend"),
+        (dict(backend="trtllm"), "backend"),
         (dict(model_path=""), "model_path"),
         (dict(tp_size=2), "tp_size"),
         (dict(startup_timeout=0), "startup_timeout"),

@@ -10,7 +10,8 @@ import pytest
 from helpers import sglang_standin
 from realhf.api.cli_args import SGLangConfig
 from realhf.base.network import find_free_port
-from realhf.impl.inference.sglang_launcher import SGLangLaunchError, SGLangProcess, build_sglang_command, http_healthy
+from realhf.impl.inference.server_process import ServerLaunchError, ServerProcess, http_healthy
+from realhf.impl.inference.sglang_launcher import build_sglang_command
 
 
 def flag(cmd, name):
@@ -73,7 +74,7 @@ def _process(tmp_path, env, timeout=30.0, cfg=None):
     port = find_free_port()
     cmd = build_sglang_command("/models/m", "127.0.0.1", port, cfg or SGLangConfig(context_length=128))
     env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake"), **env}
-    return SGLangProcess(
+    return ServerProcess(
         cmd,
         f"http://127.0.0.1:{port}",
         str(tmp_path / "sglang.log"),
@@ -102,7 +103,7 @@ def test_start_waits_for_health_and_stop_kills_the_whole_tree(tmp_path, no_lefto
 def test_a_server_that_exits_early_fails_fast_with_its_url_and_log_tail(tmp_path, no_leftover_processes):
     server = _process(tmp_path, {"FAKE_SGLANG_EXIT": "3"})
     t0 = time.monotonic()
-    with pytest.raises(SGLangLaunchError) as e:
+    with pytest.raises(ServerLaunchError) as e:
         server.start()
     assert time.monotonic() - t0 < 20
     msg = str(e.value)
@@ -111,7 +112,7 @@ def test_a_server_that_exits_early_fails_fast_with_its_url_and_log_tail(tmp_path
 
 def test_a_server_that_never_gets_healthy_times_out_naming_the_url_and_is_killed(tmp_path, no_leftover_processes):
     server = _process(tmp_path, {"FAKE_SGLANG_DELAY": "600"}, timeout=2.0)
-    with pytest.raises(SGLangLaunchError, match=re.escape(f"{server.url}/health")) as e:
+    with pytest.raises(ServerLaunchError, match=re.escape(f"{server.url}/health")) as e:
         server.start()
     assert "fake sglang starting" in str(e.value)
     assert server.exit_code() is not None
@@ -120,7 +121,7 @@ def test_a_server_that_never_gets_healthy_times_out_naming_the_url_and_is_killed
 def test_an_unknown_flag_reaches_sglang_and_fails_there(tmp_path, no_leftover_processes):
     # extra_args go verbatim; the stand-in parses strictly like SGLang's argparse.
     server = _process(tmp_path, {}, cfg=SGLangConfig(extra_args=["--no-such-flag"]))
-    with pytest.raises(SGLangLaunchError, match="no-such-flag"):
+    with pytest.raises(ServerLaunchError, match="no-such-flag"):
         server.start()
 
 
@@ -133,7 +134,7 @@ def test_with_a_key_file_the_server_requires_the_key_and_no_command_line_shows_i
     assert cmd[1:5] == ["-m", "realhf.impl.inference.sglang_entry", "--api-key-file", str(key_file)] and key not in cmd
     env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake")}
     url = f"http://127.0.0.1:{port}"
-    server = SGLangProcess(
+    server = ServerProcess(
         cmd,
         url,
         str(tmp_path / "sglang.log"),

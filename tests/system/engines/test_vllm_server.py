@@ -1,0 +1,173 @@
+"""realhf's server around the real vLLM (its CPU build, from .venv-vllm) as a child process on
+loopback: SGLang's /generate, log-probs against the HF forward the trainer runs, weight updates
+from disk, aborts. Skipped where `bash scripts/setup_env.sh vllm` has not made .venv-vllm."""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers.http import http
+from helpers.sglang_client import generate, wait_running
+from realhf.api.cli_args import VLLMConfig
+from realhf.base.network import find_free_port
+from realhf.impl.inference.server_process import ServerProcess
+from realhf.impl.inference.vllm_launcher import DEFAULT_PYTHON, build_vllm_command, server_env
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not os.access(DEFAULT_PYTHON, os.X_OK), reason="no .venv-vllm: `bash scripts/setup_env.sh vllm` makes it"
+    ),
+]
+
+PROMPTS = [[3 + i, 10 + 2 * i, 40 + i, 7] for i in range(8)]
+# fp32 both sides; vLLM's CPU attention and matmuls sum in another order than HF's eager forward.
+LOGPROB_ATOL = 1e-4
+
+
+# vLLM's CPU attention takes head sizes of 32 and up; the suite's random Qwen2 has 16.
+HEADS_32 = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from helpers.hf_reference import HFReference
+    from helpers.tiny_models import make_random_causal_lm
+
+    a = make_random_causal_lm(str(tmp_path_factory.mktemp("qwen32_a")), "qwen2", seed=0, **HEADS_32)
+    b = make_random_causal_lm(str(tmp_path_factory.mktemp("qwen32_b")), "qwen2", seed=1, **HEADS_32)
+    return a, b, HFReference(a), HFReference(b)
+
+
+@pytest.fixture(scope="module")
+def hf_ref(models):
+    return models[2]
+
+
+@pytest.fixture(scope="module")
+def hf_ref_b(models):
+    return models[3]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(models, tmp_path_factory):
+    qwen_path = models[0]
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    port = find_free_port("127.0.0.1")
+    cfg = VLLMConfig(context_length=512, max_num_seqs=16, kv_cache_gib=0.25, cpu_threads_bind="nobind")
+    cmd = build_vllm_command(DEFAULT_PYTHON, qwen_path, "127.0.0.1", port, cfg, seed=1, weight_version=3)
+    server = ServerProcess(cmd, f"http://127.0.0.1:{port}", str(log), startup_timeout=300, env=server_env({}))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _logprobs(answer):
+    return torch.tensor([t[0] for t in answer["meta_info"]["output_token_logprobs"]])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_tokens_carry_the_log_probs_of_the_trainers_forward(vllm_server, hf_ref, temperature):
+    body = {
+        "input_ids": PROMPTS,
+        "sampling_params": {"max_new_tokens": 24, "temperature": temperature, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    status, answers = http("POST", f"{vllm_server.url}/generate", body, timeout=120)
+    assert status == 200, answers
+    assert len(answers) == len(PROMPTS)
+    worst = 0.0
+    for prompt, a in zip(PROMPTS, answers):
+        assert len(a["output_ids"]) == 24 and a["meta_info"]["finish_reason"]["type"] == "length"
+        assert a["meta_info"]["weight_version"] == "3"
+        ref = hf_ref.logprobs(prompt, a["output_ids"], temperature)
+        worst = max(worst, float((_logprobs(a) - ref).abs().max()))
+    print(f"vLLM vs HF fp32 log-probs at T={temperature}: max abs diff {worst:.2e} over {24 * len(PROMPTS)} tokens")
+    assert worst <= LOGPROB_ATOL
+
+
+def test_n_samples_and_greedy_answers_equal_hfs(vllm_server, hf_ref):
+    status, answers = http(
+        "POST",
+        f"{vllm_server.url}/generate",
+        {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "n": 4}},
+        timeout=120,
+    )
+    assert status == 200 and len(answers) == 4, answers
+    greedy = generate(vllm_server.url, PROMPTS[1], max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    assert greedy["output_ids"] == hf_ref.greedy(PROMPTS[1], 16)
+
+
+def test_new_weights_from_disk_change_the_answers_and_the_version(vllm_server, models, hf_ref_b):
+    url, qwen_path_b = vllm_server.url, models[1]
+    t0 = time.monotonic()
+    status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": qwen_path_b, "weight_version": 4})
+    assert status == 200 and body["success"] is True, body
+    print(f"vLLM weight update from disk: {time.monotonic() - t0:.2f}s")
+    after = generate(url, PROMPTS[2], max_new_tokens=16, temperature=0.7, ignore_eos=True)
+    assert after["meta_info"]["weight_version"] == "4"
+    ref = hf_ref_b.logprobs(PROMPTS[2], after["output_ids"], 0.7)
+    assert torch.allclose(_logprobs(after), ref, atol=LOGPROB_ATOL)
+    greedy = generate(url, PROMPTS[2], max_new_tokens=16, temperature=0.0, ignore_eos=True)["output_ids"]
+    assert greedy == hf_ref_b.greedy(PROMPTS[2], 16)
+    # Another architecture is refused before vLLM reads it (a failed in-place load would leave
+    # vLLM's model half loaded); version 4 keeps serving.
+    from helpers.tiny_models import make_random_causal_lm
+
+    wider = make_random_causal_lm(str(models[1]) + "-wider", "qwen2", seed=2, **{**HEADS_32, "hidden_size": 128})
+    status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": wider, "weight_version": 5})
+    assert status == 400 and body["success"] is False and "hidden_size 128 (served: 64)" in body["message"], body
+    assert generate(url, PROMPTS[2], max_new_tokens=2)["meta_info"]["weight_version"] == "4"
+    # Versions never go back: refused, and version 4 keeps serving.
+    status, body = http("POST", f"{url}/update_weights_from_disk", {"model_path": qwen_path_b, "weight_version": 2})
+    assert status == 409 and body["success"] is False
+    assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == "4"
+
+
+def test_an_aborted_request_returns_its_partial_answer(vllm_server):
+    # 16 answers of 480 tokens decode for seconds: one of them is aborted mid-answer.
+    url, out, rids = vllm_server.url, {}, [f"long-{i}" for i in range(16)]
+    body = {
+        "input_ids": [PROMPTS[i % len(PROMPTS)] for i in range(16)],
+        "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
+        "rid": rids,
+    }
+
+    def long_request():
+        out["status"], out["answers"] = http("POST", f"{url}/generate", body, timeout=300)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    wait_running(url, 16)
+    status, _ = http("POST", f"{url}/abort_request", {"rid": "long-3"})
+    t.join(timeout=300)
+    assert status == 200 and not t.is_alive() and out["status"] == 200, out
+    finishes = [a["meta_info"]["finish_reason"]["type"] for a in out["answers"]]
+    assert finishes[3] == "abort" and len(out["answers"][3]["output_ids"]) < 480, finishes
+    assert finishes.count("length") == 15
+
+
+def test_the_engine_benchmark_measures_both_servers(no_leftover_processes):
+    import json
+    import subprocess
+    import sys
+
+    from helpers.paths import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench.vllm_engine", "--short"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    tiny = result["models"]["tiny"]
+    assert result["bench"] == "vllm_engine" and tiny["native"]["8"] > 0 and tiny["vllm"]["8"] > 0
+    assert "vLLM / built-in" in proc.stdout
