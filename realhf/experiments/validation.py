@@ -41,6 +41,7 @@ from realhf.api.cli_args import (
     SFTConfig,
     SGLangConfig,
     StatsLoggingConfig,
+    VLLMConfig,
 )
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
@@ -315,6 +316,22 @@ def check_sglang(c: SGLangConfig, prefix: str = "gen_server.sglang") -> None:
     f.need(
         c.chunked_prefill_size == -1 or c.chunked_prefill_size >= 1,
         f"{f.name('chunked_prefill_size')} must be -1 (SGLang's default) or >= 1, got {c.chunked_prefill_size}",
+    )
+    f.timeout("startup_timeout")
+
+
+VLLM_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def check_vllm(c: VLLMConfig, prefix: str = "gen_server.vllm") -> None:
+    f = _Fields(c, prefix)
+    f.choice("dtype", VLLM_DTYPES)
+    f.at_least("context_length", 0)  # and at most the model's (realhf.experiments.file_validation)
+    f.at_least("max_num_seqs", 1)
+    f.at_least("kv_cache_gib", 0)
+    f.need(
+        0 < c.gpu_memory_utilization <= 1,
+        f"{f.name('gpu_memory_utilization')} must lie in (0, 1], got {c.gpu_memory_utilization}",
     )
     f.timeout("startup_timeout")
 
@@ -727,6 +744,7 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     check_lora_reference(cfg.actor, cfg.ref, cfg.ppo)
     check_native_engine(cfg.gen_server.native)
     check_sglang(cfg.gen_server.sglang)
+    check_vllm(cfg.gen_server.vllm)
     f.need(
         cfg.gen_server.native.decode_attention != "kernel" or _on_cpu(cfg.cluster.device),
         f"gen_server.native.decode_attention=kernel is a CPU kernel, but cluster.device={cfg.cluster.device!r} "

@@ -39,6 +39,7 @@ REFUSED = [
     ("allocation_mode=native.d0m1p1+d1m1p1", "allocation_mode"),
     ("allocation_mode=trtllm.d1+d1", "allocation_mode"),
     ("allocation_mode=vllm.d1+d1 gen_server.vllm.python=/no/such/python", "gen_server.vllm.python"),
+    ("gen_server.vllm.dtype=fp8", "gen_server.vllm.dtype"),
     # sizes <= 0
     ("max_concurrent_rollouts=0", "max_concurrent_rollouts"),
     ("rollout.n_workers=0", "rollout.n_workers"),
