@@ -49,6 +49,8 @@ from realhf.impl.inference.request import (
     EngineStepError,
     GenerateRequest,
     GenerateResult,
+    abort_reason,
+    check_new_rids,
     check_request,
 )
 from realhf.impl.inference.runners import ModelRunner
@@ -199,9 +201,7 @@ class Engine:
         rids = [r.req.rid for r in queued]
         with self._live_lock:
             self._raise_if_closed()
-            taken = [rid for rid in rids if rid in self._live] or [rid for rid in rids if rids.count(rid) > 1]
-            if taken:
-                raise ValueError(f"rid {taken[0]!r} is already queued or running")
+            check_new_rids(rids, self._live)
             for r in queued:
                 self._live[r.req.rid] = r
             self._n_streaming += sum(r.req.on_token is not None for r in queued)
@@ -333,7 +333,7 @@ class Engine:
             self._abort_running(reason)
         except Exception:  # broken slot state after a failure: resolve without partial output
             for r in self.slot_req:
-                self._finish(r, [], [], self._abort_reason(reason))
+                self._finish(r, [], [], abort_reason(reason))
             self.slot_req.clear()
         while self._waiting:
             self._finish_queued(self._waiting.popleft(), reason)
@@ -416,7 +416,7 @@ class Engine:
     def _do_abort(self, rid: str) -> bool:
         for slot, r in enumerate(self.slot_req):
             if r.req.rid == rid:
-                self._retire([slot], [self._abort_reason("aborted by request")])
+                self._retire([slot], [abort_reason("aborted by request")])
                 return True
         for r in list(self._waiting):
             if r.req.rid == rid:
@@ -432,14 +432,10 @@ class Engine:
             n += 1
         return n
 
-    @staticmethod
-    def _abort_reason(message: str) -> Dict[str, Any]:
-        return {"type": "abort", "message": message, "status_code": None, "err_type": None}  # SGLang's keys
-
     def _abort_running(self, message: str) -> int:
         n = self.n_active
         if n:
-            self._retire(list(range(n)), [self._abort_reason(message)] * n)
+            self._retire(list(range(n)), [abort_reason(message)] * n)
         return n
 
     # ---- admission (prefill) ------------------------------------------------------------------
@@ -561,7 +557,7 @@ class Engine:
         del self.slot_req[keep:]
 
     def _finish_queued(self, r: _Req, message: str) -> None:
-        self._finish(r, [], [], self._abort_reason(message))
+        self._finish(r, [], [], abort_reason(message))
 
     def _finish(self, r: _Req, ids: List[int], lps: List[float], reason: Dict[str, Any]) -> None:
         with self._live_lock:

@@ -93,6 +93,18 @@ def parse_weight_version(value: Any) -> Optional[int]:
     return None
 
 
+def abort_reason(message: str) -> Dict[str, Any]:
+    """SGLang's finish_reason of a request that was ended early (its keys, every one)."""
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
+
+
+def check_new_rids(rids: List[str], live) -> None:
+    """ValueError naming the first of `rids` that is already in `live` or given twice."""
+    taken = [rid for rid in rids if rid in live] or [rid for rid in rids if rids.count(rid) > 1]
+    if taken:
+        raise ValueError(f"rid {taken[0]!r} is already queued or running")
+
+
 class EngineClosedError(RuntimeError):
     """The engine was stopped or its thread died: nothing more will be served (HTTP 503)."""
 

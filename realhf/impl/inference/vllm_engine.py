@@ -49,6 +49,8 @@ from realhf.impl.inference.request import (
     EngineStepError,
     GenerateRequest,
     GenerateResult,
+    abort_reason,
+    check_new_rids,
     check_request,
 )
 
@@ -267,9 +269,7 @@ class VLLMEngine:
         live = [_Live(r, Future()) for r in reqs]
         with self._lock:
             self._raise_if_closed()
-            taken = [rid for rid in rids if rid in self._live] or [rid for rid in rids if rids.count(rid) > 1]
-            if taken:
-                raise ValueError(f"rid {taken[0]!r} is already queued or running")
+            check_new_rids(rids, self._live)
             for item in live:
                 self._live[item.req.rid] = item
         for item in live:
@@ -295,7 +295,7 @@ class VLLMEngine:
                     if out.finished:
                         finish = self._finish_reason(c, len(item.ids))
         except asyncio.CancelledError:
-            finish = self._abort_reason("server shutting down")
+            finish = abort_reason("server shutting down")
         except Exception as e:  # noqa: BLE001 - the request fails, the engine may serve on
             dead = type(e).__name__ == "EngineDeadError" or getattr(self._llm, "errored", False)
             if dead and self._error is None:
@@ -317,10 +317,6 @@ class VLLMEngine:
             for t, lp in zip(ids, lps):
                 item.req.on_token(t, lp)
 
-    @staticmethod
-    def _abort_reason(message: str) -> Dict[str, Any]:
-        return {"type": "abort", "message": message, "status_code": None, "err_type": None}  # SGLang's keys
-
     def _finish_reason(self, c, n: int) -> Dict[str, Any]:
         """SGLang's finish_reason from vLLM's: stop (with the matched token), length, abort."""
         if c.finish_reason == "stop":
@@ -328,7 +324,7 @@ class VLLMEngine:
             return {"type": "stop", "matched": matched}
         if c.finish_reason == "length":
             return {"type": "length", "length": n}
-        return self._abort_reason(str(c.stop_reason or "aborted"))
+        return abort_reason(str(c.stop_reason or "aborted"))
 
     def _settle(self, item: _Live, finish: Optional[Dict[str, Any]] = None, error: Optional[Exception] = None):
         with self._lock:
