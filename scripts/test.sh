@@ -5,7 +5,8 @@
 #   bash scripts/test.sh tests/unit/base -k name_resolve   # any pytest arguments
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "${REPO_ROOT}/scripts/setup_env.sh" test ray
+# vllm: .venv-vllm, for the tests that run vLLM's CPU build as a generation server (tests/system/engines).
+bash "${REPO_ROOT}/scripts/setup_env.sh" test ray vllm
 cd "${REPO_ROOT}"
 start=$(date +%s)
 set +e

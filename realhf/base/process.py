@@ -1,6 +1,7 @@
 """Child processes that never outlive their parent, and killing whole process trees."""
 
 import ctypes
+import os
 import signal
 from typing import Iterable, List
 
@@ -28,6 +29,20 @@ def process_tree(pid: int) -> List[psutil.Process]:
         return [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def session_members(sid: int) -> List[int]:
+    """Pids of the processes in session `sid`. A child started with `start_new_session` leads
+    one, and what it started stays in it once the leader is gone: orphans that a walk of the
+    leader's tree no longer finds."""
+    pids = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                pids.append(p.pid)
+        except OSError:  # gone meanwhile
+            pass
+    return pids
 
 
 def kill_process_trees(pids: Iterable[int], timeout: float = 5.0) -> List[psutil.Process]:

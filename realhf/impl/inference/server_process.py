@@ -15,7 +15,7 @@ import urllib.request
 from typing import Dict, List, Optional
 
 from realhf.base import logging
-from realhf.base.process import die_with_parent, kill_process_trees
+from realhf.base.process import die_with_parent, kill_process_trees, session_members
 
 logger = logging.getLogger("server_process")
 
@@ -113,9 +113,11 @@ class ServerProcess:
         return _log_tail(self.log_path, n_lines)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the whole process tree, SIGKILL what is left after `timeout`. Idempotent."""
+        """SIGTERM the whole process tree, SIGKILL what is left after `timeout`. Idempotent.
+        The server's session too: when the server itself was killed, its children (vLLM's engine
+        core) are orphans no longer in its tree."""
         if self.popen is not None:
-            left = kill_process_trees([self.popen.pid], timeout=timeout)
+            left = kill_process_trees([self.popen.pid, *session_members(self.popen.pid)], timeout=timeout)
             if left:
                 logger.error(f"{self.url}: could not kill pids {[p.pid for p in left]}")
             try:  # children whose parent already died are no longer in its tree, but in its group

@@ -4,10 +4,12 @@ Skipped where `bash scripts/setup_env.sh vllm` has not made .venv-vllm."""
 
 import os
 import re
+import time
 
+import psutil
 import pytest
 
-from helpers.training_runs import SMALL_RUN, check_finished_run, run_training
+from helpers.training_runs import SMALL_RUN, Run, check_accounting, check_finished_run, run_training
 from realhf.impl.inference.vllm_launcher import DEFAULT_PYTHON
 
 pytestmark = [
@@ -45,3 +47,56 @@ def test_a_run_with_vllm_servers_trains_and_every_version_reaches_them(
         # Each version the trainer published reached the server, in order, with its seconds logged.
         versions = [int(new) for _, new, _ in updates]
         assert versions == sorted(versions) and versions and versions[-1] >= steps - 2, updates
+
+
+def test_a_killed_vllm_server_is_restarted_with_the_current_weights_and_the_run_completes(
+    tmp_path, no_leftover_processes
+):
+    """vLLM's server (the generation server worker's child) SIGKILLed mid-run: the worker sees it
+    exit and exits, the launcher restarts the worker, which starts a new vLLM server on the
+    trainer's current weights; the requests it held are resubmitted, none fails, nothing of the
+    killed server (its engine core included) is left, and the run completes every step. With one
+    server the rollouts must wait for the new one, so the run outlasts the restart at any speed."""
+    steps = 10
+    run = Run(
+        tmp_path,
+        "vllmkill",
+        "allocation_mode=vllm.d1m1p1+d1m1p1",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *SMALL_RUN,
+        *VLLM_RUN,
+    )
+    try:
+        run.wait_steps(2)
+        victim_url = run.server_url(0)
+        worker = psutil.Process(run.worker_pid("generation_server-0"))
+        servers = [c for c in worker.children() if "realhf.launch_vllm_server" in " ".join(c.cmdline())]
+        assert len(servers) == 1, [c.cmdline() for c in worker.children()]
+        killed_tree = [servers[0], *servers[0].children(recursive=True)]
+        servers[0].kill()
+        t_kill = time.monotonic()
+
+        def rejoined():
+            s = run.manager_status()
+            return s and [x for x in s["servers"] if x["url"] != victim_url] and s
+
+        run.wait_for("the restarted vLLM server to be routed", rejoined, 400)
+        rejoin_s = time.monotonic() - t_kill
+        log0 = run.log("generation_server-0")
+        assert re.search(r"vllm server \S+ exited with code -9", log0), log0[-3000:]
+        assert "realhf launcher: restart 1 of generation_server/0" in log0, log0[-3000:]
+        loaded = re.search(r"trainer is at version (\d+): loading published version (\d+)", log0)
+        assert loaded and int(loaded.group(2)) >= 1, log0[-3000:]
+        code = run.finish()
+        out = run.output()
+        assert code == 0, out[-5000:]
+    finally:
+        run.stop()
+    print(f"the killed vLLM server's replacement was routed {rejoin_s:.0f}s after the SIGKILL")
+    _, alive = psutil.wait_procs(killed_tree, timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], [p.pid for p in alive]
+    assert [m["step"] for m in run.metrics()] == list(range(1, steps + 1)), out[-3000:]
+    rollout_logs = run.log("rollout_worker-0") + run.log("rollout_worker-1")
+    assert not re.search(r"episode \S+ failed", rollout_logs), rollout_logs[-3000:]
+    check_accounting(run.tmp_path, out)
+    assert run.leftovers() == []
