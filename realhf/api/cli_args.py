@@ -232,7 +232,8 @@ class VLLMConfig:
     )
     max_num_seqs: int = _f(256, "Requests decoded together.")
     kv_cache_gib: float = _f(
-        0.0, "KV cache size in GiB; 0: vLLM's default (4 GiB on a CPU; on a GPU its memory share)."
+        0.0,
+        "KV cache size in GiB; 0: on a CPU, enough for max_num_seqs requests of context_length tokens (64 MiB to 4 GiB); on a GPU, what gpu_memory_utilization leaves.",
     )
     gpu_memory_utilization: float = _f(
         0.9, "Fraction of the GPU's memory for weights and KV cache (scaled by the server's share of a shared GPU)."

@@ -68,7 +68,39 @@ def model_limits(model_path: str) -> Tuple[int, int]:
     return int(text["vocab_size"]), int(text.get("max_position_embeddings", 2048))
 
 
-def build_engine_args(model_path: str, cfg: VLLMConfig, context_len: int, seed: int, gpu_share: float = 1.0):
+# On a CPU, the KV cache realhf asks for when gen_server.vllm.kv_cache_gib is 0: enough for
+# max_num_seqs requests of full length, within these bounds.
+CPU_KV_MIN_BYTES, CPU_KV_MAX_BYTES = 64 * 2**20, 4 * 2**30
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_bytes(model_path: str, cfg: VLLMConfig, context_len: int, on_cpu: bool) -> Optional[int]:
+    """The KV cache to give vLLM, in bytes; None: vLLM's own sizing (on a GPU, what
+    gpu_memory_utilization leaves). On a CPU vLLM otherwise reserves gpu_memory_utilization of the
+    host's memory and refuses to start when less than that is free (a trainer shares the host)."""
+    if cfg.kv_cache_gib > 0:
+        return int(cfg.kv_cache_gib * 2**30)
+    if not on_cpu:
+        return None
+    with open(os.path.join(model_path, "config.json")) as f:
+        hf = json.load(f)
+    hf = hf.get("text_config", hf)
+    heads = int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)
+    dtype = cfg.dtype if cfg.dtype != "auto" else str(hf.get("torch_dtype") or hf.get("dtype") or "float32")
+    per_token = 2 * int(hf["num_hidden_layers"]) * int(hf.get("num_key_value_heads", heads)) * head_dim
+    need = cfg.max_num_seqs * context_len * per_token * _DTYPE_BYTES.get(dtype, 4)
+    return min(max(need, CPU_KV_MIN_BYTES), CPU_KV_MAX_BYTES)
+
+
+def build_engine_args(
+    model_path: str,
+    cfg: VLLMConfig,
+    context_len: int,
+    seed: int,
+    gpu_share: float = 1.0,
+    kv_bytes: Optional[int] = None,
+):
     """vLLM's AsyncEngineArgs for realhf's VLLMConfig; every other argument stays vLLM's default."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -79,7 +111,7 @@ def build_engine_args(model_path: str, cfg: VLLMConfig, context_len: int, seed: 
         max_num_seqs=cfg.max_num_seqs,
         enforce_eager=cfg.enforce_eager,
         gpu_memory_utilization=cfg.gpu_memory_utilization * gpu_share,
-        kv_cache_memory_bytes=int(cfg.kv_cache_gib * 2**30) or None,
+        kv_cache_memory_bytes=kv_bytes,
         enable_prefix_caching=cfg.enable_prefix_caching,
         seed=seed,
         skip_tokenizer_init=True,  # token ids in and out; the HTTP layer has the tokenizer
@@ -177,10 +209,11 @@ class VLLMEngine:
         self.n_slots = cfg.max_num_seqs
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self._cfg = cfg
+        self.kv_bytes = kv_cache_bytes(model_path, cfg, self.context_len, self.device.type == "cpu")
         # Unit tests hand in stand-ins for AsyncLLM and SamplingParams; the real AsyncLLM is built
         # on the loop thread (it starts its output handler on the running loop).
         self._llm_factory = llm_factory or (
-            lambda: _async_llm(build_engine_args(model_path, cfg, self.context_len, seed, gpu_share))
+            lambda: _async_llm(build_engine_args(model_path, cfg, self.context_len, seed, gpu_share, self.kv_bytes))
         )
         self._sampling_factory = sampling_factory or _sampling_params
         self._llm = None
@@ -221,6 +254,7 @@ class VLLMEngine:
         logger.info(
             f"{self.name}: vLLM engine for {self.model_path} in {time.monotonic() - t0:.1f}s "
             f"({self._cfg.max_num_seqs} sequences x {self.context_len} tokens, dtype {self._cfg.dtype}, "
+            f"KV cache {'sized by vLLM' if self.kv_bytes is None else f'{self.kv_bytes / 2**30:.2f} GiB'}, "
             f"on {self.device}), weight version {self.weight_version}"
         )
         return self

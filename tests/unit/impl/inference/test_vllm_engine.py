@@ -4,6 +4,7 @@ results, versions stamped on arrival, aborts with partial output, pause/resume, 
 (skipped where .venv-vllm is missing)."""
 
 import asyncio
+import json
 import os
 import time
 from types import SimpleNamespace
@@ -277,3 +278,20 @@ def test_the_checkpoint_is_read_from_a_private_copy(engine, tmp_path):
     engine.update_weights(v5, 5)
     loaded = [c for c in engine.fake.calls if c[0] == "rpc"]
     assert loaded and os.path.isdir(v5)
+
+
+def test_on_a_cpu_the_kv_cache_is_sized_for_the_config_not_a_share_of_host_memory(tmp_path):
+    """vLLM's CPU default reserves gpu_memory_utilization (0.9) of the host's memory and refuses to
+    start when a trainer holds some of it: realhf asks for what max_num_seqs full requests need."""
+    from realhf.impl.inference.vllm_engine import CPU_KV_MAX_BYTES, CPU_KV_MIN_BYTES, kv_cache_bytes
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512, "num_hidden_layers": 4})
+    )
+    cfg = VLLMConfig(max_num_seqs=256, dtype="float32")
+    # 2 (K and V) x 4 layers x 2 heads x 64 dims x 4 bytes per token, 256 x 1024 tokens
+    assert kv_cache_bytes(str(tmp_path), cfg, 1024, on_cpu=True) == 2 * 4 * 2 * 64 * 4 * 256 * 1024
+    assert kv_cache_bytes(str(tmp_path), VLLMConfig(max_num_seqs=1), 16, on_cpu=True) == CPU_KV_MIN_BYTES
+    assert kv_cache_bytes(str(tmp_path), cfg, 1 << 20, on_cpu=True) == CPU_KV_MAX_BYTES
+    assert kv_cache_bytes(str(tmp_path), cfg, 1024, on_cpu=False) is None  # a GPU: vLLM sizes it
+    assert kv_cache_bytes(str(tmp_path), VLLMConfig(kv_cache_gib=0.5), 1024, on_cpu=False) == 2**29
