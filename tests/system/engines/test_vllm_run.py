@@ -24,8 +24,10 @@ VLLM_RUN = ["gen_server.vllm.cpu_threads_bind=nobind", "gen_server.vllm.kv_cache
 
 
 # One server taking each version's tensors from the trainer's broadcast (the default), two
-# servers reloading each version's HF directory from disk.
-@pytest.mark.parametrize("servers, weight_sync", [(1, "distributed"), (2, "disk")])
+# servers reloading each version's HF directory from disk. The second is --runslow (69 s): in CI,
+# test_vllm_server.py's update from disk covers vLLM's reload from a directory, and the manager's
+# routing over two servers is the same code as the built-in engine's.
+@pytest.mark.parametrize("servers, weight_sync", [(1, "distributed"), pytest.param(2, "disk", marks=pytest.mark.slow)])
 def test_a_run_with_vllm_servers_trains_and_every_version_reaches_them(
     tmp_path, no_leftover_processes, servers, weight_sync
 ):
