@@ -111,8 +111,8 @@ class GenerationServer(Worker):
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
         from realhf.base.device import bind_device, cap_memory, pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
-        from realhf.impl.inference.server_app import create_app
-        from realhf.impl.inference.sglang_generate import load_tokenizer
+        from realhf.system.gen_server.server_app import create_app
+        from realhf.system.gen_server.sglang_generate import load_tokenizer
         from realhf.system.streams.http_thread import HttpServerThread
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
