@@ -247,7 +247,7 @@ class VLLMConfig:
     )
     cpu_threads_bind: str = _f(
         "auto",
-        "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself), 'nobind', or a core list such as '0-1'.",
+        "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself; every server the same ones), 'per_server' (server i of n takes the i-th n-th of this machine's cores, at least one), 'nobind', or a core list such as '0-1'.",
     )
     startup_timeout: float = _f(600.0, "Seconds the server may take to load the model and serve /health.")
 
@@ -404,7 +404,11 @@ class StepNodeConfig:
 class StepGraphConfig:
     drop: List[str] = _f(
         [],
-        "Nodes of the default step left out, by name (actor_inf, ref_inf, critic_inf, advantages, critic_train, actor_train); a node that reads what a dropped one wrote is refused at start.",
+        "Nodes of the default step left out, by name (actor_inf, ref_inf, critic_inf, reward_inf, advantages, critic_train, actor_train); a node that reads what a dropped one wrote is refused at start.",
+    )
+    reward_model: bool = _f(
+        False,
+        "Score every sample with the learned reward model at reward.path (training/main_rm.py's output): the node reward_inf writes the reward term rewards/rm, which the advantages add to the rollout's reward (weigh them with reward_weights).",
     )
     own_process: List[str] = _f(
         [],

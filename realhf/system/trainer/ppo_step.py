@@ -6,6 +6,8 @@
         ref_inf       reference log-probs                          (kl_ctl > 0)
         critic_inf    the critic's values                          (an estimator that needs a
                                                                      critic: adv_estimator=gae)
+        reward_inf    a learned reward, rewards/rm                 (ppo.graph.reward_model, the
+                                                                     model at reward.path)
         advantages    advantages and returns from the rewards (+ every `rewards/<source>` term)
         critic_train  the clipped value loss                       (with critic_inf)
         actor_train   the policy loss; the version advances and the weights are published
@@ -66,9 +68,11 @@ def default_graph(ppo: PPOHyperparameters) -> StepGraph:
         nodes.append(StepNode("ref_inf", "logprobs", "ref", TOKENS, ("ref_logprobs",)))
     if critic:
         nodes.append(StepNode("critic_inf", "values", "critic", TOKENS, ("values",)))
+    if ppo.graph.reward_model:
+        nodes.append(StepNode("reward_inf", "reward_model", "reward", ("input_ids", "attention_mask"), ("rewards/rm",)))
     # GAE and REINFORCE subtract the KL (proximal or behaviour log-probs vs the reference) from the reward.
     kl_reward = ref and est.kl_in_reward
-    adv_in = ["rewards", "group_ids", "loss_mask", "behav_logprobs"]
+    adv_in = ["rewards", "group_ids", "loss_mask", "behav_logprobs"] + ["rewards/rm"] * ppo.graph.reward_model
     adv_in += ["values"] * critic + ["ref_logprobs"] * kl_reward + ["prox_logprobs"] * (kl_reward and prox)
     nodes.append(StepNode("advantages", "advantages", "", tuple(adv_in), ("advantages", "returns")))
     if critic:

@@ -40,6 +40,7 @@ NOT_RUN = {
     "realhf.apps.sft_rank": "one rank of training/main_sft.py, started by it",
     "scripts/convert_gguf.py": "tests/unit/impl/model/test_gguf_import.py runs the conversion and the command",
     "scripts/make_math_dataset.py": "tests/assets/test_tiny_math.py regenerates the data with it",
+    "scripts.make_preference_pairs": "rewrites the shipped pairs (a minute): tests/unit/scripts/test_make_preference_pairs.py runs it small",
 }
 CAP_RL = ["exp_ctrl.benchmark_steps=2", "evaluation.n_prompts=0", "cluster.device=cpu"]
 CAP_SFT = ["steps=2", "eval_n=-1", "device=cpu"]

@@ -20,10 +20,9 @@ from realhf.impl.dataset.prompt_dataset import load_prompts
 
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TESTS_DIR]))
 # Hydra's override grammar: a list of dicts, strings with ':' or '/' quoted.
-NODES = (
-    "ppo.graph.add=["
-    "{name:brevity,op:'examples/step_nodes/brevity.py:brevity',inputs:[loss_mask],outputs:['rewards/brevity'],args:{per_token:0.01}},"
-    "{name:rm,op:reward_model,model:reward,inputs:[input_ids,attention_mask],outputs:['rewards/rm']}]"
+BREVITY = (
+    "ppo.graph.add=[{name:brevity,op:'examples/step_nodes/brevity.py:brevity',"
+    "inputs:[loss_mask],outputs:['rewards/brevity'],args:{per_token:0.01}}]"
 )
 
 
@@ -64,10 +63,11 @@ def test_a_users_node_a_reward_model_and_the_reference_on_its_own_process_train_
         "graph-user-node",
         f"exp_ctrl.benchmark_steps={steps}",
         *SMALL_RUN,
-        NODES,
+        BREVITY,
         f"reward.path={rm}",
+        "ppo.graph.reward_model=true",
         "ppo.kl_ctl=0.1",
-        "ppo.graph.own_process=[ref_inf,rm]",
+        "ppo.graph.own_process=[ref_inf,reward_inf]",
         timeout=600,
         env=ENV,
     )
@@ -75,17 +75,17 @@ def test_a_users_node_a_reward_model_and_the_reference_on_its_own_process_train_
     # The user's node ran every step: minus 0.01 a generated token (1 to 24 of them) per sample.
     assert all(-0.24 <= m["brevity/mean"] <= -0.01 for m in metrics), [m.get("brevity/mean") for m in metrics]
     # The reward model scored every sample on the node worker (its numbers came back).
-    assert all("rm/mean" in m and "rm/std" in m for m in metrics), metrics[0]
+    assert all("reward_inf/mean" in m and "reward_inf/std" in m for m in metrics), metrics[0]
     # The reference ran on the node worker and its log-probs reached the right rows: at step 1
     # every sample came from version 0, the reference's own weights, so they match the sampler's
     # to float noise; the KL in the actor's loss is small then.
     assert metrics[0]["ref_inf_behav_abs_diff"] < 1e-3, metrics[0]
     assert 0 <= metrics[0]["kl_ref"] < 0.01, [m["kl_ref"] for m in metrics]
     master_log = (log_dir / "master_worker-0.log").read_text()
-    assert "step actor_inf, ref_inf, brevity, rm | advantages | actor_train" in master_log
+    assert "step actor_inf, ref_inf, reward_inf, brevity | advantages | actor_train" in master_log
     assert "and 1 node worker" in master_log
     node_log = (log_dir / "node_worker-0.log").read_text()
-    assert "nodes ['ref_inf', 'rm'], engines ref" in node_log and "reward " in node_log
+    assert "nodes ['ref_inf', 'reward_inf'], engines ref" in node_log and "reward " in node_log
     model_log = (log_dir / "model_worker-0.log").read_text()
     loaded = next(line for line in model_log.splitlines() if "loaded in" in line and " params" in line)
     # The trainer holds only the actor: the reference and the reward model live on the node worker.
@@ -104,3 +104,21 @@ def test_a_step_that_cannot_run_is_refused_before_any_process_starts(tmp_path, n
     assert "Traceback" not in out, out[-3000:]
     assert time.monotonic() - t0 < 60
     assert trial_processes(str(tmp_path)) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_reference_on_its_own_process_feeds_every_rank_of_a_tensor_parallel_dp2_trainer(
+    tmp_path, no_leftover_processes
+):
+    """DP=2 × TP=2 (four model workers, two DP heads): the node worker computes each DP rank's
+    reference log-probs and every rank of that replica gets them. Rows given to the wrong rank
+    would differ from the sampler's by far more than float noise at step 1."""
+    steps = 3
+    proc, metrics, _ = run_training(
+        tmp_path, "graph-dp2", f"exp_ctrl.benchmark_steps={steps}", *SMALL_RUN, "allocation_mode=native.d1m1p1+d2m2p1",
+        "ppo.kl_ctl=0.1", "ppo.graph.own_process=[ref_inf]", timeout=900, env=ENV,
+    )  # fmt: skip
+    check_finished_run(proc, metrics, steps, 2, tmp_path)
+    assert metrics[0]["ref_inf_behav_abs_diff"] < 1e-3, metrics[0]
+    assert 0 <= metrics[0]["kl_ref"] < 0.01, [m["kl_ref"] for m in metrics]

@@ -4,6 +4,7 @@ seed, same batch: log-probs, loss and weights within 1e-6), a user's own node jo
 rewards, and every graph that cannot run refused before any engine is built."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -76,6 +77,12 @@ def test_the_default_step_of_each_setting():
     assert gae.models() == ["actor", "ref", "critic"]
     assert _waves(PPOHyperparameters(prox_logp="loglinear")) == [["advantages"], ["actor_train"]]
     assert _waves(PPOHyperparameters(adv_estimator="reinforce")) == [["actor_inf", "advantages"], ["actor_train"]]
+    # A learned reward: its scores are a reward term the advantages wait for.
+    rm = build_graph(PPOHyperparameters(graph=StepGraphConfig(reward_model=True, reward_weights={"rewards": 0})))
+    assert [[n.name for n in w] for w in waves(rm)] == [["actor_inf", "reward_inf"], ["advantages"], ["actor_train"]]
+    assert rm.node("advantages").args == {"weights": {"rewards": 0}} and rm.models() == ["actor", "reward"]
+    with pytest.raises(GraphError, match=r"reward_weights: \['rewards/rm'\] are no reward source of the step"):
+        build_graph(PPOHyperparameters(graph=StepGraphConfig(reward_weights={"rewards/rm": 1.0})))
     assert "behav_versions" in default_graph(PPOHyperparameters(prox_logp="loglinear")).node("actor_train").inputs
 
 
@@ -271,3 +278,19 @@ def test_the_reference_on_the_wire_gives_what_it_gives_on_the_trainers_batch(msg
         engines["ref"].destroy()
     assert torch.equal(back["ref_logprobs"], here.ref_logprobs)
     assert stats["model"] == "ref" and stats["n_tokens"] == here.n_tokens
+
+
+def test_reward_weights_scale_each_source_before_the_advantages(msgs):
+    """{rewards: 0}: the step learns from the reward terms alone — its advantages are those of a
+    batch whose reward is the term."""
+    cfg = _config(ppo_n_minibatches=1, adv_estimator="batch_norm")
+    add = StepNodeConfig(name="brevity", op=BREVITY, inputs=["loss_mask"], outputs=["rewards/brevity"])
+    graph = build_graph(dataclasses.replace(cfg.ppo, graph=StepGraphConfig(add=[add], reward_weights={"rewards": 0.0})))
+    actor = SimpleNamespace(kl=SimpleNamespace(value=0.0))  # all the advantages read of the actor
+    ctx = StepContext({}, actor, None, cfg.ppo, 0)
+    only_term, reference = _batch(msgs), _batch(msgs)
+    for name in ("brevity", "advantages"):
+        run_node(ctx, only_term, graph.node(name))
+    reference.rewards = only_term.get("rewards/brevity").clone()
+    run_node(ctx, reference, build_graph(cfg.ppo).node("advantages"))
+    assert torch.allclose(only_term.advantages, reference.advantages)
