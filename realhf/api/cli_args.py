@@ -416,7 +416,7 @@ class StepGraphConfig:
     )
     reward_weights: Dict[str, float] = _f(
         {},
-        "Weights of the reward sources the advantages add: 'rewards' (the rollout's: the environment's or your reward function's) and each node output 'rewards/<source>'; unlisted: 1. E.g. {rewards: 0} trains on a reward model's score alone.",
+        "Weights of the reward sources the advantages add: 'rewards' (the rollout's: the environment's or your reward function's) and each node output 'rewards/<source>'; unlisted: 1. E.g. +ppo.graph.reward_weights.rewards=0 on the command line trains on the reward terms alone (a reward model's score).",
     )
     add: List[StepNodeConfig] = _f(
         [],
