@@ -168,7 +168,7 @@ def main(argv=None) -> int:
 
     from realhf.base.device import bind_device
     from realhf.impl.inference.factory import create_engine_from_config
-    from realhf.impl.inference.sglang_generate import load_tokenizer
+    from realhf.system.gen_server.sglang_generate import load_tokenizer
 
     try:  # a hub repo id: its local snapshot (offline without a cached copy: refused before loading)
         args.model_path = resolve_model_path("--model-path", args.model_path)
@@ -193,7 +193,7 @@ def serve(engine, args: argparse.Namespace, tokenizer, tokenizer_path: str, prog
     it. The line `<prog> ready at http://HOST:PORT` says where (--port 0 picks a free port)."""
     import uvicorn
 
-    from realhf.impl.inference.server_app import create_app
+    from realhf.system.gen_server.server_app import create_app
     from realhf.system.streams.http_thread import listening_socket
 
     sock = listening_socket(args.host, args.port, prog)

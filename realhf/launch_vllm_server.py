@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     # Read by vLLM's CPU platform when its engine starts, so set before.
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
 
-    from realhf.impl.inference.sglang_generate import load_tokenizer
     from realhf.impl.inference.vllm_engine import VLLMEngine
     from realhf.launch_server import serve
+    from realhf.system.gen_server.sglang_generate import load_tokenizer
 
     tokenizer_path = args.tokenizer_path or args.model_path
     tokenizer = None if args.skip_tokenizer_init else load_tokenizer(tokenizer_path)

@@ -75,7 +75,7 @@ def no_leftover_processes():
 
 # ---- tiny models and their HF references -------------------------------------------------------
 #
-# The conformance tests (tests/unit/impl/inference/test_server_app.py) talk to the server only
+# The conformance tests (tests/unit/system/gen_server/test_server_app.py) talk to the server only
 # through the SGLang HTTP protocol, so they can be pointed at any server: set
 # REALHF_CONFORMANCE_URL (e.g. a real `python -m sglang.launch_server --skip-tokenizer-init` on a
 # GPU box) and REALHF_CONFORMANCE_MODEL (the model directory it serves) and the same assertions

@@ -23,56 +23,18 @@ realhf.experiments.sft.
 
 from __future__ import annotations
 
-import json
 import sys
 
-import hydra
-import transformers
-from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
-
 from realhf.api.cli_args import SFTConfig
-from realhf.experiments.config_keys import check_overrides
-from realhf.experiments.sft import SFTRankError, train_sft
-
-ConfigStore.instance().store(name="sft_schema", node=SFTConfig)
-# The primary config: the schema plus Hydra settings that keep the app from creating outputs/
-# directories and from replacing the logging configuration.
-ConfigStore.instance().store(
-    name="sft",
-    node={
-        "defaults": [
-            "sft_schema",
-            "_self_",
-            {"override hydra/job_logging": "disabled"},
-            {"override hydra/hydra_logging": "disabled"},
-        ],
-        "hydra": {"run": {"dir": "."}, "output_subdir": None},
-    },
-)
+from realhf.apps.engine_command import run
+from realhf.experiments.sft import train_sft
 
 
-@hydra.main(version_base=None, config_name="sft")
-def main(cfg) -> None:
-    sft_cfg: SFTConfig = OmegaConf.to_object(cfg)
-    transformers.utils.logging.disable_progress_bar()  # one bar per checkpoint load is noise
-    try:
-        report = train_sft(sft_cfg, log=lambda msg: print(msg, flush=True))
-    except SFTRankError as e:
-        print(e.traceback, file=sys.stderr, end="", flush=True)  # where the first failing rank failed
-        raise SystemExit(f"error: {e}") from None
-    except KeyboardInterrupt:
-        print("interrupted: every rank stopped", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
-    summary = {k: v for k, v in report.items() if k != "losses"}
-    summary["final_loss"] = report["losses"][-1]
-    print("SFT result: " + json.dumps(summary), flush=True)
+def _summary(report):
+    out = {k: v for k, v in report.items() if k != "losses"}
+    out["final_loss"] = report["losses"][-1]
+    return out
 
 
 if __name__ == "__main__":
-    # Hydra's answer to a misspelt key is to prepend '+' (which fails too): name the key meant.
-    unknown = check_overrides(sys.argv[1:], SFTConfig)
-    if unknown is not None:
-        print(f"config error: {unknown}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main())
+    sys.exit(run("sft", SFTConfig, train_sft, _summary))

@@ -47,7 +47,7 @@ class PolicyLoss:
 @dataclass(frozen=True)
 class AdvantageEstimator:
     # scores [N], group ids [N] → one advantage per sample, the same on each of its tokens;
-    # None: per-token rewards through GAE (built-in: realhf.impl.model.actor).
+    # None: per-token rewards through GAE (built-in: realhf.system.trainer.actor).
     per_sample: Optional[PerSampleAdvantages]
     kl_in_reward: bool = False  # the KL to the reference is subtracted from the reward, not added to the loss
     needs_critic: bool = False
@@ -158,7 +158,7 @@ ADV_ESTIMATORS = _Menu(
         "grpo": AdvantageEstimator(_Builtin(f"{_A}:grpo_advantages")),
         "dr_grpo": AdvantageEstimator(_Builtin(f"{_A}:dr_grpo_advantages")),
         "batch_norm": AdvantageEstimator(_Builtin(f"{_A}:batch_norm_advantages")),
-        # Per-token, over the critic's values (realhf.impl.model.actor); reinforce: zero values.
+        # Per-token, over the critic's values (realhf.system.trainer.actor); reinforce: zero values.
         "gae": AdvantageEstimator(None, kl_in_reward=True, needs_critic=True),
         "reinforce": AdvantageEstimator(None, kl_in_reward=True),
     },

@@ -61,6 +61,9 @@ class RestartPolicyConfig:
     )
     model_worker: bool = _f(False, "Restart a model worker (off: a trainer rank's death ends the run).")
     master_worker: bool = _f(False, "Restart the master (off: its death ends the run).")
+    node_worker: bool = _f(
+        False, "Restart the node worker (ppo.graph.own_process; off: its death ends the run, as a trainer rank's)."
+    )
     evaluator: bool = _f(
         True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need."
     )
@@ -244,7 +247,7 @@ class VLLMConfig:
     )
     cpu_threads_bind: str = _f(
         "auto",
-        "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself), 'nobind', or a core list such as '0-1'.",
+        "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself; every server the same ones), 'per_server' (server i of n takes the i-th n-th of this machine's cores, at least one), 'nobind', or a core list such as '0-1'.",
     )
     startup_timeout: float = _f(600.0, "Seconds the server may take to load the model and serve /health.")
 
@@ -383,6 +386,45 @@ class ModelTrainEvalConfig:
 
 
 @dataclass
+class StepNodeConfig:
+    name: str = _f("", "Unique name of the node, as logged.")
+    op: str = _f(
+        "",
+        "What the node runs: a built-in op (proximal_logprobs, logprobs, values, advantages, train_critic, train_actor) or your own function 'module.path:function' or 'path/to/file.py:function', called as fn(ctx, batch, node) -> dict on every trainer rank (realhf.api.step_graph).",
+    )
+    model: str = _f("", "The engine it runs on: actor, ref or critic; empty: none.")
+    inputs: List[str] = _f([], "Tensors it reads: the rollout's (input_ids, rewards, ...) or another node's outputs.")
+    outputs: List[str] = _f(
+        [], "Tensors it writes (one writer each); 'rewards/<source>' is a reward term the advantages add."
+    )
+    args: Dict[str, Any] = _f({}, "The op's own arguments.")
+
+
+@dataclass
+class StepGraphConfig:
+    drop: List[str] = _f(
+        [],
+        "Nodes of the default step left out, by name (actor_inf, ref_inf, critic_inf, reward_inf, advantages, critic_train, actor_train); a node that reads what a dropped one wrote is refused at start.",
+    )
+    reward_model: bool = _f(
+        False,
+        "Score every sample with the learned reward model at reward.path (training/main_rm.py's output): the node reward_inf writes the reward term rewards/rm, which the advantages add to the rollout's reward (weigh them with reward_weights).",
+    )
+    own_process: List[str] = _f(
+        [],
+        "Nodes that run on a process of their own (one node worker beside the trainer, its torch threads ref.n_threads) instead of the trainer's ranks, so they overlap the trainer's nodes of the same wave: nodes on the frozen reference (ref_inf) or on no model.",
+    )
+    reward_weights: Dict[str, float] = _f(
+        {},
+        "Weights of the reward sources the advantages add: 'rewards' (the rollout's: the environment's or your reward function's) and each node output 'rewards/<source>'; unlisted: 1. E.g. +ppo.graph.reward_weights.rewards=0 on the command line trains on the reward terms alone (a reward model's score).",
+    )
+    add: List[StepNodeConfig] = _f(
+        [],
+        "Nodes added to the step, each {name, op, model, inputs, outputs, args}: op a built-in one or your 'module.path:function' / 'path/to/file.py:function', called as fn(ctx, batch, node) -> dict on every trainer rank; an output 'rewards/<source>' is a reward term the advantages add (realhf.api.step_graph). Checked with the rest before any process starts.",
+    )
+
+
+@dataclass
 class PPOHyperparameters:
     gen: GenerationHyperparameters = _sub(GenerationHyperparameters, "Sampling parameters of the rollouts.")
     ppo_n_minibatches: int = _f(
@@ -453,6 +495,10 @@ class PPOHyperparameters:
         "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).",
     )
     kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.")
+    graph: StepGraphConfig = _sub(
+        StepGraphConfig,
+        "The train step as a graph of model calls (realhf.system.trainer.ppo_step declares the default from the settings above); drop or add nodes here.",
+    )
 
 
 @dataclass
@@ -613,6 +659,10 @@ class AsyncPPOConfig:
         ModelTrainEvalConfig,
         "Critic for ppo.adv_estimator=gae: a value head on the actor's architecture, initialised from this path (empty: actor.path; the head itself starts random).",
     )
+    reward: ModelTrainEvalConfig = _sub(
+        ModelTrainEvalConfig,
+        "A learned reward model (training/main_rm.py's output) for a reward_model node of the step (ppo.graph.add): frozen, a value head scoring each sample at its last token.",
+    )
     dataset: DatasetConfig = _sub(DatasetConfig, "Training and held-out prompts.")
     groups_per_step: int = _f(16, "B: prompt groups per train step, summed over DP ranks (the admission unit).")
     group_size: int = _f(8, "Answers sampled per prompt (one prompt group).")
@@ -677,21 +727,18 @@ class SFTDatasetConfig:
 
 
 @dataclass
-class SFTConfig:
-    model_path: str = _f("", "HF directory of the model to fine-tune.")
-    output_path: str = _f(
-        "",
-        "Where the fine-tuned HF directory is written (with LoRA: the merged model); an RL run starts from it with actor.path=<this>.",
-    )
+class EngineRunConfig:
+    """What training/main_sft.py and training/main_rm.py share: a model trained on the RL
+    trainer's engine (FSDP2 over `dp` rank processes, LoRA) for a fixed number of steps."""
+
+    model_path: str = _f("", "HF directory of the model to train.")
+    output_path: str = _f("", "Where the trained HF directory is written (with LoRA: the merged model).")
     train_path: str = _f(
-        "",
-        "Training rows: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk, read as the RL run reads dataset.path. A row trains on its 'sft_trace' (assistant and tool turns), else on the assistant turns of its chat 'messages', else on its prompt followed by solutions[0]; only those tokens (and each turn's EOS) carry the loss.",
+        "", "Training rows: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk."
     )
-    test_path: str = _f(
-        "", "Held-out prompts with solutions for the accuracy report, in any format train_path accepts."
-    )
+    test_path: str = _f("", "Held-out rows for the report, in any format train_path accepts.")
     seed: int = _f(1, "Seed for data order and initialisation.")
-    steps: int = _f(200, "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).")
+    steps: int = _f(200, "Optimizer steps (a fixed count).")
     batch_size: int = _f(32, "Training examples per optimizer step (over all DP ranks together).")
     lr: float = _f(3e-3, "Peak AdamW learning rate.")
     warmup_steps: int = _f(20, "Steps of linear warm-up before the cosine decay to zero.")
@@ -699,9 +746,6 @@ class SFTConfig:
     grad_clip: float = _f(1.0, "Gradient-norm clip; 0 disables it.")
     max_train_rows: int = _f(0, "Use only the first N training rows; 0: all.")
     log_interval: int = _f(10, "Log the training loss every N steps.")
-    eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
-    eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
-    max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
     n_threads: int = _f(1, "torch threads (of each DP rank).")
     dp: int = _f(
         1,
@@ -732,6 +776,45 @@ class SFTConfig:
         "LoRA adapters instead of full fine-tuning (lora.r > 0): the base stays frozen, only the adapters train; output_path holds the merged weights, a plain HF directory.",
     )
     dataset: SFTDatasetConfig = _sub(SFTDatasetConfig, "Column names, splits and chat template of the data.")
+
+
+@dataclass
+class SFTConfig(EngineRunConfig):
+    output_path: str = _f(
+        "",
+        "Where the fine-tuned HF directory is written (with LoRA: the merged model); an RL run starts from it with actor.path=<this>.",
+    )
+    train_path: str = _f(
+        "",
+        "Training rows: a JSONL file, a .parquet file or a directory written by HF datasets' save_to_disk, read as the RL run reads dataset.path. A row trains on its 'sft_trace' (assistant and tool turns), else on the assistant turns of its chat 'messages', else on its prompt followed by solutions[0]; only those tokens (and each turn's EOS) carry the loss.",
+    )
+    test_path: str = _f(
+        "", "Held-out prompts with solutions for the accuracy report, in any format train_path accepts."
+    )
+    steps: int = _f(200, "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).")
+    eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
+    eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
+    max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
+
+
+@dataclass
+class RMConfig(EngineRunConfig):
+    """training/main_rm.py: a reward model, a value head on the model's architecture scoring a
+    prompt and its answer at the answer's last token, trained with the Bradley–Terry loss."""
+
+    output_path: str = _f(
+        "",
+        "Where the reward model is written: an HF directory (AutoModelForTokenClassification, one label: the score is the output at the answer's last token), which an RL run names as reward.path.",
+    )
+    train_path: str = _f(
+        "",
+        "Preference pairs: a JSONL file, a .parquet file or a save_to_disk directory whose rows have a prompt (or chat messages), 'chosen' and 'rejected' (the preferred and the other answer's text).",
+    )
+    test_path: str = _f("", "Held-out pairs for the report (how often the chosen answer scores higher).")
+    steps: int = _f(300, "Optimizer steps.")
+    batch_size: int = _f(32, "Preference pairs per optimizer step (over all DP ranks together).")
+    lr: float = _f(1e-3, "Peak AdamW learning rate.")
+    eval_n: int = _f(0, "Test pairs for the report; 0: all, -1: skip it.")
 
 
 # The name before the experiment became task-neutral; user code importing it keeps working.

@@ -226,6 +226,7 @@ class ModelWorkerConfig:
     actor: ModelTrainEvalConfig = same_as("actor")
     ref: ModelTrainEvalConfig = same_as("ref")
     critic: ModelTrainEvalConfig = same_as("critic")
+    reward: ModelTrainEvalConfig = same_as("reward")
     ppo: PPOHyperparameters = same_as("ppo")
     device: str = same_as("cluster.device")
     tp_size: int = _f(
@@ -286,8 +287,25 @@ class ModelWorkerConfig:
 
 
 @dataclass
+class NodeWorkerConfig:
+    """The node worker: the step's nodes of `ppo.graph.own_process`, on engines of its own."""
+
+    actor: ModelTrainEvalConfig = same_as("actor")
+    ref: ModelTrainEvalConfig = same_as("ref")
+    critic: ModelTrainEvalConfig = same_as("critic")
+    reward: ModelTrainEvalConfig = same_as("reward")
+    ppo: PPOHyperparameters = same_as("ppo")
+    device: str = same_as("cluster.device")
+    seed: int = same_as("seed")
+    max_message_bytes: int = same_as("cluster.max_message_bytes")
+    stream_index: int = _f(1, "Its index on the master's request socket: after the model workers' (0..n-1).")
+    master_discovery_timeout: float = _f(300.0, "Seconds to wait for the master's request socket in name resolve.")
+
+
+@dataclass
 class MasterWorkerConfig:
     n_model_workers: int = _f(1, "Model workers to drive (trainer DP ranks × trainer_tp).")
+    n_node_workers: int = _f(0, "Node workers (ppo.graph.own_process): 1 when the step places nodes off the trainer.")
     trainer_tp: int = _f(
         1,
         "Tensor parallelism of the trainer (realhf.base.trainer_layout: which model workers are the DP heads the data goes through).",

@@ -1,9 +1,9 @@
-"""One data-parallel rank of `training/main_sft.py dp=N`, started by that command
-(realhf.experiments.sft.launch_ranks), not by hand:
+"""One data-parallel rank of `training/main_sft.py dp=N` or `training/main_rm.py dp=N`, started
+by that command (realhf.experiments.sft.launch_ranks), not by hand:
 
-    python -m realhf.apps.sft_rank CONFIG_YAML RANK WORLD_SIZE STORE_HOST:PORT WORK_DIR
+    python -m realhf.apps.sft_rank sft|rm CONFIG_YAML RANK WORLD_SIZE STORE_HOST:PORT WORK_DIR
 
-It trains its share of every batch (realhf.experiments.sft.run_rank). Rank 0 prints the progress
+It trains its share of every batch (realhf.experiments.sft.run_rank, realhf.experiments.rm.run_rank). Rank 0 prints the progress
 and writes the report to WORK_DIR/report.json; a rank that fails writes its error to
 WORK_DIR/error-rank<r>.json with its traceback (the launcher shows the error that came first:
 a rank's failure makes its peers fail after it) and exits 1.
@@ -17,22 +17,36 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from realhf.api.cli_args import SFTConfig
+from realhf.api.cli_args import RMConfig, SFTConfig
 from realhf.base.process_exit import exit_now
-from realhf.experiments.sft import run_rank
+
+
+def _job(kind: str):
+    """(config class, run_rank) of `kind`."""
+    if kind == "rm":
+        from realhf.experiments.rm import run_rank
+
+        return RMConfig, run_rank
+    if kind == "sft":
+        from realhf.experiments.sft import run_rank
+
+        return SFTConfig, run_rank
+    raise ValueError(f"unknown rank kind {kind!r}: sft or rm")
 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 5:
+    if len(args) != 6:
         print(__doc__, file=sys.stderr)
         return 2
-    config_path, rank, world, store_addr, workdir = args[0], int(args[1]), int(args[2]), args[3], Path(args[4])
+    kind, config_path, rank, world, store_addr = args[0], args[1], int(args[2]), int(args[3]), args[4]
+    workdir = Path(args[5])
     try:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SFTConfig), OmegaConf.load(config_path)))
+        config_cls, run_rank = _job(kind)
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(config_cls), OmegaConf.load(config_path)))
         log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
         report = run_rank(cfg, rank, world, store_addr, log)
         if rank == 0:

@@ -29,6 +29,7 @@ from realhf.api.worker_configs import (
     GserverManagerConfig,
     MasterWorkerConfig,
     ModelWorkerConfig,
+    NodeWorkerConfig,
     RolloutWorkerConfig,
     from_root,
 )
@@ -187,10 +188,12 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         gen_backend=alloc.gen_engine,
         disk_every=cfg.exp_ctrl.eval_freq_steps,
     )
+    n_node_workers = 1 if cfg.ppo.graph.own_process else 0
     master = from_root(
         MasterWorkerConfig,
         cfg,
         n_model_workers=alloc.train.world_size,
+        n_node_workers=n_node_workers,
         trainer_tp=alloc.train.tp,
         trainer_pp=alloc.train.pp,
         total_train_steps=total_steps,
@@ -241,6 +244,10 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]
+    if n_node_workers:  # the step's nodes of ppo.graph.own_process, beside the trainer
+        node = from_root(NodeWorkerConfig, cfg, stream_index=alloc.train.world_size)
+        specs.append(WorkerSpec("node_worker", 1, [node], cpus=cfg.ref.n_threads))
+        master.expected_workers["node_worker"] = 1
     if cfg.gen_server.urls:  # servers someone else runs: none launched, none stopped
         specs = [s for s in specs if s.worker_type != "generation_server"]
     if cfg.exp_ctrl.eval_freq_steps > 0:

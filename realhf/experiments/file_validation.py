@@ -51,7 +51,13 @@ def check_files(cfg: AsyncPPOConfig) -> None:
     use_packaged_files(cfg)
     # A hub repo id becomes its local snapshot here, once: every worker config derived from cfg
     # then names the same files. Offline, it fails now, naming the field.
-    for name, model in (("actor.path", cfg.actor), ("ref.path", cfg.ref), ("critic.path", cfg.critic)):
+    models = (
+        ("actor.path", cfg.actor),
+        ("ref.path", cfg.ref),
+        ("critic.path", cfg.critic),
+        ("reward.path", cfg.reward),
+    )
+    for name, model in models:
         try:
             model.path = resolve_model_path(name, model.path)
         except ModelPathError as e:
@@ -73,6 +79,12 @@ def check_files(cfg: AsyncPPOConfig) -> None:
         )
     if adv_estimator(cfg.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(cfg.critic.path, cfg.actor.path)
+    if cfg.reward.path:
+        need(
+            os.path.isfile(os.path.join(cfg.reward.path, "config.json")),
+            f"reward.path={cfg.reward.path!r} is not an HF model directory (no config.json; "
+            "training/main_rm.py writes one)",
+        )
     context, context_field = server_context(cfg)
     if context:
         need(

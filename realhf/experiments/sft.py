@@ -48,7 +48,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from realhf.api.cli_args import GenerationHyperparameters, ModelTrainEvalConfig, OptimizerConfig, SFTConfig
+from realhf.api.cli_args import (
+    EngineRunConfig,
+    GenerationHyperparameters,
+    ModelTrainEvalConfig,
+    OptimizerConfig,
+    SFTConfig,
+)
 from realhf.api.prompt import PromptRow
 from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives
@@ -273,7 +279,7 @@ def load_training_rows(cfg: SFTConfig) -> List[PromptRow]:
     return rows
 
 
-def _join_group(cfg: SFTConfig, rank: int, world: int, device: torch.device, store_addr: str) -> None:
+def join_group(cfg: EngineRunConfig, rank: int, world: int, device: torch.device, store_addr: str) -> None:
     """The process group the engine shards over; its timeout bounds every collective."""
     timeout = timedelta(seconds=cfg.collective_timeout)
     if world == 1:
@@ -294,7 +300,7 @@ def run_rank(cfg: SFTConfig, rank: int = 0, world: int = 1, store_addr: str = ""
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device, rank)
     bind_device(device)
-    _join_group(cfg, rank, world, device, store_addr)
+    join_group(cfg, rank, world, device, store_addr)
     engine: Optional[FSDPEngine] = None
     try:
         from transformers import AutoTokenizer
@@ -397,9 +403,9 @@ def _first_error(workdir: Path, procs: List[subprocess.Popen]) -> SFTRankError:
     return SFTRankError("a rank failed; the other ranks were stopped")
 
 
-def launch_ranks(cfg: SFTConfig, log: Log = print, poll_s: float = 0.1) -> Dict[str, Any]:
-    """Run `cfg.dp` ranks as processes (`python -m realhf.apps.sft_rank`) and wait for them; rank
-    0's report. The ranks meet at a store this process holds; each runs in a session of its own
+def launch_ranks(cfg: EngineRunConfig, log: Log = print, poll_s: float = 0.1, kind: str = "sft") -> Dict[str, Any]:
+    """Run `cfg.dp` ranks of `kind` ("sft", or "rm": realhf.experiments.rm) as processes
+    (`python -m realhf.apps.sft_rank`) and wait for them; rank 0's report. The ranks meet at a store this process holds; each runs in a session of its own
     (Ctrl-C reaches only this process) and is killed by the kernel if this process dies. The
     first rank to fail ends the others at once and its error is raised (SFTRankError); Ctrl-C
     (KeyboardInterrupt) ends them all too."""
@@ -433,14 +439,23 @@ def launch_ranks(cfg: SFTConfig, log: Log = print, poll_s: float = 0.1) -> Dict[
         for rank in range(cfg.dp):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, *RANK_COMMAND, str(config_path), str(rank), str(cfg.dp), store_addr, str(workdir)],
+                    [
+                        sys.executable,
+                        *RANK_COMMAND,
+                        kind,
+                        str(config_path),
+                        str(rank),
+                        str(cfg.dp),
+                        store_addr,
+                        str(workdir),
+                    ],
                     stdin=subprocess.DEVNULL,
                     env=env,
                     start_new_session=True,
                     preexec_fn=die_with_parent,
                 )  # fmt: skip
             )
-        log(f"SFT: started {cfg.dp} DP ranks (pids {', '.join(str(p.pid) for p in procs)})")
+        log(f"{kind.upper()}: started {cfg.dp} DP ranks (pids {', '.join(str(p.pid) for p in procs)})")
         while True:
             codes = [p.poll() for p in procs]
             if all(c == 0 for c in codes):

@@ -26,6 +26,7 @@ from realhf.api.arguments import check_arguments
 from realhf.api.cli_args import (
     AgentConfig,
     AsyncPPOConfig,
+    EngineRunConfig,
     EnvConfig,
     EvaluationConfig,
     ExperimentSaveEvalControl,
@@ -38,11 +39,13 @@ from realhf.api.cli_args import (
     PPOHyperparameters,
     RayClusterConfig,
     RestartPolicyConfig,
+    RMConfig,
     SFTConfig,
     SGLangConfig,
     StatsLoggingConfig,
     VLLMConfig,
 )
+from realhf.api.step_graph import GraphError
 from realhf.api.trajectory import MAX_ABS_REWARD
 from realhf.base.allocation_mode import AllocationMode
 from realhf.base.importing import import_roots
@@ -52,6 +55,7 @@ from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
 from realhf.system.stats.completion_log import MAX_LOG_COMPLETIONS
 from realhf.system.streams.push_pull_stream import grouping
+from realhf.system.trainer.ppo_step import build_graph
 
 # The config.json keys a critic must share with the actor: it is a value head on the actor's
 # architecture, so it must read the same tokens (model_type, vocab_size) into the same width.
@@ -539,6 +543,10 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
     f.within("discount", 0.0, 1.0)
     f.within("gae_lambda", 0.0, 1.0)
     check_generation(c.gen, f.name("gen"))
+    try:  # the step's graph: a dropped node still read, a cycle, an unknown op or model
+        build_graph(c)
+    except GraphError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
@@ -584,12 +592,11 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
     f.within("log_completions", 0, MAX_LOG_COMPLETIONS)
 
 
-def check_sft(c: SFTConfig) -> None:
-    """training/main_sft.py's config (a root of its own)."""
+def check_engine_run(c: EngineRunConfig) -> None:
+    """What training/main_sft.py and training/main_rm.py share (each a root of its own)."""
     f = _Fields(c)
     for name in ("model_path", "output_path", "train_path"):
         f.need(bool(f.value(name)), f"{name} is required (pass {name}=...)")
-    f.need(c.eval_n < 0 or bool(c.test_path), "test_path is required for the accuracy report (or pass eval_n=-1)")
     check_numbers(c)
     f.at_least("steps", 1)
     f.at_least("batch_size", 1)
@@ -610,6 +617,26 @@ def check_sft(c: SFTConfig) -> None:
     )
     check_lora(c.lora, "lora")
     _Fields(c.dataset, "dataset").choice("chat_template", CHAT_TEMPLATE_SETTINGS)
+
+
+def check_sft(c: SFTConfig) -> None:
+    """training/main_sft.py's config."""
+    check_engine_run(c)
+    _Fields(c).need(
+        c.eval_n < 0 or bool(c.test_path), "test_path is required for the accuracy report (or pass eval_n=-1)"
+    )
+
+
+def check_rm(c: RMConfig) -> None:
+    """training/main_rm.py's config."""
+    check_engine_run(c)
+    f = _Fields(c)
+    f.need(c.eval_n < 0 or bool(c.test_path), "test_path is required for the pair-accuracy report (or pass eval_n=-1)")
+    f.need(
+        c.micro_batch_tokens == 0,
+        f"micro_batch_tokens={c.micro_batch_tokens}: a preference pair's two answers go through one forward "
+        "(the loss compares their scores); it must be 0 (a rank's share of the pairs at once; lower batch_size or raise dp)",
+    )
 
 
 # ---- the experiment ----------------------------------------------------------------------------
@@ -741,6 +768,12 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     check_model(cfg.actor, "actor")
     check_model(cfg.ref, "ref")
     check_model(cfg.critic, "critic")
+    check_model(cfg.reward, "reward")
+    f.need(
+        bool(cfg.reward.path) or "reward" not in build_graph(cfg.ppo).models(),
+        "a reward_model node of the step (ppo.graph.add) runs on `reward`, whose path is empty: set "
+        "reward.path=<training/main_rm.py's output>",
+    )
     check_lora_reference(cfg.actor, cfg.ref, cfg.ppo)
     check_native_engine(cfg.gen_server.native)
     check_sglang(cfg.gen_server.sglang)

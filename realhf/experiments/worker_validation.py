@@ -14,6 +14,7 @@ from realhf.api.worker_configs import (
     GserverManagerConfig,
     MasterWorkerConfig,
     ModelWorkerConfig,
+    NodeWorkerConfig,
     RolloutWorkerConfig,
 )
 from realhf.experiments.file_validation import check_critic_matches_actor, check_dataset_columns
@@ -90,6 +91,7 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     check_model(c.actor, "actor")
     check_model(c.ref, "ref")
     check_model(c.critic, "critic")
+    check_model(c.reward, "reward")
     check_lora_reference(c.actor, c.ref, c.ppo)
     check_ppo(c.ppo)
     check_device(c.device, f.name("device"))
@@ -111,9 +113,23 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     f.at_least("distributed_timeout", 0, strict=True)
 
 
+def _check_node_worker(c: NodeWorkerConfig) -> None:
+    f = _Fields(c, "node_worker")
+    f.need(bool(c.ppo.graph.own_process), "node_worker: ppo.graph.own_process names no node to run")
+    check_model(c.ref, "ref")
+    check_ppo(c.ppo)
+    check_device(c.device, f.name("device"))
+    f.at_least("stream_index", 1)
+
+
 def _check_master(c: MasterWorkerConfig) -> None:
     f = _Fields(c, "master_worker")
     f.at_least("n_model_workers", 1)
+    f.need(
+        c.n_node_workers == (1 if c.ppo.graph.own_process else 0),
+        f"master_worker.n_node_workers={c.n_node_workers}: one node worker runs ppo.graph.own_process "
+        f"({list(c.ppo.graph.own_process)}), none without it",
+    )
     f.at_least("trainer_tp", 1)
     f.at_least("trainer_pp", 1)
     split = max(c.trainer_tp, 1) * max(c.trainer_pp, 1)
@@ -153,6 +169,7 @@ _WORKER_CHECKS = {
     RolloutWorkerConfig: _check_rollout_worker,
     ModelWorkerConfig: _check_model_worker,
     MasterWorkerConfig: _check_master,
+    NodeWorkerConfig: _check_node_worker,
     EvaluatorConfig: _check_evaluator,
 }
 

@@ -1,4 +1,4 @@
-"""The six workers (the evaluator only when asked for), the streams between them, and the lifecycle they share."""
+"""The seven workers (the evaluator and the node worker only when asked for), the streams between them, and the lifecycle they share."""
 
 from realhf.base.importing import resolve
 
@@ -10,6 +10,7 @@ WORKER_CLASSES = {
     "generation_server": "realhf.system.gen_server.generation_server:GenerationServer",
     "gserver_manager": "realhf.system.manager.gserver_manager:GserverManager",
     "evaluator": "realhf.system.evaluator.evaluator_worker:Evaluator",  # only with exp_ctrl.eval_freq_steps > 0
+    "node_worker": "realhf.system.node.node_worker:NodeWorker",  # only with ppo.graph.own_process
 }
 
 

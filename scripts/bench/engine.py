@@ -80,13 +80,14 @@ def _max_abs_diff(a: Dict, b: Dict) -> float:
 def save_batch(batch, path: Path) -> None:
     import dataclasses
 
+    import torch
     from safetensors.torch import save_file
 
     save_file(
         {
             f.name: getattr(batch, f.name).contiguous()
             for f in dataclasses.fields(batch)
-            if getattr(batch, f.name) is not None
+            if isinstance(getattr(batch, f.name), torch.Tensor)
         },
         str(path),
     )

@@ -19,7 +19,7 @@ reference engines (DP=1, unwrapped: the engine's default), built from the same w
     shared prompts  as above, a group's rows kept together and its prompt computed once
                     (`ppo.shared_prompt`, realhf.impl.engine.shared_prompt)
 
-All produce the same update (tests/unit/impl/model/test_actor.py and test_ppo_actor.py check
+All produce the same update (tests/unit/system/trainer/test_actor.py and test_ppo_actor.py check
 it). One thread. The engine itself (FSDP-wrapped vs not, DP=2 vs DP=1): scripts/bench/engine.py.
 """
 
@@ -83,7 +83,7 @@ def sample_batch(n_prompts: int, group: int = 8):
 
 def worker_config(ppo, optim):
     """The model worker's config of the default run on the tiny model (the engines are built
-    from it exactly as the trainer builds them: realhf.impl.model.ppo_actor.engine_config)."""
+    from it exactly as the trainer builds them: realhf.system.trainer.ppo_actor.engine_config)."""
     from realhf.api.cli_args import ModelTrainEvalConfig
     from realhf.api.worker_configs import ModelWorkerConfig
 
@@ -95,7 +95,7 @@ class Trainer:
 
     def __init__(self, cfg, shard_single_rank: bool = False, defer: bool = True, local_rank: int = 0):
         from realhf.impl.engine.fsdp_engine import FSDPEngine
-        from realhf.impl.model.ppo_actor import PPOActor, engine_config
+        from realhf.system.trainer.ppo_actor import PPOActor, engine_config
 
         self.ppo = cfg.ppo
         self.engines = {}
@@ -109,7 +109,7 @@ class Trainer:
 
     def step(self, batch) -> float:
         """actor_inf, ref_inf and the train step on a copy of `batch`; seconds."""
-        from realhf.impl.model.ppo_actor import reference_logprobs
+        from realhf.system.trainer.ppo_actor import reference_logprobs
 
         b = dataclasses.replace(
             batch, prox_logprobs=None, ref_logprobs=None, values=None, advantages=None, returns=None

@@ -144,7 +144,7 @@ def trainer_step(
     from realhf.base.device import dist_backend, pick_device
     from realhf.impl.engine.fsdp_engine import FSDPEngine
     from realhf.impl.model.batching import pack_trajectories
-    from realhf.impl.model.ppo_actor import PPOActor, engine_config
+    from realhf.system.trainer.ppo_actor import PPOActor, engine_config
 
     dev = pick_device(device)
     g = torch.Generator().manual_seed(2)

@@ -59,7 +59,8 @@ def _step(
     from realhf.api.worker_configs import ModelWorkerConfig
     from realhf.base.device import dist_backend, pick_device
     from realhf.impl.engine.fsdp_engine import FSDPEngine
-    from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, engine_config, reference_logprobs, roles_of
+    from realhf.system.trainer.ppo_actor import PPOActor, PPOCritic, engine_config, reference_logprobs
+    from realhf.system.trainer.ppo_step import default_graph
 
     # eps 1e-6: Adam divides by sqrt(v) + eps, so with 1e-8 float noise in a near-zero gradient
     # moves that weight by ~lr; the CPU and the device would then differ by noise, not by a bug.
@@ -81,7 +82,7 @@ def _step(
     dist.init_process_group(dist_backend(dev), store=dist.HashStore(), rank=0, world_size=1)
     engines = {}
     try:
-        for role in roles_of(ppo):
+        for role in default_graph(ppo).models():
             # shard_single_rank: FSDP2's sharding, all-gathers and reduce-scatters run even at DP=1.
             engines[role] = FSDPEngine(dataclasses.replace(engine_config(cfg, role, 0), shard_single_rank=shard))
             engines[role].initialize()

@@ -1,4 +1,4 @@
-"""One rank of a group exchange (tests/unit/impl/model/test_group_exchange.py).
+"""One rank of a group exchange (tests/unit/system/trainer/test_group_exchange.py).
 
     RANK=r WORLD_SIZE=w MASTER_PORT=p python -m helpers.exchange_ranks OUT_DIR
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.trajectory import Sample, Trajectory
-from realhf.impl.model.group_exchange import exchange
+from realhf.system.trainer.group_exchange import exchange
 
 HELD = [3, 0, 2]  # rank 1 arrives with nothing
 # rank 0 keeps one group and receives rank 2's second; rank 1 gets two of rank 0's; rank 2 keeps its first

@@ -34,8 +34,8 @@ from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
 from realhf.api.train_batch import TrainBatch
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
-from realhf.impl.model.actor import token_values
 from realhf.impl.model.utils import ppo_functional as F
+from realhf.system.trainer.actor import token_values
 
 TINY_SFT = os.path.join(TINY_MATH, "sft")
 N_ROWS, N_STEPS = 16, 2  # two minibatches of 8 samples: one per optimizer step

@@ -59,7 +59,7 @@ class ModelWorkerHarness:
     def step(self, shares: List[int], assignment: Optional[list] = None) -> dict:
         """One training step the way the master runs it: take, balance (by `assignment`: per rank,
         the (source rank, index) of each group it trains; default: each keeps what it took),
-        actor_inf, actor_train."""
+        the step graph's nodes actor_inf, advantages, actor_train."""
         self.fetch_until(shares)
         fetched = self.stream.call_all(
             "fetch", per_worker_data={i: {"take": s} for i, s in enumerate(shares)}, timeout=60
@@ -67,8 +67,9 @@ class ModelWorkerHarness:
         if assignment is None:
             assignment = [[(r, i) for i in range(s)] for r, s in enumerate(shares)]
         balanced = self.stream.call_all("balance", {"assignment": assignment}, timeout=60)
-        inference = self.stream.call_all("inference", {"model": "actor"}, timeout=120)
-        train = self.stream.call_all("train_step", timeout=300)
+        inference = self.stream.call_all("step_node", {"node": "actor_inf"}, timeout=120)
+        self.stream.call_all("step_node", {"node": "advantages"}, timeout=60)
+        train = self.stream.call_all("step_node", {"node": "actor_train"}, timeout=300)
         return {"fetch": fetched, "balance": balanced, "inference": inference, "train": train}
 
     def model_version(self) -> str:

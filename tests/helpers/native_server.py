@@ -23,7 +23,7 @@ SMALL_CONTEXT, SMALL_SLOTS = 64, 8
 def serve_native(model_path: str, context_length: int, slots: int):
     """(url, engine) of a native server on `model_path`, stopped on exit."""
     from realhf.impl.inference.factory import create_engine
-    from realhf.impl.inference.server_app import create_app
+    from realhf.system.gen_server.server_app import create_app
     from realhf.system.streams.http_thread import HttpServerThread
 
     engine = create_engine(model_path, max_running_requests=slots, context_length=context_length, seed=1).start()

@@ -42,7 +42,6 @@ the unsplit names (optimizer state flattened), so it loads at any layout. LoRA i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -427,8 +426,7 @@ class FSDPEngine(TrainEngine):
         return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:
-        moved = {f.name: getattr(mb, f.name) for f in dataclasses.fields(mb)}
-        return TrainBatch(**{k: None if t is None else t.to(self.device) for k, t in moved.items()})
+        return mb.to(self.device)
 
     def _padding_batch(self) -> TrainBatch:
         """One sample of two pad tokens and nothing to train (only the model's inputs are read)."""

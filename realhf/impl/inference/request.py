@@ -3,7 +3,7 @@
 `GenerateRequest` (prompt token ids + `SamplingParams`) goes in, `GenerateResult` (token ids,
 per-token log-probs, SGLang's `finish_reason`, the weight version that produced it) comes out;
 `check_request` says, naming the field, why a request cannot be served. The HTTP layer
-(`realhf.impl.inference.server_app`) maps SGLang's JSON onto these types; nothing here knows
+(`realhf.system.gen_server.server_app`) maps SGLang's JSON onto these types; nothing here knows
 about threads, tensors or the model.
 """
 

@@ -1,6 +1,6 @@
 """The `vllm` backend's engine: the native engine's surface over vLLM's `AsyncLLM` (issue 46).
 
-`realhf.impl.inference.server_app` speaks SGLang's protocol in front of an engine; this class gives
+`realhf.system.gen_server.server_app` speaks SGLang's protocol in front of an engine; this class gives
 it vLLM instead of the built-in engine, so the server that the manager and the rollout workers
 talk to is the same program whichever engine generates (one code path for routing, health
 checks, staleness, weight versions, aborts and restarts). vLLM is imported only here and only

@@ -47,6 +47,20 @@ def vllm_python(cfg: VLLMConfig, check: bool = True) -> str:
     return python
 
 
+def per_server_cores(cores: List[int], index: int, count: int) -> str:
+    """cpu_threads_bind=per_server: server `index` of `count` takes its own slice of `cores` (the
+    i-th count-th, at least one core; more servers than cores share round-robin), as vLLM's
+    core-list syntax ('2', '0-3', or '0,2' where the slice is not contiguous)."""
+    if not cores or count < 1 or not 0 <= index < count:
+        raise ValueError(f"per_server binding: server {index} of {count} over cores {cores}")
+    width = max(len(cores) // count, 1)
+    start = (index * width) % len(cores)
+    mine = sorted(cores[start : start + width])
+    if mine == list(range(mine[0], mine[-1] + 1)):
+        return str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}"
+    return ",".join(str(c) for c in mine)
+
+
 def server_env(extra: Dict[str, str]) -> Dict[str, str]:
     """The child's environment: offline, this clone's realhf first on its path (the server speaks
     the same protocol version as the worker that starts it), plus `extra`."""

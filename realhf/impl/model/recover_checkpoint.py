@@ -4,7 +4,7 @@ exactly where it stopped, written by all DP ranks together and published in one 
     <run_dir>/recover/          the newest (trial_files.recover_dir)
         recover_info.json   version, DP size, roles, the master's counters and the trainer's
                             own state (`extra`; the model worker adds `actor_state`, the
-                            adaptive KL coefficient: realhf.impl.model.ppo_actor.PPOActor.state_dict)
+                            adaptive KL coefficient: realhf.system.trainer.ppo_actor.PPOActor.state_dict)
         <role>/             one trainable engine's shards: model and optimizer
                             (torch.distributed.checkpoint) + lr_schedule.json
         rng/rank<r>.pt      each rank's torch and Python RNG state

@@ -95,12 +95,14 @@ def evaluate_math_accuracy(
     grader: Optional[MathGrader] = None,
     seed: int = 1,
     chat_template: str = "auto",
+    keep_answers: bool = False,
 ) -> Dict[str, float]:
     """Fraction of `n` samples per prompt whose answer matches a reference solution.
 
     Returns {"accuracy", "n" (graded samples), "n_prompts", "n_correct", "correct_per_prompt"
     (right answers of each row, of `n`), "temperature", "mean_new_tokens", "truncated" (fraction
-    that hit max_new_tokens without EOS)}.
+    that hit max_new_tokens without EOS)}, and with `keep_answers` "answers": per row, its `n`
+    (answer text, right) pairs.
     The tokenizer always comes from `model_path`; the model is loaded only when no
     `generate_fn` is given. `seed` fixes torch's sampling RNG.
     """
@@ -127,6 +129,7 @@ def evaluate_math_accuracy(
     try:
         n_correct, n_tokens, n_truncated = 0, 0, 0
         per_prompt = [0] * len(rows)
+        answers: List[List[tuple]] = [[] for _ in rows]
         for k, out in enumerate(outputs):
             row = rows[k // n]
             answer = _until_eos(out, eos_id)
@@ -136,11 +139,12 @@ def evaluate_math_accuracy(
             right = bool(grader.grade(text, row.solutions))
             n_correct += right
             per_prompt[k // n] += right
+            answers[k // n].append((text, right))
     finally:
         if own_grader:
             grader.close()
     total = len(outputs)
-    return {
+    out = {
         "accuracy": n_correct / total,
         "n": total,
         "n_prompts": len(rows),
@@ -150,3 +154,6 @@ def evaluate_math_accuracy(
         "mean_new_tokens": n_tokens / total,
         "truncated": n_truncated / total,
     }
+    if keep_answers:
+        out["answers"] = answers
+    return out

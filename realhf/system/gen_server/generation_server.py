@@ -111,8 +111,8 @@ class GenerationServer(Worker):
     def _start_native(self, cfg: GenerationServerConfig, seed: int) -> int:
         from realhf.base.device import bind_device, cap_memory, pick_device, why_device
         from realhf.impl.inference.factory import create_engine_from_config
-        from realhf.impl.inference.server_app import create_app
-        from realhf.impl.inference.sglang_generate import load_tokenizer
+        from realhf.system.gen_server.server_app import create_app
+        from realhf.system.gen_server.sglang_generate import load_tokenizer
         from realhf.system.streams.http_thread import HttpServerThread
 
         device = pick_device(cfg.device, 0 if self.ctx.gpus_assigned else cfg.base_gpu_id)
@@ -167,15 +167,21 @@ class GenerationServer(Worker):
         return port
 
     def _start_vllm(self, cfg: GenerationServerConfig, seed: int) -> int:
-        from realhf.impl.inference.vllm_launcher import build_vllm_command, server_env, vllm_python
+        from realhf.impl.inference.vllm_launcher import build_vllm_command, per_server_cores, server_env, vllm_python
 
         port = cfg.port or find_free_port(cfg.host)
+        vllm = cfg.vllm
+        if vllm.cpu_threads_bind == "per_server":  # two unbound engines on one machine fight for its cores
+            cores = sorted(os.sched_getaffinity(0))
+            bind = per_server_cores(cores, self.ctx.worker_index, max(self.ctx.worker_count, 1))
+            vllm = dataclasses.replace(vllm, cpu_threads_bind=bind)
+            self.logger.info(f"vLLM server {self.ctx.worker_index} of {self.ctx.worker_count}: cores {bind}")
         cmd = build_vllm_command(
-            vllm_python(cfg.vllm),
+            vllm_python(vllm),
             cfg.model_path,
             cfg.host,
             port,
-            cfg.vllm,
+            vllm,
             seed=seed,
             weight_version=cfg.weight_version,
             gpu_share=cfg.gpu_memory_fraction,

@@ -3,8 +3,8 @@
 configure: bind the request socket → wait for the model workers → initialize them
 each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
            split them anew across the ranks by tokens (`balance`, realhf.system.master.dp_balance) →
-           the model calls of `_train_calls`, top to bottom, each one request to every model
-           worker → publish training_samples → log the step's metrics
+           the nodes of the step's graph (realhf.system.trainer.ppo_step), wave by wave, each
+           one request to every model worker → publish training_samples → log the step's metrics
 the end:   after total_train_steps (set by the experiment), or after the first step at which
            the training time reaches exp_ctrl.max_train_seconds, save, set
            experiment_status=COMPLETE (every worker then leaves its loop), exit
@@ -21,7 +21,6 @@ from realhf.api.worker_configs import MasterWorkerConfig
 from realhf.base import name_resolve, names
 from realhf.base.trainer_layout import TrainerLayout
 from realhf.base.trial_files import completions_path, metrics_path, read_metrics
-from realhf.impl.model.step_calls import step_calls
 from realhf.system.manager.admission_ledger import ENDED_REASONS, AdmissionLedger, accounting, accounting_line
 from realhf.system.manager.staleness import dp_shares, resumed_accepted
 from realhf.system.master import dp_balance, stall_report
@@ -35,12 +34,8 @@ from realhf.system.stats.stats_logger import (
     truncate_metrics,
 )
 from realhf.system.streams.request_reply_stream import MasterStream
+from realhf.system.trainer import ppo_step
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
-
-
-def train_call_names(ppo) -> List[str]:
-    """The model calls of one train step, in order (realhf.impl.model.step_calls)."""
-    return [c.name for c in step_calls(ppo)]
 
 
 class MasterWorker(Worker):
@@ -57,6 +52,7 @@ class MasterWorker(Worker):
         self._stats: Optional[StatsLogger] = None
         exp, trial = self.ctx.experiment_name, self.ctx.trial_name
         self.total_steps = cfg.total_train_steps
+        self.graph = ppo_step.build_graph(cfg.ppo)
         self.shares = dp_shares(cfg.groups_per_step, len(self._heads))
 
         self._stream = MasterStream(
@@ -66,8 +62,10 @@ class MasterWorker(Worker):
             host=cfg.bind_host,
             secret=self.ctx.secret,
             max_message_bytes=cfg.max_message_bytes,
+            n_node_workers=cfg.n_node_workers,
         )
-        self.logger.info(f"waiting for {cfg.n_model_workers} model workers at {self._stream.address}")
+        node = f" and {cfg.n_node_workers} node worker" if cfg.n_node_workers else ""
+        self.logger.info(f"waiting for {cfg.n_model_workers} model workers{node} at {self._stream.address}")
         self._stream.wait_for_workers(cfg.worker_connect_timeout)
         replies = self._stream.call_all("initialize", timeout=cfg.request_timeout)
         versions = sorted({r["version"] for r in replies})
@@ -125,17 +123,21 @@ class MasterWorker(Worker):
         self._ckpt_version = self.version  # resumed from it, or nothing to keep yet
         self.logger.info(
             f"training {self.total_steps} steps of B={cfg.groups_per_step} groups (shares {self.shares}) "
-            f"from version {self.version}; calls {' -> '.join(train_call_names(cfg.ppo))}; policy loss "
+            f"from version {self.version}; step {self.graph.describe()}; policy loss "
             f"{cfg.ppo.policy_loss}, advantages {cfg.ppo.adv_estimator}; metrics in {self.metrics_path}"
         )
+
+    @property
+    def _layout(self) -> TrainerLayout:
+        cfg = self.config
+        return TrainerLayout.of(cfg.n_model_workers, cfg.trainer_tp, cfg.trainer_pp)
 
     @property
     def _heads(self) -> List[int]:
         """The model workers that are DP heads: with trainer tensor or pipeline parallelism one rank
         of each replica holds its data (fetch); the others follow it (balance and the model calls
         go to all). realhf.base.trainer_layout."""
-        cfg = self.config
-        return TrainerLayout.of(cfg.n_model_workers, cfg.trainer_tp, cfg.trainer_pp).heads()
+        return self._layout.heads()
 
     @staticmethod
     def _read_trained(path: str) -> set:
@@ -289,25 +291,57 @@ class MasterWorker(Worker):
         }
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
-        """One train step on the batch the model workers took: the calls of
-        `realhf.impl.model.step_calls`, in order, on every DP rank. Returns (inference replies
-        per model, actor_train replies, carrying the critic's stats too: global, the same on
-        every rank)."""
+        """One train step on the batch the model workers took: the nodes of the step's graph,
+        wave by wave. Every trainer node of a wave is posted to every rank at once (a rank runs
+        them in the order posted, the same on every rank); a node of `ppo.graph.own_process`
+        goes to the node worker with each DP rank's inputs, runs beside them, and its outputs
+        are set on the ranks' batches before the next wave. Returns (inference replies per
+        model, the actor update's replies, carrying the other nodes' stats too: global, the
+        same on every rank)."""
+        cfg = self.config
+        own = set(cfg.ppo.graph.own_process)
         inference: Dict[str, List[Any]] = {}
-        critic_stats: Dict[str, Any] = {}
+        extra_stats: Dict[str, Any] = {}
         train: List[Any] = []
-        for c in step_calls(self.config.ppo):
-            data = {"model": c.model} if c.handler == "inference" else None
-            # Every rank runs the call; the heads' replies speak for their replicas (the same numbers).
-            replies = self._stream.call_all(c.handler, data, timeout=self.config.request_timeout)
-            replies = [replies[h] for h in self._heads]
-            if c.handler == "inference":
-                inference[c.model] = replies
-            elif c.name == "critic_train":
-                critic_stats = replies[0]["stats"]
-            else:
-                train = replies
-        train[0]["stats"].update(critic_stats)
+        workers = range(self._stream.n_workers)
+        for wave in ppo_step.waves(self.graph):
+            here, away = [n for n in wave if n.name not in own], [n for n in wave if n.name in own]
+            inputs = []
+            if away:  # before the trainer nodes, which would queue this request behind them
+                names = sorted({t for n in away for t in n.inputs})
+                inputs = self._stream.call_all(
+                    "get_tensors", {"names": names}, workers=self._heads, timeout=cfg.request_timeout
+                )
+            ids = [self._stream.post(w, "step_node", {"node": n.name}) for n in here for w in workers]
+            node_worker = self._stream.n_workers  # the first (and only) node worker
+            away_ids = [
+                self._stream.post(node_worker, "step_node", {"node": n.name, "batches": [r["tensors"] for r in inputs]})
+                for n in away
+            ]
+            replies_here = self._stream.wait(ids, cfg.request_timeout * max(len(here), 1))
+            replies_away = self._stream.wait(away_ids, cfg.request_timeout * max(len(away), 1))
+            per_node = [
+                (n, [replies_here[i * len(workers) : (i + 1) * len(workers)][h] for h in self._heads])
+                for i, n in enumerate(here)
+            ]
+            for n, reply in zip(away, replies_away):
+                per_node.append((n, reply["stats"]))
+                # Each DP rank's outputs to every rank of its replica.
+                per_worker = {w: {"tensors": reply["outputs"][self._layout.coords(w)[0]]} for w in workers}
+                self._stream.call_all("set_tensors", per_worker_data=per_worker, timeout=cfg.request_timeout)
+            for node, replies in per_node:
+                # Every rank runs the node; the heads' replies speak for their replicas (the same numbers).
+                if node.op == "train_actor":
+                    train = replies
+                elif "model" in replies[0] and "n_tokens" in replies[0]:
+                    inference[replies[0]["model"]] = replies
+                else:  # the critic's update, the advantages, a user's node: their numbers
+                    for key, value in replies[0].items():
+                        if key == "stats" and isinstance(value, dict):
+                            extra_stats.update(value)
+                        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                            extra_stats[f"{node.name}/{key}"] = value
+        train[0]["stats"].update(extra_stats)
         return inference, train
 
     def _save_and_checkpoint(self) -> None:

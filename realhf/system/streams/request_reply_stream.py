@@ -60,8 +60,12 @@ class MasterStream:
         host: str = "127.0.0.1",
         secret: str = "",
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        n_node_workers: int = 0,
     ):
+        # Model workers are 0..n_workers-1 (what call_all reaches by default); node workers
+        # (realhf.system.node) follow them.
         self.n_workers = n_workers
+        self.n_node_workers = n_node_workers
         self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -85,13 +89,14 @@ class MasterStream:
     # ---- connection -------------------------------------------------------------------------
     def wait_for_workers(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while len(self._connected) < self.n_workers:
+        total = self.n_workers + self.n_node_workers
+        while len(self._connected) < total:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = sorted(set(range(self.n_workers)) - self._connected)
-                raise TimeoutError(
-                    f"model workers {missing} did not connect to the master at {self.address} within {timeout:.0f}s"
-                )
+                missing = sorted(set(range(total)) - self._connected)
+                kinds = ["model worker" if i < self.n_workers else "node worker" for i in missing]
+                who = ", ".join(f"{k} {i}" for k, i in zip(kinds, missing))
+                raise TimeoutError(f"{who} did not connect to the master at {self.address} within {timeout:.0f}s")
             self._receive(min(remaining, 0.5))
 
     # ---- requests ---------------------------------------------------------------------------
@@ -180,12 +185,12 @@ class MasterStream:
                     index = int(identity.decode())
                 except ValueError:
                     index = -1
-                if 0 <= index < self.n_workers:
+                if 0 <= index < self.n_workers + self.n_node_workers:
                     self._connected.add(index)
                 else:
                     self.n_malformed += 1
                     self._malformed_log.event(
-                        f"hello from {identity[:64]!r}: not a model worker index in [0, {self.n_workers})"
+                        f"hello from {identity[:64]!r}: not a worker index in [0, {self.n_workers + self.n_node_workers})"
                     )
                 continue
             rid = msg.get("request_id")

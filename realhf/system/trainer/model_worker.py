@@ -9,15 +9,15 @@
 Handlers (docs/architecture.md §6): `initialize`, `fetch` (report buffered groups / take this step's share,
 applying the staleness guard; with `completions: n`, also n of the taken samples decoded for the
 master to log, realhf.system.stats.completion_log), `balance` (move the taken groups between ranks as the master's
-token-balancing plan says, then build the step's batch), `inference` (`model`: actor → proximal log-probs, ref → reference
-log-probs, critic → values of the taken batch), `critic_train`, `train_step` (the actor's
-ppo_n_minibatches optimizer steps, version + 1, publish the weights), `save`, `checkpoint`,
-`ping`. Every handler past `fetch` is collective: all DP ranks get the same request, and a
+token-balancing plan says, then build the step's batch), `step_node` (`node`: one node of the
+step's graph, realhf.system.trainer.ppo_step — proximal, reference or critic inference, the
+advantages, the critic's or the actor's update; after the actor's, version + 1 and the weights
+published), `save`, `checkpoint`, `ping`. Every handler past `fetch` is collective: all DP ranks get the same request, and a
 collective that does not complete within `collective_timeout` fails the handler naming this
 rank, the engine, the call and the step (realhf.base.collectives); the worker then exits, since
 its process group can no longer be trusted. The worker
 owns the data (stream, buffer, staleness guard), the weight version and its publishing; the
-training work lives in realhf.impl.model.ppo_actor.
+training work lives in realhf.system.trainer.ppo_actor.
 """
 
 from __future__ import annotations
@@ -32,20 +32,23 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from realhf.api.train_batch import TrainBatch
+from realhf.api.train_batch import REQUIRED_FIELDS, TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import collectives, name_resolve, names, trial_files
 from realhf.base.device import bind_device, cap_memory, dist_backend, pick_device, why_device
 from realhf.base.network import bind_gloo_to, host_for_peers, split_host_port
 from realhf.base.trainer_layout import TrainerLayout
-from realhf.impl.model import checkpoint, group_exchange, recover_checkpoint
+from realhf.impl.model import checkpoint, recover_checkpoint
 from realhf.impl.model.batching import batch_summary, pack_trajectories
-from realhf.impl.model.buffer import TrajectoryBuffer
-from realhf.impl.model.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
 from realhf.system.stats import completion_log
 from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller
 from realhf.system.streams.request_reply_stream import WorkerStream
+from realhf.system.trainer import group_exchange
+from realhf.system.trainer.buffer import TrajectoryBuffer
+from realhf.system.trainer.ppo_actor import PPOActor, PPOCritic, build_engines
+from realhf.system.trainer.ppo_step import build_graph, trainer_models
+from realhf.system.trainer.step_ops import StepContext, run_node
 from realhf.system.trainer.stream_dataset import StreamDataset
 from realhf.system.trainer.weight_broadcast import WeightBroadcaster
 from realhf.system.worker_base import Worker
@@ -101,7 +104,9 @@ class ModelWorker(Worker):
         self._init_distributed()
 
         t0 = time.monotonic()
-        self.engines = build_engines(cfg, local_rank, self._io_group)
+        self.graph = build_graph(cfg.ppo)
+        roles = trainer_models(self.graph, cfg.ppo.graph.own_process)  # a placed reference lives on the node worker
+        self.engines = build_engines(cfg, local_rank, self._io_group, roles=roles)
         self.actor = PPOActor(self.engines["actor"], cfg.ppo)
         self.critic = PPOCritic(self.engines["critic"], cfg.ppo, self.actor.kl) if "critic" in self.engines else None
         self._trained = {role: e for role, e in self.engines.items() if role != "ref"}
@@ -144,9 +149,9 @@ class ModelWorker(Worker):
         )
 
         self._handlers: Dict[str, Callable[[Any], Any]] = {
-            "initialize": self._initialize, "fetch": self._fetch, "balance": self._balance, "inference": self._inference,
-            "critic_train": self._critic_train, "train_step": self._train_step, "save": self._save,
-            "checkpoint": self._checkpoint, "ping": self._ping,
+            "initialize": self._initialize, "fetch": self._fetch, "balance": self._balance,
+            "step_node": self._step_node, "get_tensors": self._get_tensors, "set_tensors": self._set_tensors,
+            "save": self._save, "checkpoint": self._checkpoint, "ping": self._ping,
         }  # fmt: skip
         self._stream = WorkerStream(
             exp,
@@ -221,10 +226,10 @@ class ModelWorker(Worker):
             return False
         handler = self._handlers.get(request.handle_name)
         # Said in an error: a save or checkpoint follows step `version`, the other calls make step
-        # version + 1; an inference names its model (with LoRA the ref runs on the actor's engine).
+        # version + 1; a step node is named (with LoRA the ref runs on the actor's engine).
         call = request.handle_name
-        if call == "inference" and isinstance(request.data, dict):
-            call = f"{request.data.get('model', 'actor')} inference"
+        if call == "step_node" and isinstance(request.data, dict):
+            call = f"step node {request.data.get('node')}"
         at = (
             f"{call} at version {self.version}"
             if call in ("save", "checkpoint")
@@ -431,41 +436,40 @@ class ModelWorker(Worker):
     def _pad_id(self) -> int:
         return int(getattr(self.engines["actor"].hf_config, "pad_token_id", None) or 0)
 
-    def _inference(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        """`{model: actor|ref|critic}`: proximal log-probs, reference log-probs or values of the batch."""
-        batch, role = self._need_batch("inference"), data.get("model", "actor")
-        if role not in self.engines:
-            raise ValueError(
-                f"inference on {role!r}, but this trainer holds {sorted(self.engines)} "
-                "(ref needs ppo.kl_ctl > 0, critic ppo.adv_estimator=gae)"
-            )
-        if role == "actor":
-            return self.actor.compute_logprobs(batch)
-        if role == "critic":
-            return self.critic.compute_values(batch)
-        return reference_logprobs(self.engines["ref"], batch, self.config.ppo.gen.temperature)
-
-    def _critic_train(self, data: Dict[str, Any]) -> Dict[str, Any]:
-        if self.critic is None:
-            raise ValueError("critic_train, but there is no critic (ppo.adv_estimator is not gae)")
+    def _step_node(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        """Collective `{node}`: one node of the step's graph (realhf.system.trainer.ppo_step) on
+        this rank's batch; the actor's update also advances the version and publishes it."""
+        node = self.graph.node(data["node"])
+        batch = self._need_batch(f"step node {node.name}")
+        ctx = StepContext(self.engines, self.actor, self.critic, self.config.ppo, self.version)
         t0 = time.monotonic()
-        stats = self.critic.train_step(self._need_batch("critic_train"))
-        return {"stats": stats, "train_time_s": time.monotonic() - t0}
+        reply = run_node(ctx, batch, node)
+        if node.op == "train_actor":
+            reply = self._after_actor_update(reply["stats"], time.monotonic() - t0)
+        return reply
 
-    def _train_step(self, data: Dict[str, Any]) -> Dict[str, Any]:
+    def _get_tensors(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        """`{names}`: this rank's batch tensors of those names, with what any forward of the batch
+        needs (TrainBatch's required fields) — the inputs of a node that runs on the node worker."""
+        batch = self._need_batch("get_tensors")
+        wanted = dict.fromkeys(list(REQUIRED_FIELDS) + ["prompt_lens"] + list(data.get("names", [])))
+        return {"tensors": {n: batch.get(n) for n in wanted if batch.get(n) is not None}}
+
+    def _set_tensors(self, data: Dict[str, Any]) -> Dict[str, Any]:
+        """`{tensors}`: a node worker's outputs, set on this rank's batch by name."""
+        batch = self._need_batch("set_tensors")
+        for name, value in data["tensors"].items():
+            batch.set(name, value)
+        return {"set": sorted(data["tensors"])}
+
+    def _after_actor_update(self, stats: Dict[str, Any], train_s: float) -> Dict[str, Any]:
         cfg = self.config
-        batch = self._need_batch("train_step")
         t0 = time.monotonic()
-        if self.critic is not None and self.version < cfg.ppo.critic_warmup_steps:
-            stats = {"actor_frozen": 1.0}  # critic warm-up: the version advances, the weights stay
-        else:
-            stats = self.actor.train_step(batch, self.version)
-        train_s = time.monotonic() - t0
         self.version += 1
         self._batch = None
         self._last_broadcast = None
         published = self._publish(weights=True)
-        publish_s = time.monotonic() - t0 - train_s
+        publish_s = time.monotonic() - t0
         how = self._how_published(published)
         if stats.get("skipped_steps"):
             self.logger.warning(

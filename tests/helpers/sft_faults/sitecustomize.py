@@ -1,6 +1,6 @@
 """Planted faults for tests/unit/experiments/test_sft_ranks.py: with this directory on PYTHONPATH,
 Python imports this module at the start of every process; in the process of SFT rank 1
-(`python -m realhf.apps.sft_rank CONFIG 1 ...`) the environment variable SFT_FAULT makes its
+(`python -m realhf.apps.sft_rank sft CONFIG 1 ...`) the environment variable SFT_FAULT makes its
 second train step
     raise  fail with a RuntimeError (rank 0 is left in the step's collectives);
     hang   sleep without entering the step's collectives (rank 0 waits in them alone).
@@ -11,7 +11,7 @@ import sys
 
 _fault = os.environ.get("SFT_FAULT", "")
 _args = list(getattr(sys, "orig_argv", sys.argv))  # sys.argv lacks the -m module here
-if _fault and "realhf.apps.sft_rank" in _args and _args[_args.index("realhf.apps.sft_rank") + 2] == "1":
+if _fault and "realhf.apps.sft_rank" in _args and _args[_args.index("realhf.apps.sft_rank") + 3] == "1":
     import time
 
     from realhf.impl.engine.fsdp_engine import FSDPEngine

@@ -25,6 +25,7 @@ PLACEHOLDER = re.compile(r"<\w+>|\[\w|…|\bHEAD_IP\b|\bDIR\b|\bFILE\b|\bPATH\b|
 TRAINING = ("examples/run_async_ppo.sh", "examples/run_async_ppo_smollm2.sh", "examples/run_tool_agent.sh",
             "examples/run_code_task.sh", "training/main_async_ppo.py")  # fmt: skip
 SFT = "training/main_sft.py"
+RM = "training/main_rm.py"
 # Commands run elsewhere, by the test named, or not runnable here by nature.
 NOT_RUN = {
     "scripts/test.sh": "the suite itself",
@@ -39,11 +40,12 @@ NOT_RUN = {
     "realhf.apps.sft_rank": "one rank of training/main_sft.py, started by it",
     "scripts/convert_gguf.py": "tests/unit/impl/model/test_gguf_import.py runs the conversion and the command",
     "scripts/make_math_dataset.py": "tests/assets/test_tiny_math.py regenerates the data with it",
+    "scripts.make_preference_pairs": "rewrites the shipped pairs (a minute): tests/unit/scripts/test_make_preference_pairs.py runs it small",
 }
 CAP_RL = ["exp_ctrl.benchmark_steps=2", "evaluation.n_prompts=0", "cluster.device=cpu"]
 CAP_SFT = ["steps=2", "eval_n=-1", "device=cpu"]
 PATH_KEYS = re.compile(
-    r"^\+?(actor\.path|critic\.path|ref\.path|dataset\.path|dataset\.test_path|model_path|train_path|test_path)=(.+)$"
+    r"^\+?(actor\.path|critic\.path|ref\.path|reward\.path|dataset\.path|dataset\.test_path|model_path|train_path|test_path)=(.+)$"
 )
 
 
@@ -76,7 +78,7 @@ def _argv(words, tmp_path, index):
     if target in TRAINING or args[:2] == ["-m", "realhf.apps.train"]:
         if "--help" not in args:
             args = [*args, *CAP_RL, *own]
-    elif target == SFT and "--help" not in args:
+    elif target in (SFT, RM) and "--help" not in args:
         args = [*[a for a in args if not a.startswith("output_path=")], *CAP_SFT, f"output_path={tmp_path / 'sft'}"]
     elif args[:2] == ["-m", "pytest"]:
         args = [*args, "-q", "-p", "no:cacheprovider"]

@@ -269,7 +269,7 @@ def weights_root(tmp_path_factory, tiny_model_path):
 @pytest.fixture
 def authed_native_server(tiny_model_path, weights_root):
     from realhf.impl.inference.factory import create_engine
-    from realhf.impl.inference.server_app import create_app
+    from realhf.system.gen_server.server_app import create_app
     from realhf.system.streams.http_thread import HttpServerThread
 
     engine = create_engine(tiny_model_path, max_running_requests=4, context_length=64, seed=1, weight_version=5).start()

@@ -202,7 +202,7 @@ def test_update_weights_refuses_a_pickle_checkpoint(marker, native_server, tiny_
 def test_no_code_moves_python_objects_between_ranks_with_pickle():
     """torch.distributed's *_object helpers pickle what they send (and unpickle what a peer
     sends); between ranks the project moves msgpack bytes as uint8 tensors instead
-    (realhf.impl.model.group_exchange, realhf.impl.engine.pipeline_calls)."""
+    (realhf.system.trainer.group_exchange, realhf.impl.engine.pipeline_calls)."""
     import re
     from pathlib import Path
 

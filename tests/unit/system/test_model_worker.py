@@ -104,8 +104,10 @@ def test_dp2_over_gloo_gives_the_same_update_as_dp1_on_the_same_data(
     h = ModelWorkerHarness(str(tmp_path), "dp2", 2, _config(tmp_path), redis_url)
     try:
         # A handler's failure comes back to the master as a RemoteError, and the worker carries on.
-        with pytest.raises(RemoteError, match="train_step: no batch; call fetch with take > 0, then balance, first"):
-            h.stream.call_all("train_step", timeout=60)
+        with pytest.raises(
+            RemoteError, match="step node actor_train: no batch; call fetch with take > 0, then balance, first"
+        ):
+            h.stream.call_all("step_node", {"node": "actor_train"}, timeout=60)
         # Each rank sends the other its second group (the master's balancing moves groups so):
         # rank 0 trains g0 then g1, rank 1 g2 then g3 — minibatch 1 is g0 + g2, as at DP=1.
         h.push(0, [groups[0], groups[2]])

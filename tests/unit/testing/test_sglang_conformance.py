@@ -169,7 +169,7 @@ def test_the_checker_names_each_way_a_value_leaves_its_shape():
 
 
 def test_the_built_in_server_knows_sglangs_sampling_params_exactly():
-    from realhf.impl.inference.sglang_generate import SGLANG_SAMPLING_PARAMS
+    from realhf.system.gen_server.sglang_generate import SGLANG_SAMPLING_PARAMS
 
     assert SGLANG_SAMPLING_PARAMS == set(field_names(fixtures.SAMPLING_PARAMS))
 
@@ -283,8 +283,8 @@ def test_health_checks_and_the_servers_config_check_use_sglangs_get_endpoints(sg
 def built_in_server():
     """The built-in server on the committed tiny model, with its tokenizer, in this process."""
     from realhf.impl.inference.factory import create_engine
-    from realhf.impl.inference.server_app import create_app
-    from realhf.impl.inference.sglang_generate import load_tokenizer
+    from realhf.system.gen_server.server_app import create_app
+    from realhf.system.gen_server.sglang_generate import load_tokenizer
     from realhf.system.streams.http_thread import HttpServerThread
 
     engine = create_engine(TINY, max_running_requests=8, context_length=128, seed=1).start()

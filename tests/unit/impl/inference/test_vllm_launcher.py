@@ -81,3 +81,16 @@ def test_an_interpreter_without_vllm_is_refused_with_its_error():
 def test_the_child_finds_this_clones_realhf_first():
     env = server_env({"X": "1"})
     assert env["PYTHONPATH"].split(":")[0] == REPO_ROOT and env["X"] == "1"
+
+
+def test_per_server_binding_gives_each_server_its_own_cores():
+    from realhf.impl.inference.vllm_launcher import per_server_cores
+
+    assert [per_server_cores([0, 1], i, 2) for i in range(2)] == ["0", "1"]
+    assert [per_server_cores(list(range(8)), i, 2) for i in range(2)] == ["0-3", "4-7"]
+    assert [per_server_cores([0, 1, 2], i, 2) for i in range(2)] == ["0", "1"]  # the odd core left free
+    assert [per_server_cores([0, 1], i, 3) for i in range(3)] == ["0", "1", "0"]  # more servers than cores
+    assert per_server_cores([0, 2, 4, 6], 0, 2) == "0,2"
+    assert per_server_cores([5], 0, 1) == "5"
+    with pytest.raises(ValueError, match="server 2 of 2"):
+        per_server_cores([0, 1], 2, 2)

@@ -13,7 +13,8 @@ from realhf.api.algorithms import ADV_ESTIMATORS as ADV_ESTIMATORS_MENU
 from realhf.api.cli_args import PPOHyperparameters
 from realhf.api.train_batch import TrainBatch
 from realhf.experiments.validation import ConfigError, check_ppo
-from realhf.impl.model import actor, algorithms
+from realhf.impl.model import algorithms
+from realhf.system.trainer import actor
 
 
 def _batch(rewards, group_ids, width: int = 6, seed: int = 0) -> TrainBatch:
@@ -259,22 +260,22 @@ def test_the_master_and_the_ppo_checks_choose_every_built_in_without_importing_t
         "import sys\n"
         "from realhf.api.cli_args import PPOHyperparameters\n"
         "from realhf.experiments.validation import check_ppo\n"
-        "from realhf.impl.model.step_calls import step_calls\n"
+        "from realhf.system.trainer.ppo_step import build_graph\n"
         "from realhf.system import worker_class\n"
         "worker_class('master_worker')\n"
         f"for est in {ADV_ESTIMATORS!r}:\n"
         "    for loss in ('ppo', 'gspo', 'cpgd', 'gpg'):\n"
         "        c = PPOHyperparameters(adv_estimator=est, policy_loss=loss)\n"
         "        check_ppo(c)\n"
-        "        print(est, loss, [m.name for m in step_calls(c)])\n"
+        "        print(est, loss, build_graph(c).names())\n"
         "print('torch' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "False", out.stdout
-    assert "gae ppo ['actor_inf', 'critic_inf', 'critic_train', 'actor_train']" in lines
-    assert "grpo gpg ['actor_inf', 'actor_train']" in lines
+    assert "gae ppo ['actor_inf', 'critic_inf', 'advantages', 'critic_train', 'actor_train']" in lines
+    assert "grpo gpg ['actor_inf', 'advantages', 'actor_train']" in lines
 
 
 def test_a_built_in_runs_its_function_from_where_it_is_defined():

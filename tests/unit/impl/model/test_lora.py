@@ -161,10 +161,11 @@ def test_load_hf_into_a_lora_engine_is_refused(tmp_path):
 def test_a_lora_trainer_with_a_kl_term_loads_one_model_and_its_reference_is_the_base():
     from realhf.api.cli_args import ModelTrainEvalConfig, PPOHyperparameters
     from realhf.api.worker_configs import ModelWorkerConfig
-    from realhf.impl.model.ppo_actor import build_engines, reference_logprobs
+    from realhf.system.trainer.ppo_actor import build_engines, reference_logprobs
 
     actor = ModelTrainEvalConfig(path=TINY_SFT, lora=LORA)
-    engines = build_engines(ModelWorkerConfig(actor=actor, ppo=PPOHyperparameters(kl_ctl=0.1), device="cpu"), 0)
+    cfg = ModelWorkerConfig(actor=actor, ppo=PPOHyperparameters(kl_ctl=0.1), device="cpu")
+    engines = build_engines(cfg, 0, roles=["actor", "ref"])
     try:
         assert sorted(engines) == ["actor", "ref"]
         assert isinstance(engines["ref"], BaseModelView) and engines["ref"].actor is engines["actor"]

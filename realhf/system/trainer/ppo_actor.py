@@ -9,18 +9,19 @@
 
 The deferral: `PPOActor.compute_logprobs` may leave out the rows of the first minibatch, because
 that minibatch's train forward runs before any optimizer step of the train step, with the
-proximal weights, and gives the same log-probs; `train_step` of the same batch fills them in.
+proximal weights, and gives the same log-probs; `train_step` of the same batch fills them in
+(`batch.prox_computed` marks the rows computed, so a deferral never carries over to another batch).
 That needs train and eval forwards that agree (no dropout) and advantages that do not read the
 proximal log-probs (GAE with a KL reward does).
 
-The PPO math is in realhf.impl.model.actor; the model worker keeps the data, the versions and
-the publishing, and routes requests here.
+The PPO math is in realhf.system.trainer.actor; the step's graph (realhf.system.trainer.ppo_step)
+says which of these run, and its ops (realhf.system.trainer.step_ops) call them.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
@@ -30,7 +31,10 @@ from realhf.api.train_batch import TrainBatch
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base.device import all_reduce_sum
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
-from realhf.impl.model.actor import (
+from realhf.impl.model.algorithms import KLController, estimator
+from realhf.impl.model.batching import minibatch_rows
+from realhf.impl.model.lora import BaseModelView
+from realhf.system.trainer.actor import (
     ActorLoss,
     CriticLoss,
     compute_advantages,
@@ -39,19 +43,20 @@ from realhf.impl.model.actor import (
     token_logprobs,
     token_values,
 )
-from realhf.impl.model.algorithms import KLController, estimator
-from realhf.impl.model.batching import minibatch_rows
-from realhf.impl.model.lora import BaseModelView
-from realhf.impl.model.step_calls import step_models
 
-ROLES = ("actor", "ref", "critic")
+ROLES = ("actor", "ref", "critic", "reward")
 
 
 def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEngineConfig:
-    """The engine of `role`: the reference and the critic load `actor.path` when their own path is empty."""
+    """The engine of `role`: the reference and the critic load `actor.path` when their own path is
+    empty; a reward model (frozen, a value head) must name its own."""
     if role not in ROLES:
         raise ValueError(f"unknown model role {role!r}; known: {ROLES}")
-    model = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic}[role]
+    model = {"actor": cfg.actor, "ref": cfg.ref, "critic": cfg.critic, "reward": cfg.reward}[role]
+    if role == "reward" and not model.path:
+        raise ValueError(
+            "a reward_model node runs on `reward`, whose path is empty: set reward.path=<training/main_rm.py's output>"
+        )
     if not model.path:
         model = type(model)(**{**model.__dict__, "path": cfg.actor.path})
     return FSDPEngineConfig(
@@ -62,8 +67,8 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
         shared_prompt=cfg.ppo.shared_prompt,
         # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
         total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
-        value_head=role == "critic",
-        trainable=role != "ref",
+        value_head=role in ("critic", "reward"),
+        trainable=role in ("actor", "critic"),
         seed=cfg.seed,
         name=role,
         tp_size=cfg.tp_size,
@@ -73,18 +78,16 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
     )
 
 
-def roles_of(ppo: PPOHyperparameters) -> list:
-    """The engines a trainer with these hyper-parameters holds (those its step's calls name)."""
-    return step_models(ppo)
-
-
-def build_engines(cfg: ModelWorkerConfig, local_rank: int, io_group=None) -> Dict[str, FSDPEngine]:
-    """The engines of `roles_of(cfg.ppo)`, actor first. With `actor.lora` the reference is the
-    actor's own model with its adapters disabled (lora.BaseModelView), not a second copy.
-    `io_group`: where the ranks wait for each other's disk writes (realhf.base.collectives)."""
+def build_engines(
+    cfg: ModelWorkerConfig, local_rank: int, io_group=None, *, roles: Sequence[str]
+) -> Dict[str, FSDPEngine]:
+    """The engines of `roles` (the models the step's graph names), actor first. With `actor.lora`
+    the reference is the actor's own model with its adapters disabled (lora.BaseModelView), not a
+    second copy, where the actor is here too. `io_group`: where the ranks wait for each other's disk writes
+    (realhf.base.collectives)."""
     engines = {}
-    for role in roles_of(cfg.ppo):
-        if role == "ref" and cfg.actor.lora.r > 0:
+    for role in sorted(dict.fromkeys(roles), key=lambda r: r != "actor"):  # a LoRA reference views the actor
+        if role == "ref" and cfg.actor.lora.r > 0 and "actor" in engines:
             engines[role] = BaseModelView(engines["actor"])
             continue
         engine = FSDPEngine(engine_config(cfg, role, local_rank), io_group)
@@ -99,7 +102,7 @@ def ensure_advantages(batch: TrainBatch, ppo: PPOHyperparameters, kl_coef: Optio
         batch.advantages, batch.returns = compute_advantages(batch, ppo, kl_coef)
 
 
-def _inference_stats(
+def inference_stats(
     role: str, out: torch.Tensor, batch: TrainBatch, computed: torch.Tensor, t0: float
 ) -> Dict[str, Any]:
     mask = batch.loss_mask & computed[:, None]  # [N, T-1]
@@ -118,7 +121,7 @@ def reference_logprobs(engine: TrainEngine, batch: TrainBatch, temperature: floa
     """`batch.ref_logprobs` under the frozen reference."""
     t0 = time.monotonic()
     batch.ref_logprobs = engine.forward(batch, lambda out, mb: token_logprobs(out, mb, temperature))  # [N, T-1]
-    return _inference_stats("ref", batch.ref_logprobs, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
+    return inference_stats("ref", batch.ref_logprobs, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
 
 
 def _minibatch_steps(engine: TrainEngine, batch: TrainBatch, n_minibatches: int, loss, fill_first: bool = False):
@@ -140,16 +143,12 @@ class PPOActor:
         # A KL reward (gae, reinforce with kl_ctl > 0) reads the proximal log-probs in the advantages.
         kl_reward = ppo.kl_ctl > 0 and estimator(ppo.adv_estimator).kl_in_reward
         self.can_defer_prox = not has_dropout(engine.model) and not kl_reward
-        # The batch whose first-minibatch proximal log-probs were left to its train forward.
-        # Matched by identity, so a deferral never carries over to another batch.
-        self._deferred_batch: Optional[TrainBatch] = None
 
     def compute_logprobs(self, batch: TrainBatch) -> Dict[str, Any]:
         """`batch.prox_logprobs` under the current weights (all rows, or all but the first
         minibatch's when deferring) and the numbers the master logs about them."""
         t0 = time.monotonic()
         computed = torch.ones(batch.n_seqs, dtype=torch.bool)  # [N] rows this call computes
-        self._deferred_batch = batch if self.can_defer_prox else None
         if self.can_defer_prox:
             computed[first_minibatch_rows(batch, self.ppo.ppo_n_minibatches)] = False
         rows = torch.nonzero(computed).flatten()
@@ -157,17 +156,17 @@ class PPOActor:
         part = self.engine.forward(batch.select(rows), lambda out, mb: token_logprobs(out, mb, temperature))
         logp = torch.zeros_like(batch.behav_logprobs)  # [N, T-1]
         logp[rows, : part.shape[1]] = part
-        batch.prox_logprobs = logp
-        return _inference_stats("actor", logp, batch, computed, t0)
+        batch.prox_logprobs, batch.prox_computed = logp, computed
+        return inference_stats("actor", logp, batch, computed, t0)
 
     def train_step(self, batch: TrainBatch, version: Optional[int] = None) -> Dict[str, float]:
         """`ppo_n_minibatches` optimizer steps on `batch`; global (all-rank) stats. `version`: the
         weights' version now (needed by `ppo.prox_logp=loglinear`)."""
         loglinear = self.ppo.use_decoupled_loss and self.ppo.prox_logp == "loglinear"
-        deferred = self._deferred_batch is batch or (loglinear and self.can_defer_prox)
-        self._deferred_batch = None
-        if deferred and not loglinear and batch.prox_logprobs is None:
-            raise ValueError("the deferred proximal log-probs need the other minibatches' from compute_logprobs")
+        # The first minibatch's proximal log-probs come from its own train forward when
+        # compute_logprobs left them out (batch.prox_computed says so), or with loglinear.
+        left_out = batch.prox_computed is not None and not bool(batch.prox_computed.all())
+        deferred = left_out or (loglinear and self.can_defer_prox)
         kl_coef = self.kl.value
         ensure_advantages(batch, self.ppo, kl_coef)
         loss = ActorLoss(batch, self.ppo, kl_coef, version)
@@ -203,7 +202,7 @@ class PPOCritic:
         """`batch.values`: the critic's value of every predicted position."""
         t0 = time.monotonic()
         batch.values = self.engine.forward(batch, token_values)  # [N, T-1]
-        return _inference_stats("critic", batch.values, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
+        return inference_stats("critic", batch.values, batch, torch.ones(batch.n_seqs, dtype=torch.bool), t0)
 
     def train_step(self, batch: TrainBatch) -> Dict[str, float]:
         """`ppo_n_minibatches` steps of the clipped value loss toward the step's returns."""

@@ -74,6 +74,13 @@ def token_values(output: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
     return torch.where(mb.attention_mask[:, 1:].bool(), values, torch.zeros_like(values))
 
 
+def sequence_scores(output: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
+    """`[n]`: a value head's output at each row's last real token (a reward model's score of the
+    prompt and answer, realhf.experiments.rm)."""
+    last = mb.attention_mask.sum(dim=1) - 1  # [n]
+    return output[torch.arange(output.shape[0], device=output.device), last.to(output.device), 0].float()
+
+
 def has_dropout(model: torch.nn.Module) -> bool:
     """Whether train-mode and eval-mode forwards differ (then a train forward cannot stand in
     for the proximal log-probs)."""
@@ -187,7 +194,7 @@ class ActorLoss:
 
     The denominator log-probs: the proximal ones (`actor_inf`) with the decoupled loss;
     otherwise the recomputed ones when `recompute_logprob`, else the behaviour log-probs. With
-    `fill_prox` (the deferral, realhf.impl.model.ppo_actor), a minibatch's proximal log-probs
+    `fill_prox` (the deferral, realhf.system.trainer.ppo_actor), a minibatch's proximal log-probs
     were left to its own train forward, which runs before any optimizer step of the train step,
     with the proximal weights: `loss_fn` writes them into `batch.prox_logprobs` before using them.
 
@@ -235,7 +242,9 @@ class ActorLoss:
         if cfg.kl_ctl > 0 and batch.ref_logprobs is None:
             raise ValueError("ppo.kl_ctl > 0 needs reference log-probs: run ref_inf before actor_train")
         if batch.advantages is None:
-            raise ValueError("actor_train needs the step's advantages (realhf.impl.model.ppo_actor.ensure_advantages)")
+            raise ValueError(
+                "actor_train needs the step's advantages (realhf.system.trainer.ppo_actor.ensure_advantages)"
+            )
         self.batch, self.cfg = batch, cfg
         self.kl_coef = cfg.kl_ctl if kl_coef is None else kl_coef
         self.agg = aggregation(cfg.loss_agg_mode)

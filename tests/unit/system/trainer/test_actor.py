@@ -1,4 +1,4 @@
-"""The PPO math of the train step (realhf/impl/model/actor.py): log-probs, advantages for each
+"""The PPO math of the train step (realhf/system/trainer/actor.py): log-probs, advantages for each
 estimator, and the actor/critic losses as callbacks of a real FSDPEngine at DP=1 (the engine
 owns a one-rank gloo group). No processes, no sockets."""
 
@@ -11,8 +11,8 @@ from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperp
 from realhf.api.train_batch import TrainBatch
 from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
-from realhf.impl.model import actor
 from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
+from realhf.system.trainer import actor
 
 
 def _config(lr: float = 1e-3, micro_batch_tokens: int = 0, **overrides) -> FSDPEngineConfig:

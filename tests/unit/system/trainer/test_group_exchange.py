@@ -1,5 +1,5 @@
 """Moving prompt groups between DP ranks as the master's balance plan says
-(realhf.impl.model.group_exchange): over three real gloo processes, one of which arrives with
+(realhf.system.trainer.group_exchange): over three real gloo processes, one of which arrives with
 nothing, every group ends on the rank the plan names, in the plan's order, bit for bit."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from helpers.exchange_ranks import ASSIGNMENT, HELD, describe, group
 from helpers.gloo_ranks import launch_ranks
-from realhf.impl.model.group_exchange import check_assignment, group_cost
+from realhf.system.trainer.group_exchange import check_assignment, group_cost
 
 
 def test_three_ranks_end_with_exactly_the_groups_the_plan_gives_them(tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 
 from realhf.api.trajectory import Sample, Trajectory
-from realhf.impl.model.buffer import TrajectoryBuffer
+from realhf.system.trainer.buffer import TrajectoryBuffer
 
 
 def _group(qid, versions_per_sample, loss_masks=None):

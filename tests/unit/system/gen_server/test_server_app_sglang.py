@@ -20,8 +20,8 @@ TINY = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "assets",
 def served():
     """(url, engine, tokenizer) of a native server on the committed tiny model, with its tokenizer."""
     from realhf.impl.inference.factory import create_engine
-    from realhf.impl.inference.server_app import create_app
-    from realhf.impl.inference.sglang_generate import load_tokenizer
+    from realhf.system.gen_server.server_app import create_app
+    from realhf.system.gen_server.sglang_generate import load_tokenizer
     from realhf.system.streams.http_thread import HttpServerThread
 
     tokenizer = load_tokenizer(TINY)

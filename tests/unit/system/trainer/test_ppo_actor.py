@@ -1,4 +1,4 @@
-"""realhf/impl/model/ppo_actor.py on the real tiny model at DP=1: which engines a trainer holds
+"""realhf/system/trainer/ppo_actor.py on the real tiny model at DP=1: which engines a trainer holds
 and how they are configured, the proximal log-prob deferral PPOActor carries from
 `compute_logprobs` to `train_step`, and PPOCritic's values and value-loss steps. No processes,
 no sockets. (critic_warmup_steps is the model worker's rule, tested there.)"""
@@ -14,16 +14,16 @@ from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import ModelWorkerConfig
-from realhf.impl.model.actor import first_minibatch_rows
 from realhf.impl.model.batching import pack_trajectories
-from realhf.impl.model.ppo_actor import (
+from realhf.system.trainer.actor import first_minibatch_rows
+from realhf.system.trainer.ppo_actor import (
     PPOActor,
     PPOCritic,
     build_engines,
     engine_config,
     reference_logprobs,
-    roles_of,
 )
+from realhf.system.trainer.ppo_step import default_graph
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,9 @@ def _params(engine) -> torch.Tensor:
 
 
 def test_a_trainer_holds_a_reference_only_for_a_kl_term_and_a_critic_only_for_gae():
+    def roles_of(ppo):
+        return default_graph(ppo).models()
+
     assert roles_of(PPOHyperparameters()) == ["actor"]
     assert roles_of(PPOHyperparameters(kl_ctl=0.1)) == ["actor", "ref"]
     assert roles_of(PPOHyperparameters(adv_estimator="gae")) == ["actor", "critic"]
@@ -78,13 +81,18 @@ def test_reference_is_frozen_and_critic_has_a_value_head_both_on_the_actors_path
     own = dataclasses.replace(cfg, critic=ModelTrainEvalConfig(path="/models/critic"))
     assert engine_config(own, "critic", 0).model.path == "/models/critic"
     assert cfg.ref.path == ""
-    with pytest.raises(ValueError, match="unknown model role 'reward'"):
+    with pytest.raises(ValueError, match="unknown model role 'rewards'"):
+        engine_config(cfg, "rewards", 0)
+    # A reward model is frozen, a value head, and has no default path (it must have been trained).
+    with pytest.raises(ValueError, match="set reward.path=<training/main_rm.py's output>"):
         engine_config(cfg, "reward", 0)
+    rm = engine_config(dataclasses.replace(cfg, reward=ModelTrainEvalConfig(path="/models/rm")), "reward", 0)
+    assert (rm.model.path, rm.value_head, rm.trainable) == ("/models/rm", True, False)
 
 
 def test_built_engines_freeze_the_reference_and_give_the_critic_one_output_per_position(msgs):
     batch = _batch(msgs[:1])
-    engines = build_engines(_config(kl_ctl=0.1, adv_estimator="gae"), local_rank=0)
+    engines = build_engines(_config(kl_ctl=0.1, adv_estimator="gae"), 0, roles=["actor", "ref", "critic"])
     try:
         assert sorted(engines) == ["actor", "critic", "ref"]
         ref = engines["ref"]
@@ -241,16 +249,14 @@ def test_a_non_finite_loss_skips_the_optimizer_step_and_too_many_in_a_row_fail(m
 
 
 def test_loglinear_runs_no_actor_inf_and_recompute_does():
-    from realhf.impl.model.step_calls import step_calls
-
     def names(**ppo):
-        return [c.name for c in step_calls(PPOHyperparameters(**ppo))]
+        return default_graph(PPOHyperparameters(**ppo)).names()
 
-    assert names() == ["actor_inf", "actor_train"]
-    assert names(prox_logp="loglinear") == ["actor_train"]
-    assert names(prox_logp="loglinear", kl_ctl=0.1) == ["ref_inf", "actor_train"]
-    assert names(use_decoupled_loss=False, recompute_logprob=False) == ["actor_train"]
-    assert names(use_decoupled_loss=False) == ["actor_inf", "actor_train"]
+    assert names() == ["actor_inf", "advantages", "actor_train"]
+    assert names(prox_logp="loglinear") == ["advantages", "actor_train"]
+    assert names(prox_logp="loglinear", kl_ctl=0.1) == ["ref_inf", "advantages", "actor_train"]
+    assert names(use_decoupled_loss=False, recompute_logprob=False) == ["advantages", "actor_train"]
+    assert names(use_decoupled_loss=False) == ["actor_inf", "advantages", "actor_train"]
 
 
 def test_loglinear_with_one_minibatch_is_the_exact_step(msgs):
@@ -273,8 +279,8 @@ def test_loglinear_with_one_minibatch_is_the_exact_step(msgs):
 
 
 def test_loglinear_interpolates_each_tokens_proximal_logprob_by_its_version_lag(msgs):
-    from realhf.impl.model import actor
     from realhf.impl.model.utils import ppo_functional as F
+    from realhf.system.trainer import actor
 
     batch = _batch(msgs)
     n = batch.n_seqs
@@ -305,7 +311,7 @@ def test_loglinear_interpolates_each_tokens_proximal_logprob_by_its_version_lag(
 
 
 def test_loglinear_without_the_steps_version_is_refused(msgs):
-    from realhf.impl.model import actor
+    from realhf.system.trainer import actor
 
     batch = _batch(msgs)
     batch.advantages = torch.zeros_like(batch.behav_logprobs)

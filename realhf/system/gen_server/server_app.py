@@ -2,7 +2,7 @@
 
     POST /generate                  SGLang's GenerateReqInput: {text | input_ids (one or a batch),
                                     sampling_params (dict or list; n samples), return_logprob,
-                                    stream, rid} (realhf.impl.inference.sglang_generate)
+                                    stream, rid} (realhf.system.gen_server.sglang_generate)
     POST /pause_generation          running requests return now with finish_reason abort
     POST /continue_generation
     POST /update_weights_from_disk  {model_path, weight_version?} -> {success, message, num_paused_requests}
@@ -54,7 +54,8 @@ from realhf.base.weight_group import WeightGroupError
 from realhf.impl.inference.engine import Engine
 from realhf.impl.inference.metrics import PROMETHEUS_CONTENT_TYPE, engine_registry
 from realhf.impl.inference.request import EngineClosedError, EngineStepError, parse_weight_version
-from realhf.impl.inference.sglang_generate import (
+from realhf.impl.inference.weight_receiver import VersionWentBack, WeightReceiver, WeightSyncRefused
+from realhf.system.gen_server.sglang_generate import (
     DEFAULT_MAX_SAMPLES_PER_REQUEST,
     BadRequest,
     GenerateBody,
@@ -63,7 +64,6 @@ from realhf.impl.inference.sglang_generate import (
     partial_item,
     plan_generate,
 )
-from realhf.impl.inference.weight_receiver import VersionWentBack, WeightReceiver, WeightSyncRefused
 
 logger = logging.getLogger("gen_server")
 

@@ -12,9 +12,10 @@ from realhf.api.choices import LOSS_AGG_MODES
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
-from realhf.impl.model import actor, recover_checkpoint
+from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
-from realhf.impl.model.ppo_actor import PPOActor
+from realhf.system.trainer import actor
+from realhf.system.trainer.ppo_actor import PPOActor
 
 
 def _config(lr: float = 1e-3, micro_batch_tokens: int = 0) -> FSDPEngineConfig:

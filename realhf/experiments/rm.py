@@ -1,0 +1,227 @@
+"""Reward-model training (`training/main_rm.py`) on the RL trainer's engine.
+
+A reward model is a value head on the policy's architecture (the critic's: one output per
+position, realhf.impl.model.model_loading.load_value_model); a prompt and answer score the
+output at the answer's last token (its EOS). Each optimizer step takes `batch_size` preference
+pairs (a prompt, the `chosen` answer, the `rejected` one) and minimises the Bradley–Terry loss
+−log σ(r_chosen − r_rejected), averaged over the pairs of all DP ranks. A pair's two rows stay
+on one rank and in one forward (so `micro_batch_tokens` must be 0); the ranks, their launch and
+their failure handling are SFT's (realhf.experiments.sft). The output is an HF directory
+(AutoModelForTokenClassification, one label) that an RL run names as `reward.path` and scores
+its rollouts with (the `reward_model` op of the step's graph, realhf.system.trainer.step_ops).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, RMConfig
+from realhf.api.prompt import PromptRow
+from realhf.api.train_batch import TrainBatch
+from realhf.base import collectives
+from realhf.base.device import all_reduce_sum, bind_device, pick_device
+from realhf.experiments.sft import Log, join_group, split_by_tokens
+from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts
+from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
+from realhf.impl.dataset.table_formats import DatasetFormatError
+from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.system.trainer.actor import sequence_scores
+
+# (chosen ids, rejected ids): prompt + answer + EOS each
+Pair = Tuple[List[int], List[int]]
+
+
+def encode_pair(tokenizer: Any, row: PromptRow, chat: bool) -> Pair:
+    """`row`'s two sequences, each its prompt as the rollouts encode it, the answer and EOS."""
+    where = row.source or row.query_id
+    answers = [row.fields.get(k) for k in ("chosen", "rejected")]
+    if not all(isinstance(a, str) and a for a in answers):
+        raise DatasetFormatError(f"{where}: a preference pair needs non-empty 'chosen' and 'rejected' answer texts")
+    prompt = encode_prompt(tokenizer, row.as_dict(), chat)
+    eos = [tokenizer.eos_token_id]
+    chosen, rejected = (prompt + tokenizer.encode(a, add_special_tokens=False) + eos for a in answers)
+    return chosen, rejected
+
+
+def to_pair_batch(pairs: Sequence[Pair], pad_id: int) -> TrainBatch:
+    """Rows 2i (chosen) and 2i+1 (rejected) of pair i, right-padded; group_ids the pair."""
+    seqs = [s for pair in pairs for s in pair]
+    n, width = len(seqs), max([len(s) for s in seqs] + [2])
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [2P, T]
+    attention_mask = torch.zeros((n, width), dtype=torch.long)  # [2P, T]
+    for i, s in enumerate(seqs):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=attention_mask[:, 1:].bool(),  # [2P, T-1] unused by the loss
+        behav_logprobs=torch.zeros((n, width - 1)),  # unused: no policy here
+        rewards=torch.zeros(n),  # unused
+        group_ids=torch.arange(n) // 2,  # [2P] the pair
+    )
+
+
+class BradleyTerry:
+    """The engine's loss over the pairs of a micro-batch (both rows of a pair in it), and the
+    step's statistics: mean loss, accuracy (chosen scored higher), margin."""
+
+    def __init__(self):
+        self.sums = torch.zeros(4, dtype=torch.float64)  # loss, correct, margin, pairs
+
+    def loss(self, output: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
+        scores = sequence_scores(output, mb)  # [2p]
+        if scores.shape[0] % 2:
+            raise ValueError("a micro-batch split a preference pair (micro_batch_tokens must be 0)")
+        margin = scores[0::2] - scores[1::2]  # [p]
+        loss = -torch.nn.functional.logsigmoid(margin)  # [p]
+        m = margin.detach().double().cpu()
+        self.sums += torch.tensor([float(loss.detach().sum()), float((m > 0).sum()), float(m.sum()), len(m)])
+        return loss.sum()
+
+    @staticmethod
+    def n_pairs(mb: TrainBatch) -> float:
+        return mb.n_seqs / 2
+
+    def step_stats(self) -> Dict[str, float]:
+        """Collective: this step's numbers over all ranks; resets the sums."""
+        sums = all_reduce_sum(self.sums.clone())
+        self.sums = torch.zeros(4, dtype=torch.float64)
+        n = max(float(sums[3]), 1.0)
+        return {"loss": float(sums[0]) / n, "accuracy": float(sums[1]) / n, "margin": float(sums[2]) / n}
+
+
+def engine_config(cfg: RMConfig, rank: int) -> FSDPEngineConfig:
+    optimizer = OptimizerConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        lr_scheduler_type="cosine",
+        warmup_steps_proportion=(cfg.warmup_steps + 0.5) / cfg.steps,
+        gradient_clipping=cfg.grad_clip,
+    )
+    model = ModelTrainEvalConfig(
+        path=cfg.model_path,
+        dtype=cfg.dtype,
+        n_threads=cfg.n_threads,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        param_dtype=cfg.param_dtype,
+        optimizer=optimizer,
+        lora=cfg.lora,
+    )
+    return FSDPEngineConfig(
+        model=model,
+        total_steps=cfg.steps,
+        device=cfg.device,
+        local_rank=rank,
+        param_dtype=cfg.param_dtype or None,
+        micro_batch_tokens=0,  # a pair's two rows in one forward
+        value_head=True,
+        seed=cfg.seed,
+        name="rm",
+    )
+
+
+def load_pairs(path: str, cfg: RMConfig, split: str, limit: int = 0) -> List[PromptRow]:
+    rows = load_prompts(path, required=(), columns=cfg.dataset.columns, split=split)
+    return rows[:limit] if limit > 0 else rows
+
+
+def run_rank(cfg: RMConfig, rank: int = 0, world: int = 1, store_addr: str = "", log: Log = print) -> Dict[str, Any]:
+    """Train rank `rank` of `world` and write output_path (rank 0); the report, complete on rank 0."""
+    torch.set_num_threads(cfg.n_threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device, rank)
+    bind_device(device)
+    join_group(cfg, rank, world, device, store_addr)
+    engine: Optional[FSDPEngine] = None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        rows = load_pairs(cfg.train_path, cfg, cfg.dataset.split, cfg.max_train_rows)
+        chat = chat_template_on(cfg.dataset.chat_template, tokenizer)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        encoded = {r.query_id: encode_pair(tokenizer, r, chat) for r in rows}  # every row checked first
+        engine = FSDPEngine(engine_config(cfg, rank), io_group=collectives.new_gloo_group(cfg.distributed_timeout))
+        engine.initialize()
+        log(
+            f"RM: {engine.n_params / 1e6:.2f}M parameters ({engine.n_trainable / 1e6:.3f}M trained), "
+            f"{len(rows)} preference pairs, {cfg.steps} steps x {cfg.batch_size} pairs, DP={world} on {device}"
+        )
+        sampler, bt = PromptSampler(rows, seed=cfg.seed), BradleyTerry()
+        history: List[Dict[str, float]] = []
+        start = time.perf_counter()
+        for step in range(cfg.steps):
+            pairs = [encoded[r.query_id] for r in sampler.next_batch(cfg.batch_size)]
+            mine = split_by_tokens([len(c) + len(r) for c, r in pairs], world)[rank]
+            batch = to_pair_batch([pairs[i] for i in mine], pad_id)
+            try:
+                out = engine.train_batch(batch, bt.loss, bt.n_pairs)
+            except collectives.CollectiveTimeoutError as e:
+                raise e.at(f"step {step + 1}", "collective_timeout") from None
+            stats = {**bt.step_stats(), "lr": out["lr"], "grad_norm": out["grad_norm"]}
+            history.append(stats)
+            if (step + 1) % cfg.log_interval == 0 or step + 1 == cfg.steps:
+                log(
+                    f"step {step + 1}/{cfg.steps} loss {stats['loss']:.4f} accuracy {stats['accuracy']:.3f} "
+                    f"margin {stats['margin']:+.3f} lr {stats['lr']:.2e} {time.perf_counter() - start:.1f} s"
+                )
+        train_seconds = time.perf_counter() - start
+        engine.save_hf(Path(cfg.output_path), tokenizer_source=cfg.model_path)
+        collectives.barrier()
+        return {"history": history, "train_seconds": train_seconds, "n_params": engine.n_params, "dp": world}
+    finally:
+        if engine is not None:
+            engine.destroy()
+        dist.destroy_process_group()
+
+
+@torch.no_grad()
+def pair_accuracy(model_path: str, rows: Sequence[PromptRow], cfg: RMConfig, batch_pairs: int = 64) -> Dict[str, float]:
+    """How often the reward model at `model_path` (loaded as any user would: HF
+    AutoModelForTokenClassification) scores the chosen answer above the rejected one."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForTokenClassification.from_pretrained(model_path, use_safetensors=True).eval()
+    chat = chat_template_on(cfg.dataset.chat_template, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pairs = [encode_pair(tokenizer, r, chat) for r in rows]
+    margins: List[float] = []
+    for i in range(0, len(pairs), batch_pairs):
+        batch = to_pair_batch(pairs[i : i + batch_pairs], pad_id)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [2p, T, 1]
+        scores = sequence_scores(out, batch)
+        margins += (scores[0::2] - scores[1::2]).tolist()
+    n = max(len(margins), 1)
+    return {"n": len(margins), "accuracy": sum(m > 0 for m in margins) / n, "margin": sum(margins) / n}
+
+
+def train_rm(cfg: RMConfig, log: Log = print) -> Dict[str, Any]:
+    """Validate, train (in this process at dp=1, else on `dp` rank processes), write output_path,
+    then report the held-out pair accuracy (eval_n >= 0)."""
+    from realhf.experiments.sft import launch_ranks
+    from realhf.experiments.validation import ConfigError, check_rm
+
+    try:
+        check_rm(cfg)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    report = run_rank(cfg, log=log) if cfg.dp == 1 else launch_ranks(cfg, log, kind="rm")
+    log(f"saved {cfg.output_path}")
+    if cfg.eval_n >= 0:
+        test = load_pairs(cfg.test_path, cfg, cfg.dataset.test_split, cfg.eval_n)
+        res = pair_accuracy(cfg.output_path, test, cfg)
+        report["test"] = res
+        log(
+            f"held-out pairs: the chosen answer scores higher in {res['accuracy']:.3f} of {res['n']} "
+            f"(mean margin {res['margin']:+.3f})"
+        )
+    return report

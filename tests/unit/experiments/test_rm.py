@@ -1,0 +1,154 @@
+"""realhf.experiments.rm and training/main_rm.py: the pair batch and the Bradley–Terry loss
+against their definitions, the refusals, and a real run of the command on the tiny model whose
+reward model then ranks held-out pairs it never saw (loaded as HF loads it), and scores an RL
+step's samples as the `reward_model` node does."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import paths
+from helpers.chat_tokenizers import tiny_tokenizer
+from helpers.fsdp_ranks import TINY_SFT
+from realhf.api.cli_args import RMConfig
+from realhf.api.step_graph import StepNode
+from realhf.experiments.rm import BradleyTerry, encode_pair, pair_accuracy, to_pair_batch, train_rm
+from realhf.impl.dataset.prompt_dataset import load_prompts, parse_row
+from realhf.impl.dataset.table_formats import DatasetFormatError
+from realhf.system.trainer.actor import sequence_scores
+
+TRAIN = f"{paths.TINY_MATH}/data/train.jsonl"
+TEST = f"{paths.TINY_MATH}/data/test.jsonl"
+
+
+def test_a_pair_is_two_rows_of_prompt_answer_and_eos_and_scores_are_read_at_the_last_token():
+    batch = to_pair_batch([([5, 6, 7, 2], [5, 6, 2]), ([5, 9, 2], [5, 9, 8, 8, 2])], pad_id=0)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 2, 0], [5, 6, 2, 0, 0], [5, 9, 2, 0, 0], [5, 9, 8, 8, 2]]
+    assert batch.group_ids.tolist() == [0, 0, 1, 1]
+    output = torch.arange(20, dtype=torch.float32).reshape(4, 5, 1)  # [n, T, 1]: value = 5·row + position
+    assert sequence_scores(output, batch).tolist() == [3.0, 7.0, 12.0, 19.0]
+
+
+def test_the_loss_is_minus_log_sigmoid_of_the_margin_summed_over_the_pairs():
+    batch = to_pair_batch([([1, 2], [1, 2]), ([1, 2], [1, 2])], pad_id=0)
+    output = torch.zeros(4, 2, 1)
+    output[:, 1, 0] = torch.tensor([2.0, 0.5, -1.0, 1.0])  # pair 0: margin 1.5; pair 1: -2
+    bt = BradleyTerry()
+    loss = bt.loss(output, batch, torch.arange(4))
+    expected = -(torch.nn.functional.logsigmoid(torch.tensor(1.5)) + torch.nn.functional.logsigmoid(torch.tensor(-2.0)))
+    assert float(loss) == pytest.approx(float(expected))
+    assert bt.n_pairs(batch) == 2
+    stats = bt.step_stats()
+    assert stats["accuracy"] == 0.5 and stats["margin"] == pytest.approx(-0.25)
+    assert stats["loss"] == pytest.approx(float(expected) / 2)
+
+
+def test_a_row_needs_both_answers():
+    tok = tiny_tokenizer()
+    with pytest.raises(DatasetFormatError, match="needs non-empty 'chosen' and 'rejected'"):
+        encode_pair(tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a"}), chat=False)
+    chosen, rejected = encode_pair(
+        tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a", "rejected": "b"}), chat=False
+    )
+    assert chosen[-1] == rejected[-1] == tok.eos_token_id and chosen[:-2] == rejected[:-2]
+
+
+def test_a_pair_split_over_forwards_is_refused_at_start(tmp_path):
+    cfg = RMConfig(
+        model_path=TINY_SFT, output_path=str(tmp_path / "rm"), train_path=TRAIN, eval_n=-1, micro_batch_tokens=512
+    )
+    with pytest.raises(
+        SystemExit, match="micro_batch_tokens=512: a preference pair's two answers go through one forward"
+    ):
+        train_rm(cfg)
+
+
+def _pairs(path: str, n: int, out) -> str:
+    """Pairs built from the task's reference solutions: chosen, the reference; rejected, the
+    same working with a wrong final answer (a mismatch the model must learn to see)."""
+    rows = []
+    for r in load_prompts(path)[:n]:
+        sol = r.solutions[0]
+        work, answer = sol.rsplit("#### ", 1)
+        wrong = str(int(answer) + 1 + int(r.query_id[-1]) % 3)
+        rows.append({"query_id": r.query_id, "prompt": r.prompt, "chosen": sol, "rejected": f"{work}#### {wrong}"})
+    out.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def trained_rm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rm")
+    train, test = _pairs(TRAIN, 512, root / "train.jsonl"), _pairs(TEST, 128, root / "test.jsonl")
+    out = root / "rm"
+    proc = subprocess.run(
+        [sys.executable, "training/main_rm.py", f"model_path={TINY_SFT}", f"output_path={out}", f"train_path={train}",
+         f"test_path={test}", "steps=60", "batch_size=32", "warmup_steps=5", "log_interval=20", "device=cpu"],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RM result: ", 1)[1].splitlines()[0])
+    return out, test, result, proc.stdout
+
+
+def test_the_command_trains_a_reward_model_that_ranks_held_out_pairs(trained_rm):
+    out, test, result, stdout = trained_rm
+    print(stdout[-1500:])
+    # Chance is 0.5; the model sees the working and must notice the final answer disagrees.
+    assert result["test"]["accuracy"] >= 0.75, result["test"]
+    assert result["final"]["loss"] < 0.6931, result["final"]  # below log 2: better than a constant score
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    cfg = RMConfig(test_path=test)
+    again = pair_accuracy(str(out), load_prompts(test, required=()), cfg)
+    assert again["accuracy"] == pytest.approx(result["test"]["accuracy"])
+
+
+def test_the_reward_model_node_scores_a_step_as_hf_does(trained_rm):
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from realhf.api.cli_args import ModelTrainEvalConfig, PPOHyperparameters
+    from realhf.api.worker_configs import ModelWorkerConfig
+    from realhf.system.trainer.ppo_actor import build_engines
+    from realhf.system.trainer.step_ops import StepContext, run_node
+
+    out, test, _, _ = trained_rm
+    tok = AutoTokenizer.from_pretrained(str(out))
+    rows = load_prompts(test, required=())[:6]
+    batch = to_pair_batch([encode_pair(tok, r, chat=False) for r in rows], pad_id=tok.pad_token_id or 0)
+    cfg = ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT),
+        reward=ModelTrainEvalConfig(path=str(out)),
+        ppo=PPOHyperparameters(),
+        device="cpu",
+    )
+    engines = build_engines(cfg, 0, roles=["reward"])
+    try:
+        node = StepNode("rm", "reward_model", "reward", ("input_ids", "attention_mask"), ("rewards/rm",))
+        stats = run_node(StepContext(engines, None, None, cfg.ppo, 0), batch, node)
+    finally:
+        engines["reward"].destroy()
+    hf = AutoModelForTokenClassification.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        expected = sequence_scores(hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch)
+    assert torch.allclose(batch.get("rewards/rm"), expected, atol=1e-5)
+    assert stats["mean"] == pytest.approx(float(expected.mean()), abs=1e-5)
+
+
+def test_two_ranks_take_the_steps_one_rank_takes(trained_rm, tmp_path):
+    """dp=2 (two rank processes over gloo, pairs split by tokens, whole pairs per rank) against
+    dp=1 on the same pairs: the same loss at every step, to float rounding."""
+    _, test, _, _ = trained_rm
+    train = _pairs(TRAIN, 64, tmp_path / "train.jsonl")
+    runs = {}
+    for dp in (1, 2):
+        cfg = RMConfig(
+            model_path=TINY_SFT, output_path=str(tmp_path / f"rm{dp}"), train_path=train, eval_n=-1,
+            steps=4, batch_size=16, warmup_steps=1, dp=dp, device="cpu", log_interval=100,
+        )  # fmt: skip
+        runs[dp] = train_rm(cfg, log=lambda msg: None)["history"]
+    for one, two in zip(runs[1], runs[2]):
+        assert two["loss"] == pytest.approx(one["loss"], abs=1e-4)
+        assert two["accuracy"] == one["accuracy"]
