@@ -94,8 +94,11 @@ class MasterStream:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(total)) - self._connected)
-                kinds = ["model worker" if i < self.n_workers else "node worker" for i in missing]
-                who = ", ".join(f"{k} {i}" for k, i in zip(kinds, missing))
+                groups = [
+                    (kind, [i for i in missing if (i < self.n_workers) == (kind == "model")])
+                    for kind in ("model", "node")
+                ]
+                who = " and ".join(f"{kind} workers {ids}" for kind, ids in groups if ids)
                 raise TimeoutError(f"{who} did not connect to the master at {self.address} within {timeout:.0f}s")
             self._receive(min(remaining, 0.5))
 

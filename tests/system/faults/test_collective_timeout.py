@@ -38,7 +38,7 @@ def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engi
     assert code == 1, out[-4000:]
     # The waiting rank names itself, the engine, the call and the step, and the timeout.
     error = (
-        "dp rank 0/2: actor forward, actor inference of step 3: a collective did not complete within "
+        "dp rank 0/2: actor forward, step node actor_inf of step 3: a collective did not complete within "
         f"{TIMEOUT_S}s (cluster.collective_timeout)"
     )
     assert error in run.log("model_worker-0"), run.log("model_worker-0")[-3000:]
