@@ -292,12 +292,11 @@ class MasterWorker(Worker):
 
     def _train_calls(self) -> Tuple[Dict[str, List[Any]], List[Any]]:
         """One train step on the batch the model workers took: the nodes of the step's graph,
-        wave by wave. Every trainer node of a wave is posted to every rank at once (a rank runs
-        them in the order posted, the same on every rank); a node of `ppo.graph.own_process`
-        goes to the node worker with each DP rank's inputs, runs beside them, and its outputs
-        are set on the ranks' batches before the next wave. Returns (inference replies per
-        model, the actor update's replies, carrying the other nodes' stats too: global, the
-        same on every rank)."""
+        wave by wave. A wave's trainer nodes go to every rank one after another; a node of
+        `ppo.graph.own_process` goes to the node worker with each DP rank's inputs first, runs
+        beside them, and its outputs are set on the ranks' batches before the next wave.
+        Returns (inference replies per model, the actor update's replies, carrying the other
+        nodes' stats too: global, the same on every rank)."""
         cfg = self.config
         own = set(cfg.ppo.graph.own_process)
         inference: Dict[str, List[Any]] = {}
@@ -312,23 +311,25 @@ class MasterWorker(Worker):
                 inputs = self._stream.call_all(
                     "get_tensors", {"names": names}, workers=self._heads, timeout=cfg.request_timeout
                 )
-            ids = [self._stream.post(w, "step_node", {"node": n.name}) for n in here for w in workers]
             node_worker = self._stream.n_workers  # the first (and only) node worker
             away_ids = [
                 self._stream.post(node_worker, "step_node", {"node": n.name, "batches": [r["tensors"] for r in inputs]})
                 for n in away
             ]
-            replies_here = self._stream.wait(ids, cfg.request_timeout * max(len(here), 1))
+            per_node = []
+            for n in here:
+                # One node at a time on the trainer's ranks: a rank that skipped a collective must
+                # not run on into the next node's, where it would pair with the others' wrongly
+                # instead of leaving them to time out naming the call (realhf.base.collectives).
+                replies = self._stream.call_all("step_node", {"node": n.name}, timeout=cfg.request_timeout)
+                per_node.append((n, [replies[h] for h in self._heads]))
             replies_away = self._stream.wait(away_ids, cfg.request_timeout * max(len(away), 1))
-            per_node = [
-                (n, [replies_here[i * len(workers) : (i + 1) * len(workers)][h] for h in self._heads])
-                for i, n in enumerate(here)
-            ]
+            last = any(n.op == "train_actor" for n in here)  # the step's batch is gone: nothing reads them
             for n, reply in zip(away, replies_away):
                 per_node.append((n, reply["stats"]))
-                # Each DP rank's outputs to every rank of its replica.
-                per_worker = {w: {"tensors": reply["outputs"][self._layout.coords(w)[0]]} for w in workers}
-                self._stream.call_all("set_tensors", per_worker_data=per_worker, timeout=cfg.request_timeout)
+                if not last:  # each DP rank's outputs to every rank of its replica
+                    per_worker = {w: {"tensors": reply["outputs"][self._layout.coords(w)[0]]} for w in workers}
+                    self._stream.call_all("set_tensors", per_worker_data=per_worker, timeout=cfg.request_timeout)
             for node, replies in per_node:
                 # Every rank runs the node; the heads' replies speak for their replicas (the same numbers).
                 if node.op == "train_actor":
