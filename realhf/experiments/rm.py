@@ -21,16 +21,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, RMConfig
+from realhf.api.cli_args import RMConfig
 from realhf.api.prompt import PromptRow
 from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives
 from realhf.base.device import all_reduce_sum, bind_device, pick_device
-from realhf.experiments.sft import Log, join_group, split_by_tokens
+from realhf.experiments.sft import Log, engine_config, join_group, split_by_tokens
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.impl.dataset.table_formats import DatasetFormatError
-from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
+from realhf.impl.engine.fsdp_engine import FSDPEngine
 from realhf.system.trainer.actor import sequence_scores
 
 # (chosen ids, rejected ids): prompt + answer + EOS each
@@ -97,36 +97,6 @@ class BradleyTerry:
         return {"loss": float(sums[0]) / n, "accuracy": float(sums[1]) / n, "margin": float(sums[2]) / n}
 
 
-def engine_config(cfg: RMConfig, rank: int) -> FSDPEngineConfig:
-    optimizer = OptimizerConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        lr_scheduler_type="cosine",
-        warmup_steps_proportion=(cfg.warmup_steps + 0.5) / cfg.steps,
-        gradient_clipping=cfg.grad_clip,
-    )
-    model = ModelTrainEvalConfig(
-        path=cfg.model_path,
-        dtype=cfg.dtype,
-        n_threads=cfg.n_threads,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        param_dtype=cfg.param_dtype,
-        optimizer=optimizer,
-        lora=cfg.lora,
-    )
-    return FSDPEngineConfig(
-        model=model,
-        total_steps=cfg.steps,
-        device=cfg.device,
-        local_rank=rank,
-        param_dtype=cfg.param_dtype or None,
-        micro_batch_tokens=0,  # a pair's two rows in one forward
-        value_head=True,
-        seed=cfg.seed,
-        name="rm",
-    )
-
-
 def load_pairs(path: str, cfg: RMConfig, split: str, limit: int = 0) -> List[PromptRow]:
     rows = load_prompts(path, required=(), columns=cfg.dataset.columns, split=split)
     return rows[:limit] if limit > 0 else rows
@@ -149,7 +119,11 @@ def run_rank(cfg: RMConfig, rank: int = 0, world: int = 1, store_addr: str = "",
         chat = chat_template_on(cfg.dataset.chat_template, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         encoded = {r.query_id: encode_pair(tokenizer, r, chat) for r in rows}  # every row checked first
-        engine = FSDPEngine(engine_config(cfg, rank), io_group=collectives.new_gloo_group(cfg.distributed_timeout))
+        # micro_batch_tokens is 0 (check_rm): a pair's two rows go through one forward.
+        engine = FSDPEngine(
+            engine_config(cfg, rank, value_head=True, name="rm"),
+            io_group=collectives.new_gloo_group(cfg.distributed_timeout),
+        )
         engine.initialize()
         log(
             f"RM: {engine.n_params / 1e6:.2f}M parameters ({engine.n_trainable / 1e6:.3f}M trained), "

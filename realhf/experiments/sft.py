@@ -236,9 +236,9 @@ def split_by_tokens(lengths: Sequence[int], n_ranks: int) -> List[List[int]]:
 # ---- one rank -----------------------------------------------------------------------------------
 
 
-def engine_config(cfg: SFTConfig, rank: int) -> FSDPEngineConfig:
+def engine_config(cfg: EngineRunConfig, rank: int, value_head: bool = False, name: str = "sft") -> FSDPEngineConfig:
     """The RL actor's engine with SFT's optimizer: AdamW, `warmup_steps` of linear warm-up, then
-    cosine to 0 at `steps`."""
+    cosine to 0 at `steps`; `value_head`: one output per position (a reward model's)."""
     optimizer = OptimizerConfig(
         lr=cfg.lr,
         weight_decay=cfg.weight_decay,
@@ -264,8 +264,9 @@ def engine_config(cfg: SFTConfig, rank: int) -> FSDPEngineConfig:
         local_rank=rank,
         param_dtype=cfg.param_dtype or None,
         micro_batch_tokens=cfg.micro_batch_tokens,
+        value_head=value_head,
         seed=cfg.seed,
-        name="sft",
+        name=name,
     )
 
 
