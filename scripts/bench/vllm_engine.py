@@ -7,8 +7,10 @@ Each server is started as a run starts it (`python -m realhf.launch_server`, and
 machine, and sent one /generate of `rows` prompts (random ids of 16..48 tokens), `--new-tokens`
 each at T = 1 with EOS ignored, so both generate the same tokens; tokens/s of the best of
 `--repeats` (each server warmed up first). `--vllm-env` adds an environment setting to the vLLM
-server (e.g. LD_PRELOAD=/path/libtcmalloc.so.4, or VLLM_CPU_OMP_THREADS_BIND=0-1), as vLLM's CPU
-documentation recommends. Models: `tiny` (assets/tiny-math/sft, 0.56M parameters) and `smollm2`
+server (e.g. LD_PRELOAD=/path/libtcmalloc.so.4), as vLLM's CPU
+documentation recommends; `--native-threads` the built-in server's torch threads (1, as a run
+starts it); `--cpu-threads-bind` sets gen_server.vllm.cpu_threads_bind (vLLM's
+VLLM_CPU_OMP_THREADS_BIND: 'auto', 'nobind' or a core list such as '0-1'). Models: `tiny` (assets/tiny-math/sft, 0.56M parameters) and `smollm2`
 (assets/smollm2-135m-instruct, from scripts/convert_gguf.py; skipped, saying so, where missing).
 Measures and prints; asserts nothing.
 """
@@ -33,7 +35,7 @@ MODELS = {
 }
 
 
-def _server(kind: str, model: str, context: int, log_path: str, vllm_env: Dict[str, str]):
+def _server(kind: str, model: str, context: int, log_path: str, vllm_env: Dict[str, str], bind: str, threads: int):
     from realhf.api.cli_args import VLLMConfig
     from realhf.base.network import find_free_port
     from realhf.impl.inference.server_process import ServerProcess
@@ -43,9 +45,10 @@ def _server(kind: str, model: str, context: int, log_path: str, vllm_env: Dict[s
     if kind == "native":
         cmd = [PYTHON, "-m", "realhf.launch_server", "--model-path", model, "--port", str(port)]
         cmd += ["--context-length", str(context), "--max-running-requests", "64", "--skip-tokenizer-init"]
+        cmd += ["--n-threads", str(threads)]
         env = None
     else:
-        cfg = VLLMConfig(context_length=context, max_num_seqs=64, kv_cache_gib=1.0)
+        cfg = VLLMConfig(context_length=context, max_num_seqs=64, kv_cache_gib=1.0, cpu_threads_bind=bind)
         cmd = build_vllm_command(DEFAULT_PYTHON, model, "127.0.0.1", port, cfg) + ["--skip-tokenizer-init"]
         env = server_env(vllm_env)
     return ServerProcess(cmd, f"http://127.0.0.1:{port}", log_path, startup_timeout=600, env=env)
@@ -74,10 +77,10 @@ def _vocab(model: str) -> int:
         return int(json.load(f)["vocab_size"])
 
 
-def measure(kind, model, rows_list, new_tokens, repeats, vllm_env, tmp) -> Dict[int, float]:
+def measure(kind, model, rows_list, new_tokens, repeats, vllm_env, bind, threads, tmp) -> Dict[int, float]:
     """tokens/s by rows, the best of `repeats`, one server started once."""
     vocab, rng = _vocab(model), random.Random(0)
-    server = _server(kind, model, 48 + new_tokens + 8, os.path.join(tmp, f"{kind}.log"), vllm_env)
+    server = _server(kind, model, 48 + new_tokens + 8, os.path.join(tmp, f"{kind}.log"), vllm_env, bind, threads)
     t0 = time.monotonic()
     server.start()
     log(f"{kind} server on {os.path.basename(model)} ready in {time.monotonic() - t0:.1f}s")
@@ -101,8 +104,9 @@ def tables(result: Dict[str, Any]):
             rows.append((model, "-", "-", "-", by["skipped"]))
             continue
         for r in result["rows"]:
-            n, v = by["native"][str(r)], by["vllm"][str(r)]
-            rows.append((model, r, f"{n:.0f}", f"{v:.0f}", f"{v / n:.2f}"))
+            n, v = by.get("native", {}).get(str(r)), by.get("vllm", {}).get(str(r))
+            ratio = f"{v / n:.2f}" if n and v else "-"
+            rows.append((model, r, f"{n:.0f}" if n else "-", f"{v:.0f}" if v else "-", ratio))
     return [
         (
             f"Built-in engine vs vLLM-CPU behind realhf's server ({result['new_tokens']} new tokens a row, T=1, fp32)",
@@ -120,6 +124,9 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vllm-env", action="append", default=[], help="KEY=VALUE for the vLLM server (repeatable)")
+    p.add_argument("--cpu-threads-bind", default="auto", help="gen_server.vllm.cpu_threads_bind of the vLLM server")
+    p.add_argument("--native-threads", type=int, default=1, help="torch threads of the built-in server")
+    p.add_argument("--engines", default="native,vllm", help="which servers to measure")
     args = p.parse_args(argv)
     if args.short:
         args.models, args.rows, args.new_tokens, args.repeats = "tiny", "8", 32, 1
@@ -131,6 +138,8 @@ def main(argv=None) -> int:
         "rows": rows_list,
         "new_tokens": args.new_tokens,
         "vllm_env": vllm_env,
+        "cpu_threads_bind": args.cpu_threads_bind,
+        "native_threads": args.native_threads,
         "models": {},
     }
     with tempfile.TemporaryDirectory(prefix="realhf-bench-vllm-") as tmp:
@@ -142,9 +151,19 @@ def main(argv=None) -> int:
             result["models"][name] = {
                 kind: {
                     str(k): v
-                    for k, v in measure(kind, model, rows_list, args.new_tokens, args.repeats, vllm_env, tmp).items()
+                    for k, v in measure(
+                        kind,
+                        model,
+                        rows_list,
+                        args.new_tokens,
+                        args.repeats,
+                        vllm_env,
+                        args.cpu_threads_bind,
+                        args.native_threads,
+                        tmp,
+                    ).items()
                 }
-                for kind in ("native", "vllm")
+                for kind in args.engines.split(",")
             }
     print_tables(tables(result))
     emit(result)
