@@ -1,7 +1,7 @@
 """Reward-model training on the RL trainer's machinery: Bradley–Terry on preference pairs.
 
     python training/main_rm.py model_path=assets/tiny-math/sft output_path=/tmp/rm \\
-        train_path=assets/tiny-math/data/prefs_train.jsonl test_path=assets/tiny-math/data/prefs_test.jsonl
+        train_path=assets/tiny-math/prefs/train.jsonl test_path=assets/tiny-math/prefs/test.jsonl
 
     ... dp=2                      two data-parallel ranks (processes this command starts)
     ... lora.r=8 lora.alpha=16    LoRA adapters on a frozen base (the value head trains in full)

@@ -13,24 +13,21 @@ its rollouts with (the `reward_model` op of the step's graph, realhf.system.trai
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 
 from realhf.api.cli_args import RMConfig
 from realhf.api.prompt import PromptRow
 from realhf.api.train_batch import TrainBatch
 from realhf.base import collectives
-from realhf.base.device import all_reduce_sum, bind_device, pick_device
-from realhf.experiments.sft import Log, engine_config, join_group, split_by_tokens
+from realhf.base.device import all_reduce_sum
+from realhf.experiments.sft import Log, rank_session, split_by_tokens
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts
 from realhf.impl.dataset.prompt_encoding import chat_template_on, encode_prompt
 from realhf.impl.dataset.table_formats import DatasetFormatError
-from realhf.impl.engine.fsdp_engine import FSDPEngine
 from realhf.system.trainer.actor import sequence_scores
 
 # (chosen ids, rejected ids): prompt + answer + EOS each
@@ -104,27 +101,12 @@ def load_pairs(path: str, cfg: RMConfig, split: str, limit: int = 0) -> List[Pro
 
 def run_rank(cfg: RMConfig, rank: int = 0, world: int = 1, store_addr: str = "", log: Log = print) -> Dict[str, Any]:
     """Train rank `rank` of `world` and write output_path (rank 0); the report, complete on rank 0."""
-    torch.set_num_threads(cfg.n_threads)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device, rank)
-    bind_device(device)
-    join_group(cfg, rank, world, device, store_addr)
-    engine: Optional[FSDPEngine] = None
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+    with rank_session(cfg, rank, world, store_addr) as session:
+        tokenizer, pad_id, device = session.tokenizer, session.pad_id, session.device
         rows = load_pairs(cfg.train_path, cfg, cfg.dataset.split, cfg.max_train_rows)
-        chat = chat_template_on(cfg.dataset.chat_template, tokenizer)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        encoded = {r.query_id: encode_pair(tokenizer, r, chat) for r in rows}  # every row checked first
+        encoded = {r.query_id: encode_pair(tokenizer, r, session.chat) for r in rows}  # every row checked first
         # micro_batch_tokens is 0 (check_rm): a pair's two rows go through one forward.
-        engine = FSDPEngine(
-            engine_config(cfg, rank, value_head=True, name="rm"),
-            io_group=collectives.new_gloo_group(cfg.distributed_timeout),
-        )
-        engine.initialize()
+        engine = session.open_engine(value_head=True, name="rm")
         log(
             f"RM: {engine.n_params / 1e6:.2f}M parameters ({engine.n_trainable / 1e6:.3f}M trained), "
             f"{len(rows)} preference pairs, {cfg.steps} steps x {cfg.batch_size} pairs, DP={world} on {device}"
@@ -151,10 +133,6 @@ def run_rank(cfg: RMConfig, rank: int = 0, world: int = 1, store_addr: str = "",
         engine.save_hf(Path(cfg.output_path), tokenizer_source=cfg.model_path)
         collectives.barrier()
         return {"history": history, "train_seconds": train_seconds, "n_params": engine.n_params, "dp": world}
-    finally:
-        if engine is not None:
-            engine.destroy()
-        dist.destroy_process_group()
 
 
 @torch.no_grad()

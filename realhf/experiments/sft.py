@@ -30,6 +30,7 @@ starts from it with `actor.path=<output_path>`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -41,9 +42,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -292,27 +294,61 @@ def join_group(cfg: EngineRunConfig, rank: int, world: int, device: torch.device
     dist.init_process_group(dist_backend(device), store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def run_rank(cfg: SFTConfig, rank: int = 0, world: int = 1, store_addr: str = "", log: Log = print) -> Dict[str, Any]:
-    """Train rank `rank` of `world` (every rank runs this, with the same config) and write
-    output_path; returns the report (losses, timings, parameter counts), complete on rank 0.
-    `store_addr`: the launcher's rendezvous store (host:port) when `world` > 1."""
+@dataclass
+class RankSession:
+    """What one rank of training/main_sft.py or main_rm.py holds: its device, the tokenizer and
+    how it encodes rows, and the engine (destroyed, with the process group, when the rank ends)."""
+
+    cfg: EngineRunConfig
+    rank: int
+    device: torch.device
+    tokenizer: Any
+    chat: bool
+    pad_id: int
+    engine: Optional[FSDPEngine] = None
+
+    def open_engine(self, value_head: bool = False, name: str = "sft") -> FSDPEngine:
+        # Waits on rank 0's write of the output go through a group with the disk's timeout.
+        self.engine = FSDPEngine(
+            engine_config(self.cfg, self.rank, value_head=value_head, name=name),
+            io_group=collectives.new_gloo_group(self.cfg.distributed_timeout),
+        )
+        self.engine.initialize()
+        return self.engine
+
+
+@contextlib.contextmanager
+def rank_session(cfg: EngineRunConfig, rank: int, world: int, store_addr: str) -> Iterator[RankSession]:
+    """Threads, seeds, the rank's device and process group (`store_addr`: the launcher's
+    rendezvous store, host:port, when `world` > 1), then the tokenizer; everything left on exit."""
     torch.set_num_threads(cfg.n_threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device, rank)
     bind_device(device)
     join_group(cfg, rank, world, device, store_addr)
-    engine: Optional[FSDPEngine] = None
+    session: Optional[RankSession] = None
     try:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        rows = load_training_rows(cfg)
         chat = chat_template_on(cfg.dataset.chat_template, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        # Waits on rank 0's write of the output go through a group with the disk's timeout.
-        engine = FSDPEngine(engine_config(cfg, rank), io_group=collectives.new_gloo_group(cfg.distributed_timeout))
-        engine.initialize()
+        session = RankSession(cfg, rank, device, tokenizer, chat, pad_id)
+        yield session
+    finally:
+        if session is not None and session.engine is not None:
+            session.engine.destroy()
+        dist.destroy_process_group()
+
+
+def run_rank(cfg: SFTConfig, rank: int = 0, world: int = 1, store_addr: str = "", log: Log = print) -> Dict[str, Any]:
+    """Train rank `rank` of `world` (every rank runs this, with the same config) and write
+    output_path; returns the report (losses, timings, parameter counts), complete on rank 0."""
+    with rank_session(cfg, rank, world, store_addr) as session:
+        tokenizer, chat, pad_id, device = session.tokenizer, session.chat, session.pad_id, session.device
+        rows = load_training_rows(cfg)
+        engine = session.open_engine()
         n_params, n_trainable = engine.n_params, engine.n_trainable
         adapters = (
             f" (LoRA r={cfg.lora.r}: {n_trainable / 1e6:.3f}M trainable, {100 * n_trainable / n_params:.2f}%)"
@@ -363,10 +399,6 @@ def run_rank(cfg: SFTConfig, rank: int = 0, world: int = 1, store_addr: str = ""
             "n_trainable": n_trainable,
             "dp": world,
         }
-    finally:
-        if engine is not None:
-            engine.destroy()
-        dist.destroy_process_group()
 
 
 # ---- the ranks of one command -------------------------------------------------------------------

@@ -77,3 +77,30 @@ def load_tiny():
 
     transformers.utils.logging.disable_progress_bar()
     return AutoModelForCausalLM.from_pretrained(TINY_SFT).eval(), AutoTokenizer.from_pretrained(TINY_SFT)
+
+
+def pack(msgs: Sequence[dict]):
+    """The trainer's batch of `msgs` (make_groups' output), as the stream hands it over."""
+    from realhf.api.trajectory import Trajectory
+    from realhf.impl.model.batching import pack_trajectories
+
+    return pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
+
+
+def trainer_config(**ppo):
+    """A DP=1 CPU trainer's config on the tiny SFT model: the actor at lr 1e-3, a critic with its
+    own optimizer (and no path: it loads the actor's), `ppo` as given."""
+    from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
+    from realhf.api.worker_configs import ModelWorkerConfig
+
+    return ModelWorkerConfig(
+        actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
+        critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
+        ppo=PPOHyperparameters(**ppo),
+        device="cpu",
+        seed=5,
+    )
+
+
+def flat_params(engine) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in engine.model.parameters()])

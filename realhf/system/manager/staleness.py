@@ -84,13 +84,11 @@ class StalenessManager:
         """`shares[r]`: groups DP rank r trains per step (`dp_shares`). `accepted[r]`: groups of
         rank r accepted before this manager started — on a resumed run, the groups already
         trained (`resumed_accepted`) — so that capacity continues from where the checkpoint left it."""
-        if max_concurrent_rollouts < 1:
-            raise ValueError(f"max_concurrent_rollouts must be >= 1, got {max_concurrent_rollouts}")
+        # max_concurrent_rollouts >= 1 and max_head_offpolicyness >= 0 are the config's rules,
+        # checked at start and at the manager's entry; `shares` and `accepted` are derived here.
         shares = [int(s) for s in shares]
         if not shares or min(shares) < 1:
             raise ValueError(f"shares (prompt groups per train step of each DP rank) must be >= 1 each, got {shares}")
-        if max_head_offpolicyness < 0:
-            raise ValueError(f"max_head_offpolicyness must be >= 0, got {max_head_offpolicyness}")
         accepted = [0] * len(shares) if accepted is None else [int(a) for a in accepted]
         if len(accepted) != len(shares) or min(accepted) < 0:
             raise ValueError(f"accepted must be one count >= 0 per DP rank ({len(shares)}), got {accepted}")

@@ -93,16 +93,7 @@ class NodeWorker(Worker):
         request = self._stream.poll(timeout=0.05)
         if request is None:
             return False
-        handler = self._handlers.get(request.handle_name)
-        try:
-            if handler is None:
-                raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(self._handlers)}")
-            reply = handler(request.data if request.data is not None else {})
-        except Exception as e:
-            self.logger.exception(f"handler {request.handle_name!r} failed: {e}")
-            self._stream.reply_error(request, e)
-        else:
-            self._stream.reply(request, reply)
+        self._stream.serve(request, self._handlers, self.logger)
         return True
 
     def _exit_hook(self) -> None:

@@ -96,8 +96,7 @@ class GenerationClient:
     ):
         """`manager_resolve`, `manager_wait_timeout`, `stopped`: how the ManagerClient finds a
         restarted manager (realhf.system.manager.manager_client)."""
-        if new_tokens_per_chunk < 0:
-            raise ValueError(f"new_tokens_per_chunk must be >= 0, got {new_tokens_per_chunk}")
+        # new_tokens_per_chunk >= 0: the config's rule, checked at start and at the worker's entry.
         self.new_tokens_per_chunk = new_tokens_per_chunk
         self.request_timeout = request_timeout
         self.eos_token_id = eos_token_id

@@ -14,7 +14,8 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from logging import Logger
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import zmq
 
@@ -277,6 +278,32 @@ class WorkerStream:
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:],
         }
         self._send({"request_id": request.request_id, "handler": self.index, "ok": False, "error": err})
+
+    def serve(
+        self,
+        request: Request,
+        handlers: Mapping[str, Callable[[Any], Any]],
+        log: Logger,
+        fatal: Callable[[Exception], Optional[Exception]] = lambda e: None,
+    ) -> None:
+        """Run `request`'s handler and reply with its result, or with its error (logged with its
+        traceback; the worker goes on). `fatal(e)` names an error the worker cannot go on after:
+        what it returns is replied, logged and raised."""
+        handler = handlers.get(request.handle_name)
+        try:
+            if handler is None:
+                raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(handlers)}")
+            result = handler(request.data if request.data is not None else {})
+        except Exception as e:
+            error = fatal(e)
+            if error is not None:
+                log.error(str(error))
+                self.reply_error(request, error)
+                raise error from None
+            log.exception(f"handler {request.handle_name!r} failed: {e}")
+            self.reply_error(request, e)
+        else:
+            self.reply(request, result)
 
     def close(self) -> None:
         self._sock.close()

@@ -22,8 +22,7 @@ from realhf.api.trajectory import Trajectory
 
 class TrajectoryBuffer:
     def __init__(self, max_head_offpolicyness: int):
-        if max_head_offpolicyness < 0:
-            raise ValueError(f"max_head_offpolicyness must be >= 0, got {max_head_offpolicyness}")
+        # >= 0: checked once, at start (realhf.experiments.validation) and at the worker's entry.
         self.eta = max_head_offpolicyness
         self._groups: Deque[Trajectory] = collections.deque()
         self.n_added = 0

@@ -224,7 +224,6 @@ class ModelWorker(Worker):
         request = self._stream.poll(timeout=0.05)
         if request is None:
             return False
-        handler = self._handlers.get(request.handle_name)
         # Said in an error: a save or checkpoint follows step `version`, the other calls make step
         # version + 1; a step node is named (with LoRA the ref runs on the actor's engine).
         call = request.handle_name
@@ -235,21 +234,12 @@ class ModelWorker(Worker):
             if call in ("save", "checkpoint")
             else f"{call} of step {self.version + 1}"
         )
-        try:
-            if handler is None:
-                raise ValueError(f"unknown handler {request.handle_name!r}; known: {sorted(self._handlers)}")
-            reply = handler(request.data if request.data is not None else {})
-        except collectives.CollectiveTimeoutError as e:
-            error = e.at(at)
-            self.logger.error(str(error))
-            self._stream.reply_error(request, error)
+
+        def fatal(e: Exception) -> Optional[Exception]:
             # The ranks disagree on where they are: nothing more this group runs can be trusted.
-            raise error from None
-        except Exception as e:
-            self.logger.exception(f"handler {request.handle_name!r} failed: {e}")
-            self._stream.reply_error(request, e)
-        else:
-            self._stream.reply(request, reply)
+            return e.at(at) if isinstance(e, collectives.CollectiveTimeoutError) else None
+
+        self._stream.serve(request, self._handlers, self.logger, fatal)
         return True
 
     def _exit_hook(self) -> None:

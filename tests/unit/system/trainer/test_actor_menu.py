@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from helpers.fsdp_ranks import open_engines
-from helpers.trajectories import TINY_SFT, load_rows, make_groups
+from helpers.trajectories import TINY_SFT, flat_params, load_rows, make_groups, pack
 from realhf.api.choices import LOSS_AGG_MODES
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
-from realhf.api.trajectory import Trajectory
 from realhf.impl.engine.fsdp_engine import FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
-from realhf.impl.model.batching import micro_batches, minibatch_rows, pack_trajectories
+from realhf.impl.model.batching import micro_batches, minibatch_rows
 from realhf.system.trainer import actor
 from realhf.system.trainer.ppo_actor import PPOActor
 
@@ -31,14 +30,6 @@ def _config(lr: float = 1e-3, micro_batch_tokens: int = 0) -> FSDPEngineConfig:
 def msgs(tiny):
     model, tok = tiny
     return make_groups(model, tok, load_rows(4), group_size=4)
-
-
-def _batch(msgs):
-    return pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
-
-
-def _params(engine) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in engine.model.parameters()])
 
 
 def _logprobs(engine, batch):
@@ -60,7 +51,7 @@ def _steps(engine, batch, cfg, kl_coef=None):
 
 def test_entropy_is_that_of_the_temperature_scaled_distribution_and_zero_on_padding(tiny, msgs):
     model, _ = tiny
-    batch = _batch(msgs[:2])
+    batch = pack(msgs[:2])
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [N, T, V]
     logp, entropy = actor.token_logprobs_and_entropy(logits, batch, temperature=0.7)
@@ -81,7 +72,7 @@ def test_entropy_is_logged_always_and_the_bonus_alone_raises_it(msgs):
     weights do not move at all."""
     results = {}
     for coef in (0.0, 0.5):
-        batch = _batch(msgs)
+        batch = pack(msgs)
         cfg = PPOHyperparameters(ppo_n_minibatches=1, entropy_coef=coef, reward_output_scaling=0.0)
         with open_engines(_config(lr=1e-3)) as (engine,):
 
@@ -89,10 +80,10 @@ def test_entropy_is_logged_always_and_the_bonus_alone_raises_it(msgs):
                 h = engine.forward(batch, lambda out, mb: actor.token_logprobs_and_entropy(out, mb)[1])
                 return float(h[batch.loss_mask].mean())
 
-            before, params = mean_entropy(), _params(engine)
+            before, params = mean_entropy(), flat_params(engine)
             batch.prox_logprobs = _logprobs(engine, batch)
             stats = _steps(engine, batch, cfg)
-            results[coef] = (before, mean_entropy(), stats, float((_params(engine) - params).abs().max()))
+            results[coef] = (before, mean_entropy(), stats, float((flat_params(engine) - params).abs().max()))
     (before0, after0, stats0, moved0), (before, after, stats, moved) = results[0.0], results[0.5]
     assert stats0["entropy"] == pytest.approx(before0, rel=1e-4)  # logged without a bonus too
     assert moved0 == 0.0 and after0 == before0
@@ -109,14 +100,14 @@ def test_aggregation_gives_the_same_update_whole_or_in_micro_batches_and_the_ref
     their summed losses by their summed weights: the update must not depend on the split."""
     results = []
     for budget in (0, 90):
-        batch = _batch(msgs)
+        batch = pack(msgs)
         cfg = PPOHyperparameters(ppo_n_minibatches=1, loss_agg_mode=mode, kl_ctl=0.1)
         assert budget == 0 or len(micro_batches(batch, torch.arange(batch.n_seqs), budget)) > 2
         with open_engines(_config(micro_batch_tokens=budget)) as (engine,):
             batch.prox_logprobs = _logprobs(engine, batch)
             batch.ref_logprobs = batch.prox_logprobs - 0.05
             stats = _steps(engine, batch, cfg)
-            results.append((_params(engine), stats))
+            results.append((flat_params(engine), stats))
     (w_whole, s_whole), (w_mb, s_mb) = results
     assert torch.allclose(w_whole, w_mb, atol=2e-5)
     assert s_whole["loss"] == pytest.approx(s_mb["loss"], rel=1e-4, abs=1e-6)
@@ -146,7 +137,7 @@ def test_the_actor_adapts_logs_and_recovers_its_kl_coefficient(msgs, tmp_path):
         trainer = PPOActor(engine, cfg)
         coefs, kls = [], []
         for _ in range(2):
-            batch = _batch(msgs)
+            batch = pack(msgs)
             trainer.compute_logprobs(batch)
             batch.ref_logprobs = batch.prox_logprobs - 0.3  # far above the target: the coefficient grows
             stats = trainer.train_step(batch)
@@ -174,7 +165,7 @@ def test_a_fixed_kl_coefficient_is_logged_and_stays(msgs):
     cfg = PPOHyperparameters(ppo_n_minibatches=1, kl_ctl=0.1)
     with open_engines(_config(lr=1e-4)) as (engine,):
         trainer = PPOActor(engine, cfg)
-        batch = _batch(msgs)
+        batch = pack(msgs)
         trainer.compute_logprobs(batch)
         batch.ref_logprobs = batch.prox_logprobs - 0.3
         stats = trainer.train_step(batch)

@@ -10,11 +10,8 @@ import pytest
 import torch
 
 from helpers.fsdp_ranks import open_engines
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
-from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig, PPOHyperparameters
-from realhf.api.trajectory import Trajectory
-from realhf.api.worker_configs import ModelWorkerConfig
-from realhf.impl.model.batching import pack_trajectories
+from helpers.trajectories import TINY_SFT, flat_params, pack, trainer_config
+from realhf.api.cli_args import ModelTrainEvalConfig, PPOHyperparameters
 from realhf.system.trainer.actor import first_minibatch_rows
 from realhf.system.trainer.ppo_actor import (
     PPOActor,
@@ -24,33 +21,6 @@ from realhf.system.trainer.ppo_actor import (
     reference_logprobs,
 )
 from realhf.system.trainer.ppo_step import default_graph
-
-
-@pytest.fixture(scope="module")
-def msgs():
-    torch.set_num_threads(1)
-    model, tok = load_tiny()
-    return make_groups(model, tok, load_rows(3), group_size=4)
-
-
-def _batch(msgs):
-    return pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
-
-
-def _config(**ppo) -> ModelWorkerConfig:
-    # The critic has its own optimizer (and no path: it loads the actor's).
-    return ModelWorkerConfig(
-        actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
-        critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
-        ppo=PPOHyperparameters(**ppo),
-        device="cpu",
-        seed=5,
-    )
-
-
-def _params(engine) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in engine.model.parameters()])
-
 
 # ---- which engines, configured how ---------------------------------------------------------------
 
@@ -67,7 +37,7 @@ def test_a_trainer_holds_a_reference_only_for_a_kl_term_and_a_critic_only_for_ga
 
 
 def test_reference_is_frozen_and_critic_has_a_value_head_both_on_the_actors_path_by_default():
-    cfg = dataclasses.replace(_config(ppo_n_minibatches=3), total_train_steps=10)
+    cfg = dataclasses.replace(trainer_config(ppo_n_minibatches=3), total_train_steps=10)
     actor, ref, critic = (engine_config(cfg, role, local_rank=0) for role in ("actor", "ref", "critic"))
     assert ref.model.path == critic.model.path == TINY_SFT
     assert (actor.trainable, ref.trainable, critic.trainable) == (True, False, True)
@@ -91,8 +61,8 @@ def test_reference_is_frozen_and_critic_has_a_value_head_both_on_the_actors_path
 
 
 def test_built_engines_freeze_the_reference_and_give_the_critic_one_output_per_position(msgs):
-    batch = _batch(msgs[:1])
-    engines = build_engines(_config(kl_ctl=0.1, adv_estimator="gae"), 0, roles=["actor", "ref", "critic"])
+    batch = pack(msgs[:1])
+    engines = build_engines(trainer_config(kl_ctl=0.1, adv_estimator="gae"), 0, roles=["actor", "ref", "critic"])
     try:
         assert sorted(engines) == ["actor", "critic", "ref"]
         ref = engines["ref"]
@@ -114,7 +84,7 @@ def test_built_engines_freeze_the_reference_and_give_the_critic_one_output_per_p
 
 
 def test_the_actor_engine_keeps_its_weights_in_the_configured_dtype():
-    cfg = _config()
+    cfg = trainer_config()
     cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, dtype="bfloat16"))
     with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
         assert next(engine.model.parameters()).dtype == torch.bfloat16
@@ -129,18 +99,18 @@ def test_deferred_proximal_logprobs_give_the_same_parameters_and_stats(msgs, n_m
     before any optimizer step: the step is the one without the deferral."""
     results = []
     for defer in (False, True):
-        cfg = _config(ppo_n_minibatches=n_minibatches)
+        cfg = trainer_config(ppo_n_minibatches=n_minibatches)
         with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
             trainer = PPOActor(engine, cfg.ppo)
             assert trainer.can_defer_prox  # no dropout; GRPO's advantages do not read the proximal
             trainer.can_defer_prox = defer
-            batch = _batch(msgs)
+            batch = pack(msgs)
             inf = trainer.compute_logprobs(batch)
             first = first_minibatch_rows(batch, n_minibatches)
             assert inf["n_tokens"] == batch.n_tokens - (int(batch.loss_mask[first].sum()) if defer else 0)
             assert (batch.prox_logprobs[first].abs().sum() == 0) == defer  # really left out
             stats = trainer.train_step(batch)
-            results.append((_params(engine), stats, batch.prox_logprobs.clone()))
+            results.append((flat_params(engine), stats, batch.prox_logprobs.clone()))
     (w_full, s_full, p_full), (w_def, s_def, p_def) = results
     assert float((p_full - p_def).abs().max()) <= 1e-5  # the train forward filled the rows in
     # Adam moves a weight by about lr (1e-3) per step, and by a sign-like amount where a gradient is
@@ -155,11 +125,11 @@ def test_deferred_proximal_logprobs_give_the_same_parameters_and_stats(msgs, n_m
 def test_a_deferral_belongs_to_the_batch_it_was_made_for(msgs):
     # Plain PPO on the behaviour log-probs: a batch trained without actor_inf has no proximal
     # log-probs, and must not inherit the deferral of a batch that had one.
-    cfg = _config(use_decoupled_loss=False, recompute_logprob=False)
+    cfg = trainer_config(use_decoupled_loss=False, recompute_logprob=False)
     with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
         trainer = PPOActor(engine, cfg.ppo)
-        trainer.compute_logprobs(_batch(msgs[:2]))
-        other = _batch(msgs[1:])
+        trainer.compute_logprobs(pack(msgs[:2]))
+        other = pack(msgs[1:])
         stats = trainer.train_step(other)
     assert other.prox_logprobs is None and stats["n_tokens"] == other.n_tokens
 
@@ -176,8 +146,8 @@ def test_a_kl_reward_reads_the_proximal_logprobs_so_they_cannot_be_deferred(tiny
 
 
 def test_critic_values_cover_every_prediction_and_its_steps_pull_them_toward_the_returns(msgs):
-    cfg = _config(adv_estimator="gae", ppo_n_minibatches=2)
-    batch = _batch(msgs)
+    cfg = trainer_config(adv_estimator="gae", ppo_n_minibatches=2)
+    batch = pack(msgs)
     m = batch.loss_mask
     with open_engines(engine_config(cfg, "critic", 0)) as (engine,):
         critic = PPOCritic(engine, cfg.ppo)
@@ -201,8 +171,8 @@ def test_critic_values_cover_every_prediction_and_its_steps_pull_them_toward_the
 
 
 def test_critic_train_computes_the_returns_itself_when_the_actor_did_not(msgs):
-    cfg = _config(adv_estimator="gae", ppo_n_minibatches=1)
-    batch = _batch(msgs[:1])
+    cfg = trainer_config(adv_estimator="gae", ppo_n_minibatches=1)
+    batch = pack(msgs[:1])
     with open_engines(engine_config(cfg, "critic", 0)) as (engine,):
         critic = PPOCritic(engine, cfg.ppo)
         critic.compute_values(batch)
@@ -218,27 +188,27 @@ def test_a_non_finite_loss_skips_the_optimizer_step_and_too_many_in_a_row_fail(m
     """A behaviour log-prob of -1e30 is finite (it passes the trajectory checks) but makes the
     decoupled loss's importance weight infinite: the step must leave weights, Adam state and LR
     as they were, say so in the stats, and fail once more steps in a row than allowed did so."""
-    cfg = _config(ppo_n_minibatches=2)
+    cfg = trainer_config(ppo_n_minibatches=2)
     cfg.actor.optimizer.max_nonfinite_steps = 2
     with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
         trainer = PPOActor(engine, cfg.ppo)
-        poisoned = _batch(msgs)
+        poisoned = pack(msgs)
         poisoned.behav_logprobs[poisoned.loss_mask] = -1e30  # every row: both minibatches poisoned
-        before, epoch = _params(engine), engine.lr_scheduler.last_epoch
+        before, epoch = flat_params(engine), engine.lr_scheduler.last_epoch
         trainer.compute_logprobs(poisoned)
         stats = trainer.train_step(poisoned)
         assert stats["skipped_steps"] == 2
-        assert torch.equal(_params(engine), before) and engine.lr_scheduler.last_epoch == epoch
+        assert torch.equal(flat_params(engine), before) and engine.lr_scheduler.last_epoch == epoch
         assert not engine.optimizer.state  # Adam never stepped
 
-        healthy = _batch(msgs)  # a good step resets the count and moves the weights
+        healthy = pack(msgs)  # a good step resets the count and moves the weights
         trainer.compute_logprobs(healthy)
         assert trainer.train_step(healthy)["skipped_steps"] == 0
-        assert torch.isfinite(_params(engine)).all() and not torch.equal(_params(engine), before)
+        assert torch.isfinite(flat_params(engine)).all() and not torch.equal(flat_params(engine), before)
 
         trainer.compute_logprobs(poisoned)
         trainer.train_step(poisoned)  # 2 in a row: still allowed
-        poisoned_again = _batch(msgs)
+        poisoned_again = pack(msgs)
         poisoned_again.behav_logprobs[poisoned_again.loss_mask] = -1e30
         trainer.compute_logprobs(poisoned_again)
         with pytest.raises(FloatingPointError, match=r"3 optimizer steps in a row .*max_nonfinite_steps=2"):
@@ -264,14 +234,14 @@ def test_loglinear_with_one_minibatch_is_the_exact_step(msgs):
     so skipping actor_inf changes nothing."""
     results = []
     for method in ("recompute", "loglinear"):
-        cfg = _config(ppo_n_minibatches=1, prox_logp=method)
+        cfg = trainer_config(ppo_n_minibatches=1, prox_logp=method)
         with open_engines(engine_config(cfg, "actor", 0)) as (engine,):
             trainer = PPOActor(engine, cfg.ppo)
-            batch = _batch(msgs)
+            batch = pack(msgs)
             if method == "recompute":
                 trainer.compute_logprobs(batch)
             stats = trainer.train_step(batch, version=0)
-            results.append((_params(engine), stats))
+            results.append((flat_params(engine), stats))
     (w_a, s_a), (w_b, s_b) = results
     assert float((w_a - w_b).abs().max()) <= 1e-6
     for key, value in s_a.items():
@@ -282,7 +252,7 @@ def test_loglinear_interpolates_each_tokens_proximal_logprob_by_its_version_lag(
     from realhf.impl.model.utils import ppo_functional as F
     from realhf.system.trainer import actor
 
-    batch = _batch(msgs)
+    batch = pack(msgs)
     n = batch.n_seqs
     lag = torch.arange(n) % 4  # rows 0, 1, 2 and 3 versions stale
     batch.behav_versions = torch.where(batch.loss_mask, 10 - lag[:, None], torch.zeros_like(batch.behav_versions))
@@ -313,7 +283,7 @@ def test_loglinear_interpolates_each_tokens_proximal_logprob_by_its_version_lag(
 def test_loglinear_without_the_steps_version_is_refused(msgs):
     from realhf.system.trainer import actor
 
-    batch = _batch(msgs)
+    batch = pack(msgs)
     batch.advantages = torch.zeros_like(batch.behav_logprobs)
     with pytest.raises(ValueError, match="loglinear needs the step's version"):
         actor.ActorLoss(batch, PPOHyperparameters(prox_logp="loglinear"))

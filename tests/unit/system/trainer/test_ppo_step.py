@@ -9,50 +9,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
+from helpers.trajectories import flat_params, pack, trainer_config
 from realhf.api.cli_args import (
-    ModelTrainEvalConfig,
-    OptimizerConfig,
     PPOHyperparameters,
     StepGraphConfig,
     StepNodeConfig,
 )
 from realhf.api.step_graph import GraphError
 from realhf.api.train_batch import REQUIRED_FIELDS, batch_from_tensors
-from realhf.api.trajectory import Trajectory
-from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import serialization
-from realhf.impl.model.batching import pack_trajectories
 from realhf.system.trainer.ppo_actor import PPOActor, PPOCritic, build_engines, reference_logprobs
 from realhf.system.trainer.ppo_step import BUILTIN_OPS, build_graph, default_graph, trainer_models, waves
 from realhf.system.trainer.step_ops import OPS, StepContext, run_node
 
 BREVITY = "examples/step_nodes/brevity.py:brevity"  # a file path, from the launch directory (the repository)
-
-
-@pytest.fixture(scope="module")
-def msgs():
-    torch.set_num_threads(1)
-    model, tok = load_tiny()
-    return make_groups(model, tok, load_rows(3), group_size=4)
-
-
-def _batch(msgs):
-    return pack_trajectories([Trajectory.from_msg(m) for m in msgs], pad_id=0)
-
-
-def _config(**ppo) -> ModelWorkerConfig:
-    return ModelWorkerConfig(
-        actor=ModelTrainEvalConfig(path=TINY_SFT, optimizer=OptimizerConfig(lr=1e-3)),
-        critic=ModelTrainEvalConfig(optimizer=OptimizerConfig(lr=2e-3)),
-        ppo=PPOHyperparameters(**ppo),
-        device="cpu",
-        seed=5,
-    )
-
-
-def _params(engine) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in engine.model.parameters()])
 
 
 def _waves(ppo) -> list:
@@ -178,15 +148,15 @@ def _graph_step(engines, ppo, batch, graph=None):
     ids=["grpo", "grpo-kl", "gae-kl", "loglinear"],
 )
 def test_one_step_of_the_graph_equals_the_calls_it_replaced(msgs, ppo):
-    cfg = _config(**ppo)
+    cfg = trainer_config(**ppo)
     roles = default_graph(cfg.ppo).models()
     results = []
     for step in (_old_step, _graph_step):
         engines = build_engines(cfg, 0, roles=roles)
         try:
-            batch = _batch(msgs)
+            batch = pack(msgs)
             stats = step(engines, cfg.ppo, batch)
-            results.append((batch, stats, {r: _params(e) for r, e in engines.items() if r != "ref"}))
+            results.append((batch, stats, {r: flat_params(e) for r, e in engines.items() if r != "ref"}))
         finally:
             for e in reversed(list(engines.values())):
                 e.destroy()
@@ -207,20 +177,20 @@ def test_one_step_of_the_graph_equals_the_calls_it_replaced(msgs, ppo):
 def _params_of_fresh(cfg):
     engines = build_engines(cfg, 0, roles=["actor"])
     try:
-        return _params(engines["actor"])
+        return flat_params(engines["actor"])
     finally:
         engines["actor"].destroy()
 
 
 def test_a_users_reward_term_changes_the_advantages_it_joins(msgs):
-    cfg = _config(ppo_n_minibatches=1, adv_estimator="batch_norm")
+    cfg = trainer_config(ppo_n_minibatches=1, adv_estimator="batch_norm")
     add = StepNodeConfig(
         name="brevity", op=BREVITY, inputs=["loss_mask"], outputs=["rewards/brevity"], args={"per_token": 0.05}
     )
     graph = build_graph(dataclasses.replace(cfg.ppo, graph=StepGraphConfig(add=[add])))
     engines = build_engines(cfg, 0, roles=["actor"])
     try:
-        plain, shaped = _batch(msgs), _batch(msgs)
+        plain, shaped = pack(msgs), pack(msgs)
         _graph_step(engines, cfg.ppo, plain, build_graph(cfg.ppo))
         stats = _graph_step(engines, cfg.ppo, shaped, graph)
     finally:
@@ -234,7 +204,7 @@ def test_a_users_reward_term_changes_the_advantages_it_joins(msgs):
 
 
 def test_a_node_that_does_not_write_its_outputs_or_lacks_an_input_fails_naming_it(msgs):
-    cfg = _config()
+    cfg = trainer_config()
     add = StepNodeConfig(name="lazy", op="helpers.user_step_nodes:writes_nothing", outputs=["rewards/lazy"])
     graph = build_graph(dataclasses.replace(cfg.ppo, graph=StepGraphConfig(add=[add])))
     ctx = StepContext({}, None, None, cfg.ppo, 0)
@@ -242,9 +212,9 @@ def test_a_node_that_does_not_write_its_outputs_or_lacks_an_input_fails_naming_i
         RuntimeError,
         match=r"step node 'lazy' \(helpers.user_step_nodes:writes_nothing\) did not write \['rewards/lazy'\]",
     ):
-        run_node(ctx, _batch(msgs), graph.node("lazy"))
+        run_node(ctx, pack(msgs), graph.node("lazy"))
     with pytest.raises(RuntimeError, match=r"step node 'actor_train': its inputs \[.*'advantages'.*\] are not there"):
-        run_node(ctx, _batch(msgs), graph.node("actor_train"))
+        run_node(ctx, pack(msgs), graph.node("actor_train"))
 
 
 # ---- a node on a process of its own (ppo.graph.own_process) --------------------------------------------
@@ -262,13 +232,13 @@ def test_only_nodes_on_the_reference_or_on_no_model_may_run_off_the_trainer():
 def test_the_reference_on_the_wire_gives_what_it_gives_on_the_trainers_batch(msgs):
     """What the node worker computes from the tensors the master takes from a rank (msgpack both
     ways) equals the trainer's own ref_inf on its batch."""
-    cfg = _config(kl_ctl=0.1)
+    cfg = trainer_config(kl_ctl=0.1)
     graph = build_graph(dataclasses.replace(cfg.ppo, graph=StepGraphConfig(own_process=["ref_inf"])))
     node = graph.node("ref_inf")
     engines = build_engines(cfg, 0, roles=["ref"])
     try:
         ctx = StepContext(engines, None, None, cfg.ppo, 0)
-        here = _batch(msgs)
+        here = pack(msgs)
         run_node(ctx, here, node)
         sent = {n: here.get(n) for n in (*REQUIRED_FIELDS, "prompt_lens", *node.inputs)}
         away = batch_from_tensors(serialization.loads(serialization.dumps(sent)))
@@ -283,12 +253,12 @@ def test_the_reference_on_the_wire_gives_what_it_gives_on_the_trainers_batch(msg
 def test_reward_weights_scale_each_source_before_the_advantages(msgs):
     """{rewards: 0}: the step learns from the reward terms alone — its advantages are those of a
     batch whose reward is the term."""
-    cfg = _config(ppo_n_minibatches=1, adv_estimator="batch_norm")
+    cfg = trainer_config(ppo_n_minibatches=1, adv_estimator="batch_norm")
     add = StepNodeConfig(name="brevity", op=BREVITY, inputs=["loss_mask"], outputs=["rewards/brevity"])
     graph = build_graph(dataclasses.replace(cfg.ppo, graph=StepGraphConfig(add=[add], reward_weights={"rewards": 0.0})))
     actor = SimpleNamespace(kl=SimpleNamespace(value=0.0))  # all the advantages read of the actor
     ctx = StepContext({}, actor, None, cfg.ppo, 0)
-    only_term, reference = _batch(msgs), _batch(msgs)
+    only_term, reference = pack(msgs), pack(msgs)
     for name in ("brevity", "advantages"):
         run_node(ctx, only_term, graph.node(name))
     reference.rewards = only_term.get("rewards/brevity").clone()
