@@ -27,3 +27,6 @@ GPU_PLACEMENTS = PLACEMENT_MODES  # cluster.gpu_placement: "auto", "separate" or
 RECOVER_MODES = ("disabled", "auto", "resume")
 NAME_RESOLVE_BACKENDS = ("redis", "memory")
 WANDB_MODES = ("offline", "online")
+LAUNCHERS = ("local", "ray")
+RAY_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+VLLM_DTYPES = ("float32", "bfloat16", "float16", "auto")

@@ -4,17 +4,20 @@ The root is `AsyncPPOConfig`; Hydra builds the command line from it
 (`training/main_async_ppo.py --help` lists every field with the value the run will use), and
 `training/configs/async-ppo.yaml` sets the embedded run's values on top of these defaults.
 Per-worker configs (`realhf.api.worker_configs`) are derived from this tree by
-`realhf.experiments.async_ppo`; every rule a value must satisfy lives in
-`realhf.experiments.validation` and choice lists in `realhf.api.choices`.
+`realhf.experiments.async_ppo`. A rule on one field's value (a bound, a closed list from
+`realhf.api.choices`, a timeout) is declared with the field (`_f(..., ge=0)`, a `Rule` in its
+metadata) and checked by one pass over the tree (`realhf.experiments.validation.check_fields`);
+rules that tie fields together or hold only under another setting are validation's check_*.
 
 Defaults run on a small CPU machine; docs/benchmarks.md records the measurements behind them.
 """
 
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from realhf.api import choices
 from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_REQUEST_BYTES
 
 # The default trial_name, fresh per process (one run of the entry point): a rerun without a
@@ -22,11 +25,50 @@ from realhf.base.body_limit import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_REQUES
 FRESH_TRIAL_NAME = time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
 
 
-def _f(default, help: str, **kw):
-    """A field with a default and its one-line help."""
+@dataclass(frozen=True)
+class Rule:
+    """What one field's value must be, declared with the field and checked for every field of the
+    tree by one pass before any process starts (realhf.experiments.validation.check_fields):
+    `ge`/`gt` a lower bound, `within` a closed range, `choices` a closed list, `timeout` the
+    seconds of a wait (> 0, or >= 0 with "zero_off"; at most what Python's waits accept). Rules
+    that tie fields together or hold only under another setting stay in validation's check_*
+    functions; a rule is never stated in both places (tests/unit/experiments/test_field_rules.py)."""
+
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    within: Optional[Tuple[float, float]] = None
+    choices: Tuple[str, ...] = ()
+    timeout: str = ""  # "", "on" or "zero_off"
+
+
+def _f(
+    default,
+    help: str,
+    *,
+    ge: Optional[float] = None,
+    gt: Optional[float] = None,
+    within: Optional[Tuple[float, float]] = None,
+    choices: Sequence[str] = (),
+    timeout: str = "",
+    **kw,
+):
+    """A field with a default, its one-line help and the rule its value must satisfy."""
+    metadata: Dict[str, Any] = {"help": help}
+    if ge is not None or gt is not None or within is not None or choices or timeout:
+        metadata["rule"] = Rule(ge=ge, gt=gt, within=within, choices=tuple(choices), timeout=timeout)
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
+
+
+def _again(base: type, name: str, default, help: str):
+    """Field `name` of `base` redeclared in a subclass with its own default and help; its rule
+    stays the one `base` declares (stated once)."""
+    metadata: Dict[str, Any] = {"help": help}
+    rule = next(f for f in fields(base) if f.name == name).metadata.get("rule")
+    if rule is not None:
+        metadata["rule"] = rule
+    return field(default=default, metadata=metadata)
 
 
 def _sub(cls, help: str):
@@ -40,13 +82,17 @@ def _sub(cls, help: str):
 
 @dataclass
 class NameResolveConfig:
-    type: str = _f("redis", "Backend of the name-resolve service: 'redis' or 'memory' (one process only).")
+    type: str = _f(
+        "redis",
+        "Backend of the name-resolve service: 'redis' or 'memory' (one process only).",
+        choices=choices.NAME_RESOLVE_BACKENDS,
+    )
     redis_url: str = _f(
         "",
         "redis://[:password@]host:port/db of an existing Redis. Empty: the launcher starts a "
         "private redis-server on a free loopback port.",
     )
-    keepalive_ttl: float = _f(10.0, "Seconds before a dead worker's heartbeat keys expire.")
+    keepalive_ttl: float = _f(10.0, "Seconds before a dead worker's heartbeat keys expire.", timeout="on")
 
 
 @dataclass
@@ -68,13 +114,16 @@ class RestartPolicyConfig:
         True, "Restart the evaluator (exp_ctrl.eval_freq_steps > 0) that dies; it holds nothing others need."
     )
     max_restarts: int = _f(
-        3, "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run."
+        3,
+        "Restarts allowed per worker within restart_window seconds; one more death within the window fails the run.",
+        ge=0,
     )
     restart_window: float = _f(
         600.0,
         "Seconds over which max_restarts is counted (restarts older than this no longer count); 0: over the whole run.",
+        ge=0,
     )
-    backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).")
+    backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).", ge=0)
 
 
 @dataclass
@@ -98,8 +147,8 @@ class RayClusterConfig:
         "",
         "Address of an existing Ray cluster (host:port of its head, or 'auto'); the run joins it and leaves it running. Empty: the launcher starts a Ray cluster on this machine for the run and stops exactly that at the end.",
     )
-    num_cpus: int = _f(0, "CPUs of the cluster the launcher starts (no address); 0: this machine's.")
-    num_gpus: int = _f(0, "GPUs of the cluster the launcher starts (no address).")
+    num_cpus: int = _f(0, "CPUs of the cluster the launcher starts (no address); 0: this machine's.", ge=0)
+    num_gpus: int = _f(0, "GPUs of the cluster the launcher starts (no address).", ge=0)
     resources: RayResourcesConfig = _sub(
         RayResourcesConfig,
         "Custom Ray resources per worker type (CPUs and GPUs come from threads and allocation_mode).",
@@ -107,10 +156,12 @@ class RayClusterConfig:
     placement_strategy: str = _f(
         "PACK",
         "Placement-group strategy for trainer ranks and generation servers: PACK (fill a node, spill to the next: a DP group may span nodes), SPREAD, STRICT_PACK or STRICT_SPREAD.",
+        choices=choices.RAY_PLACEMENT_STRATEGIES,
     )
     placement_timeout: float = _f(
         120.0,
         "Seconds to wait for the workers' placement (and the shared-fileroot check) before the run fails naming what could not be placed.",
+        timeout="on",
     )
 
 
@@ -119,6 +170,7 @@ class ClusterSpecConfig:
     launcher: str = _f(
         "local",
         "How workers are started: 'local' (subprocesses of this machine) or 'ray' (Ray actors on the nodes of a Ray cluster; pip install 'realhf[ray]').",
+        choices=choices.LAUNCHERS,
     )
     ray: RayClusterConfig = _sub(RayClusterConfig, "The Ray cluster (cluster.launcher=ray).")
     fileroot: str = _f(
@@ -131,18 +183,22 @@ class ClusterSpecConfig:
     max_request_bytes: int = _f(
         DEFAULT_MAX_REQUEST_BYTES,
         "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.",
+        ge=1024,
     )
     max_message_bytes: int = _f(
         DEFAULT_MAX_MESSAGE_BYTES,
         "Largest ZMQ message (trajectory group, master/worker request or reply) a socket accepts; libzmq drops a larger one and disconnects its sender.",
+        ge=1024,
     )
     n_nodes: int = _f(
         1,
         "Nodes of the cluster (the local launcher runs on one); with GPUs, allocation_mode's processes are placed on n_nodes * n_gpus_per_node GPUs (gpu_placement).",
+        ge=1,
     )
     n_gpus_per_node: int = _f(
         0,
         "GPUs per node; 0: the GPUs torch sees on this machine when device is 'cuda' or 'auto', none when it is 'cpu'.",
+        ge=0,
     )
     device: str = _f(
         "auto",
@@ -159,6 +215,7 @@ class ClusterSpecConfig:
     collective_timeout: float = _f(
         60.0,
         "Seconds one collective of the trainer's DP ranks (an FSDP all-gather or reduce-scatter, an all-reduce) may wait for the other ranks before the run fails naming the rank, the engine (actor, ref, critic), the call (forward, train, save) and the step. Raise it only if one layer's forward or backward takes longer than this. Waits on another rank's disk writes are not bounded by it.",
+        timeout="on",
     )
 
 
@@ -169,7 +226,7 @@ class ClusterSpecConfig:
 
 @dataclass
 class GenerationHyperparameters:
-    max_new_tokens: int = _f(32, "Maximum number of tokens generated per answer.")
+    max_new_tokens: int = _f(32, "Maximum number of tokens generated per answer.", gt=0)
     min_new_tokens: int = _f(0, "Minimum number of tokens before EOS may end an answer.")
     temperature: float = _f(1.0, "Sampling temperature; 0 means greedy.")
     top_p: float = _f(1.0, "Nucleus sampling threshold; 1.0 disables it.")
@@ -181,13 +238,14 @@ class GenerationHyperparameters:
 class NativeEngineConfig:
     """The built-in inference engine (realhf.impl.inference)."""
 
-    n_threads: int = _f(1, "torch threads of the engine process.")
-    max_running_requests: int = _f(256, "KV-cache slots, i.e. requests decoded together.")
-    context_length: int = _f(0, "Tokens per slot (prompt + answer); 0: the model's max_position_embeddings.")
-    dtype: str = _f("float32", "Weights and activations dtype: 'float32' or 'bfloat16'.")
+    n_threads: int = _f(1, "torch threads of the engine process.", ge=1)
+    max_running_requests: int = _f(256, "KV-cache slots, i.e. requests decoded together.", ge=1)
+    context_length: int = _f(0, "Tokens per slot (prompt + answer); 0: the model's max_position_embeddings.", ge=0)
+    dtype: str = _f("float32", "Weights and activations dtype: 'float32' or 'bfloat16'.", choices=choices.DTYPES)
     kind: str = _f(
         "auto",
         "'static_kv' (Qwen2/Llama family, fastest), 'hf' (any HF causal LM, slower) or 'auto'.",
+        choices=choices.NATIVE_ENGINE_KINDS,
     )
     seed: int = _f(1, "Seed of the sampler.")
     keep_running_on_update: bool = _f(
@@ -198,6 +256,7 @@ class NativeEngineConfig:
         "auto",
         "Decode attention of the static-KV engine: 'kernel' (a small C loop built on first use with the system C "
         "compiler; float32), 'torch' (batched matmuls) or 'auto' (the kernel when it builds, else torch).",
+        choices=choices.DECODE_ATTENTION,
     )
 
 
@@ -206,8 +265,8 @@ class SGLangConfig:
     """Fields passed to `python -m sglang.launch_server` (GPU clusters only)."""
 
     mem_fraction_static: float = _f(0.8, "Fraction of GPU memory for weights and KV cache.")
-    context_length: int = _f(0, "Maximum context length; 0: the model's own.")
-    max_running_requests: int = _f(0, "Maximum concurrent requests; 0: SGLang's default.")
+    context_length: int = _f(0, "Maximum context length; 0: the model's own.", ge=0)
+    max_running_requests: int = _f(0, "Maximum concurrent requests; 0: SGLang's default.", ge=0)
     chunked_prefill_size: int = _f(-1, "Chunked prefill size; -1: SGLang's default.")
     dtype: str = _f("bfloat16", "Model dtype.")
     kv_cache_dtype: str = _f("auto", "KV cache dtype.")
@@ -215,7 +274,7 @@ class SGLangConfig:
     enable_metrics: bool = _f(True, "Expose Prometheus metrics.")
     disable_radix_cache: bool = _f(False, "Disable the prefix cache.")
     log_level: str = _f("warning", "SGLang's log level.")
-    startup_timeout: float = _f(600.0, "Seconds to wait for /health after launch.")
+    startup_timeout: float = _f(600.0, "Seconds to wait for /health after launch.", timeout="on")
     extra_args: List[str] = _f([], "Extra command-line arguments passed verbatim.")
 
 
@@ -229,14 +288,19 @@ class VLLMConfig:
         "",
         "Interpreter of the environment vLLM is installed in; empty: .venv-vllm/bin/python of the clone (what `bash scripts/setup_env.sh vllm` makes).",
     )
-    dtype: str = _f("float32", "Weights and activations dtype: 'float32', 'bfloat16' or 'auto' (the checkpoint's).")
-    context_length: int = _f(
-        0, "Tokens per request, prompt + answer (vLLM's max_model_len); 0: the model's max_position_embeddings."
+    dtype: str = _f(
+        "float32",
+        "Weights and activations dtype: 'float32', 'bfloat16' or 'auto' (the checkpoint's).",
+        choices=choices.VLLM_DTYPES,
     )
-    max_num_seqs: int = _f(256, "Requests decoded together.")
+    context_length: int = _f(
+        0, "Tokens per request, prompt + answer (vLLM's max_model_len); 0: the model's max_position_embeddings.", ge=0
+    )
+    max_num_seqs: int = _f(256, "Requests decoded together.", ge=1)
     kv_cache_gib: float = _f(
         0.0,
         "KV cache size in GiB; 0: on a CPU, enough for max_num_seqs requests of context_length tokens (64 MiB to 4 GiB); on a GPU, what gpu_memory_utilization leaves.",
+        ge=0,
     )
     gpu_memory_utilization: float = _f(
         0.9, "Fraction of the GPU's memory for weights and KV cache (scaled by the server's share of a shared GPU)."
@@ -249,7 +313,7 @@ class VLLMConfig:
         "auto",
         "vLLM's VLLM_CPU_OMP_THREADS_BIND on a CPU: 'auto' (vLLM binds cores itself; every server the same ones), 'per_server' (server i of n takes the i-th n-th of this machine's cores, at least one), 'nobind', or a core list such as '0-1'.",
     )
-    startup_timeout: float = _f(600.0, "Seconds the server may take to load the model and serve /health.")
+    startup_timeout: float = _f(600.0, "Seconds the server may take to load the model and serve /health.", timeout="on")
 
 
 @dataclass
@@ -283,7 +347,7 @@ class AgentConfig:
     reward_bias: float = _f(0.0, "Subtracted from the agent's reward before scaling.")
     success_rate_lb: float = _f(0.0, "Drop a group whose success rate is strictly below this (dynamic sampling).")
     success_rate_ub: float = _f(1.0, "Drop a group whose success rate is strictly above this (dynamic sampling).")
-    num_turns: int = _f(4, "math-multi-turn: attempts per answer (a feedback turn after each wrong one).")
+    num_turns: int = _f(4, "math-multi-turn: attempts per answer (a feedback turn after each wrong one).", gt=0)
     turn_level_discount: float = _f(1.0, "math-multi-turn: reward multiplied by this per extra turn taken.")
     feedback: str = _f("\nWrong. Try again.\nA:", "math-multi-turn: text appended after a wrong answer.")
     reward_fn: str = _f(
@@ -293,6 +357,7 @@ class AgentConfig:
     reward_timeout: float = _f(
         60.0,
         "math-single-step: seconds a reward_fn call may take (a sync one runs in a thread, off the event loop); past it the episode fails naming the function and the prompt.",
+        gt=0,
     )
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user agent class.")
 
@@ -305,8 +370,10 @@ class EnvConfig:
         "math",
         "Environment: a built-in or registered name ('math', 'mcp'), a user class 'module.path:ClassName' or 'path/to/file.py:ClassName', or 'none' (agents that need none, e.g. with agent.reward_fn).",
     )
-    grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).")
-    grader_timeout: float = _f(5.0, "math: seconds before a math-verify check is killed and graded wrong.")
+    grader_workers: int = _f(1, "math: processes running math-verify (plain numbers never need one).", gt=0)
+    grader_timeout: float = _f(
+        5.0, "math: seconds before a math-verify check is killed and graded wrong.", timeout="on"
+    )
     check_work: bool = _f(
         False,
         "math: an answer counts only if every worked line 'a+b=c' / 'a-b=c' in it is also right (a right answer reached by wrong steps teaches wrong facts).",
@@ -316,10 +383,10 @@ class EnvConfig:
 
 @dataclass
 class RolloutSetupConfig:
-    n_workers: int = _f(2, "Rollout worker processes (at least one per trainer DP rank).")
+    n_workers: int = _f(2, "Rollout worker processes (at least one per trainer DP rank).", gt=0)
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")
-    request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.")
+    request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.", timeout="on")
     group_in_one_request: bool = _f(
         True,
         "Ask for a group's answers in one /generate (sampling_params.n = group_size: one HTTP round trip, the prompt prefilled once) when the agent allows it (Agent.one_generation_per_episode, e.g. math-single-step); answers resumed after a weight update go one by one. False: one request per answer.",
@@ -327,6 +394,7 @@ class RolloutSetupConfig:
     episode_timeout: float = _f(
         600.0,
         "Seconds one episode (agent + environment) may run before it is cancelled, its slot freed and it is logged by qid; 0: no limit.",
+        timeout="zero_off",
     )
 
 
@@ -337,19 +405,24 @@ class RolloutSetupConfig:
 
 @dataclass
 class OptimizerConfig:
-    type: str = _f("adam", "Optimizer; only 'adam' (AdamW with decoupled weight decay) for now.")
-    lr: float = _f(1e-4, "Peak learning rate.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    type: str = _f(
+        "adam", "Optimizer; only 'adam' (AdamW with decoupled weight decay) for now.", choices=choices.OPTIMIZERS
+    )
+    lr: float = _f(1e-4, "Peak learning rate.", gt=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay.", ge=0)
     beta1: float = _f(0.9, "AdamW beta1.")
     beta2: float = _f(0.999, "AdamW beta2.")
-    eps: float = _f(1e-8, "AdamW epsilon.")
-    min_lr_ratio: float = _f(0.0, "Cosine schedule: the final LR as a fraction of the peak.")
-    lr_scheduler_type: str = _f("constant", "LR schedule after warm-up: 'constant' or 'cosine'.")
+    eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
+    min_lr_ratio: float = _f(0.0, "Cosine schedule: the final LR as a fraction of the peak.", within=(0.0, 1.0))
+    lr_scheduler_type: str = _f(
+        "constant", "LR schedule after warm-up: 'constant' or 'cosine'.", choices=choices.LR_SCHEDULES
+    )
     warmup_steps_proportion: float = _f(0.0, "Fraction of all optimizer steps spent in linear warm-up.")
-    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this value; 0 disables it.")
+    gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this value; 0 disables it.", ge=0)
     max_nonfinite_steps: int = _f(
         3,
         "Optimizer steps in a row that may be skipped for a non-finite loss or gradient norm (the weights stay as they were); one more fails the run.",
+        ge=0,
     )
 
 
@@ -360,6 +433,7 @@ class LoRAConfig:
     r: int = _f(
         0,
         "LoRA rank: > 0 trains low-rank adapters on target_modules with every base weight frozen (the optimizer holds only the adapters; the frozen base is the reference for ppo.kl_ctl > 0; the generation servers load the merged model); 0: off (every weight trains). Actor only.",
+        ge=0,
     )
     alpha: float = _f(16.0, "LoRA alpha: an adapter adds (alpha / r) * B @ A to its module's weight.")
     target_modules: List[str] = _f(
@@ -372,15 +446,23 @@ class LoRAConfig:
 @dataclass
 class ModelTrainEvalConfig:
     path: str = _f("", "HF directory of the model (weights, config.json, tokenizer files).")
-    backend: str = _f("torch", "Trainer backend; only 'torch' (single device per rank, DP over torch.distributed).")
-    dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.")
-    n_threads: int = _f(1, "torch threads of the model worker.")
+    backend: str = _f(
+        "torch",
+        "Trainer backend; only 'torch' (single device per rank, DP over torch.distributed).",
+        choices=choices.TRAINER_BACKENDS,
+    )
+    dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.", choices=choices.DTYPES)
+    n_threads: int = _f(1, "torch threads of the model worker.", ge=1)
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
     param_dtype: str = _f(
         "",
         "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
     )
-    reduce_dtype: str = _f("float32", "Mixed precision (FSDP2): the dtype gradients are reduced across DP ranks in.")
+    reduce_dtype: str = _f(
+        "float32",
+        "Mixed precision (FSDP2): the dtype gradients are reduced across DP ranks in.",
+        choices=choices.DTYPES,
+    )
     optimizer: OptimizerConfig = _sub(OptimizerConfig, "Optimizer and LR schedule (trained models only).")
     lora: LoRAConfig = _sub(LoRAConfig, "LoRA adapters instead of full fine-tuning (actor.lora.r > 0).")
 
@@ -430,18 +512,22 @@ class PPOHyperparameters:
     ppo_n_minibatches: int = _f(
         2,
         "Optimizer steps per train step; each takes 1/n of the step's samples, whole groups mixed by length (long and short answers in every minibatch).",
+        gt=0,
     )
     micro_batch_tokens: int = _f(
         1024,
         "Padded tokens (rows x longest row) per trainer forward and backward; rows go in order of length so each micro-batch is padded only to its own longest row, and gradients accumulate (the update is the same). 0: a whole minibatch at once.",
+        ge=0,
     )
     shared_prompt: bool = _f(
         True,
         "Trainer forwards compute each prompt once for all the rows of its group in a micro-batch (rows then attend to its keys and values); the same logits and gradients as one forward per row, to float rounding. Off, or with gradient_checkpointing (HF keeps no keys and values then): one full forward per row.",
     )
-    eps_clip: float = _f(0.2, "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].")
-    eps_clip_high: Optional[float] = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.")
-    c_clip: Optional[float] = _f(None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.")
+    eps_clip: float = _f(0.2, "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high].", gt=0)
+    eps_clip_high: Optional[float] = _f(None, "Upper clip range (DAPO clip-higher); None: eps_clip.", gt=0)
+    c_clip: Optional[float] = _f(
+        None, "Dual-clip constant (> 1) bounding the loss of negative advantages; None: off.", gt=1
+    )
     policy_loss: str = _f(
         "ppo",
         "Policy loss: 'ppo' (clipped token ratio), 'gspo' (clipped sequence ratio: exp of the mean token log-ratio; use a small eps_clip, e.g. 3e-4), 'cpgd' (clipped log-ratio) or 'gpg' (plain -A*logp, no clip); all keep the decoupled behaviour weight. Your own: 'module.path:function' or 'path/to/file.py:function' (a surrogate, realhf.api.algorithms) or a name registered with @register_policy_loss.",
@@ -449,16 +535,18 @@ class PPOHyperparameters:
     loss_agg_mode: str = _f(
         "token-mean",
         "How per-token losses become the minibatch loss: 'token-mean' (every trained token weighs the same), 'seq-mean-token-mean' (mean over sequences of each one's token mean) or 'seq-mean-token-sum' (mean over sequences of each one's token sum).",
+        choices=choices.LOSS_AGG_MODES,
     )
     entropy_coef: float = _f(
-        0.0, "Entropy bonus: subtract this times the current policy's token entropy from the loss; 0: off."
+        0.0, "Entropy bonus: subtract this times the current policy's token entropy from the loss; 0: off.", ge=0
     )
     kl_ctl: float = _f(
-        0.0, "KL-to-reference coefficient (the starting one when kl_target > 0); > 0 loads a reference model."
+        0.0, "KL-to-reference coefficient (the starting one when kl_target > 0); > 0 loads a reference model.", ge=0
     )
     kl_target: float = _f(
         0.0,
         "Adaptive KL: target KL to the reference per token; each step scales the coefficient by 1 + clip(kl/kl_target - 1, -0.2, 0.2) * samples / kl_horizon. 0: fixed kl_ctl.",
+        ge=0,
     )
     kl_horizon: float = _f(
         10000.0, "Adaptive KL: samples over which the coefficient may change by about e^0.2 (kl_target > 0)."
@@ -472,29 +560,32 @@ class PPOHyperparameters:
         "Proximal log-probs of the decoupled loss: 'recompute' (the actor_inf forward, exact) or 'loglinear' "
         "(no forward: behav + a*(current - behav) per token, a = lag/(lag+1) for a token lag versions "
         "stale; the first minibatch stays exact, from its own train forward).",
+        choices=choices.PROX_LOGP_METHODS,
     )
     behav_imp_weight_cap: Optional[float] = _f(
-        None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap."
+        None, "Zero the loss of tokens whose pi_prox/pi_behav exceeds this (>= 1); None: no cap.", ge=1
     )
     reward_output_scaling: float = _f(1.0, "Trainer-side reward transform: (reward + bias) * scaling.")
     reward_output_bias: float = _f(0.0, "Trainer-side reward transform: (reward + bias) * scaling.")
-    max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.")
+    max_reward_clip: Optional[float] = _f(None, "Clip transformed rewards to [-clip, clip]; None: no clip.", gt=0)
     adv_estimator: str = _f(
         "grpo",
         "Advantages: 'grpo' (reward - group mean) / (group std + eps) per prompt group, the same on every token; 'dr_grpo' (reward - group mean); 'batch_norm' (reward - batch mean) / batch std over all samples of the step (all DP ranks); 'gae' GAE over the values of a critic (loads `critic`); 'reinforce' GAE with zero values (the reward-to-go). With a reference (kl_ctl > 0) grpo, dr_grpo and batch_norm add the KL as a loss term, gae and reinforce subtract it from the per-token reward. Your own: 'module.path:function' or 'path/to/file.py:function' (scores, group ids -> one advantage per sample; realhf.api.algorithms) or a name registered with @register_adv_estimator.",
     )
-    discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).")
-    gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).")
+    discount: float = _f(1.0, "GAE discount gamma (adv_estimator gae or reinforce).", within=(0.0, 1.0))
+    gae_lambda: float = _f(1.0, "GAE lambda (adv_estimator gae or reinforce).", within=(0.0, 1.0))
     adv_norm: bool = _f(False, "Normalise advantages over all trained tokens of the step (global across DP).")
     value_eps_clip: float = _f(
         0.2,
         "Critic: clipped value loss, the new value may move at most this far from the one critic_inf computed before the step.",
+        gt=0,
     )
     critic_warmup_steps: int = _f(
         0,
         "adv_estimator=gae: for the first N train steps only the critic trains (the actor's weights stay, its version still advances).",
+        ge=0,
     )
-    kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.")
+    kl_estimator: str = _f("k3", "KL estimator for kl_ctl > 0: 'k1', 'k2' or 'k3'.", choices=choices.KL_ESTIMATORS)
     graph: StepGraphConfig = _sub(
         StepGraphConfig,
         "The train step as a graph of model calls (realhf.system.trainer.ppo_step declares the default from the settings above); drop or add nodes here.",
@@ -504,24 +595,29 @@ class PPOHyperparameters:
 @dataclass
 class ExperimentSaveEvalControl:
     total_train_epochs: int = _f(
-        1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps)."
+        1, "Stop after this many passes over the dataset (epoch = dataset size / groups_per_step steps).", ge=0
     )
-    benchmark_steps: int = _f(0, "> 0: stop after this many train steps instead (wins over total_train_epochs).")
+    benchmark_steps: int = _f(0, "> 0: stop after this many train steps instead (wins over total_train_epochs).", ge=0)
     max_train_seconds: float = _f(
         0.0,
         "> 0: also stop (final save, clean end) after the first train step at which the training time since the start of step 1 reaches this many seconds; 0: off.",
+        ge=0,
     )
-    save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.")
+    save_freq_steps: int = _f(0, "Save an HF checkpoint every N steps (and at the end); 0: only at the end.", ge=0)
     save_freq_secs: float = _f(
         0.0,
         "Also save an HF checkpoint after the first train step that ends N or more seconds after the last save (or the start of step 1); 0: off. Saves at a wall-clock cadence whatever a step costs (time-to-accuracy comparisons).",
+        ge=0,
     )
-    keep_last_saves: int = _f(3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.")
-    ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.")
-    ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.")
+    keep_last_saves: int = _f(
+        3, "HF saves (checkpoints/<role>/version<v>) kept; older ones are deleted. 0: keep all.", ge=0
+    )
+    ckpt_freq_steps: int = _f(0, "Save a recovery checkpoint (weights + optimizer + RNG) every N steps; 0: off.", ge=0)
+    ckpt_freq_secs: int = _f(0, "Save a recovery checkpoint every N seconds; 0: off.", ge=0)
     eval_freq_steps: int = _f(
         0,
         "Evaluate the published weights (the task's agent and environment on held-out prompts) every N versions (train steps) and the last one, in an evaluator process at low CPU priority; 0: off. Settings: evaluation.during_*.",
+        ge=0,
     )
 
 
@@ -580,6 +676,7 @@ class EvaluationConfig:
     n_prompts: int = _f(
         500,
         "Held-out prompts (dataset.test_path, at most all its rows) the task's agent and environment are evaluated on before and after training: greedy and sampled success rate (accuracy), mean reward; 0: skip.",
+        ge=0,
     )
     max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
     batch_size: int = _f(128, "Prompts per generate call during evaluation.")
@@ -604,7 +701,9 @@ class EvaluationConfig:
 class StatsLoggingConfig:
     tensorboard_path: str = _f("", "Directory for tensorboard event files (needs the tensorboard extra); empty: off.")
     wandb_project: str = _f("", "Weights & Biases project to log every step to (needs the wandb extra); empty: off.")
-    wandb_mode: str = _f("offline", "wandb mode: 'offline' (files only, no network) or 'online'.")
+    wandb_mode: str = _f(
+        "offline", "wandb mode: 'offline' (files only, no network) or 'online'.", choices=choices.WANDB_MODES
+    )
     progress_bar: bool = _f(
         True,
         "A live progress bar (step/total, ETA, reward, accuracy, samples/s, staleness) in the launcher's terminal; never drawn when stdout is not a terminal.",
@@ -612,6 +711,7 @@ class StatsLoggingConfig:
     prometheus_port: int = _f(
         0,
         "Port of the master's Prometheus /metrics endpoint of the training metrics (latest step), bound to cluster.bind_host without authentication; 0: off.",
+        within=(0, 65535),
     )
     agent_metric_extremes: List[str] = _f(
         [],
@@ -664,29 +764,37 @@ class AsyncPPOConfig:
         "A learned reward model (training/main_rm.py's output) for a reward_model node of the step (ppo.graph.add): frozen, a value head scoring each sample at its last token.",
     )
     dataset: DatasetConfig = _sub(DatasetConfig, "Training and held-out prompts.")
-    groups_per_step: int = _f(16, "B: prompt groups per train step, summed over DP ranks (the admission unit).")
-    group_size: int = _f(8, "Answers sampled per prompt (one prompt group).")
+    groups_per_step: int = _f(16, "B: prompt groups per train step, summed over DP ranks (the admission unit).", gt=0)
+    group_size: int = _f(8, "Answers sampled per prompt (one prompt group).", gt=0)
     ppo: PPOHyperparameters = _sub(PPOHyperparameters, "PPO/GRPO and sampling hyper-parameters.")
     max_head_offpolicyness: int = _f(
-        2, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO."
+        2, "η: a trained token is at most this many versions behind the trainer; 0 = synchronous PPO.", ge=0
     )
-    max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.")
-    new_tokens_per_chunk: int = _f(0, "Resubmit a generation request after this many new tokens (0: no chunking).")
-    schedule_policy: str = _f("round_robin", "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.")
+    max_concurrent_rollouts: int = _f(32, "Prompt groups in flight at once over all rollout workers.", gt=0)
+    new_tokens_per_chunk: int = _f(
+        0, "Resubmit a generation request after this many new tokens (0: no chunking).", ge=0
+    )
+    schedule_policy: str = _f(
+        "round_robin",
+        "Server choice: 'round_robin', 'least_requests' or 'least_token_usage'.",
+        choices=choices.SCHEDULE_POLICIES,
+    )
     weight_sync: str = _f(
         "distributed",
         "How new weights reach the generation servers: 'distributed' (the trainer broadcasts each version to every routed server at once over a process group, SGLang's /update_weights_from_distributed: gloo on the CPU or where a server shares the trainer's GPU, NCCL between separate GPUs; a version is also written to disk when an evaluation or the end of the run needs it, or when its broadcast failed) or 'disk' (each version written as an HF directory, which the servers reload one at a time).",
+        choices=choices.WEIGHT_SYNC,
     )
     weight_sync_bucket_mb: int = _f(
-        256, "weight_sync=distributed: the most MiB of weights gathered from the shards and sent in one bucket."
+        256, "weight_sync=distributed: the most MiB of weights gathered from the shards and sent in one bucket.", gt=0
     )
     exp_ctrl: ExperimentSaveEvalControl = _sub(ExperimentSaveEvalControl, "When to stop, save and checkpoint.")
     recover_mode: str = _f(
         "disabled",
         "'disabled': start afresh (a trial_name with files is refused unless overwrite=true); 'auto': resume from the trial's last recovery checkpoint if there is one; 'resume': resume, and fail if there is none.",
+        choices=choices.RECOVER_MODES,
     )
     stall_timeout: float = _f(
-        120.0, "After N seconds without a completed train step the master logs who waits for what."
+        120.0, "After N seconds without a completed train step the master logs who waits for what.", timeout="on"
     )
     rollout: RolloutSetupConfig = _sub(RolloutSetupConfig, "Rollout workers, agent and environment.")
     gen_server: GenServerSetupConfig = _sub(GenServerSetupConfig, "Generation server engines.")
@@ -738,23 +846,24 @@ class EngineRunConfig:
     )
     test_path: str = _f("", "Held-out rows for the report, in any format train_path accepts.")
     seed: int = _f(1, "Seed for data order and initialisation.")
-    steps: int = _f(200, "Optimizer steps (a fixed count).")
-    batch_size: int = _f(32, "Training examples per optimizer step (over all DP ranks together).")
-    lr: float = _f(3e-3, "Peak AdamW learning rate.")
-    warmup_steps: int = _f(20, "Steps of linear warm-up before the cosine decay to zero.")
-    weight_decay: float = _f(0.1, "AdamW weight decay.")
-    grad_clip: float = _f(1.0, "Gradient-norm clip; 0 disables it.")
+    steps: int = _f(200, "Optimizer steps (a fixed count).", ge=1)
+    batch_size: int = _f(32, "Training examples per optimizer step (over all DP ranks together).", ge=1)
+    lr: float = _f(3e-3, "Peak AdamW learning rate.", gt=0)
+    warmup_steps: int = _f(20, "Steps of linear warm-up before the cosine decay to zero.", ge=0)
+    weight_decay: float = _f(0.1, "AdamW weight decay.", ge=0)
+    grad_clip: float = _f(1.0, "Gradient-norm clip; 0 disables it.", ge=0)
     max_train_rows: int = _f(0, "Use only the first N training rows; 0: all.")
     log_interval: int = _f(10, "Log the training loss every N steps.")
-    n_threads: int = _f(1, "torch threads (of each DP rank).")
+    n_threads: int = _f(1, "torch threads (of each DP rank).", ge=1)
     dp: int = _f(
         1,
         "Data-parallel ranks: this command starts as many processes (over gloo on CPUs, NCCL on GPUs: one GPU each) and ends them all if one fails or on Ctrl-C. Every batch is split between them by tokens and the model is FSDP2-sharded over them; each step is DP=1's step on the whole batch, to float rounding.",
+        ge=1,
     )
     device: str = _f(
         "auto", "'auto' (a GPU per rank when torch sees one, else the CPU), 'cpu' or 'cuda', as cluster.device."
     )
-    dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.")
+    dtype: str = _f("float32", "Parameter dtype: 'float32' or 'bfloat16'.", choices=choices.DTYPES)
     param_dtype: str = _f(
         "",
         "Mixed precision (FSDP2): the dtype layers compute in; the master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
@@ -763,13 +872,15 @@ class EngineRunConfig:
     micro_batch_tokens: int = _f(
         0,
         "Padded tokens (rows x longest row) per forward and backward of a rank; gradients accumulate, so the update is the same. 0: a rank's whole share of the batch at once.",
+        ge=0,
     )
     collective_timeout: float = _f(
         60.0,
         "Seconds one collective of the DP ranks may wait for the others before the run fails naming the rank, the call and the step (as cluster.collective_timeout).",
+        timeout="on",
     )
     distributed_timeout: float = _f(
-        300.0, "Seconds the DP ranks wait to meet at the start, and for rank 0's write of output_path."
+        300.0, "Seconds the DP ranks wait to meet at the start, and for rank 0's write of output_path.", timeout="on"
     )
     lora: LoRAConfig = _sub(
         LoRAConfig,
@@ -791,7 +902,12 @@ class SFTConfig(EngineRunConfig):
     test_path: str = _f(
         "", "Held-out prompts with solutions for the accuracy report, in any format train_path accepts."
     )
-    steps: int = _f(200, "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).")
+    steps: int = _again(
+        EngineRunConfig,
+        "steps",
+        200,
+        "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).",
+    )
     eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
@@ -811,9 +927,11 @@ class RMConfig(EngineRunConfig):
         "Preference pairs: a JSONL file, a .parquet file or a save_to_disk directory whose rows have a prompt (or chat messages), 'chosen' and 'rejected' (the preferred and the other answer's text).",
     )
     test_path: str = _f("", "Held-out pairs for the report (how often the chosen answer scores higher).")
-    steps: int = _f(300, "Optimizer steps.")
-    batch_size: int = _f(32, "Preference pairs per optimizer step (over all DP ranks together).")
-    lr: float = _f(1e-3, "Peak AdamW learning rate.")
+    steps: int = _again(EngineRunConfig, "steps", 300, "Optimizer steps.")
+    batch_size: int = _again(
+        EngineRunConfig, "batch_size", 32, "Preference pairs per optimizer step (over all DP ranks together)."
+    )
+    lr: float = _again(EngineRunConfig, "lr", 1e-3, "Peak AdamW learning rate.")
     eval_n: int = _f(0, "Test pairs for the report; 0: all, -1: skip it.")
 
 

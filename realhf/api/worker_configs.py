@@ -69,6 +69,8 @@ def same_as(path: str, help: str = "") -> Any:
     f = _root_field(path)
     text = help or f"{f.metadata.get('help', '')} (root: {path})"
     meta = {"help": text, "root": path}  # "root": tests check that the experiment passes it on
+    if "rule" in f.metadata:  # the root's rule, declared once, checked on the worker's copy too
+        meta["rule"] = f.metadata["rule"]
     if f.default_factory is not dataclasses.MISSING:
         return field(default_factory=f.default_factory, metadata=meta)
     return field(default=f.default, metadata=meta)

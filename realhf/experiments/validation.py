@@ -40,6 +40,7 @@ from realhf.api.cli_args import (
     RayClusterConfig,
     RestartPolicyConfig,
     RMConfig,
+    Rule,
     SFTConfig,
     SGLangConfig,
     StatsLoggingConfig,
@@ -185,6 +186,43 @@ def _check_number(name: str, v: Any, kind: type, optional: bool) -> None:
         _Fields.need(lo <= v <= hi, f"{name} must lie in [-2**63, 2**63 - 1] (an int64), got {v}")
 
 
+def check_rule(f: "_Fields", name: str, rule: Rule) -> None:
+    """One field's declared rule (cli_args.Rule), with the messages of the hand-written checks."""
+    if f.value(name) is None:  # an Optional field left unset: the rule holds for a value
+        return
+    if rule.ge is not None:
+        f.at_least(name, rule.ge)
+    if rule.gt is not None:
+        f.at_least(name, rule.gt, strict=True)
+    if rule.within is not None:
+        f.within(name, *rule.within)
+    if rule.choices:
+        f.choice(name, rule.choices)
+    if rule.timeout:
+        f.timeout(name, zero_is_off=rule.timeout == "zero_off")
+
+
+def check_fields(obj: Any, prefix: str = "") -> None:
+    """Every number of the tree `obj` (check_numbers), then every field's declared rule, sections
+    in declaration order; messages name the dotted field."""
+    check_numbers(obj, prefix)
+    check_rules(obj, prefix)
+
+
+def check_rules(obj: Any, prefix: str = "", deep: bool = True) -> None:
+    """Every declared rule of the fields of `obj` (and, `deep`, of its sections')."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    f = _Fields(obj, prefix)
+    for fld in dataclasses.fields(obj):
+        value = getattr(obj, fld.name)
+        if dataclasses.is_dataclass(value):
+            if deep:
+                check_rules(value, f.name(fld.name))
+        elif "rule" in fld.metadata:
+            check_rule(f, fld.name, fld.metadata["rule"])
+
+
 def check_numbers(obj: Any, prefix: str = "") -> None:
     """Every int and float field of the config tree `obj` (Optional ones when set, and the numbers
     in its List[...] and Dict[str, ...] fields): finite, of its field's type, ints within int64.
@@ -217,29 +255,18 @@ def check_numbers(obj: Any, prefix: str = "") -> None:
 
 
 def check_name_resolve(c: NameResolveConfig, prefix: str = "cluster.name_resolve") -> None:
-    f = _Fields(c, prefix)
-    f.choice("type", choices.NAME_RESOLVE_BACKENDS)
-    f.timeout("keepalive_ttl")
+    check_fields(c, prefix)
 
 
 def check_restart_policy(c: RestartPolicyConfig, prefix: str = "cluster.restart_policy") -> None:
-    f = _Fields(c, prefix)
-    f.at_least("max_restarts", 0)
-    f.at_least("backoff", 0)
-    f.at_least("restart_window", 0)
+    check_fields(c, prefix)
 
 
-LAUNCHERS = ("local", "ray")
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 WORKER_TYPES = ("generation_server", "gserver_manager", "model_worker", "rollout_worker", "master_worker", "evaluator")
 
 
 def check_ray_cluster(c: RayClusterConfig, prefix: str = "cluster.ray") -> None:
-    f = _Fields(c, prefix)
-    f.choice("placement_strategy", PLACEMENT_STRATEGIES)
-    f.timeout("placement_timeout")
-    f.at_least("num_cpus", 0)
-    f.at_least("num_gpus", 0)
+    check_fields(c, prefix)
     for worker_type in WORKER_TYPES:
         for name, amount in getattr(c.resources, worker_type).items():
             if name in ("CPU", "GPU", "memory"):
@@ -273,9 +300,8 @@ def _on_cpu(device: str) -> bool:
 
 
 def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> None:
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.at_least("max_new_tokens", 0, strict=True)
     f.temperature("temperature")  # RL further needs > 0 (validate_experiment)
     f.need(0 < c.top_p <= 1, f"{f.name('top_p')} must lie in (0, 1], got {c.top_p}")
     f.need(
@@ -299,45 +325,29 @@ def check_generation(c: GenerationHyperparameters, prefix: str = "ppo.gen") -> N
 
 
 def check_native_engine(c: NativeEngineConfig, prefix: str = "gen_server.native") -> None:
-    check_numbers(c, prefix)
-    f = _Fields(c, prefix)
-    f.choice("kind", choices.NATIVE_ENGINE_KINDS)
-    f.choice("dtype", choices.DTYPES)
-    f.choice("decode_attention", choices.DECODE_ATTENTION)
-    f.at_least("n_threads", 1)
-    f.at_least("max_running_requests", 1)
-    f.at_least("context_length", 0)  # and at most the model's (realhf.experiments.file_validation)
+    check_fields(c, prefix)  # context_length: at most the model's too (realhf.experiments.file_validation)
 
 
 def check_sglang(c: SGLangConfig, prefix: str = "gen_server.sglang") -> None:
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
     f.need(
         0 < c.mem_fraction_static <= 1,
         f"{f.name('mem_fraction_static')} must lie in (0, 1], got {c.mem_fraction_static}",
     )
-    f.at_least("context_length", 0)
-    f.at_least("max_running_requests", 0)
     f.need(
         c.chunked_prefill_size == -1 or c.chunked_prefill_size >= 1,
         f"{f.name('chunked_prefill_size')} must be -1 (SGLang's default) or >= 1, got {c.chunked_prefill_size}",
     )
-    f.timeout("startup_timeout")
-
-
-VLLM_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 def check_vllm(c: VLLMConfig, prefix: str = "gen_server.vllm") -> None:
+    check_fields(c, prefix)  # context_length: at most the model's too (realhf.experiments.file_validation)
     f = _Fields(c, prefix)
-    f.choice("dtype", VLLM_DTYPES)
-    f.at_least("context_length", 0)  # and at most the model's (realhf.experiments.file_validation)
-    f.at_least("max_num_seqs", 1)
-    f.at_least("kv_cache_gib", 0)
     f.need(
         0 < c.gpu_memory_utilization <= 1,
         f"{f.name('gpu_memory_utilization')} must lie in (0, 1], got {c.gpu_memory_utilization}",
     )
-    f.timeout("startup_timeout")
 
 
 def _check_class(f: _Fields, field: str, lookup) -> None:
@@ -351,6 +361,7 @@ def _check_class(f: _Fields, field: str, lookup) -> None:
 def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
     from realhf.api.agent import Agent, agent_class
 
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
     f.need(
         0.0 <= c.success_rate_lb <= 1.0 and 0.0 <= c.success_rate_ub <= 1.0,
@@ -362,8 +373,6 @@ def check_agent(c: AgentConfig, prefix: str = "rollout.agent") -> None:
         f"{f.name('success_rate_lb')}={c.success_rate_lb} > {f.name('success_rate_ub')}={c.success_rate_ub}: "
         "every group would be dropped",
     )
-    f.at_least("num_turns", 0, strict=True)
-    f.at_least("reward_timeout", 0, strict=True)
     _check_class(f, "type", agent_class)
     try:
         check_arguments(agent_class(c.type), Agent, dict(c.args or {}), f.name("args"))
@@ -396,10 +405,8 @@ def _check_tools(tools: Any, key: str) -> None:
 def check_env(c: EnvConfig, prefix: str = "rollout.env") -> None:
     from realhf.api.env import Environment, env_class
 
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.at_least("grader_workers", 0, strict=True)
-    f.timeout("grader_timeout")
     if c.type != "none":
         _check_class(f, "type", env_class)
         try:
@@ -419,19 +426,10 @@ def env_required_fields(c: EnvConfig) -> tuple:
 
 
 def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None:
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.choice("type", choices.OPTIMIZERS)
-    f.choice("lr_scheduler_type", choices.LR_SCHEDULES)
-    f.at_least("lr", 0, strict=True)
-    f.need(math.isfinite(c.lr), f"{f.name('lr')} must be finite, got {c.lr}")
-    f.at_least("weight_decay", 0)
-    f.at_least("eps", 0, strict=True)
-    f.at_least("gradient_clipping", 0)
-    f.at_least("max_nonfinite_steps", 0)
     for name in ("beta1", "beta2"):
         f.need(0 <= f.value(name) < 1, f"{f.name(name)} must lie in [0, 1), got {f.value(name)}")
-    f.within("min_lr_ratio", 0.0, 1.0)
     f.need(
         0 <= c.warmup_steps_proportion < 1,
         f"{f.name('warmup_steps_proportion')} must lie in [0, 1), got {c.warmup_steps_proportion}",
@@ -439,16 +437,12 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
 
 
 def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.choice("dtype", choices.DTYPES)
-    f.choice("reduce_dtype", choices.DTYPES)
     f.need(
         c.param_dtype == "" or c.param_dtype in choices.DTYPES,
         f"{f.name('param_dtype')}={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
     )
-    f.choice("backend", choices.TRAINER_BACKENDS)
-    f.at_least("n_threads", 1)
     check_optimizer(c.optimizer, f.name("optimizer"))
     _Fields.need(
         c.lora.r <= 0 or prefix == "actor",
@@ -460,8 +454,8 @@ def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
 
 def check_lora(c: LoRAConfig, prefix: str) -> None:
     """The adapters' own settings (the actor's, or the SFT run's)."""
+    check_fields(c, prefix)
     lora = _Fields(c, prefix)
-    lora.at_least("r", 0)
     if c.r > 0:  # the target modules are checked against the model when it loads (realhf.impl.model.lora)
         lora.at_least("alpha", 0, strict=True)
         lora.need(0 <= c.dropout < 1, f"{lora.name('dropout')} must lie in [0, 1), got {c.dropout}")
@@ -485,20 +479,8 @@ def check_lora_reference(actor: ModelTrainEvalConfig, ref: ModelTrainEvalConfig,
 
 
 def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.at_least("ppo_n_minibatches", 0, strict=True)
-    f.at_least("micro_batch_tokens", 0)
-    f.at_least("eps_clip", 0, strict=True)
-    if c.eps_clip_high is not None:
-        f.at_least("eps_clip_high", 0, strict=True)
-    if c.c_clip is not None:
-        f.at_least("c_clip", 1, strict=True)
-    if c.behav_imp_weight_cap is not None:
-        f.at_least("behav_imp_weight_cap", 1)
-    f.at_least("kl_ctl", 0)
-    f.choice("kl_estimator", choices.KL_ESTIMATORS)
-    f.choice("prox_logp", choices.PROX_LOGP_METHODS)
     est = f.plugin("adv_estimator", algorithms.ADV_ESTIMATORS)
     if c.prox_logp == "loglinear":
         f.need(
@@ -513,14 +495,11 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
             "before training; use prox_logp=recompute or kl_ctl=0",
         )
     loss = f.plugin("policy_loss", algorithms.POLICY_LOSSES)
-    f.choice("loss_agg_mode", choices.LOSS_AGG_MODES)
     f.need(
         c.c_clip is None or loss.clipped,
         f"{f.name('c_clip')}={c.c_clip}: the dual clip bounds a clipped loss, and "
         f"{f.name('policy_loss')}={c.policy_loss} has none",
     )
-    f.at_least("entropy_coef", 0)
-    f.at_least("kl_target", 0)
     if c.kl_target > 0:
         f.need(
             c.kl_ctl > 0,
@@ -536,12 +515,6 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
             f"{f.name(name)} must lie in [-{MAX_ABS_REWARD:g}, "
             f"{MAX_ABS_REWARD:g}] (MAX_ABS_REWARD), got {f.value(name)}",
         )
-    if c.max_reward_clip is not None:  # shape_reward refuses a clip <= 0 at the first train step
-        f.at_least("max_reward_clip", 0, strict=True)
-    f.at_least("value_eps_clip", 0, strict=True)
-    f.at_least("critic_warmup_steps", 0)
-    f.within("discount", 0.0, 1.0)
-    f.within("gae_lambda", 0.0, 1.0)
     check_generation(c.gen, f.name("gen"))
     try:  # the step's graph: a dropped node still read, a cycle, an unknown op or model
         build_graph(c)
@@ -550,20 +523,8 @@ def check_ppo(c: PPOHyperparameters, prefix: str = "ppo") -> None:
 
 
 def check_exp_ctrl(c: ExperimentSaveEvalControl, prefix: str = "exp_ctrl") -> None:
-    check_numbers(c, prefix)
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    for name in (
-        "total_train_epochs",
-        "benchmark_steps",
-        "save_freq_steps",
-        "save_freq_secs",
-        "keep_last_saves",
-        "ckpt_freq_steps",
-        "ckpt_freq_secs",
-        "eval_freq_steps",
-        "max_train_seconds",
-    ):
-        f.at_least(name, 0)
     if c.benchmark_steps == 0:
         f.at_least("total_train_epochs", 0, strict=True)
 
@@ -578,8 +539,8 @@ def check_evaluation_during(c: EvaluationConfig, prefix: str = "evaluation") -> 
 
 
 def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
+    check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.choice("wandb_mode", choices.WANDB_MODES)
     for field, module, extra in (
         ("wandb_project", "wandb", "wandb"),
         ("tensorboard_path", "tensorboard", "tensorboard"),
@@ -588,7 +549,6 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
             not f.value(field) or importlib.util.find_spec(module) is not None,
             f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'",
         )
-    f.within("prometheus_port", 0, 65535)
     f.within("log_completions", 0, MAX_LOG_COMPLETIONS)
 
 
@@ -597,20 +557,8 @@ def check_engine_run(c: EngineRunConfig) -> None:
     f = _Fields(c)
     for name in ("model_path", "output_path", "train_path"):
         f.need(bool(f.value(name)), f"{name} is required (pass {name}=...)")
-    check_numbers(c)
-    f.at_least("steps", 1)
-    f.at_least("batch_size", 1)
-    f.at_least("warmup_steps", 0)
-    f.at_least("lr", 0, strict=True)
-    f.at_least("weight_decay", 0)
-    f.at_least("grad_clip", 0)
-    f.at_least("n_threads", 1)
-    f.at_least("dp", 1)
-    f.at_least("micro_batch_tokens", 0)
-    f.timeout("collective_timeout")
-    f.timeout("distributed_timeout")
+    check_fields(c)
     check_device(c.device, "device")
-    f.choice("dtype", choices.DTYPES)
     f.need(
         c.param_dtype == "" or c.param_dtype in choices.DTYPES,
         f"param_dtype={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
@@ -714,16 +662,13 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     """Raise ConfigError naming the first value that cannot work; return the parsed allocation.
     (The files it names and the shapes that tie values together: `realhf.experiments.validate`.)"""
     check_known_keys(cfg)
-    check_numbers(cfg)  # first: NaN, +-inf and wrong types anywhere in the tree, named
+    check_fields(cfg)  # first: NaN, +-inf, wrong types and every field's declared rule, named
     f = _Fields(cfg)
-    f.at_least("cluster.n_nodes", 1)
-    f.at_least("cluster.n_gpus_per_node", 0)
     try:
         alloc = AllocationMode.parse(cfg.allocation_mode)
         alloc.validate()
     except ValueError as e:
         raise ConfigError(f"allocation_mode: {e}") from None
-    f.choice("cluster.launcher", LAUNCHERS)
     f.need(
         cfg.cluster.n_nodes == 1 or cfg.cluster.launcher != "local",
         f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node; use cluster.launcher=ray",
@@ -736,26 +681,12 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
             f"{name}={value!r}: use letters, digits, '_', '-' and '.' only (not leading '.'), non-empty",
         )
     f.need(bool(cfg.cluster.fileroot), "cluster.fileroot is empty")
-    f.at_least("cluster.max_request_bytes", 1024)
-    f.at_least("cluster.max_message_bytes", 1024)
-    f.timeout("cluster.collective_timeout")
     check_name_resolve(cfg.cluster.name_resolve)
     check_restart_policy(cfg.cluster.restart_policy)
     check_device(cfg.cluster.device)
     check_gpu_placement(cfg, alloc)
 
-    for name in ("group_size", "groups_per_step", "max_concurrent_rollouts", "rollout.n_workers"):
-        f.at_least(name, 0, strict=True)
-    f.at_least("max_head_offpolicyness", 0)
-    f.at_least("new_tokens_per_chunk", 0)
-    f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
-    f.choice("weight_sync", choices.WEIGHT_SYNC)
-    f.at_least("weight_sync_bucket_mb", 0, strict=True)
     check_external_servers(cfg.gen_server.urls, alloc)
-    f.choice("recover_mode", choices.RECOVER_MODES)
-    for name in ("rollout.request_timeout", "stall_timeout"):
-        f.timeout(name)
-    f.timeout("rollout.episode_timeout", zero_is_off=True)
     check_agent(cfg.rollout.agent)
     check_env(cfg.rollout.env)
 
@@ -786,7 +717,6 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
     check_exp_ctrl(cfg.exp_ctrl)
     check_stats(cfg.stats)
     ev = _Fields(cfg.evaluation, "evaluation")
-    ev.at_least("n_prompts", 0)
     if cfg.evaluation.n_prompts > 0:
         ev.at_least("max_new_tokens", 0, strict=True)
         ev.at_least("batch_size", 0, strict=True)

@@ -29,6 +29,7 @@ from realhf.experiments.validation import (
     check_model,
     check_native_engine,
     check_ppo,
+    check_rules,
     check_stats,
 )
 
@@ -43,7 +44,6 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
     f.choice("backend", choices.GENERATION_BACKENDS)
     f.need(bool(c.model_path), "generation_server.model_path is empty; set it to an HF model directory")
     check_device(c.device, f.name("device"))
-    f.at_least("max_request_bytes", 1024)
     check_native_engine(c.native, "generation_server.native")
     f.need(
         c.backend != "native" or c.tp_size == 1,
@@ -59,26 +59,21 @@ def _check_generation_server(c: GenerationServerConfig) -> None:
 
 def _check_manager(c: GserverManagerConfig) -> None:
     f = _Fields(c, "gserver_manager")
-    f.choice("schedule_policy", choices.SCHEDULE_POLICIES)
-    f.choice("weight_sync", choices.WEIGHT_SYNC)
-    f.at_least("max_request_bytes", 1024)
-    for name in ("max_concurrent_rollouts", "groups_per_step", "n_servers", "n_trainer_ranks"):
+    for name in ("n_servers", "n_trainer_ranks"):
         f.at_least(name, 0, strict=True)
     f.need(
         c.groups_per_step >= c.n_trainer_ranks,
         f"gserver_manager.groups_per_step={c.groups_per_step} < n_trainer_ranks={c.n_trainer_ranks}: "
         "every trainer DP rank takes at least one group per step",
     )
-    f.at_least("max_head_offpolicyness", 0)
     f.need(0 < c.poll_interval <= 0.5, f"gserver_manager.poll_interval must be in (0, 0.5] s, got {c.poll_interval}")
     f.at_least("join_timeout", 0, strict=True)
 
 
 def _check_rollout_worker(c: RolloutWorkerConfig) -> None:
     f = _Fields(c, "rollout_worker")
-    for name in ("group_size", "max_concurrent_rollouts", "n_pullers", "max_consecutive_failures"):
+    for name in ("max_concurrent_rollouts", "n_pullers", "max_consecutive_failures"):
         f.at_least(name, 0, strict=True)
-    f.at_least("new_tokens_per_chunk", 0)
     check_dataset_columns(c.dataset_columns, "rollout_worker.dataset_columns")
     check_agent(c.agent)
     check_env(c.env)
@@ -101,12 +96,8 @@ def _check_model_worker(c: ModelWorkerConfig) -> None:
     _check_gpu_share(f)
     if adv_estimator(c.ppo.adv_estimator).needs_critic:
         check_critic_matches_actor(c.critic.path, c.actor.path)
-    f.at_least("max_head_offpolicyness", 0)
     f.at_least("total_train_steps", 0)
-    f.at_least("collective_timeout", 0, strict=True)
-    f.choice("weight_sync", choices.WEIGHT_SYNC)
     f.choice("weight_sync_backend", ("gloo", "nccl"))
-    f.at_least("weight_sync_bucket_mb", 0, strict=True)
     f.at_least("ranks_per_server", 1)
     f.choice("gen_backend", choices.GENERATION_BACKENDS)
     f.at_least("disk_every", 0)
@@ -163,20 +154,24 @@ def _check_evaluator(c: EvaluatorConfig) -> None:
     check_device(c.device, "evaluator.device")
 
 
+# (the checks, the prefix naming the worker's fields in an error)
 _WORKER_CHECKS = {
-    GenerationServerConfig: _check_generation_server,
-    GserverManagerConfig: _check_manager,
-    RolloutWorkerConfig: _check_rollout_worker,
-    ModelWorkerConfig: _check_model_worker,
-    MasterWorkerConfig: _check_master,
-    NodeWorkerConfig: _check_node_worker,
-    EvaluatorConfig: _check_evaluator,
+    GenerationServerConfig: (_check_generation_server, "generation_server"),
+    GserverManagerConfig: (_check_manager, "gserver_manager"),
+    RolloutWorkerConfig: (_check_rollout_worker, "rollout_worker"),
+    ModelWorkerConfig: (_check_model_worker, ""),
+    MasterWorkerConfig: (_check_master, "master_worker"),
+    NodeWorkerConfig: (_check_node_worker, "node_worker"),
+    EvaluatorConfig: (_check_evaluator, "evaluator"),
 }
 
 
 def validate_worker_config(cfg: Any) -> None:
-    """The rules for one worker's config (a no-op for config classes this module does not know,
-    e.g. a user's own worker)."""
-    check = _WORKER_CHECKS.get(type(cfg))
-    if check is not None:
+    """The rules for one worker's config: the rules its root facts declare (a `same_as` field
+    carries its root field's; its sections are checked by their own check_*), then the worker's
+    own. A no-op for config classes this module does not know, e.g. a user's own worker."""
+    entry = _WORKER_CHECKS.get(type(cfg))
+    if entry is not None:
+        check, prefix = entry
+        check_rules(cfg, prefix, deep=False)
         check(cfg)
