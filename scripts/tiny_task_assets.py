@@ -68,6 +68,8 @@ def build_task(
         "eval_n=-1",  # its report grades math answers; each task is evaluated through its own env
         f"seed={args.seed}",
         "log_interval=50",
+        # The shipped warm starts were made with each step in one forward (SFT's default then).
+        *(["micro_batch_tokens=0"] if not any(o.startswith("micro_batch_tokens=") for o in sft_overrides) else []),
         *sft_overrides,
     ]
     return subprocess.run(sft, cwd=REPO).returncode

@@ -14,7 +14,7 @@ Defaults run on a small CPU machine; docs/benchmarks.md records the measurements
 
 import os
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from realhf.api import choices
@@ -61,14 +61,15 @@ def _f(
     return field(default=default, metadata=metadata, **kw)
 
 
-def _again(base: type, name: str, default, help: str):
-    """Field `name` of `base` redeclared in a subclass with its own default and help; its rule
-    stays the one `base` declares (stated once)."""
-    metadata: Dict[str, Any] = {"help": help}
-    rule = next(f for f in fields(base) if f.name == name).metadata.get("rule")
-    if rule is not None:
-        metadata["rule"] = rule
-    return field(default=default, metadata=metadata)
+def _again(base: type, name: str, default: Any = MISSING, help: str = ""):
+    """Field `name` of `base` declared again (in a subclass, or in another command's section)
+    with its own help and, if given, its own default; its rule, and otherwise its default, stay
+    the ones `base` declares (stated once)."""
+    known = next(f for f in fields(base) if f.name == name)
+    metadata: Dict[str, Any] = {"help": help or known.metadata["help"]}
+    if "rule" in known.metadata:
+        metadata["rule"] = known.metadata["rule"]
+    return field(default=known.default if default is MISSING else default, metadata=metadata)
 
 
 def _sub(cls, help: str):
@@ -869,11 +870,6 @@ class EngineRunConfig:
         "Mixed precision (FSDP2): the dtype layers compute in; the master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
-    micro_batch_tokens: int = _f(
-        0,
-        "Padded tokens (rows x longest row) per forward and backward of a rank; gradients accumulate, so the update is the same. 0: a rank's whole share of the batch at once.",
-        ge=0,
-    )
     collective_timeout: float = _f(
         60.0,
         "Seconds one collective of the DP ranks may wait for the others before the run fails naming the rank, the call and the step (as cluster.collective_timeout).",
@@ -908,6 +904,11 @@ class SFTConfig(EngineRunConfig):
         200,
         "Optimizer steps (a fixed count: the tiny task's accuracy jumps past a few hundred).",
     )
+    micro_batch_tokens: int = _again(
+        PPOHyperparameters,
+        "micro_batch_tokens",
+        help="Padded tokens (rows x longest row) per forward and backward of a rank; gradients accumulate, so the update is the same. 0: a rank's whole share of the batch at once. The RL trainer's default (ppo.micro_batch_tokens).",
+    )
     eval_n: int = _f(0, "Test prompts for the accuracy report; 0: all, -1: skip evaluation.")
     eval_batch_size: int = _f(64, "Prompts per generate call during evaluation.")
     max_new_tokens: int = _f(32, "Maximum new tokens per answer (each gen() call of an episode) during evaluation.")
@@ -916,7 +917,9 @@ class SFTConfig(EngineRunConfig):
 @dataclass
 class RMConfig(EngineRunConfig):
     """training/main_rm.py: a reward model, a value head on the model's architecture scoring a
-    prompt and its answer at the answer's last token, trained with the Bradley–Terry loss."""
+    prompt and its answer at the answer's last token, trained with the Bradley–Terry loss. No
+    micro_batch_tokens: a pair's two answers always go through one forward (the loss compares
+    their scores), a rank's share of the pairs at once (lower batch_size or raise dp)."""
 
     output_path: str = _f(
         "",

@@ -5,7 +5,7 @@ position, realhf.impl.model.model_loading.load_value_model); a prompt and answer
 output at the answer's last token (its EOS). Each optimizer step takes `batch_size` preference
 pairs (a prompt, the `chosen` answer, the `rejected` one) and minimises the Bradley–Terry loss
 −log σ(r_chosen − r_rejected), averaged over the pairs of all DP ranks. A pair's two rows stay
-on one rank and in one forward (so `micro_batch_tokens` must be 0); the ranks, their launch and
+on one rank and in one forward (RMConfig has no micro_batch_tokens); the ranks, their launch and
 their failure handling are SFT's (realhf.experiments.sft). The output is an HF directory
 (AutoModelForTokenClassification, one label) that an RL run names as `reward.path` and scores
 its rollouts with (the `reward_model` op of the step's graph, realhf.system.trainer.step_ops).
@@ -75,7 +75,9 @@ class BradleyTerry:
     def loss(self, output: torch.Tensor, mb: TrainBatch, rows: torch.Tensor) -> torch.Tensor:
         scores = sequence_scores(output, mb)  # [2p]
         if scores.shape[0] % 2:
-            raise ValueError("a micro-batch split a preference pair (micro_batch_tokens must be 0)")
+            raise ValueError(
+                "a micro-batch split a preference pair (the reward model's engine takes micro_batch_tokens=0)"
+            )
         margin = scores[0::2] - scores[1::2]  # [p]
         loss = -torch.nn.functional.logsigmoid(margin)  # [p]
         m = margin.detach().double().cpu()
@@ -105,7 +107,7 @@ def run_rank(cfg: RMConfig, rank: int = 0, world: int = 1, store_addr: str = "",
         tokenizer, pad_id, device = session.tokenizer, session.pad_id, session.device
         rows = load_pairs(cfg.train_path, cfg, cfg.dataset.split, cfg.max_train_rows)
         encoded = {r.query_id: encode_pair(tokenizer, r, session.chat) for r in rows}  # every row checked first
-        # micro_batch_tokens is 0 (check_rm): a pair's two rows go through one forward.
+        # micro_batch_tokens is 0 (engine_config): a pair's two rows go through one forward.
         engine = session.open_engine(value_head=True, name="rm")
         log(
             f"RM: {engine.n_params / 1e6:.2f}M parameters ({engine.n_trainable / 1e6:.3f}M trained), "

@@ -240,7 +240,8 @@ def split_by_tokens(lengths: Sequence[int], n_ranks: int) -> List[List[int]]:
 
 def engine_config(cfg: EngineRunConfig, rank: int, value_head: bool = False, name: str = "sft") -> FSDPEngineConfig:
     """The RL actor's engine with SFT's optimizer: AdamW, `warmup_steps` of linear warm-up, then
-    cosine to 0 at `steps`; `value_head`: one output per position (a reward model's)."""
+    cosine to 0 at `steps`; `value_head`: one output per position (a reward model's). A config
+    without micro_batch_tokens (RMConfig) takes each rank's share of the batch in one forward."""
     optimizer = OptimizerConfig(
         lr=cfg.lr,
         weight_decay=cfg.weight_decay,
@@ -265,7 +266,8 @@ def engine_config(cfg: EngineRunConfig, rank: int, value_head: bool = False, nam
         device=cfg.device,
         local_rank=rank,
         param_dtype=cfg.param_dtype or None,
-        micro_batch_tokens=cfg.micro_batch_tokens,
+        micro_batch_tokens=getattr(cfg, "micro_batch_tokens", 0),
+        shared_prompt=False,  # an SFT row, or a preference pair's answer, is a group of one
         value_head=value_head,
         seed=cfg.seed,
         name=name,

@@ -580,11 +580,6 @@ def check_rm(c: RMConfig) -> None:
     check_engine_run(c)
     f = _Fields(c)
     f.need(c.eval_n < 0 or bool(c.test_path), "test_path is required for the pair-accuracy report (or pass eval_n=-1)")
-    f.need(
-        c.micro_batch_tokens == 0,
-        f"micro_batch_tokens={c.micro_batch_tokens}: a preference pair's two answers go through one forward "
-        "(the loss compares their scores); it must be 0 (a rank's share of the pairs at once; lower batch_size or raise dp)",
-    )
 
 
 # ---- the experiment ----------------------------------------------------------------------------

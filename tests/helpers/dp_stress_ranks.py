@@ -48,7 +48,13 @@ def config(**overrides) -> FSDPEngineConfig:
     # A constant LR and eps 1e-6 (helpers.fsdp_ranks explains): every case's step is comparable
     # across DP sizes, however many cases ran before it.
     optimizer = OptimizerConfig(lr=1e-4, eps=1e-6, gradient_clipping=0.5)
-    fields = dict(model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer), device="cpu", shared_prompt=True)
+    # micro_batch_tokens: each case sets its own (engine.config.micro_batch_tokens below).
+    fields = dict(
+        model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
+        device="cpu",
+        shared_prompt=True,
+        micro_batch_tokens=0,
+    )
     return FSDPEngineConfig(**{**fields, **overrides})
 
 

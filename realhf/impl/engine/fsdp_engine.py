@@ -93,10 +93,13 @@ class FSDPEngineConfig:
     # None: float32 on the CPU, bfloat16 on a GPU.
     param_dtype: Optional[str] = None
     reduce_dtype: str = "float32"
-    micro_batch_tokens: int = 1024  # padded tokens (rows x longest row) per forward; 0: whole batch
+    # Padded tokens (rows x longest row) per forward; 0: whole batch. No default here: the run's
+    # config holds the one default (ppo.micro_batch_tokens, or the SFT/RM command's).
+    micro_batch_tokens: int = field(kw_only=True)
     # Each prompt computed once for the rows of its group in a micro-batch (realhf.impl.engine.
     # shared_prompt); causal LMs only (a value head takes the plain forward), off under pp_size > 1.
-    shared_prompt: bool = False
+    # No default here either: ppo.shared_prompt's, or False where no rows share a prompt.
+    shared_prompt: bool = field(kw_only=True)
     # DP=1 only: fully_shard the model anyway. Off: with one rank FSDP's hooks and DTensors cost
     # time and save nothing (measured 13% slower per step, docs/benchmarks.md "Trainer engine").
     shard_single_rank: bool = False

@@ -37,7 +37,13 @@ def test_a_trained_engine_counts_weights_gradients_and_two_adam_moments_divided_
 def test_an_engine_that_cannot_fit_is_refused_before_it_reaches_the_device(monkeypatch):
     monkeypatch.setattr(memory_budget, "free_memory", lambda device: (1000, "GPU 0 (test)"))
     engine = FSDPEngine(
-        FSDPEngineConfig(model=ModelTrainEvalConfig(path=f"{TINY_MATH}/sft"), device="cpu", name="actor")
+        FSDPEngineConfig(
+            model=ModelTrainEvalConfig(path=f"{TINY_MATH}/sft"),
+            device="cpu",
+            name="actor",
+            micro_batch_tokens=1024,
+            shared_prompt=False,
+        )
     )
     with pytest.raises(
         MemoryError, match=r"the actor engine .*weights, gradients and AdamW states.*allocation_mode.*actor\.lora"

@@ -3,6 +3,7 @@ against their definitions, the refusals, and a real run of the command on the ti
 reward model then ranks held-out pairs it never saw (loaded as HF loads it), and scores an RL
 step's samples as the `reward_model` node does."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from helpers.fsdp_ranks import TINY_SFT
 from realhf.api.cli_args import RMConfig
 from realhf.api.step_graph import StepNode
 from realhf.experiments.rm import BradleyTerry, encode_pair, pair_accuracy, to_pair_batch, train_rm
+from realhf.experiments.sft import engine_config
 from realhf.impl.dataset.prompt_dataset import load_prompts, parse_row
 from realhf.impl.dataset.table_formats import DatasetFormatError
 from realhf.system.trainer.actor import sequence_scores
@@ -56,14 +58,12 @@ def test_a_row_needs_both_answers():
     assert chosen[-1] == rejected[-1] == tok.eos_token_id and chosen[:-2] == rejected[:-2]
 
 
-def test_a_pair_split_over_forwards_is_refused_at_start(tmp_path):
-    cfg = RMConfig(
-        model_path=TINY_SFT, output_path=str(tmp_path / "rm"), train_path=TRAIN, eval_n=-1, micro_batch_tokens=512
-    )
-    with pytest.raises(
-        SystemExit, match="micro_batch_tokens=512: a preference pair's two answers go through one forward"
-    ):
-        train_rm(cfg)
+def test_a_pair_is_never_split_over_forwards(tmp_path):
+    # No knob could split it (RMConfig has no micro_batch_tokens), and the engine takes each
+    # rank's share of the pairs at once.
+    assert "micro_batch_tokens" not in {f.name for f in dataclasses.fields(RMConfig)}
+    cfg = RMConfig(model_path=TINY_SFT, output_path=str(tmp_path / "rm"), train_path=TRAIN, eval_n=-1)
+    assert engine_config(cfg, 0, value_head=True, name="rm").micro_batch_tokens == 0
 
 
 def _pairs(path: str, n: int, out) -> str:

@@ -21,7 +21,7 @@ def _config(lr: float = 1e-3, micro_batch_tokens: int = 0, **overrides) -> FSDPE
         model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
         device="cpu",
         micro_batch_tokens=micro_batch_tokens,
-        **overrides,
+        **{"shared_prompt": False, **overrides},
     )
 
 

@@ -23,6 +23,7 @@ def _config(lr: float = 1e-3, micro_batch_tokens: int = 0) -> FSDPEngineConfig:
         model=ModelTrainEvalConfig(path=TINY_SFT, optimizer=optimizer),
         device="cpu",
         micro_batch_tokens=micro_batch_tokens,
+        shared_prompt=False,
     )
 
 
