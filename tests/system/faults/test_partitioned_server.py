@@ -133,7 +133,7 @@ def _partition_and_heal(tmp_path, mode: str, *overrides: str):
     [
         # disk: the manager updates one server at a time; the requests caught on the partitioned
         # server at the cut are the ones resubmitted. --runslow for CI time (66 s): in CI,
-        # tests/unit/system/test_weight_broadcast.py partitions a server behind a TCP proxy and
+        # tests/unit/system/trainer/test_weight_broadcast.py partitions a server behind a TCP proxy and
         # test_generation_client.py resubmits a request from a server the manager drops.
         pytest.param("disk", marks=pytest.mark.slow),
         # distributed: the trainer's broadcast gives up on the partitioned member once the

@@ -2,7 +2,7 @@
 
 The agents run through `realhf.system.rollout.episode.run_group` — what the rollout worker runs —
 against the real `math` environment and the tiny-math tokenizer; generation is a scripted client
-(the real client is specified in tests/unit/system/test_generation_client.py, and the whole path
+(the real client is specified in tests/unit/system/rollout/test_generation_client.py, and the whole path
 in the system tests).
 """
 
