@@ -175,7 +175,7 @@ def _snapshot(path: str):
 class _Live:
     """One request in flight: what it produced so far."""
 
-    __slots__ = ("req", "future", "t0", "ids", "logprobs", "marks", "task")
+    __slots__ = ("req", "future", "t0", "ids", "logprobs", "marks", "task", "aborted")
 
     def __init__(self, req: GenerateRequest, future: Future):
         self.req, self.future, self.t0 = req, future, time.monotonic()
@@ -183,6 +183,9 @@ class _Live:
         self.logprobs: List[float] = []
         self.marks: List[Tuple[int, int]] = []  # (first output index, version)
         self.task: Optional[asyncio.Task] = None
+        # Set by an abort: one that reaches vLLM before this request does is a no-op there, so
+        # _drive ends a request aborted before it started, and aborts again once vLLM has it.
+        self.aborted = False
 
 
 class VLLMEngine:
@@ -317,7 +320,9 @@ class VLLMEngine:
         req = item.req
         finish: Dict[str, Any] = {"type": "abort", "message": "ended without a final output"}
         try:
-            if req.sampling.max_new_tokens == 0:
+            if item.aborted:
+                finish = abort_reason("aborted before it started")
+            elif req.sampling.max_new_tokens == 0:
                 finish = {"type": "length", "length": 0}
             else:
                 prompt = {"prompt_token_ids": list(req.input_ids)}
@@ -328,6 +333,8 @@ class VLLMEngine:
                     self._take(item, list(c.token_ids), c.logprobs)
                     if out.finished:
                         finish = self._finish_reason(c, len(item.ids))
+                    elif item.aborted:  # the abort may have reached vLLM before this request
+                        await self._llm.abort([req.rid])
         except asyncio.CancelledError:
             finish = abort_reason("server shutting down")
         except Exception as e:  # noqa: BLE001 - the request fails, the engine may serve on
@@ -401,6 +408,8 @@ class VLLMEngine:
 
     async def _abort_rids(self, rids: List[str]) -> int:
         items = [self._live[r] for r in rids if r in self._live]
+        for item in items:
+            item.aborted = True
         if items:
             await self._llm.abort([i.req.rid for i in items])
             await self._drained(items)

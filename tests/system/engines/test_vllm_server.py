@@ -152,6 +152,31 @@ def test_an_aborted_request_returns_its_partial_answer(vllm_server):
     assert finishes.count("length") == 15
 
 
+def test_an_abort_that_reaches_a_request_still_queued_ends_it(vllm_server):
+    # 48 answers of 480 tokens, 16 at a time (max_num_seqs): long-40 waits two waves. An abort
+    # that reached vLLM before the request itself did was a no-op there, and the request then
+    # ran to its full length (seen once in the suite); the server now ends it.
+    url, out = vllm_server.url, {}
+    body = {
+        "input_ids": [PROMPTS[i % len(PROMPTS)] for i in range(48)],
+        "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
+        "rid": [f"queued-{i}" for i in range(48)],
+    }
+
+    def long_request():
+        out["status"], out["answers"] = http("POST", f"{url}/generate", body, timeout=300)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    wait_running(url, 16)
+    status, _ = http("POST", f"{url}/abort_request", {"rid": "queued-40"})
+    t.join(timeout=300)
+    assert status == 200 and not t.is_alive() and out["status"] == 200, out
+    finishes = [a["meta_info"]["finish_reason"]["type"] for a in out["answers"]]
+    assert finishes[40] == "abort" and len(out["answers"][40]["output_ids"]) < 480, finishes
+    assert finishes.count("length") == 47
+
+
 def test_the_engine_benchmark_measures_both_servers(no_leftover_processes):
     import json
     import subprocess
