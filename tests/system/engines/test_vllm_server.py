@@ -5,6 +5,7 @@ from disk, aborts. Skipped where `bash scripts/setup_env.sh vllm` has not made .
 import os
 import threading
 import time
+from typing import List
 
 import pytest
 import torch
@@ -129,13 +130,15 @@ def test_new_weights_from_disk_change_the_answers_and_the_version(vllm_server, m
     assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == "4"
 
 
-def test_an_aborted_request_returns_its_partial_answer(vllm_server):
-    # 16 answers of 480 tokens decode for seconds: one of them is aborted mid-answer.
-    url, out, rids = vllm_server.url, {}, [f"long-{i}" for i in range(16)]
+def _abort_one_of(url: str, n: int, prefix: str, target: int) -> List[str]:
+    """Post `n` answers of 480 tokens (16 decode at a time, max_num_seqs) as one request, abort
+    the `target`-th once the server counts 16 in flight, and return every answer's finish type
+    (the aborted one's partial answer checked)."""
+    out = {}
     body = {
-        "input_ids": [PROMPTS[i % len(PROMPTS)] for i in range(16)],
+        "input_ids": [PROMPTS[i % len(PROMPTS)] for i in range(n)],
         "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
-        "rid": rids,
+        "rid": [f"{prefix}-{i}" for i in range(n)],
     }
 
     def long_request():
@@ -144,37 +147,24 @@ def test_an_aborted_request_returns_its_partial_answer(vllm_server):
     t = threading.Thread(target=long_request)
     t.start()
     wait_running(url, 16)
-    status, _ = http("POST", f"{url}/abort_request", {"rid": "long-3"})
+    status, _ = http("POST", f"{url}/abort_request", {"rid": f"{prefix}-{target}"})
     t.join(timeout=300)
     assert status == 200 and not t.is_alive() and out["status"] == 200, out
     finishes = [a["meta_info"]["finish_reason"]["type"] for a in out["answers"]]
-    assert finishes[3] == "abort" and len(out["answers"][3]["output_ids"]) < 480, finishes
-    assert finishes.count("length") == 15
+    assert finishes[target] == "abort" and len(out["answers"][target]["output_ids"]) < 480, finishes
+    return finishes
+
+
+def test_an_aborted_request_returns_its_partial_answer(vllm_server):
+    # 16 answers of 480 tokens decode for seconds: one of them is aborted mid-answer.
+    assert _abort_one_of(vllm_server.url, 16, "long", 3).count("length") == 15
 
 
 def test_an_abort_that_reaches_a_request_still_queued_ends_it(vllm_server):
-    # 48 answers of 480 tokens, 16 at a time (max_num_seqs): long-40 waits two waves. An abort
-    # that reached vLLM before the request itself did was a no-op there, and the request then
-    # ran to its full length (seen once in the suite); the server now ends it.
-    url, out = vllm_server.url, {}
-    body = {
-        "input_ids": [PROMPTS[i % len(PROMPTS)] for i in range(48)],
-        "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
-        "rid": [f"queued-{i}" for i in range(48)],
-    }
-
-    def long_request():
-        out["status"], out["answers"] = http("POST", f"{url}/generate", body, timeout=300)
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    wait_running(url, 16)
-    status, _ = http("POST", f"{url}/abort_request", {"rid": "queued-40"})
-    t.join(timeout=300)
-    assert status == 200 and not t.is_alive() and out["status"] == 200, out
-    finishes = [a["meta_info"]["finish_reason"]["type"] for a in out["answers"]]
-    assert finishes[40] == "abort" and len(out["answers"][40]["output_ids"]) < 480, finishes
-    assert finishes.count("length") == 47
+    # 48 answers, 16 at a time: the 41st waits two waves. An abort that reached vLLM before the
+    # request itself did was a no-op there (the server's count of requests in flight includes
+    # those not yet handed to vLLM), and the request then ran to its full length; it now ends.
+    assert _abort_one_of(vllm_server.url, 48, "queued", 40).count("length") == 47
 
 
 def test_the_engine_benchmark_measures_both_servers(no_leftover_processes):
