@@ -44,6 +44,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-timeout",
+            "pytest-xdist>=3.5",  # the unit lane runs on every core (scripts/test.sh)
             "hypothesis>=6",
             "schemathesis>=4,<5",
             "tensorboard>=2.15",

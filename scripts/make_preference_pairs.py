@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "assets" / "tiny-math"
 
 
-def pairs_of(model: str, rows, samples: int, seed: int, max_new_tokens: int, threads: int):
+def pairs_of(model: str, rows, samples: int, seed: int, max_new_tokens: int, threads: int, per_prompt: int = 1):
     gen = engine_generate_fn(model, threads=threads, seed=seed)
     with MathGrader(n_workers=1) as grader:
         res = evaluate_math_accuracy(
@@ -38,13 +38,21 @@ def pairs_of(model: str, rows, samples: int, seed: int, max_new_tokens: int, thr
     for row, answers in zip(rows, res["answers"]):
         right = sorted({t for t, ok in answers if ok})
         wrong = sorted({t for t, ok in answers if not ok})
-        if right and wrong:
+        if not (right and wrong):
+            continue
+        # One pair draws as the shipped set was drawn (it reproduces); more draw distinct combinations.
+        if per_prompt == 1:
+            chosen_rejected = [(rng.choice(right), rng.choice(wrong))]
+        else:
+            combos = [(c, r) for c in right for r in wrong]
+            chosen_rejected = rng.sample(combos, min(per_prompt, len(combos)))
+        for k, (chosen, rejected) in enumerate(chosen_rejected):
             out.append(
                 {
-                    "query_id": row.query_id,
+                    "query_id": row.query_id if per_prompt == 1 else f"{row.query_id}-{k}",
                     "prompt": row.prompt,
-                    "chosen": rng.choice(right),
-                    "rejected": rng.choice(wrong),
+                    "chosen": chosen,
+                    "rejected": rejected,
                     "solutions": list(row.solutions),
                 }
             )
@@ -63,12 +71,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--pairs-per-prompt", type=int, default=1,
+        help="pairs a prompt gives at most (distinct right x wrong answers, drawn at random)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, path, n in (("train", args.train, args.n_train), ("test", args.test, args.n_test)):
         rows = load_prompts(path)[:n]
-        pairs, acc = pairs_of(args.model, rows, args.samples, args.seed, args.max_new_tokens, args.threads)
+        pairs, acc = pairs_of(
+            args.model, rows, args.samples, args.seed, args.max_new_tokens, args.threads, args.pairs_per_prompt
+        )
         with open(out / f"{name}.jsonl", "w") as f:
             for pair in pairs:
                 f.write(json.dumps(pair) + "\n")

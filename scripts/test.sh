@@ -1,17 +1,63 @@
 #!/usr/bin/env bash
-# Runs the test suite: sets up .venv and redis-server if needed, then pytest.
-#   bash scripts/test.sh                 # the CI suite (slow tests skipped)
-#   bash scripts/test.sh --runslow       # everything
-#   bash scripts/test.sh tests/unit/base -k name_resolve   # any pytest arguments
+# Runs the test suite in three lanes: sets up .venv and redis-server if needed, then pytest per lane.
+#   bash scripts/test.sh                  # every lane in order (what CI runs; slow tests skipped)
+#   bash scripts/test.sh checks           # lint, import floors, docs, config rules (seconds)
+#   bash scripts/test.sh unit             # in-process tests (no process, server or process group started)
+#   bash scripts/test.sh system           # tests that start processes, servers, process groups; whole runs
+#   bash scripts/test.sh --runslow        # every lane, slow tests included (any lane takes it too)
+#   bash scripts/test.sh tests/unit/base -k name_resolve   # plain pytest arguments: no lanes
+# Each lane is a pytest marker (tests/conftest.py sorts every test into one); the slowest 25 tests
+# of the run are printed at the end (docs/testing.md: the lanes, their times, what is slow-only).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# vllm: .venv-vllm, for the tests that run vLLM's CPU build as a generation server (tests/system/engines).
-bash "${REPO_ROOT}/scripts/setup_env.sh" test ray vllm
 cd "${REPO_ROOT}"
-start=$(date +%s)
-set +e
-"${REPO_ROOT}/.venv/bin/python" -m pytest -q "$@"
-code=$?
-set -e
-echo "[test] pytest exited with ${code} after $(( $(date +%s) - start ))s"
+
+lanes=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    checks|unit|system) lanes+=("$1"); shift ;;
+    *) break ;;
+  esac
+done
+# vllm: .venv-vllm, for the system tests that run vLLM's CPU build as a generation server.
+if [ ${#lanes[@]} -eq 1 ] && [ "${lanes[0]}" != system ]; then
+  bash "${REPO_ROOT}/scripts/setup_env.sh" test ray
+else
+  bash "${REPO_ROOT}/scripts/setup_env.sh" test ray vllm
+fi
+PY="${REPO_ROOT}/.venv/bin/python"
+
+if [ ${#lanes[@]} -eq 0 ]; then
+  for a in "$@"; do
+    case "${a}" in -*) ;; *) lanes=(none); break ;; esac  # a path or a test id: plain pytest
+  done
+  [ ${#lanes[@]} -gt 0 ] || lanes=(checks unit system)
+fi
+
+# Where each lane's tests are (tests/conftest.py puts each test in one lane: by folder, or its mark).
+declare -A LANE_PATHS=([checks]="tests/checks" [unit]="tests/unit" [system]="tests/system examples tests/unit")
+# In-process tests run on every core (2 on CI: 104 s -> 64 s); tests that start processes one at a
+# time, since two at once on two cores stretch each other's timed waits into failures.
+declare -A LANE_OPTIONS=([checks]="" [unit]="-n auto --maxprocesses 4" [system]="")
+reports="$(mktemp -d)"
+trap 'rm -rf "${reports}"' EXIT
+code=0
+summary=()
+for lane in "${lanes[@]}"; do
+  start=$(date +%s)
+  set +e
+  if [ "${lane}" = none ]; then
+    "${PY}" -m pytest -q --junitxml="${reports}/${lane}.xml" "$@"
+  else
+    echo "[test] lane ${lane}"
+    "${PY}" -m pytest -q -m "${lane}" --junitxml="${reports}/${lane}.xml" ${LANE_OPTIONS[${lane}]} "$@" ${LANE_PATHS[${lane}]}
+  fi
+  lane_code=$?
+  set -e
+  # 5: nothing collected (a lane a pytest filter emptied), not a failure
+  if [ ${lane_code} -ne 0 ] && [ ${lane_code} -ne 5 ]; then code=${lane_code}; fi
+  summary+=("${lane/#none/pytest} exited ${lane_code} after $(( $(date +%s) - start ))s")
+done
+"${PY}" -m scripts.slowest_tests "${reports}"/*.xml --top 25 || true
+for line in "${summary[@]}"; do echo "[test] lane ${line}"; done
 exit ${code}

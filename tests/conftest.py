@@ -12,7 +12,24 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run tests marked slow")
 
 
+LANES = ("checks", "unit", "system")
+# The fixtures below that start a process (or need one): a test using one is a system test.
+PROCESS_FIXTURES = {"redis_url", "redis_name_resolve", "nr", "native_server", "manager_server", "no_leftover_processes"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m <lane>` selects (scripts/test.sh runs one lane per pytest)
 def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    by_folder = {root / "tests" / "checks": "checks", root / "tests" / "system": "system", root / "examples": "system"}
+    for item in items:
+        marked = [lane for lane in LANES if item.get_closest_marker(lane)]
+        if not marked:  # by folder; a test under tests/unit that starts a process is marked `system` itself
+            lane = next((lane for folder, lane in by_folder.items() if item.path.is_relative_to(folder)), "unit")
+            if lane == "unit" and PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+                lane = "system"
+            item.add_marker(lane)
+        elif len(marked) > 1:
+            raise pytest.UsageError(f"{item.nodeid}: marked for lanes {marked}; a test runs in one")
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow to run")

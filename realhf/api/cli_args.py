@@ -32,7 +32,7 @@ class Rule:
     `ge`/`gt` a lower bound, `within` a closed range, `choices` a closed list, `timeout` the
     seconds of a wait (> 0, or >= 0 with "zero_off"; at most what Python's waits accept). Rules
     that tie fields together or hold only under another setting stay in validation's check_*
-    functions; a rule is never stated in both places (tests/unit/experiments/test_field_rules.py)."""
+    functions; a rule is never stated in both places (tests/checks/test_field_rules.py)."""
 
     ge: Optional[float] = None
     gt: Optional[float] = None

@@ -38,8 +38,11 @@ def encode_pair(tokenizer: Any, row: PromptRow, chat: bool) -> Pair:
     """`row`'s two sequences, each its prompt as the rollouts encode it, the answer and EOS."""
     where = row.source or row.query_id
     answers = [row.fields.get(k) for k in ("chosen", "rejected")]
-    if not all(isinstance(a, str) and a for a in answers):
-        raise DatasetFormatError(f"{where}: a preference pair needs non-empty 'chosen' and 'rejected' answer texts")
+    if not all(isinstance(a, str) for a in answers):
+        raise DatasetFormatError(f"{where}: a preference pair needs 'chosen' and 'rejected' answer texts")
+    if answers[0] == answers[1]:
+        raise DatasetFormatError(f"{where}: 'chosen' and 'rejected' are the same text (the pair teaches nothing)")
+    # An empty answer stays: a policy that stops at once is a failure a reward model must score.
     prompt = encode_prompt(tokenizer, row.as_dict(), chat)
     eos = [tokenizer.eos_token_id]
     chosen, rejected = (prompt + tokenizer.encode(a, add_special_tokens=False) + eos for a in answers)

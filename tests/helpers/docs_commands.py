@@ -1,5 +1,5 @@
 """The shell commands the README and docs/ show, as a newcomer would copy them: read by
-tests/unit/test_docs.py (each names what exists, its config validates) and
+tests/checks/test_docs.py (each names what exists, its config validates) and
 tests/system/e2e/test_docs_commands_run.py (each runs)."""
 
 import re

@@ -37,6 +37,7 @@ from helpers.fsdp_ranks import TINY_SFT, critic_train_step, full_params, token_l
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig, ModelTrainEvalConfig, OptimizerConfig
 from realhf.api.train_batch import TrainBatch
+from realhf.base.process_exit import exit_now
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 
 N_CASES = int(os.environ.get("STRESS_CASES", "200"))
@@ -159,3 +160,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_now(0)  # as realhf's rank processes end (realhf.base.process_exit says why)

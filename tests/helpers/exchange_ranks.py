@@ -16,6 +16,7 @@ import numpy as np
 
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.trajectory import Sample, Trajectory
+from realhf.base.process_exit import exit_now
 from realhf.system.trainer.group_exchange import exchange
 
 HELD = [3, 0, 2]  # rank 1 arrives with nothing
@@ -61,3 +62,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_now(0)  # as realhf's rank processes end (realhf.base.process_exit says why)

@@ -32,6 +32,7 @@ from helpers.gloo_ranks import join_gloo_group
 from helpers.paths import TINY_MATH
 from realhf.api.cli_args import ModelTrainEvalConfig, OptimizerConfig
 from realhf.api.train_batch import TrainBatch
+from realhf.base.process_exit import exit_now
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model import recover_checkpoint
 from realhf.impl.model.utils import ppo_functional as F
@@ -275,3 +276,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_now(0)  # as realhf's rank processes end (realhf.base.process_exit says why)

@@ -35,6 +35,7 @@ from helpers.fsdp_ranks import (
 )
 from helpers.gloo_ranks import join_gloo_group
 from realhf.api.cli_args import LoRAConfig
+from realhf.base.process_exit import exit_now
 from realhf.impl.engine.fsdp_engine import FSDPEngine, FSDPEngineConfig
 from realhf.impl.model.lora import BaseModelView
 
@@ -73,3 +74,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_now(0)  # as realhf's rank processes end (realhf.base.process_exit says why)

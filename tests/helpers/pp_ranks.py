@@ -44,6 +44,7 @@ from helpers.fsdp_ranks import (
     token_logprobs,
 )
 from helpers.gloo_ranks import join_gloo_group
+from realhf.base.process_exit import exit_now
 from realhf.impl.engine import pipeline_calls
 from realhf.impl.engine.fsdp_engine import FSDPEngine
 
@@ -108,3 +109,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    exit_now(0)  # as realhf's rank processes end (realhf.base.process_exit says why)

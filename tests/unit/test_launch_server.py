@@ -21,6 +21,7 @@ def launched(qwen_path, tmp_path, no_leftover_processes):
         yield proc, url, log_path
 
 
+@pytest.mark.system
 def test_weight_swap_from_disk_changes_outputs_and_weight_version(launched, qwen_path_b, hf_ref, hf_ref_b, gpt2_path):
     proc, url, _ = launched
     before = generate(url, PROMPT, max_new_tokens=16, temperature=0.0, ignore_eos=True)
@@ -43,6 +44,7 @@ def test_weight_swap_from_disk_changes_outputs_and_weight_version(launched, qwen
     assert http("GET", f"{url}/get_model_info")[1]["weight_version"] == "4"
 
 
+@pytest.mark.system
 def test_a_model_folder_with_a_tokenizer_is_served_text_and_sigterm_stops_the_server_cleanly(
     tmp_path, no_leftover_processes
 ):

@@ -65,6 +65,7 @@ def test_the_same_seed_repeats_an_episode_and_another_seed_samples_anew():
     assert runs[0] == runs[1] and any(r != runs[0] for r in runs[2:])
 
 
+@pytest.mark.system
 def test_a_group_on_a_running_built_in_server_over_http(native_server):
     url, engine = native_server
     group = run_group(Answer, ROW, env=LastNumber, server=url, group_size=3, max_new_tokens=16)

@@ -4,7 +4,7 @@ the step count, the held-out evaluation, the trial's directory and the device ap
 start for 2 steps into a temporary directory, `--help` and the checks as they are. A command that
 is not run here says why (the suite itself, a benchmark whose short mode another test runs, the
 user's own files or cluster); a command the docs gain that fits no rule fails this test until it
-is given one. Slow: about 20 runs of 20-60 s each (tests/unit/test_docs.py validates every
+is given one. Slow: about 20 runs of 20-60 s each (tests/checks/test_docs.py validates every
 command's config in CI)."""
 
 import os

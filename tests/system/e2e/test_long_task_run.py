@@ -21,7 +21,7 @@ STEPS = 6
 
 @pytest.mark.e2e
 def test_the_long_task_config_trains_on_answers_of_very_different_lengths(tmp_path, no_leftover_processes):
-    assert make_task(["--out", str(tmp_path / "task"), "--data-only", "--n-train", "400", "--n-test", "24"]) == 0
+    assert make_task(["--out", str(tmp_path / "task"), "--data-only", "--n-train", "400", "--n-test", "8"]) == 0
     data = tmp_path / "task" / "data"
     command = training_command(
         tmp_path,
@@ -30,7 +30,7 @@ def test_the_long_task_config_trains_on_answers_of_very_different_lengths(tmp_pa
         f"dataset.test_path={data / 'test.jsonl'}",
         f"exp_ctrl.benchmark_steps={STEPS}",
         "groups_per_step=8",
-        "evaluation.n_prompts=24",
+        "evaluation.n_prompts=8",
         "exp_ctrl.ckpt_freq_steps=0",
     )
     command[2:2] = ["--config-name", "async-ppo-long"]  # Hydra's options go before the overrides

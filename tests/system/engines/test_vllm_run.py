@@ -51,6 +51,7 @@ def test_a_run_with_vllm_servers_trains_and_every_version_reaches_them(
         assert versions == sorted(versions) and versions and versions[-1] >= steps - 2, updates
 
 
+@pytest.mark.slow  # ~70 s; in CI: test_generation_server.py's dying backend server, test_generation_server_kill.py
 def test_a_killed_vllm_server_is_restarted_with_the_current_weights_and_the_run_completes(
     tmp_path, no_leftover_processes
 ):

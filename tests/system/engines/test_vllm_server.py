@@ -167,6 +167,7 @@ def test_an_abort_that_reaches_a_request_still_queued_ends_it(vllm_server):
     assert _abort_one_of(vllm_server.url, 48, "queued", 40).count("length") == 47
 
 
+@pytest.mark.slow  # a benchmark's smoke test, as the others (tests/unit/scripts/test_bench.py)
 def test_the_engine_benchmark_measures_both_servers(no_leftover_processes):
     import json
     import subprocess

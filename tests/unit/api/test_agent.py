@@ -109,6 +109,7 @@ def test_single_step_agent_grades_each_answer_and_the_framework_builds_the_traje
     assert Trajectory.from_msg(traj.to_msg()).samples[1].reward == traj.samples[1].reward
 
 
+@pytest.mark.system
 def test_single_step_agent_grades_with_another_environment_and_passes_its_metrics_on(tokenizer):
     # The code task: the same agent, rollout.env.type=code; the env's info["metrics"] become the samples' metrics.
     row = {"query_id": "c", "prompt": "f('bc')='cb'\ndef f(x): return", "code_prefix": "def f(x): return"}

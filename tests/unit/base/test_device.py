@@ -67,6 +67,7 @@ def test_a_cpu_only_torch_build_is_recognised_without_importing_torch(tmp_path, 
     assert device_names.torch_built_for_gpu() is built_for_gpu
 
 
+@pytest.mark.system
 def test_the_installed_torch_build_is_read_right_and_validation_needs_no_torch_for_a_cpu_run():
     import subprocess
     import sys

@@ -9,6 +9,7 @@ import torch
 from realhf.base.dtypes import DTYPE_NAMES, torch_dtype
 
 
+@pytest.mark.system
 def test_dtype_names_import_without_torch():
     code = "import sys; from realhf.base.dtypes import DTYPE_NAMES; print('torch' in sys.modules, DTYPE_NAMES)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

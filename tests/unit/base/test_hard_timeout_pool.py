@@ -12,6 +12,8 @@ import pytest
 from realhf.base.hard_timeout_pool import HardTimeoutPool, PoolClosed, TaskFailed, TaskTimeout
 from realhf.plugins.environments.math_grader import MathGrader
 
+pytestmark = pytest.mark.system
+
 
 def _children() -> set:
     return {p.pid for p in psutil.Process().children(recursive=True)}

@@ -74,6 +74,7 @@ def test_local_directories_and_deeper_paths_are_never_taken_for_repo_ids():
     assert resolve_model_path("actor.path", "/nonexistent/model") == "/nonexistent/model"  # left to the path checks
 
 
+@pytest.mark.system
 def test_the_command_line_refuses_an_offline_hub_id_before_starting_anything(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(

@@ -15,7 +15,7 @@ from realhf.base import name_resolve
 from realhf.base.name_resolve import NameEntryExistsError, NameEntryNotFoundError
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.system)])
 def repo(request):
     if request.param == "memory":
         r = name_resolve.make_repository(NameResolveConfig(type="memory"))
@@ -28,6 +28,7 @@ def repo(request):
     r.close()
 
 
+@pytest.mark.system
 def test_add_then_get_returns_value_as_string(repo):
     repo.add("nrtest/t/a", 42)
     assert repo.get("nrtest/t/a") == "42"
@@ -118,6 +119,7 @@ def _child_env():
     return env
 
 
+@pytest.mark.system
 def test_keys_of_a_sigkilled_process_expire_within_about_the_ttl(redis_url, no_leftover_processes):
     code = textwrap.dedent(f"""
         import time
@@ -147,6 +149,7 @@ def test_keys_of_a_sigkilled_process_expire_within_about_the_ttl(redis_url, no_l
         repo.close()
 
 
+@pytest.mark.system
 def test_eight_processes_adding_subentries_concurrently_lose_nothing(redis_url, no_leftover_processes):
     code = textwrap.dedent(f"""
         import sys
@@ -178,6 +181,7 @@ def test_eight_processes_adding_subentries_concurrently_lose_nothing(redis_url, 
         repo.close()
 
 
+@pytest.mark.system
 def test_module_level_functions_follow_reconfigure(redis_url):
     config = NameResolveConfig(type="redis", redis_url=redis_url)
     name_resolve.reconfigure(config)
@@ -191,6 +195,7 @@ def test_module_level_functions_follow_reconfigure(redis_url):
         name_resolve.reconfigure(NameResolveConfig(type="memory"))
 
 
+@pytest.mark.system
 def test_redis_with_wrong_password_fails_clearly(redis_url):
     bad = redis_url.replace("realhf-test", "wrong")
     with pytest.raises(name_resolve.NameResolveError, match="password") as info:

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.system
+
 # A daemon thread waits 1 s on a key nobody sets; finalizing takes 2 s (a slow __del__, as the
 # trainer's model teardown is slow), so the wait times out while the interpreter finalizes.
 PROGRAM = textwrap.dedent(

@@ -60,6 +60,7 @@ def test_without_path_the_interpreters_bin_is_next(no_redis_on_path):
     assert find_redis_server() == expected
 
 
+@pytest.mark.system
 def test_without_path_or_interpreter_bin_redislites_package_bin_serves_ping(
     no_redis_on_path, interpreter_elsewhere, no_leftover_processes
 ):
@@ -71,6 +72,7 @@ def test_without_path_or_interpreter_bin_redislites_package_bin_serves_ping(
     assert executable == expected
 
 
+@pytest.mark.system
 def test_the_interpreters_bin_serves_ping_when_the_venv_is_not_activated(no_redis_on_path, no_leftover_processes):
     with RedisServer() as server:
         pong, executable = _ping_and_binary(server)

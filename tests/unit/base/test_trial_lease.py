@@ -17,6 +17,8 @@ from realhf.api.cli_args import NameResolveConfig
 from realhf.base import names
 from realhf.base.trial_lease import TrialLease, TrialLeaseError, TrialLeaseHeldError, trial_lease
 
+pytestmark = pytest.mark.system
+
 EXP, TTL = "leasetest", 1.0
 
 HOLDER = """

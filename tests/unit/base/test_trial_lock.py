@@ -15,6 +15,8 @@ import pytest
 from helpers.paths import REPO
 from realhf.base.trial_lock import TrialLock, TrialLockedError
 
+pytestmark = pytest.mark.system
+
 HOLDER = """
 import sys, time
 from realhf.base.trial_lock import TrialLock

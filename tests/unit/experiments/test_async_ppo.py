@@ -191,6 +191,7 @@ def rloo(scores, group_ids):
 """
 
 
+@pytest.mark.system
 def test_help_shows_the_values_the_run_will_use_and_the_names_of_the_plug_ins(tmp_path):
     (tmp_path / "my_plugins.py").write_text(USER_PLUGINS)
     proc = subprocess.run(
@@ -232,6 +233,7 @@ def test_help_shows_the_values_the_run_will_use_and_the_names_of_the_plug_ins(tm
     )
 
 
+@pytest.mark.system
 def test_command_line_rejects_a_bad_value_before_starting_anything(tmp_path):
     proc = subprocess.run(
         [sys.executable, "training/main_async_ppo.py", "max_head_offpolicyness=-2", f"cluster.fileroot={tmp_path}"],

@@ -57,6 +57,7 @@ def test_valid_keys_mappings_and_hydras_own_arguments_pass():
     assert check_overrides(args, AsyncPPOConfig) is None
 
 
+@pytest.mark.system
 def test_help_with_a_misspelt_key_says_the_key_that_was_meant_in_one_line():
     proc = subprocess.run(
         [sys.executable, "training/main_async_ppo.py", "--help", "cluster.restart_policy.max_restart=2"],

@@ -66,6 +66,7 @@ def test_separate_on_one_gpu_is_refused_naming_the_numbers():
     assert "1 node(s) × 1 GPUs = 1" in message and "cluster.gpu_placement=shared (or auto)" in message
 
 
+@pytest.mark.system
 def test_separate_on_one_gpu_is_refused_before_any_process_starts(tmp_path):
     proc = subprocess.run(
         [

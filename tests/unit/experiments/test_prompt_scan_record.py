@@ -101,6 +101,7 @@ def test_the_key_tells_inputs_apart():
     assert KeyDigest("k").hexdigest() != KeyDigest("j").hexdigest()
 
 
+@pytest.mark.system
 def test_a_second_start_of_the_same_experiment_validates_without_importing_torch(tmp_path):
     """The launcher's own start (validate_experiment in a fresh process): the first imports torch
     (the tokenizer's), the second does not."""

@@ -50,8 +50,13 @@ def test_the_loss_is_minus_log_sigmoid_of_the_margin_summed_over_the_pairs():
 
 def test_a_row_needs_both_answers():
     tok = tiny_tokenizer()
-    with pytest.raises(DatasetFormatError, match="needs non-empty 'chosen' and 'rejected'"):
+    with pytest.raises(DatasetFormatError, match="needs 'chosen' and 'rejected' answer texts"):
         encode_pair(tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a"}), chat=False)
+    with pytest.raises(DatasetFormatError, match="'chosen' and 'rejected' are the same text"):
+        encode_pair(tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a", "rejected": "a"}), chat=False)
+    # An empty answer (a policy that stopped at once) is a rejected answer like any other.
+    _, empty = encode_pair(tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a", "rejected": ""}), chat=False)
+    assert empty[-1] == tok.eos_token_id and empty[-2] != tok.eos_token_id
     chosen, rejected = encode_pair(
         tok, parse_row({"query_id": "q", "prompt": "Q", "chosen": "a", "rejected": "b"}), chat=False
     )
@@ -94,6 +99,7 @@ def trained_rm(tmp_path_factory):
     return out, test, result, proc.stdout
 
 
+@pytest.mark.system
 def test_the_command_trains_a_reward_model_that_ranks_held_out_pairs(trained_rm):
     out, test, result, stdout = trained_rm
     print(stdout[-1500:])
@@ -106,6 +112,7 @@ def test_the_command_trains_a_reward_model_that_ranks_held_out_pairs(trained_rm)
     assert again["accuracy"] == pytest.approx(result["test"]["accuracy"])
 
 
+@pytest.mark.system
 def test_the_reward_model_node_scores_a_step_as_hf_does(trained_rm):
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -137,6 +144,7 @@ def test_the_reward_model_node_scores_a_step_as_hf_does(trained_rm):
     assert stats["mean"] == pytest.approx(float(expected.mean()), abs=1e-5)
 
 
+@pytest.mark.system
 def test_two_ranks_take_the_steps_one_rank_takes(trained_rm, tmp_path):
     """dp=2 (two rank processes over gloo, pairs split by tokens, whole pairs per rank) against
     dp=1 on the same pairs: the same loss at every step, to float rounding."""

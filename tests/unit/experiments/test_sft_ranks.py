@@ -22,6 +22,8 @@ from realhf.api.cli_args import LoRAConfig, SFTConfig
 from realhf.base.process import pid_alive
 from realhf.experiments.sft import SFTRankError, train_sft
 
+pytestmark = pytest.mark.system
+
 BASE = os.path.join(TINY_MATH, "base")
 TRAIN = os.path.join(TINY_MATH, "data", "train.jsonl")
 

@@ -117,6 +117,7 @@ def test_column_settings_that_cannot_work_are_refused(overrides, message):
         validate_experiment(compose_config(overrides))
 
 
+@pytest.mark.system
 def test_command_line_refuses_a_bad_table_row_before_starting_anything(tmp_path):
     path, good = _bad_parquet(tmp_path)
     proc = subprocess.run(
@@ -138,6 +139,7 @@ def test_command_line_refuses_a_bad_table_row_before_starting_anything(tmp_path)
     assert not (tmp_path / "logs").exists()  # nothing was launched
 
 
+@pytest.mark.system
 def test_a_table_without_the_datasets_extra_is_refused_naming_it(tmp_path):
     path, _ = _bad_parquet(tmp_path)
     code = (

@@ -128,6 +128,7 @@ def test_bad_dataset_row_is_refused_with_file_and_line(tmp_path, bad_line, what,
     assert f"{field}: {path}:41: " in str(e.value) and what in str(e.value)
 
 
+@pytest.mark.system
 def test_command_line_refuses_a_bad_dataset_row_before_starting_anything(tmp_path):
     path = _dataset_with_bad_line(tmp_path, "{not json")
     proc = subprocess.run(
@@ -298,6 +299,7 @@ def test_trainer_tp_and_pp_are_checked_against_the_models():
         check_trainer_split(load("allocation_mode=native.d1+d1p2", "actor.lora.r=4"), 1, 2)
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     "overrides, message",
     [

@@ -16,6 +16,8 @@ from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve
 from realhf.scheduler.local import LauncherInterrupted, LocalLauncher, WorkerSpec
 
+pytestmark = pytest.mark.system
+
 
 class Launcher(LauncherProcess):
     """`python -m helpers.launch_dummies` in its own process."""

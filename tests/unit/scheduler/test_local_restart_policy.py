@@ -11,6 +11,8 @@ import pytest
 
 from helpers.launcher_process import LauncherProcess
 
+pytestmark = pytest.mark.system
+
 
 class Launcher(LauncherProcess):
     """`python -m helpers.launch_dummies` with a restartable spec, in its own process."""

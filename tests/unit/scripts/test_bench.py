@@ -13,6 +13,8 @@ import pytest
 
 from helpers.paths import REPO
 
+pytestmark = pytest.mark.system
+
 
 def run_bench(*args, timeout=600):
     proc = subprocess.run(

@@ -11,6 +11,8 @@ import pytest
 
 from helpers.paths import REPO
 
+pytestmark = pytest.mark.system
+
 KIT = os.path.join(REPO, "scripts", "gpu_check.sh")
 
 

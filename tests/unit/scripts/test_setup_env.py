@@ -12,6 +12,8 @@ import pytest
 
 from helpers.paths import REPO
 
+pytestmark = pytest.mark.system
+
 TOOLS = ("cat", "cut", "dirname", "grep", "sha256sum", "basename", "cp")  # the script's and the recorders'
 RECORDER = '#!/bin/sh\necho "$(basename "$0") $* PIP_NO_INDEX=${PIP_NO_INDEX:-}" >> "$CALLS"\n'
 

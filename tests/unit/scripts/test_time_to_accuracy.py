@@ -101,6 +101,7 @@ BUDGET_S = 5.0
 SAVE_SECS = 1.0
 
 
+@pytest.mark.system
 @pytest.mark.e2e
 def test_a_run_stops_at_its_training_time_budget_and_saves_by_steps_and_by_seconds(tmp_path, no_leftover_processes):
     """The budget and both save cadences the benchmarks use (vs_trl saves every N seconds)."""
@@ -146,6 +147,7 @@ def test_a_run_stops_at_its_training_time_budget_and_saves_by_steps_and_by_secon
     assert trial_processes(str(tmp_path)) == []
 
 
+@pytest.mark.system
 @pytest.mark.slow
 @pytest.mark.skipif(
     not peer_trl.venv_ready(),

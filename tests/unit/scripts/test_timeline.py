@@ -12,6 +12,7 @@ from scripts.bench import timeline
 BURN = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
 
 
+@pytest.mark.system
 def test_a_busy_child_fills_its_lane_and_an_idle_one_stays_empty():
     # A parent that sleeps while its child burns one core: the lanes are summed over the tree.
     code = f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', {BURN.format(s=6)!r}, 'burner'])\ntime.sleep(7)\n"
@@ -31,6 +32,7 @@ def test_a_busy_child_fills_its_lane_and_an_idle_one_stays_empty():
     assert ends == []
 
 
+@pytest.mark.system
 def test_step_times_are_noted_when_the_count_grows():
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     counts = iter([0, 0, 0, 1, 1, 3] + [3] * 100)

@@ -3,8 +3,12 @@ item 5): against the session's real redis-server."""
 
 import logging
 
+import pytest
+
 from realhf.base import name_resolve, names
 from realhf.system.worker_base import STATUS_RUNNING, Worker, WorkerContext
+
+pytestmark = pytest.mark.system
 
 
 class _DeletesTheStatusKey(Worker):

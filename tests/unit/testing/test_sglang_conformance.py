@@ -306,6 +306,7 @@ def test_the_built_in_server_answers_every_example_and_realhfs_weight_clients_as
     assert {o.endpoint: o.checks for o in outcomes}["/update_weights_from_distributed"] >= 1
 
 
+@pytest.mark.system
 def test_the_command_passes_the_built_in_server_and_fails_a_server_that_is_not_sglang(built_in_server, capsys):
     proc = subprocess.run(
         [sys.executable, "-m", "realhf.testing.sglang_conformance", "--url", built_in_server, "--strict"],

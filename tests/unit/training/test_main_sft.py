@@ -63,6 +63,7 @@ def test_short_sft_run_lowers_the_loss_and_saves_a_loadable_hf_dir(tiny, tmp_pat
     assert not [p.name for p in tmp_path.iterdir() if p.name != "sft"]  # the temporary save directory was renamed away
 
 
+@pytest.mark.system
 def test_hydra_cli_trains_reports_and_leaves_no_outputs_dir(tiny, tmp_path):
     out = tmp_path / "cli-out"
     args = [

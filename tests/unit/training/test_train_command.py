@@ -12,6 +12,8 @@ import pytest
 from helpers.paths import REPO
 from realhf.base.trial_files import TrialFiles, read_metrics
 
+pytestmark = pytest.mark.system
+
 SMALL = [
     "groups_per_step=4",
     "group_size=4",

@@ -157,6 +157,7 @@ def _hub(tmp_path, populate, **env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.system
 def test_a_hub_name_offline_comes_from_the_cache_and_one_not_cached_is_refused_saying_how_to_get_it(tmp_path):
     out = _hub(tmp_path, "1", HF_DATASETS_OFFLINE="1")
     assert out["cache"] == str(tmp_path / "hf" / "datasets")
@@ -173,6 +174,7 @@ def test_a_hub_name_offline_comes_from_the_cache_and_one_not_cached_is_refused_s
     assert out["seconds"] < 5  # offline: no network wait at all
 
 
+@pytest.mark.system
 def test_a_hub_name_the_hub_cannot_serve_fails_within_the_timeout_naming_the_cache(tmp_path):
     # Online, but the hub's address refuses connections (as on a machine without network).
     start = time.monotonic()

@@ -191,6 +191,7 @@ def _run_without_datasets(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", prelude + code], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.system
 def test_jsonl_needs_no_datasets_and_a_table_without_it_names_the_extra(tmp_path):
     path = _parquet(tmp_path / "d.parquet", [r.fields for r in load_jsonl_prompts(TRAIN)[:3]])
     code = (

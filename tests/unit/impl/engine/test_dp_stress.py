@@ -33,6 +33,7 @@ def _results(out, world):
 
 # CI runs DP=2 (the same planner and collectives); DP=3 and two replicas of two tensor-parallel
 # ranks (d2m2: 4 processes) cost a minute or more each: --runslow.
+@pytest.mark.system
 @pytest.mark.parametrize(
     "world, tp",
     [

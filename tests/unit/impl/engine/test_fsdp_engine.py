@@ -46,6 +46,7 @@ def dp1_critic_run():
     return dp1_critic_steps()
 
 
+@pytest.mark.system
 def test_dp2_fsdp_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_run):
     dp1_params, dp1_stats = dp1_run
     dp2 = load_file(str(dp2_run / "params_step2.safetensors"))
@@ -62,6 +63,7 @@ def test_dp2_fsdp_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_r
             assert dp2_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+@pytest.mark.system
 def test_hf_directory_saved_at_dp2_loads_with_transformers_and_equals_the_engine_parameters(dp2_run):
     from transformers import AutoModelForCausalLM
 
@@ -74,6 +76,7 @@ def test_hf_directory_saved_at_dp2_loads_with_transformers_and_equals_the_engine
     assert max_abs_diff(dict(model.state_dict()), engine_params) == 0.0
 
 
+@pytest.mark.system
 def test_load_recover_into_fresh_engines_continues_exactly_as_without_the_save(dp2_run):
     continued = load_file(str(dp2_run / "params_step3.safetensors"))
     recovered = load_file(str(dp2_run / "params_step3_recovered.safetensors"))
@@ -87,6 +90,7 @@ def test_load_recover_into_fresh_engines_continues_exactly_as_without_the_save(d
     assert sorted(p.name for p in (dp2_run / "recover" / "rng").iterdir()) == ["rank0.pt", "rank1.pt"]
 
 
+@pytest.mark.system
 def test_a_dp2_recovery_checkpoint_resumes_into_tensor_parallel_ranks(dp2_run, tmp_path):
     """Resume at another layout (issue 32): the d2m1 checkpoint into d1m2 ranks (DCP reshards the
     FSDP shards into the split layers); the step after it is the one the d2m1 engine took."""
@@ -100,6 +104,7 @@ def test_a_dp2_recovery_checkpoint_resumes_into_tensor_parallel_ranks(dp2_run, t
     assert resumed["lr"] == d2["lr"] and resumed["loss"] == pytest.approx(d2["loss"], rel=1e-5)
 
 
+@pytest.mark.system
 def test_dp2_value_head_starts_as_the_dp1_one_on_every_rank(dp2_run, dp1_critic_run):
     # The head is random (a causal-LM checkpoint has none); a rank that drew its own would show
     # here as a gathered head that is part one draw, part the other.
@@ -109,6 +114,7 @@ def test_dp2_value_head_starts_as_the_dp1_one_on_every_rank(dp2_run, dp1_critic_
     assert max_abs_diff(dp2_initial, initial) == 0.0
 
 
+@pytest.mark.system
 def test_dp2_critic_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_critic_run):
     initial, dp1_params, dp1_stats = dp1_critic_run
     dp2 = load_file(str(dp2_run / "critic_step2.safetensors"))
@@ -121,6 +127,7 @@ def test_dp2_critic_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2
             assert dp2_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+@pytest.mark.system
 def test_load_hf_puts_the_saved_weights_into_a_sharded_engine(dp2_run):
     from realhf.impl.engine.fsdp_engine import FSDPEngine
 

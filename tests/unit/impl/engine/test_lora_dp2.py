@@ -30,6 +30,7 @@ def dp1_run():
     return dp1_steps(lora_config())
 
 
+@pytest.mark.system
 def test_dp2_lora_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_run, dp1_run):
     dp1_params, dp1_stats = dp1_run
     dp2_params = load_file(str(dp2_run / "params_step2.safetensors"))
@@ -42,6 +43,7 @@ def test_dp2_lora_takes_the_same_two_steps_as_dp1_on_the_union_of_the_data(dp2_r
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
 
 
+@pytest.mark.system
 def test_dp2_publishes_base_plus_scaled_adapter_product(dp2_run):
     params = load_file(str(dp2_run / "params_step2.safetensors"))
     published = load_file(str(dp2_run / "hf" / "model.safetensors"))
@@ -55,6 +57,7 @@ def test_dp2_publishes_base_plus_scaled_adapter_product(dp2_run):
     assert torch.equal(published["model.norm.weight"], params["base_model.model.model.norm.weight"])
 
 
+@pytest.mark.system
 def test_dp2_reference_log_probs_are_the_base_model_s(dp2_run):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -69,6 +72,7 @@ def test_dp2_reference_log_probs_are_the_base_model_s(dp2_run):
     assert torch.allclose(ref, expected, atol=1e-5)
 
 
+@pytest.mark.system
 def test_dp2_recovery_continues_exactly_as_without_the_save(dp2_run):
     continued = load_file(str(dp2_run / "params_step3.safetensors"))
     resumed = load_file(str(dp2_run / "params_step3_recovered.safetensors"))

@@ -57,6 +57,7 @@ def test_stage_layers_are_contiguous_and_as_even_as_possible():
     assert [len(r) for r in stage_layers(28, 4)] == [7, 7, 7, 7]
 
 
+@pytest.mark.system
 def test_a_pipelined_model_takes_the_dp1_step(pp_run, dp1_run):
     dp1_params, dp1_stats = dp1_run
     pp = load_file(str(pp_run / "params_step2.safetensors"))
@@ -72,6 +73,7 @@ def test_a_pipelined_model_takes_the_dp1_step(pp_run, dp1_run):
             assert pp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+@pytest.mark.system
 def test_every_rank_gets_the_forward_results_of_its_rows(pp_run):
     """Computed on the last stage, broadcast to the pipeline: rank r holds the log-probs of its dp
     rank's rows, as the unwrapped engine computes them."""
@@ -86,6 +88,7 @@ def test_every_rank_gets_the_forward_results_of_its_rows(pp_run):
         torch.testing.assert_close(got, want[(rank // tp) % dp], rtol=0, atol=1e-5)
 
 
+@pytest.mark.system
 def test_every_stage_counts_the_whole_models_parameters(pp_run, dp1_run):
     with open_engines(engine_config()) as (engine,):
         whole = [engine.n_params, engine.n_trainable]
@@ -93,6 +96,7 @@ def test_every_stage_counts_the_whole_models_parameters(pp_run, dp1_run):
         assert json.loads(f.read_text()) == whole, f.name
 
 
+@pytest.mark.system
 def test_a_pipelined_models_hf_directory_and_streamed_weights_are_its_parameters(pp_run):
     from transformers import AutoModelForCausalLM
 
@@ -104,6 +108,7 @@ def test_a_pipelined_models_hf_directory_and_streamed_weights_are_its_parameters
     assert set(params) - set(streamed) == {"lm_head.weight"}  # a tied head is sent once, as the embedding
 
 
+@pytest.mark.system
 def test_a_pipelined_model_resumes_from_its_recovery_checkpoint_exactly(pp_run):
     assert (
         max_abs_diff(
@@ -116,6 +121,7 @@ def test_a_pipelined_model_resumes_from_its_recovery_checkpoint_exactly(pp_run):
     assert stats[2] == stats[3]
 
 
+@pytest.mark.system
 def test_a_pp_recovery_checkpoint_loads_into_an_unsplit_engine(pp_run):
     """Resume at another layout: every stage's part (original names) into one unwrapped rank."""
     from realhf.impl.model import recover_checkpoint
@@ -127,6 +133,7 @@ def test_a_pp_recovery_checkpoint_loads_into_an_unsplit_engine(pp_run):
     assert max_abs_diff(loaded, load_file(str(pp_run / "params_step2.safetensors"))) == 0.0
 
 
+@pytest.mark.system
 def test_a_pipelined_critic_takes_the_dp1_steps(pp_run, dp1_critic_run):
     initial, dp1_params, dp1_stats = dp1_critic_run
     assert max_abs_diff(load_file(str(pp_run / "critic_init.safetensors")), initial) == 0.0
@@ -138,6 +145,7 @@ def test_a_pipelined_critic_takes_the_dp1_steps(pp_run, dp1_critic_run):
             assert pp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+@pytest.mark.system
 def test_a_non_finite_loss_on_the_last_stage_skips_the_step_on_every_rank(pp_run):
     ranks = [json.loads(f.read_text()) for f in sorted(pp_run.glob("critic_nan*.json"))]
     assert len(ranks) >= 2

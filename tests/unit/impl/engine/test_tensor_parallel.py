@@ -45,6 +45,7 @@ def dp1_critic_run():
     return dp1_critic_steps()
 
 
+@pytest.mark.system
 def test_a_split_model_takes_the_dp1_step(tp_run, dp1_run):
     dp1_params, dp1_stats = dp1_run
     tp = load_file(str(tp_run / "params_step2.safetensors"))
@@ -58,6 +59,7 @@ def test_a_split_model_takes_the_dp1_step(tp_run, dp1_run):
             assert tp_step[key] == pytest.approx(dp1_step[key], rel=1e-5), key
 
 
+@pytest.mark.system
 def test_a_split_models_hf_directory_and_streamed_weights_are_its_parameters(tp_run):
     from transformers import AutoModelForCausalLM
 
@@ -69,6 +71,7 @@ def test_a_split_models_hf_directory_and_streamed_weights_are_its_parameters(tp_
     assert set(params) - set(streamed) <= {"lm_head.weight"}  # a tied head is sent once, as the embedding
 
 
+@pytest.mark.system
 def test_a_split_model_resumes_from_its_recovery_checkpoint_exactly(tp_run):
     assert (
         max_abs_diff(
@@ -81,6 +84,7 @@ def test_a_split_model_resumes_from_its_recovery_checkpoint_exactly(tp_run):
     assert stats[2] == stats[3]
 
 
+@pytest.mark.system
 def test_a_tp_recovery_checkpoint_loads_into_an_unsplit_engine(tp_run):
     """Resume at another layout: the d?m2 checkpoint into one unwrapped rank (DCP reshards)."""
     from realhf.impl.model import recover_checkpoint
@@ -91,6 +95,7 @@ def test_a_tp_recovery_checkpoint_loads_into_an_unsplit_engine(tp_run):
     assert max_abs_diff(loaded, load_file(str(tp_run / "params_step2.safetensors"))) == 0.0
 
 
+@pytest.mark.system
 def test_a_split_critic_takes_the_dp1_steps(tp_run, dp1_critic_run):
     initial, dp1_params, dp1_stats = dp1_critic_run
     assert max_abs_diff(load_file(str(tp_run / "critic_init.safetensors")), initial) == 0.0

@@ -116,6 +116,7 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_kernel_is_an_error(monk
         resolve_attention("kernel", torch.float32)
 
 
+@pytest.mark.system
 def test_a_fresh_build_lands_in_the_cache_dir_and_is_reused(monkeypatch, tmp_path):
     if load_kernel() is None:
         pytest.skip("no C compiler here")

@@ -10,6 +10,8 @@ from realhf.impl.inference.factory import engine_kind_for
 from realhf.impl.inference.hf_runner import HFRunner
 from realhf.impl.inference.request import GenerateRequest, SamplingParams
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(scope="module")
 def gpt2_ref(gpt2_path):

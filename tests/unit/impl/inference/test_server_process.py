@@ -8,10 +8,13 @@ import sys
 import textwrap
 
 import psutil
+import pytest
 
 from realhf.base.network import find_free_port
 from realhf.base.process import session_members
 from realhf.impl.inference.server_process import ServerProcess
+
+pytestmark = pytest.mark.system
 
 # A stand-in server: starts a long-lived child of its own (the engine core), then answers /health.
 SERVER = textwrap.dedent(

@@ -13,6 +13,8 @@ from realhf.base.network import find_free_port
 from realhf.impl.inference.server_process import ServerLaunchError, ServerProcess, http_healthy
 from realhf.impl.inference.sglang_launcher import build_sglang_command
 
+pytestmark = pytest.mark.system
+
 
 def flag(cmd, name):
     return cmd[cmd.index(name) + 1]

@@ -65,6 +65,7 @@ def test_a_missing_interpreter_names_the_field_and_the_set_up_command(tmp_path):
     assert DEFAULT_PYTHON.endswith(".venv-vllm/bin/python")
 
 
+@pytest.mark.system
 def test_an_interpreter_without_vllm_is_refused_with_its_error():
     # This suite's own interpreter has no vllm (it lives in .venv-vllm).
     try:

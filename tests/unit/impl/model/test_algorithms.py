@@ -98,6 +98,7 @@ def _batch_norm_on_rank(rank, world_size, init_file, shards, out_file):
         dist.destroy_process_group()
 
 
+@pytest.mark.system
 def test_batch_norm_statistics_are_global_across_dp_ranks(tmp_path):
     # Rank 1's rewards are all higher: local statistics would give each rank mean-zero advantages.
     shards = [([1.0, -1.0, -1.0, -1.0], [0, 0, 1, 1]), ([3.0, 1.0, 3.0], [2, 2, 3])]
@@ -250,6 +251,7 @@ def test_a_users_estimator_gives_one_advantage_per_sample():
     assert torch.allclose(adv, torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0]))
 
 
+@pytest.mark.system
 def test_the_master_and_the_ppo_checks_choose_every_built_in_without_importing_torch():
     # A built-in's flags are declared in realhf.api.algorithms; its function is imported at its
     # first call. torch costs 2-3 s of CPU in the launcher and in the master (measured 2.6 s).

@@ -71,6 +71,7 @@ def test_a_changed_weight_file_or_source_is_not_up_to_date(tmp_path):
     assert not is_up_to_date(tmp_path, "abc")
 
 
+@pytest.mark.system
 def test_the_command_names_the_pip_command_when_the_package_is_missing(tmp_path):
     out = subprocess.run(
         [sys.executable, "scripts/convert_gguf.py", "--package", "no-such-gguf-wheel", "--out", str(tmp_path / "m")],

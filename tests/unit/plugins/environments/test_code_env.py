@@ -14,6 +14,8 @@ from realhf.plugins.environments.code_env import CodeEnv, check_program
 from realhf.plugins.environments.code_sandbox import CodeSandbox, SandboxError
 from realhf.plugins.tools.python_code import PythonSandboxLimits
 
+pytestmark = pytest.mark.system
+
 ROW = {
     "query_id": "q",
     "prompt": "f('bc')='cb'\ndef f(x): return",

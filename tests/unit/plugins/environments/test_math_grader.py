@@ -33,6 +33,7 @@ def test_plain_number_answers_never_touch_the_pool(text, solutions, correct):
         assert g.pool.n_started == 0
 
 
+@pytest.mark.system
 @pytest.mark.parametrize(
     "text, solutions, correct",
     [
@@ -49,6 +50,7 @@ def test_symbolic_answers_are_checked_by_math_verify(grader, text, solutions, co
     assert grader.grade(text, solutions) is correct
 
 
+@pytest.mark.system
 def test_agrade_agrees_with_grade(grader):
     cases = [("\\boxed{\\frac{1}{2}}", ["#### 0.5"]), ("#### 3", ["#### 3"]), ("#### 4", ["#### 3"])]
 

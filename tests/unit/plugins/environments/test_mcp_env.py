@@ -20,6 +20,8 @@ from realhf.api.env import EnvFactory
 from realhf.api.tools import ToolCall
 from realhf.plugins.environments.mcp_env import MCPEnv, MCPServerTools
 
+pytestmark = pytest.mark.system
+
 SERVER_ARGS = ["-m", "helpers.mcp_server"]
 SERVER_ENV = {"PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 ENV_ARGS = {"command": sys.executable, "args": SERVER_ARGS, "env": SERVER_ENV, "start_timeout": 15}

@@ -18,6 +18,8 @@ from realhf.api.tools import ToolCall
 from realhf.experiments.validation import ConfigError, check_env
 from realhf.plugins.environments.mcp_env import MCPEnv, MCPServerTools
 
+pytestmark = pytest.mark.system
+
 TOOLS = ["add", "calculator", "echo", "fail", "slow"]
 
 

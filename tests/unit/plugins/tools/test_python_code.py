@@ -14,6 +14,8 @@ import pytest
 from realhf.api.tools import load_tool
 from realhf.plugins.tools.python_code import PYTHON_TOOL, PythonSandboxLimits, make_python_tool, run_python
 
+pytestmark = pytest.mark.system
+
 
 def call(code: str, **limits):
     t = make_python_tool(PythonSandboxLimits(**limits)) if limits else PYTHON_TOOL

@@ -70,6 +70,7 @@ def _poll_until(w, what, predicate, timeout=20.0):
         w._poll()
 
 
+@pytest.mark.system
 def test_versions_taken_while_busy_survive_the_prune_and_only_the_newest_is_evaluated(evaluator):
     w, trainer, log_dir = evaluator
     w._engine.pause()  # the evaluation of version 4 will wait in the engine: "in progress"

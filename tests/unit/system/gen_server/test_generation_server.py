@@ -41,6 +41,7 @@ def _complete(exp, trial, launcher):
     launcher.wait(timeout=60)
 
 
+@pytest.mark.system
 def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exit(
     redis_name_resolve, qwen_path, hf_ref, tmp_path, no_leftover_processes
 ):
@@ -70,6 +71,7 @@ def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exi
     assert name_resolve.get_subtree(names.gen_servers(EXP, trial)) == []
 
 
+@pytest.mark.system
 def test_sglang_backend_worker_launches_waits_for_health_and_registers(
     redis_name_resolve, tmp_path, no_leftover_processes
 ):
@@ -93,6 +95,28 @@ def test_sglang_backend_worker_launches_waits_for_health_and_registers(
         assert "--tp-size', '2'" in log and "--base-gpu-id', '2'" in log and "--skip-tokenizer-init" in log
         assert launcher.secret not in log
         _complete(EXP, trial, launcher)
+
+
+@pytest.mark.system
+def test_a_backend_server_that_dies_ends_its_worker_naming_the_exit_code(
+    redis_name_resolve, tmp_path, no_leftover_processes
+):
+    """The path a killed vLLM or SGLang server takes (the launcher then restarts the worker: the
+    slow test_vllm_run.py kill test and tests/system/faults/test_generation_server_kill.py)."""
+    trial = "sglang-dies"
+    cfg = GenerationServerConfig(backend="sglang", model_path="/models/fake")
+    cfg.sglang.startup_timeout = 30
+    launcher = LocalLauncher(EXP, trial, str(tmp_path), name_resolve_config=redis_name_resolve, startup_timeout=60)
+    env = {"PYTHONPATH": sglang_standin.install(tmp_path / "fake")}
+    with launcher:
+        launcher.submit(WorkerSpec("generation_server", 1, [cfg], env=env))
+        (url,) = _wait_for_servers(launcher, EXP, trial, 1)
+        worker = psutil.Process(launcher._procs[0].process.pid)
+        (server,) = [p for p in worker.children(recursive=True) if "sglang_entry" in " ".join(p.cmdline())]
+        server.kill()
+        failed, _ = wait_for(launcher._check_workers, 30, "the generation server worker to exit")
+        log = log_tail(failed.log_path)
+        assert f"sglang server {url} exited with code -9" in log, log
 
 
 @pytest.mark.parametrize(

@@ -379,6 +379,7 @@ def test_a_body_over_the_size_bound_gets_413_declared_or_chunked_and_the_engine_
     assert len(out["output_ids"]) == 3
 
 
+@pytest.mark.system
 def test_a_request_whose_engine_step_fails_gets_500_and_the_next_one_is_served(native_server):
     url, engine = native_server
     with decode_fails_once(engine):

@@ -210,6 +210,7 @@ def test_bad_bodies_get_400_naming_what_is_wrong(served, body, message):
     assert message in out["error"]["message"], out
 
 
+@pytest.mark.system
 def test_text_without_a_tokenizer_is_refused_naming_why(native_server):
     url, engine = native_server
     out = post(url, {"text": "hello", "sampling_params": {"max_new_tokens": 2}}, status=400)

@@ -11,7 +11,7 @@ from realhf.base import name_resolve, names
 from realhf.system.manager.admission_ledger import AdmissionLedger, accounting, parse
 from realhf.system.manager.manager_service import ManagerService
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 KEY = names.admission_ledger(EXP, TRIAL)
 
 

@@ -17,7 +17,7 @@ from helpers.wait import wait_for
 from realhf.base import name_resolve, names
 from realhf.base.trial_files import published_version_dir
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 
 
 async def _allocate_until_refused(url: str, n_clients: int, per_client: int, tag: str, rank: int = 0) -> int:

@@ -10,7 +10,7 @@ from helpers.manager_harness import fake_servers, running_manager
 from realhf.system.manager.manager_client import ManagerClient
 from realhf.system.streams.http_json import GenerationError, ServerUnavailableError
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 
 
 def _run(url, calls, timeout=10.0):

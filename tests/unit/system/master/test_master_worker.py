@@ -30,6 +30,8 @@ from realhf.system.master.master_worker import MasterWorker
 from realhf.system.streams.push_pull_stream import NameResolvingZmqPusher
 from realhf.system.worker_base import WorkerContext
 
+pytestmark = pytest.mark.system
+
 EXP, TRIAL = "train-e2e", "t0"
 B, GROUP, ETA, STEPS, N_DP = 4, 4, 1, 3, 2
 METRIC_KEYS = {

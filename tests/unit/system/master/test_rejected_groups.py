@@ -25,6 +25,8 @@ from realhf.base import name_resolve, names
 from realhf.system.master.master_worker import MasterWorker
 from realhf.system.worker_base import WorkerContext
 
+pytestmark = pytest.mark.system
+
 
 @pytest.mark.e2e
 def test_malformed_groups_pushed_to_a_dp_head_are_published_as_dropped_for_their_rank(

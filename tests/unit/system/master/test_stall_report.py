@@ -1,7 +1,11 @@
 """The stall report: what the master says while no train step completes (manager state, dead
 servers, missing workers), checked over real HTTP and real Redis."""
 
+import pytest
+
 from realhf.base import name_resolve, names
+
+pytestmark = pytest.mark.system
 
 
 def test_stall_report_names_manager_state_dead_servers_and_missing_workers(redis_name_resolve):

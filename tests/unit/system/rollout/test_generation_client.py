@@ -14,7 +14,7 @@ from helpers.manager_harness import fake_servers, running_manager, set_version
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.system.rollout.generation_client import GenerationClient
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 
 
 def expected_continuation(prompt, versions, vocab_size=64):

@@ -18,7 +18,7 @@ from realhf.system.rollout.episode import run_group
 from realhf.system.rollout.generation_client import GenerationClient, parse_generate_response
 from realhf.system.streams.http_json import GenerationError
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 
 
 def expected_continuation(prompt, versions, vocab_size=64):

@@ -15,6 +15,8 @@ from realhf.base import name_resolve, names
 from realhf.system.rollout.generation_client import GenerationClient
 from realhf.system.streams.http_json import GenerationError
 
+pytestmark = pytest.mark.system
+
 FAST_HEALTH = {"health_check_interval": 0.1, "health_timeout": 1.0, "max_health_failures": 2}
 
 

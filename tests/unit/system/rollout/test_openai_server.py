@@ -54,6 +54,7 @@ def in_episode(tokenizer, texts, workflow):
     return result, gen, model
 
 
+@pytest.mark.system
 def test_a_conversation_of_two_requests_is_one_sample_at_the_token_level(tokenizer):
     async def workflow(client, gen):
         messages = [{"role": "user", "content": "5+2?"}]

@@ -32,6 +32,8 @@ from realhf.scheduler.local import LocalLauncher, WorkerSpec
 from realhf.system.streams.push_pull_stream import NameResolvingZmqPuller
 from realhf.system.trainer.stream_dataset import StreamDataset, StreamTimeoutError
 
+pytestmark = pytest.mark.system
+
 MODEL = os.path.join(TINY_MATH, "sft")
 DATA = os.path.join(TINY_MATH, "data", "train.jsonl")
 EOS = 2

@@ -29,6 +29,7 @@ def _rows():
     ]
 
 
+@pytest.mark.system
 def test_wandb_offline_run_holds_every_logged_step_and_the_runs_config(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from helpers.wandb_offline import offline_run

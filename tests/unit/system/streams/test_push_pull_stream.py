@@ -52,6 +52,7 @@ def _spawn(args):
     )
 
 
+@pytest.mark.system
 def test_four_pusher_processes_reach_two_puller_processes_exactly_once_in_order(
     redis_url, tmp_path, no_leftover_processes
 ):
@@ -101,6 +102,7 @@ def test_puller_counts_and_drops_garbage_and_keeps_delivering():
         dataset.close()
 
 
+@pytest.mark.system
 def test_name_resolving_puller_registers_and_deregisters(redis_name_resolve):
     puller = NameResolvingZmqPuller("streams", "reg", 1)
     assert name_resolve.get(names.stream_puller("streams", "reg", 1)) == puller.address

@@ -9,6 +9,8 @@ import pytest
 
 from realhf.system.streams.request_reply_stream import MasterStream, RemoteError, WorkerStream
 
+pytestmark = pytest.mark.system
+
 
 def _serve(stream: WorkerStream, stop: threading.Event):
     while not stop.is_set():

@@ -11,6 +11,7 @@ from helpers.gloo_ranks import launch_ranks
 from realhf.system.trainer.group_exchange import check_assignment, group_cost
 
 
+@pytest.mark.system
 def test_three_ranks_end_with_exactly_the_groups_the_plan_gives_them(tmp_path):
     launch_ranks("helpers.exchange_ranks", tmp_path, world_size=3)
     for rank, wanted in enumerate(ASSIGNMENT):

@@ -23,7 +23,7 @@ from realhf.base import name_resolve, names
 from realhf.base.trial_files import published_version_dir
 from realhf.system.trainer.weight_broadcast import WeightBroadcaster
 
-pytestmark = pytest.mark.usefixtures("nr")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("nr")]
 
 FLAGS = ["--n-threads", "1", "--max-running-requests", "8", "--context-length", "128"]
 FAST = {"health_check_interval": 0.2, "health_timeout": 2.0, "max_health_failures": 2}

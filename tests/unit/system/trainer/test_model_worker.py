@@ -19,6 +19,8 @@ from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base.trial_files import published_version_dir
 from realhf.system.streams.request_reply_stream import RemoteError
 
+pytestmark = pytest.mark.system
+
 GROUP = 4
 
 

@@ -17,6 +17,8 @@ from helpers.tcp_proxy import TcpProxy
 from helpers.weight_checks import hf_greedy, perturbed, served
 from realhf.system.trainer.weight_broadcast import WeightBroadcaster, buckets
 
+pytestmark = pytest.mark.system
+
 FLAGS = ["--n-threads", "1", "--max-running-requests", "8", "--context-length", "128"]
 
 

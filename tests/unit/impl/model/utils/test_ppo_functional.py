@@ -381,6 +381,7 @@ def _normalise_on_rank(rank, world_size, init_file, shards, out_file):
         dist.destroy_process_group()
 
 
+@pytest.mark.system
 def test_masked_normalization_all_reduce_uses_global_statistics_across_ranks(tmp_path):
     # Two gloo ranks each hold half the data; the result must equal normalising the whole batch.
     g = torch.Generator().manual_seed(5)
