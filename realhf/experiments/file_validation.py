@@ -21,7 +21,6 @@ from realhf.base.package_files import packaged_path
 from realhf.base.passed_checks import KeyDigest, PassedChecks
 from realhf.experiments.validation import CRITIC_ARCH_KEYS, ConfigError, _Fields, env_required_fields
 from realhf.impl.dataset.prompt_encoding import (
-    CHAT_TEMPLATE_SETTINGS,
     PromptEncodingError,
     chat_template_on,
     prompt_text,
@@ -113,7 +112,6 @@ def check_files(cfg: AsyncPPOConfig) -> None:
     n_rows = len(rows)
     if cfg.evaluation.n_prompts > 0 or cfg.exp_ctrl.eval_freq_steps > 0:
         check_eval_rows(cfg)
-    _Fields(cfg).choice("dataset.chat_template", CHAT_TEMPLATE_SETTINGS)
     need(
         cfg.rollout.env.type != "none"
         or cfg.rollout.agent.type != "math-single-step"

@@ -52,9 +52,7 @@ from realhf.base.allocation_mode import AllocationMode
 from realhf.base.importing import import_roots
 from realhf.experiments.config_keys import unknown_key
 from realhf.experiments.gpu_layout import run_placement
-from realhf.impl.dataset.prompt_encoding import CHAT_TEMPLATE_SETTINGS
 from realhf.impl.inference.request import MAX_STOP_TOKEN_IDS, MAX_TOP_K, TEMPERATURE_RANGE
-from realhf.system.stats.completion_log import MAX_LOG_COMPLETIONS
 from realhf.system.streams.push_pull_stream import grouping
 from realhf.system.trainer.ppo_step import build_graph
 
@@ -196,7 +194,12 @@ def check_rule(f: "_Fields", name: str, rule: Rule) -> None:
         f.at_least(name, rule.gt, strict=True)
     if rule.within is not None:
         f.within(name, *rule.within)
-    if rule.choices:
+    if rule.choices and rule.empty:
+        v = f.value(name)
+        f.need(
+            v == "" or v in rule.choices, f"{f.name(name)}={v!r}: empty ({rule.empty}) or one of {list(rule.choices)}"
+        )
+    elif rule.choices:
         f.choice(name, rule.choices)
     if rule.timeout:
         f.timeout(name, zero_is_off=rule.timeout == "zero_off")
@@ -439,10 +442,6 @@ def check_optimizer(c: OptimizerConfig, prefix: str = "actor.optimizer") -> None
 def check_model(c: ModelTrainEvalConfig, prefix: str) -> None:
     check_fields(c, prefix)
     f = _Fields(c, prefix)
-    f.need(
-        c.param_dtype == "" or c.param_dtype in choices.DTYPES,
-        f"{f.name('param_dtype')}={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
-    )
     check_optimizer(c.optimizer, f.name("optimizer"))
     _Fields.need(
         c.lora.r <= 0 or prefix == "actor",
@@ -549,7 +548,6 @@ def check_stats(c: StatsLoggingConfig, prefix: str = "stats") -> None:
             not f.value(field) or importlib.util.find_spec(module) is not None,
             f"{f.name(field)}={f.value(field)!r} but {module} is not installed: pip install 'realhf[{extra}]'",
         )
-    f.within("log_completions", 0, MAX_LOG_COMPLETIONS)
 
 
 def check_engine_run(c: EngineRunConfig) -> None:
@@ -559,12 +557,7 @@ def check_engine_run(c: EngineRunConfig) -> None:
         f.need(bool(f.value(name)), f"{name} is required (pass {name}=...)")
     check_fields(c)
     check_device(c.device, "device")
-    f.need(
-        c.param_dtype == "" or c.param_dtype in choices.DTYPES,
-        f"param_dtype={c.param_dtype!r}: empty (by device) or one of {list(choices.DTYPES)}",
-    )
     check_lora(c.lora, "lora")
-    _Fields(c.dataset, "dataset").choice("chat_template", CHAT_TEMPLATE_SETTINGS)
 
 
 def check_sft(c: SFTConfig) -> None:

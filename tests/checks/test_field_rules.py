@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from realhf.api import cli_args, worker_configs
-from realhf.api.cli_args import AsyncPPOConfig, Rule, StatsLoggingConfig
+from realhf.api.cli_args import AsyncPPOConfig, Rule
 from realhf.experiments import validation
 from realhf.experiments.validation import ConfigError, check_fields
 
@@ -21,6 +21,8 @@ RULED = [(cls, f) for cls in CONFIGS for f in dataclasses.fields(cls) if "rule" 
 
 def _broken(rule: Rule, default):
     """(a value the rule refuses, the message's tail)."""
+    if rule.choices and rule.empty:
+        return "no-such-choice", f"='no-such-choice': empty ({rule.empty}) or one of {list(rule.choices)}"
     if rule.choices:
         return "no-such-choice", f"='no-such-choice': choose one of {list(rule.choices)}"
     if rule.timeout:
@@ -77,7 +79,7 @@ HAND_CHECKS = {"at_least", "at_most", "within", "choice", "timeout", "temperatur
 
 
 def _hand_written(path: Path):
-    """(function, class, field, line) of every unconditional `f.<check>("field", ...)` on a
+    """(function, class, field, call) of every unconditional `f.<check>("field", ...)` on a
     `_Fields` over a parameter annotated with a config class, in the module at `path`."""
     tree = ast.parse(path.read_text())
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
@@ -100,6 +102,16 @@ def _hand_written(path: Path):
                 fields_over[node.targets[0].id] = annotated[node.value.args[0].id]
         # A check under an `if` holds only under another setting: a cross-field rule, not a restatement.
         conditional = {id(n) for branch in ast.walk(fn) if isinstance(branch, ast.If) for n in ast.walk(branch)}
+        # `for name in ("a", "b"): f.at_least(name, 1)` checks each name of the loop.
+        loop_names = {
+            id(call): [e.value for e in loop.iter.elts if isinstance(e, ast.Constant)]
+            for loop in ast.walk(fn)
+            if isinstance(loop, ast.For)
+            and isinstance(loop.target, ast.Name)
+            and isinstance(loop.iter, (ast.Tuple, ast.List))
+            for call in ast.walk(loop)
+            if isinstance(call, ast.Call) and call.args and getattr(call.args[0], "id", None) == loop.target.id
+        }
         for node in ast.walk(fn):
             if (
                 id(node) not in conditional
@@ -109,20 +121,37 @@ def _hand_written(path: Path):
                 and isinstance(node.func.value, ast.Name)
                 and node.func.value.id in fields_over
                 and node.args
-                and isinstance(node.args[0], ast.Constant)
             ):
-                yield fn.name, fields_over[node.func.value.id], node.args[0].value, node.lineno
+                if isinstance(node.args[0], ast.Constant):
+                    yield fn.name, fields_over[node.func.value.id], node.args[0].value, node
+                for name in loop_names.get(id(node), ()):
+                    yield fn.name, fields_over[node.func.value.id], name, node
+
+
+def _implied(rule: Rule, call: ast.Call) -> bool:
+    """Whether the field's declared rule already holds what the hand-written `call` checks: a
+    stricter bound by hand (an evaluator's eval_freq_steps >= 1 where the root allows 0) is a
+    rule of its own."""
+    if call.func.attr != "at_least" or len(call.args) < 2 or not isinstance(call.args[1], ast.Constant):
+        return True
+    bound = call.args[1].value
+    strict = any(k.arg == "strict" and getattr(k.value, "value", False) for k in call.keywords)
+    if rule.gt is not None:
+        return rule.gt >= bound
+    if rule.ge is not None:
+        return rule.ge > bound if strict else rule.ge >= bound
+    return False
 
 
 def test_no_declared_rule_is_written_again_by_hand():
     twice = []
     for module in ("validation.py", "worker_validation.py", "file_validation.py"):
         path = Path(validation.__file__).with_name(module)
-        for fn, cls, name, line in _hand_written(path):
+        for fn, cls, name, call in _hand_written(path):
             fld = _field(cls, name)
-            if fld is not None and "rule" in fld.metadata:
+            if fld is not None and "rule" in fld.metadata and _implied(fld.metadata["rule"], call):
                 twice.append(
-                    f"{module}:{line} {fn} checks {cls.__name__}.{name}, whose field declares {fld.metadata['rule']}"
+                    f"{module}:{call.lineno} {fn} checks {cls.__name__}.{name}, whose field declares {fld.metadata['rule']}"
                 )
     assert not twice, "\n".join(twice)
 
@@ -130,8 +159,10 @@ def test_no_declared_rule_is_written_again_by_hand():
 def test_the_scan_sees_the_hand_written_checks():
     # the scan must find what it looks for, or the test above passes on nothing
     found = list(_hand_written(Path(validation.__file__)))
-    assert any(cls is StatsLoggingConfig and name == "log_completions" for _, cls, name, _ in found), found[:5]
+    assert any(cls is cli_args.EvaluationConfig and name == "during_nice" for _, cls, name, _ in found), found[:5]
     assert any(cls is AsyncPPOConfig and name == "cluster.gpu_placement" for _, cls, name, _ in found), found[:5]
+    # ... and the checks in a loop over field names
+    assert any(cls is cli_args.EvaluationConfig and name == "during_n_prompts" for _, cls, name, _ in found), found[:5]
     workers = list(_hand_written(Path(validation.__file__).with_name("worker_validation.py")))
     assert any(cls is worker_configs.ModelWorkerConfig and name == "tp_size" for _, cls, name, _ in workers), workers
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-CHAT_TEMPLATE_SETTINGS = ("auto", "on", "off")
+from realhf.api.choices import CHAT_TEMPLATE_SETTINGS
 
 
 class PromptEncodingError(ValueError):

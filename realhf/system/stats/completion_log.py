@@ -24,10 +24,6 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from realhf.api.trajectory import Trajectory
 
-# The most rows a step may log: each is a line on the console per step, and its text travels
-# in a reply to the master; beyond a screenful per step nobody reads them.
-MAX_LOG_COMPLETIONS = 64
-
 # Characters of each text on the console line (the middle elided): the end of a prompt holds
 # the question, the end of a completion its answer, so both ends are kept.
 PROMPT_CHARS = 100
