@@ -35,8 +35,9 @@ trap 'if [ -n "${vllm_setup}" ]; then pkill -P "${vllm_setup}" 2>/dev/null; kill
 
 # .venv-vllm (vLLM's CPU build, for tests/system/engines) installs while the checks and unit lanes
 # run: ≈ 90 s of pip the suite does not wait for. Only the system lane (or plain pytest) needs it.
+VLLM_SETUP_TIMEOUT_S=1200  # a stuck pip (an unreachable index) ends the run, saying so
 if [[ " ${lanes[*]} " == *" system "* ]] || [ "${lanes[0]}" = none ]; then
-  bash "${REPO_ROOT}/scripts/setup_env.sh" --only-vllm > "${reports}/vllm-setup.log" 2>&1 &
+  timeout "${VLLM_SETUP_TIMEOUT_S}" bash "${REPO_ROOT}/scripts/setup_env.sh" --only-vllm > "${reports}/vllm-setup.log" 2>&1 &
   vllm_setup=$!
 fi
 wait_for_vllm_setup() {
@@ -45,7 +46,12 @@ wait_for_vllm_setup() {
   wait "${vllm_setup}" || rc=$?
   vllm_setup=""
   cat "${reports}/vllm-setup.log"
-  if [ ${rc} -ne 0 ]; then echo "[test] setting up .venv-vllm failed (exit ${rc})" >&2; exit ${rc}; fi
+  if [ ${rc} -eq 124 ]; then
+    echo "[test] setting up .venv-vllm did not finish within ${VLLM_SETUP_TIMEOUT_S}s (pip's output above)" >&2
+  elif [ ${rc} -ne 0 ]; then
+    echo "[test] setting up .venv-vllm failed (exit ${rc}, pip's output above)" >&2
+  fi
+  [ ${rc} -eq 0 ] || exit ${rc}
 }
 
 # Where each lane's tests are (tests/conftest.py puts each test in one lane: by folder, or its mark).

@@ -78,9 +78,11 @@ def test_a_users_node_a_reward_model_and_the_reference_on_its_own_process_train_
     assert all("reward_inf/mean" in m and "reward_inf/std" in m for m in metrics), metrics[0]
     # The reference ran on the node worker and its log-probs reached the right rows: at step 1
     # every sample came from version 0, the reference's own weights, so they match the sampler's
-    # to float noise; the KL in the actor's loss is small then.
+    # to float noise; the KL in the actor's loss is small then (the step's later minibatches
+    # train an actor that has already moved: 0.0004-0.027 measured; a reference row sent to
+    # another sample's place gives a KL of order 1).
     assert metrics[0]["ref_inf_behav_abs_diff"] < 1e-3, metrics[0]
-    assert 0 <= metrics[0]["kl_ref"] < 0.01, [m["kl_ref"] for m in metrics]
+    assert 0 <= metrics[0]["kl_ref"] < 0.1, [m["kl_ref"] for m in metrics]
     master_log = (log_dir / "master_worker-0.log").read_text()
     assert "step actor_inf, ref_inf, reward_inf, brevity | advantages | actor_train" in master_log
     assert "and 1 node worker" in master_log
