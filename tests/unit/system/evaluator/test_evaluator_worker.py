@@ -70,6 +70,21 @@ def _poll_until(w, what, predicate, timeout=20.0):
         w._poll()
 
 
+def _evaluate_version_4(cfg, tmp_path):
+    """An evaluator of `cfg` (run_dir and metrics_path under tmp_path) while a fake trainer steps
+    to version 4 (eval_freq_steps=4): until that version's row is written."""
+    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
+    w._configure()
+    try:
+        trainer = FakeTrainer(tmp_path / "run", untrained_until=0)
+        for v in range(1, 5):
+            trainer.step_to(v)
+        _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(str(tmp_path / "logs"))) == 1)
+    finally:
+        w._exit_hook()
+        name_resolve.reset()
+
+
 @pytest.mark.system
 def test_versions_taken_while_busy_survive_the_prune_and_only_the_newest_is_evaluated(evaluator):
     w, trainer, log_dir = evaluator
@@ -183,16 +198,7 @@ def test_evaluations_reach_tensorboard_when_configured(tmp_path):
         stats=StatsLoggingConfig(tensorboard_path=str(tb)),
         poll_interval=0.01,
     )
-    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
-    w._configure()
-    try:
-        trainer = FakeTrainer(tmp_path / "run", untrained_until=0)
-        for v in range(1, 5):
-            trainer.step_to(v)
-        _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(str(tmp_path / "logs"))) == 1)
-    finally:
-        w._exit_hook()
-        name_resolve.reset()
+    _evaluate_version_4(cfg, tmp_path)
     events = EventAccumulator(str(tb))
     events.Reload()
     assert {"eval/accuracy", "eval/pass_at_k", "eval/seconds"} <= set(events.Tags()["scalars"])
@@ -247,16 +253,7 @@ def test_a_users_own_task_is_evaluated_by_its_own_reward_not_the_math_grader(tmp
         metrics_path=str(tmp_path / "logs" / "eval_metrics.jsonl"),
         poll_interval=0.01,
     )
-    w = Evaluator(WorkerContext(experiment_name=EXP, trial_name=TRIAL, worker_type="evaluator"), cfg)
-    w._configure()
-    try:
-        trainer = FakeTrainer(tmp_path / "run", untrained_until=0)
-        for v in range(1, 5):
-            trainer.step_to(v)
-        _poll_until(w, "version 4 evaluated", lambda: len(read_eval_metrics(str(tmp_path / "logs"))) == 1)
-    finally:
-        w._exit_hook()
-        name_resolve.reset()
+    _evaluate_version_4(cfg, tmp_path)
     (row,) = read_eval_metrics(str(tmp_path / "logs"))
 
     answers = greedy_answers(cfg.model_path, rows)
