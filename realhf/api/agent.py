@@ -29,7 +29,12 @@ and partial-rollout resubmission never reach the agent. An exception fails this 
 Agents are chosen in config by a registered name (`rollout.agent.type=math-single-step`), by
 import path (`rollout.agent.type=my_pkg.agents:MyAgent`) or by file (`rollout.agent.type=
 agents/my_agent.py:MyAgent`, relative to the launch directory; realhf.base.importing); a class is constructed as
-`cls(config, tokenizer=..., **config.args)`, once per rollout worker.
+`cls(config=..., tokenizer=..., **config.args)` (all by keyword), once per rollout worker. An agent
+with arguments of its own declares them as keyword parameters and passes the rest on:
+
+    def __init__(self, partial: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.partial = partial
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ class Agent(abc.ABC):
     # of its group do: with rollout.group_in_one_request the group's first calls then go to the
     # server as one request for all (the framework waits for every episode's first call).
     one_generation_per_episode: bool = False
+    # The run's AgentConfig and the actor's tokenizer: set by the base __init__, and by
+    # construct_agent for a subclass whose __init__ does not call it.
+    config: Any = None
+    tokenizer: Any = None
 
     def __init__(self, config: Any = None, *, tokenizer: Any = None, **kwargs: Any):
         self.config = config
@@ -156,10 +165,30 @@ def agent_names() -> Dict[str, str]:
     return _REGISTRY.names()
 
 
+def construct_agent(cls: Type[Agent], config: Any, tokenizer: Any, args: Dict[str, Any]) -> Agent:
+    """`cls(config=config, tokenizer=tokenizer, **args)`: everything by keyword, so that an
+    `__init__(self, own_arg=1, **kwargs)` takes its own arguments and passes the rest on; an
+    `__init__` that takes no **kwargs is refused naming the pattern."""
+    try:
+        agent = cls(config=config, tokenizer=tokenizer, **args)
+    except TypeError as e:
+        if "unexpected keyword argument 'config'" in str(e) or "unexpected keyword argument 'tokenizer'" in str(e):
+            raise TypeError(
+                f"agent {cls.__module__}.{cls.__qualname__}: {e}. An agent is constructed as cls(config=..., "
+                "tokenizer=..., **rollout.agent.args); take your own arguments as keywords and pass the rest "
+                "on: def __init__(self, my_arg=1, **kwargs): super().__init__(**kwargs) (docs/your-agent.md)"
+            ) from None
+        raise
+    if agent.config is None:  # an __init__ that did not call the base's
+        agent.config, agent.tokenizer = config, tokenizer
+    if "tools" not in vars(agent):
+        agent.tools = dict(agent.tools)  # per instance, as the base __init__ makes it
+    return agent
+
+
 def make_agent(config: Any, *, tokenizer: Any = None) -> Agent:
     """The agent named by `config.type`."""
-    cls = agent_class(config.type)
-    return cls(config, tokenizer=tokenizer, **dict(getattr(config, "args", None) or {}))
+    return construct_agent(agent_class(config.type), config, tokenizer, dict(getattr(config, "args", None) or {}))
 
 
 _REGISTRY.base = Agent

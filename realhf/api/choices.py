@@ -17,6 +17,7 @@ DTYPES = DTYPE_NAMES
 SCHEDULE_POLICIES = ("round_robin", "least_requests", "least_token_usage")
 WEIGHT_SYNC = ("distributed", "disk")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+REWARD_MODEL_KINDS = ("value_head", "implicit")  # realhf.impl.model.reward_card
 PROX_LOGP_METHODS = ("recompute", "loglinear")
 CHAT_TEMPLATE_SETTINGS = ("auto", "on", "off")  # dataset.chat_template
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

@@ -189,6 +189,11 @@ class ClusterSpecConfig:
     name_resolve: NameResolveConfig = _sub(NameResolveConfig, "Name-resolve service.")
     restart_policy: RestartPolicyConfig = _sub(RestartPolicyConfig, "Restarting workers that die mid-run.")
     bind_host: str = _f("127.0.0.1", "Address servers and sockets bind to; loopback unless set.")
+    stop_grace: float = _f(
+        20.0,
+        "Seconds after a SIGTERM or SIGINT to the launcher (a scheduler's preemption, Ctrl-C) for the master to finish its step and write a recovery checkpoint, after which every process stops and the launcher exits 75 (resumable: recover_mode=auto continues); a second signal, or this running out, stops at once (exit 130/143). Below Kubernetes' and Slurm's default 30 s between SIGTERM and SIGKILL. 0: stop at once, no checkpoint.",
+        ge=0,
+    )
     max_request_bytes: int = _f(
         DEFAULT_MAX_REQUEST_BYTES,
         "Largest HTTP request body the generation servers and the manager accept; a larger one is answered 413.",
@@ -502,6 +507,11 @@ class StepGraphConfig:
     reward_model: bool = _f(
         False,
         "Score every sample with the learned reward model at reward.path (training/main_rm.py's output): the node reward_inf writes the reward term rewards/rm, which the advantages add to the rollout's reward (weigh them with reward_weights).",
+    )
+    reward_model_kind: str = _f(
+        "value_head",
+        "What reward.path holds (training/main_rm.py's kind; its realhf_reward.json says, and a mismatch is refused at start): 'value_head' scores a sample at its last token; 'implicit' scores it as beta * the sum over the answer's tokens of log pi_rm - log pi_ref (two forwards: the reward model's here, the reference's from ref_inf, which then runs whatever kl_ctl is; the run's reference must be the model the reward model was trained from).",
+        choices=choices.REWARD_MODEL_KINDS,
     )
     own_process: List[str] = _f(
         [],
@@ -932,7 +942,8 @@ class SFTConfig(EngineRunConfig):
 @dataclass
 class RMConfig(EngineRunConfig):
     """training/main_rm.py: a reward model, a value head on the model's architecture scoring a
-    prompt and its answer at the answer's last token, trained with the Bradley–Terry loss. No
+    prompt and its answer at the answer's last token (or, kind=implicit, the causal LM's
+    log-ratio to its starting point), trained with the Bradley–Terry loss. No
     micro_batch_tokens: a pair's two answers always go through one forward (the loss compares
     their scores), a rank's share of the pairs at once (lower batch_size or raise dp)."""
 
@@ -951,6 +962,17 @@ class RMConfig(EngineRunConfig):
     )
     lr: float = _again(EngineRunConfig, "lr", 1e-3, "Peak AdamW learning rate.")
     eval_n: int = _f(0, "Test pairs for the report; 0: all, -1: skip it.")
+    kind: str = _f(
+        "value_head",
+        "'value_head': a value head on model_path's architecture, the score its output at the answer's last token (AutoModelForTokenClassification); 'implicit': model_path's causal LM itself, the score beta * the sum over the answer's tokens of log pi - log pi_model_path (a frozen copy), which checks each token with the model's own next-token knowledge (AutoModelForCausalLM; an RL run takes it with ppo.graph.reward_model_kind=implicit).",
+        choices=choices.REWARD_MODEL_KINDS,
+    )
+    beta: float = _f(0.1, "kind=implicit: the score's scale (beta of the log-ratio; DPO's beta).", gt=0)
+    nll_weight: float = _f(
+        0.0,
+        "kind=implicit: weight of the chosen answers' per-token negative log-likelihood added to the loss (DPO + NLL): keeps the chosen answers likely, so the log-ratio does not score most answers below 0 (which an RL run exploits by stopping early).",
+        ge=0,
+    )
 
 
 # The name before the experiment became task-neutral; user code importing it keeps working.

@@ -64,7 +64,14 @@ from realhf.experiments.config_loading import CONFIG_NAME, compose_config, regis
 from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.progress_view import RunProgress
-from realhf.scheduler.worker_spec import LauncherError, LauncherInterrupted, WorkerFailedError, WorkerSpec
+from realhf.scheduler.supervisor import Supervisor
+from realhf.scheduler.worker_spec import (
+    LauncherError,
+    LauncherInterrupted,
+    LauncherStopped,
+    WorkerFailedError,
+    WorkerSpec,
+)
 from realhf.system.stats.stats_logger import read_eval_metrics
 from realhf.system.stats.stats_plot import write_curves_png
 
@@ -87,6 +94,7 @@ def evaluate(model_path: str, cfg: AsyncPPOConfig) -> Dict[str, Any]:
     for name, res in (("greedy", greedy), ("sampled", sampled)):
         out[name] = res["accuracy"]
         out[f"{name}_reward_mean"] = res["reward_mean"]
+        out[f"{name}_reward_quantiles"] = res["reward_quantiles"]
         out[f"{name}_metrics"] = res["metrics"]
     return out
 
@@ -113,11 +121,18 @@ def evaluation_line(when: str, now: Dict[str, Any], before: Optional[Dict[str, A
         f"; {key} {now['greedy_metrics'][key]:.3f} greedy, {now['sampled_metrics'].get(key, float('nan')):.3f} sampled"
         for key in sorted(now["greedy_metrics"])
     )
+    q = now.get("sampled_reward_quantiles")
+    spread = f" (min/median/max {q[0]:+.3f}/{q[2]:+.3f}/{q[4]:+.3f})" if q else ""
+    agent = cfg.rollout.agent
+    if agent.reward_fn:  # the user's function grades, not the agent's environment
+        grader = f"your reward function {agent.reward_fn}, a reward > 0 counting as solved"
+    else:
+        grader = f"agent {agent.type} with env {cfg.rollout.env.type}"
     return (
         f"{when} greedy accuracy {value('greedy')}, sampled accuracy {value('sampled')} "
-        f"on {now['n_prompts']} held-out prompts (the success rate of agent {cfg.rollout.agent.type} with env "
-        f"{cfg.rollout.env.type}; mean reward {value('greedy_reward_mean', '+')} greedy, "
-        f"{value('sampled_reward_mean', '+')} sampled{extra})"
+        f"on {now['n_prompts']} held-out prompts (the success rate of {grader}; "
+        f"mean reward {value('greedy_reward_mean', '+')} greedy, "
+        f"{value('sampled_reward_mean', '+')} sampled{spread}{extra})"
     )
 
 
@@ -213,10 +228,16 @@ def run(cfg: AsyncPPOConfig) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     lease = None
+    launchers: List[Supervisor] = []  # the one run_trial starts, for a lost lease to stop at once
     try:
         # Then the lease in a Redis shared with launches on other machines (other file systems,
         # other locks), before the launcher clears the trial's keys there.
-        lease = trial_lease(cfg.cluster.name_resolve, cfg.experiment_name, cfg.trial_name, on_lost=stop_this_run)
+        lease = trial_lease(
+            cfg.cluster.name_resolve,
+            cfg.experiment_name,
+            cfg.trial_name,
+            on_lost=lambda why: stop_this_run(why, launchers),
+        )
         if lease is not None:
             lease.acquire()
     except TrialLeaseError as e:
@@ -227,21 +248,24 @@ def run(cfg: AsyncPPOConfig) -> int:
         print(f"config error: {e}" if held else f"run failed (exit 1): {e}", file=sys.stderr)
         return 2 if held else 1
     try:
-        return run_trial(cfg, specs)
+        return run_trial(cfg, specs, launchers)
     finally:
         if lease is not None:
             lease.release()
         lock.release()
 
 
-def stop_this_run(why: str) -> None:
-    """The trial's lease went to another launch, which clears and reuses the trial's keys: stop
-    (SIGTERM: the launcher stops every worker and exits 143) rather than fight over them."""
+def stop_this_run(why: str, launchers: List[Supervisor]) -> None:
+    """The trial's lease went to another launch, which clears and reuses the trial's keys: stop at
+    once (SIGTERM with no grace: the launcher stops every worker and exits 143) rather than fight
+    over them — a graceful stop would ask the other launch's master for a checkpoint."""
     print(f"stopping this run: {why}", file=sys.stderr, flush=True)
+    for launcher in launchers:
+        launcher.stop_grace, launcher.owns_keys = 0.0, False
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec]) -> int:
+def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[List[Supervisor]] = None) -> int:
     """The run, with the trial's lock held."""
     # After the config checks: a run refused for a bad value must not have deleted anything.
     refused = claim_trial(cfg)
@@ -266,6 +290,8 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec]) -> int:
         print(evaluation_line("before training:", before, None, cfg), flush=True)
 
     launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
+    if launchers is not None:
+        launchers.append(launcher)
     total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
     view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
     launcher.echo_to(view.print_lines)
@@ -278,6 +304,14 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec]) -> int:
     except WorkerFailedError as e:
         print(f"run failed (exit 1): worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
         return 1
+    except LauncherStopped as e:
+        how = f"a recovery checkpoint of step {e.step}" if e.step else "nothing trained yet"
+        print(
+            f"run stopped (exit {EXIT_RESUMABLE}, resumable): {e}, with {how}; every process stopped; "
+            f"start it again with recover_mode=auto to continue; logs in {paths.log_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_RESUMABLE
     except LauncherInterrupted as e:
         code = 128 + e.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
         print(f"run interrupted (exit {code}): {e}; every process stopped; logs in {paths.log_dir}", file=sys.stderr)
@@ -319,6 +353,9 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec]) -> int:
     return 0
 
 
+# A run that SIGTERM/SIGINT stopped with a recovery checkpoint (cluster.stop_grace): EX_TEMPFAIL,
+# "try again" — recover_mode=auto continues it.
+EXIT_RESUMABLE = 75
 COMMAND = "realhf-train"
 register_schema()
 

@@ -54,6 +54,18 @@ def experiment_status(experiment: str, trial: str) -> str:
     return f"{trial_root(experiment, trial)}/experiment_status"
 
 
+def stop_request(experiment: str, trial: str) -> str:
+    """Written by the launcher on SIGTERM/SIGINT (the signal's name): the master finishes its step,
+    writes a recovery checkpoint and ends the run (cluster.stop_grace)."""
+    return f"{trial_root(experiment, trial)}/stop_request"
+
+
+def stopped_resumable(experiment: str, trial: str) -> str:
+    """JSON `{step, version, checkpointed}`, written by the master when it ended the run on a stop
+    request: the launcher then exits with the resumable code."""
+    return f"{trial_root(experiment, trial)}/stopped_resumable"
+
+
 def model_version(experiment: str, trial: str, role: str) -> str:
     """Completed train steps of a model role, published by its rank-0 model worker."""
     return f"{trial_root(experiment, trial)}/model_version/{_check(role, 'model role')}"

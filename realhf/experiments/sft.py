@@ -238,7 +238,9 @@ def split_by_tokens(lengths: Sequence[int], n_ranks: int) -> List[List[int]]:
 # ---- one rank -----------------------------------------------------------------------------------
 
 
-def engine_config(cfg: EngineRunConfig, rank: int, value_head: bool = False, name: str = "sft") -> FSDPEngineConfig:
+def engine_config(
+    cfg: EngineRunConfig, rank: int, value_head: bool = False, name: str = "sft", trainable: bool = True
+) -> FSDPEngineConfig:
     """The RL actor's engine with SFT's optimizer: AdamW, `warmup_steps` of linear warm-up, then
     cosine to 0 at `steps`; `value_head`: one output per position (a reward model's). A config
     without micro_batch_tokens (RMConfig) takes each rank's share of the batch in one forward."""
@@ -269,6 +271,7 @@ def engine_config(cfg: EngineRunConfig, rank: int, value_head: bool = False, nam
         micro_batch_tokens=getattr(cfg, "micro_batch_tokens", 0),
         shared_prompt=False,  # an SFT row, or a preference pair's answer, is a group of one
         value_head=value_head,
+        trainable=trainable,
         seed=cfg.seed,
         name=name,
     )
@@ -308,15 +311,20 @@ class RankSession:
     chat: bool
     pad_id: int
     engine: Optional[FSDPEngine] = None
+    frozen: Optional[FSDPEngine] = None  # a reference beside it (main_rm.py kind=implicit)
 
-    def open_engine(self, value_head: bool = False, name: str = "sft") -> FSDPEngine:
+    def open_engine(self, value_head: bool = False, name: str = "sft", trainable: bool = True) -> FSDPEngine:
         # Waits on rank 0's write of the output go through a group with the disk's timeout.
-        self.engine = FSDPEngine(
-            engine_config(self.cfg, self.rank, value_head=value_head, name=name),
+        engine = FSDPEngine(
+            engine_config(self.cfg, self.rank, value_head=value_head, name=name, trainable=trainable),
             io_group=collectives.new_gloo_group(self.cfg.distributed_timeout),
         )
-        self.engine.initialize()
-        return self.engine
+        if trainable:
+            self.engine = engine
+        else:
+            self.frozen = engine
+        engine.initialize()
+        return engine
 
 
 @contextlib.contextmanager
@@ -339,8 +347,9 @@ def rank_session(cfg: EngineRunConfig, rank: int, world: int, store_addr: str) -
         session = RankSession(cfg, rank, device, tokenizer, chat, pad_id)
         yield session
     finally:
-        if session is not None and session.engine is not None:
-            session.engine.destroy()
+        for engine in (session.engine, session.frozen) if session is not None else ():
+            if engine is not None:
+                engine.destroy()
         dist.destroy_process_group()
 
 

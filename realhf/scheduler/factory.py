@@ -9,7 +9,12 @@ from realhf.scheduler.supervisor import Supervisor
 def make_launcher(
     cluster: ClusterSpecConfig, experiment_name: str, trial_name: str, user_paths: Sequence[str] = ()
 ) -> Supervisor:
-    common = dict(name_resolve_config=cluster.name_resolve, bind_host=cluster.bind_host, user_paths=user_paths)
+    common = dict(
+        name_resolve_config=cluster.name_resolve,
+        bind_host=cluster.bind_host,
+        user_paths=user_paths,
+        stop_grace=cluster.stop_grace,
+    )
     if cluster.launcher == "ray":
         from realhf.scheduler.ray import RayLauncher
 

@@ -32,6 +32,7 @@ reading a missing status as "stop" and exiting 0 with fewer steps than asked.
 """
 
 import dataclasses
+import json
 import os
 import secrets
 import signal
@@ -58,6 +59,7 @@ from realhf.scheduler.worker_spec import (
     DEFAULT_WORKER_ENV,
     LauncherError,
     LauncherInterrupted,
+    LauncherStopped,
     RedisLostError,
     WorkerFailedError,
     WorkerSpec,
@@ -114,6 +116,7 @@ class Supervisor:
         bind_host: str = "127.0.0.1",
         heartbeat_grace: float = 5.0,
         user_paths: Sequence[str] = (),
+        stop_grace: float = 0.0,
     ):
         self.experiment_name = experiment_name
         self.trial_name = trial_name
@@ -134,6 +137,13 @@ class Supervisor:
         self._stopped = False
         self._old_handlers = {}
         self._interrupted: Optional[int] = None  # the signal number, once SIGINT/SIGTERM arrived
+        # stop_grace > 0: the first SIGINT/SIGTERM asks the master for a recovery checkpoint and
+        # the run ends when it has written it (or after stop_grace s); a second one stops at once.
+        self.stop_grace = stop_grace
+        # False once another launch took over the trial (its lease): its keys are not ours to clear.
+        self.owns_keys = True
+        self._stop_signal: Optional[int] = None
+        self._stop_deadline: Optional[float] = None
         self.secret = secrets.token_hex(32)  # this trial's shared secret (WorkerContext.secret)
         self.marker = uuid.uuid4().hex  # REALHF_TRIAL in every worker's environment (watchdog.py)
         self._watchdog: Optional[Watchdog] = None
@@ -179,6 +189,9 @@ class Supervisor:
             return
 
         def on_signal(signum, frame):
+            if self.stop_grace > 0 and self._stop_signal is None:
+                self._stop_signal = signum  # wait() asks the master to checkpoint and stop
+                return
             # Recorded as well as raised: the exception may land inside a call that catches
             # broadly (a Redis client retry, a best-effort clean-up); wait() checks the record.
             self._interrupted = signum
@@ -307,12 +320,14 @@ class Supervisor:
             while True:
                 if self._interrupted is not None:
                     raise LauncherInterrupted(self._interrupted)
+                self._graceful_stop()
                 failure = self._check_workers()
                 if failure is not None:
                     self._fail(*failure)
                 self._tell_user_errors()
                 if all(p.exited is not None and p.restart_at is None for p in self._procs):
                     logger.info("all workers exited normally")
+                    self._raise_if_stopped()
                     return
                 if complete_since is None and self._status() == STATUS_COMPLETE:
                     complete_since = time.monotonic()
@@ -321,6 +336,7 @@ class Supervisor:
                     logger.warning(
                         f"experiment COMPLETE but {left} still running after {self.exit_grace:.0f}s; stopping them"
                     )
+                    self._raise_if_stopped()
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise LauncherError(f"trial did not finish within {timeout:.0f}s")
@@ -334,6 +350,35 @@ class Supervisor:
             raise interrupted from None
         finally:
             self.stop_all()
+
+    def _graceful_stop(self) -> None:
+        """After a first SIGINT/SIGTERM: ask the master (once) to finish its step, write a
+        recovery checkpoint and end the run; past stop_grace, stop at once as a second signal would."""
+        if self._stop_signal is None:
+            return
+        name = signal.Signals(self._stop_signal).name
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.stop_grace
+            logger.warning(
+                f"launcher received {name}: the master finishes its step and writes a recovery checkpoint "
+                f"(up to cluster.stop_grace={self.stop_grace:g}s; a second signal stops at once)"
+            )
+            key = names.stop_request(self.experiment_name, self.trial_name)
+            self._redis_call("asking the master to stop", lambda: name_resolve.add(key, name, replace=True))
+        elif time.monotonic() > self._stop_deadline:
+            logger.warning(f"no recovery checkpoint within cluster.stop_grace={self.stop_grace:g}s of {name}")
+            self._interrupted = self._stop_signal
+            raise LauncherInterrupted(self._stop_signal)
+
+    def _raise_if_stopped(self) -> None:
+        """The run ended on a stop request: LauncherStopped (the caller's exit code says resumable)."""
+        if self._stop_signal is None:
+            return
+        try:
+            done = json.loads(name_resolve.get(names.stopped_resumable(self.experiment_name, self.trial_name)))
+        except name_resolve.NameEntryNotFoundError:
+            return  # the run had ended by itself, all its steps done, before the master saw the request
+        raise LauncherStopped(self._stop_signal, int(done["step"]))
 
     def _redis_where(self) -> str:
         return f"Redis at {redact_url(self.name_resolve_config.redis_url)}"
@@ -545,6 +590,7 @@ class Supervisor:
                 signal.signal(sig, signal.SIG_IGN)
         self._stop_processes(grace)
         self._echo.stop()
+        self._clear_trial_keys()
         try:
             name_resolve.repository().reset()
         except Exception:
@@ -555,6 +601,27 @@ class Supervisor:
         if self._watchdog is not None:  # last: it sweeps what escaped the above (re-parented, setsid)
             self._watchdog.close()
         self._restore_signal_handlers()
+
+    def _clear_trial_keys(self) -> None:
+        """An external Redis (cluster.name_resolve.redis_url) outlives the run: once every worker
+        is stopped, none of the trial's keys stays there (a resume reads the recovery checkpoint on
+        disk, as it must with the private redis-server, which goes with its keys) but the lease,
+        which the entry point releases last. A launch that lost the trial to another clears nothing."""
+        if self._redis is not None or not self.owns_keys or not self._started:
+            return
+        if self.name_resolve_config.type != "redis":
+            return
+        lease = names.trial_lease(self.experiment_name, self.trial_name)
+        try:
+            keys = name_resolve.find_subtree(names.trial_root(self.experiment_name, self.trial_name))
+            for key in keys:
+                if key != lease:
+                    try:
+                        name_resolve.delete(key)
+                    except name_resolve.NameEntryNotFoundError:
+                        pass
+        except Exception as e:  # noqa: BLE001 - Redis may be what failed; the run's end must not
+            logger.warning(f"could not clear the trial's keys in {self._redis_where()}: {type(e).__name__}: {e}")
 
     def _stop_processes(self, grace: float) -> None:
         """SIGTERM every worker (all at once), SIGKILL what is left after `grace` s."""

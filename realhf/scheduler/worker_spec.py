@@ -60,3 +60,12 @@ class LauncherInterrupted(LauncherError):
     def __init__(self, signum: int):
         super().__init__(f"launcher received {signal.Signals(signum).name}")
         self.signum = signum
+
+
+class LauncherStopped(LauncherError):
+    """SIGTERM/SIGINT ended the run the graceful way: the master finished its step and wrote a
+    recovery checkpoint of step `step` (none when `step` is 0), and every worker exited."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"launcher received {signal.Signals(signum).name}; stopped after step {step}")
+        self.signum, self.step = signum, step

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-from realhf.api.agent import Agent, agent_class
+from realhf.api.agent import Agent, agent_class, construct_agent
 from realhf.api.arguments import check_arguments
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import NO_ENV, EnvFactory, Environment, env_class
@@ -64,7 +64,7 @@ async def arun_group(
     """`run_group` inside a running event loop.
 
     agent: an Agent, or its class, registered name or import path (then constructed as in a run,
-        `cls(config, tokenizer=..., **agent_args)`, its arguments checked as `rollout.agent.args`).
+        `cls(config=..., tokenizer=..., **agent_args)`, its arguments checked as `rollout.agent.args`).
     env: the Environment's class, registered name, import path or EnvConfig (one is made per
         episode, `env_args` checked as `rollout.env.args`); None: no environment.
     model: 'tiny' (assets/tiny-math/sft), 'tiny-tools', a model directory or hub id — run by the
@@ -193,7 +193,7 @@ def _agent(agent: Any, args: Optional[Dict[str, Any]]) -> Tuple[Callable[[Any], 
     args = dict(args or {})
     check_arguments(cls, Agent, args, "agent_args")
     config = AgentConfig(type=agent if isinstance(agent, str) else _class_path(cls), args=args)
-    return (lambda tokenizer: cls(config, tokenizer=tokenizer, **args)), config
+    return (lambda tokenizer: construct_agent(cls, config, tokenizer, args)), config
 
 
 def _envs(env: Any, args: Optional[Dict[str, Any]]) -> EnvFactory:

@@ -89,3 +89,9 @@ class MissingFieldAgent(MathSingleStepAgent):
     async def run_episode(self, row, gen, env):
         target = row["tgt"]  # the embedded rows call it "solutions"
         return await super().run_episode(dict(row, solutions=[target]), gen, env)
+
+
+def constant_reward(prompt, completion, **row):
+    """A reward function that says the same of every answer (`rollout.agent.reward_fn=
+    helpers.faulty_plugins:constant_reward`): every group has no spread, nothing can be learnt."""
+    return -0.5

@@ -516,14 +516,15 @@ class Engine:
         finished, reasons = self.slots.sample_append(logits, lo, hi, self.generator)
         self.generation_tokens_total += hi - lo
         if self._n_streaming:
-            self._stream_tokens(lo, hi)
+            self._stream_tokens(lo, hi, set(finished))
         if finished:
             self._retire(finished, reasons)
 
-    def _stream_tokens(self, lo: int, hi: int) -> None:
+    def _stream_tokens(self, lo: int, hi: int, finished: set) -> None:
         """Hand the token just sampled (and its log-prob) of each streaming row in lo..hi-1 to its
-        request's callback: one transfer to the host for all of them, only on steps that stream."""
-        rows = [i for i in range(lo, hi) if self.slot_req[i].req.on_token is not None]
+        request's callback: one transfer to the host for all of them, only on steps that stream.
+        A row that just finished is left out: its last token comes with its result."""
+        rows = [i for i in range(lo, hi) if self.slot_req[i].req.on_token is not None and i not in finished]
         if not rows:
             return
         idx = torch.tensor(rows, device=self.device)  # [k]

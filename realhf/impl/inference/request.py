@@ -32,8 +32,10 @@ class GenerateRequest:
     input_ids: List[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rid: str = ""
-    # Streaming: called on the engine thread with (token id, log-prob) of every generated token,
-    # as it is generated; it must only hand them over (e.g. loop.call_soon_threadsafe).
+    # Streaming: called on the engine thread with (token id, log-prob) of every generated token
+    # as it is generated, except the one that ends the request, which comes with its result (so a
+    # stream's last event carries the last token and the finish reason together, as SGLang's
+    # does); it must only hand them over (e.g. loop.call_soon_threadsafe).
     on_token: Optional[Callable[[int, float], None]] = None
 
 

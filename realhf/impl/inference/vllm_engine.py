@@ -330,7 +330,7 @@ class VLLMEngine:
                     prompt, self._sampling_factory(**sampling_kwargs(req)), request_id=req.rid
                 ):
                     c = out.outputs[0]
-                    self._take(item, list(c.token_ids), c.logprobs)
+                    self._take(item, list(c.token_ids), c.logprobs, out.finished)
                     if out.finished:
                         finish = self._finish_reason(c, len(item.ids))
                     elif item.aborted:  # the abort may have reached vLLM before this request
@@ -345,7 +345,7 @@ class VLLMEngine:
             return
         self._settle(item, finish=finish)
 
-    def _take(self, item: _Live, ids: List[int], logprobs) -> None:
+    def _take(self, item: _Live, ids: List[int], logprobs, finished: bool = False) -> None:
         if not ids:
             return
         if not item.marks or item.marks[-1][1] != self.weight_version:
@@ -355,7 +355,8 @@ class VLLMEngine:
         item.logprobs.extend(lps)
         self.generation_tokens_total += len(ids)
         if item.req.on_token is not None:
-            for t, lp in zip(ids, lps):
+            streamed = len(ids) - 1 if finished else len(ids)  # the last comes with the result
+            for t, lp in zip(ids[:streamed], lps[:streamed]):
                 item.req.on_token(t, lp)
 
     def _finish_reason(self, c, n: int) -> Dict[str, Any]:

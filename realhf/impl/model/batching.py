@@ -150,6 +150,9 @@ def batch_summary(groups: Sequence[Trajectory], version: int) -> dict:
         "n_samples": len(samples),
         "reward_sum": float(sum(s.reward for s in samples)),
         "n_success": sum(1 for s in samples if s.reward > 0),
+        # Groups of 2+ samples whose rewards are all equal: GRPO's advantages are 0 on all of
+        # them, so they teach nothing (TRL's frac_reward_zero_std).
+        "n_groups_no_spread": sum(1 for g in groups if len(g.samples) > 1 and len({s.reward for s in g.samples}) == 1),
         "n_no_eos": sum(1 for s in samples if s.no_eos),
         "gen_tokens": sum(g.n_generated_tokens for g in groups),
         "output_tokens": sum(len(s.output_ids) for s in samples),

@@ -107,9 +107,17 @@ def summarize(per_row: Sequence[Sequence[Episode]], temperature: float) -> Dict[
         for key, value in e.outcome.info.items():
             if isinstance(value, (int, float)):
                 info.setdefault(key, []).append(float(value))
+    rewards = sorted(e.outcome.reward for e in scored)
+    # Prompts whose answers all got the same reward (2+ answers each): nothing to learn there.
+    spread = [len({e.outcome.reward for e in row if e.outcome is not None}) for row in per_row]
+    multi = [n for row, n in zip(per_row, spread) if sum(e.outcome is not None for e in row) > 1]
     return {
         "accuracy": sum(successes) / counted,
-        "reward_mean": sum(e.outcome.reward for e in scored) / len(scored),
+        "reward_mean": sum(rewards) / len(rewards),
+        # The distribution beside the mean: a success rate of 0 with rewards that differ can
+        # still be learnt from; one reward for every answer cannot.
+        "reward_quantiles": [rewards[round(q * (len(rewards) - 1))] for q in (0.0, 0.25, 0.5, 0.75, 1.0)],
+        "frac_reward_zero_std": sum(n == 1 for n in multi) / len(multi) if multi else None,
         "pass_at_k": pass_at_k(successes),
         "k": max(len(row) for row in per_row),
         "n_prompts": len(per_row),
@@ -240,6 +248,9 @@ def evaluate_weights(
             task.close()
 
 
+QUANTILE_NAMES = ("min", "p25", "p50", "p75", "max")
+
+
 def eval_row(version: int, result: Dict[str, Any], seconds: float, trainer_version: int, skipped: List[int]) -> dict:
     """One `eval_metrics.jsonl` row (step = version); `eval/accuracy` is the success rate."""
     row = {
@@ -248,7 +259,13 @@ def eval_row(version: int, result: Dict[str, Any], seconds: float, trainer_versi
         "time": time.time(),
         "eval/accuracy": result["accuracy"],
         "eval/reward_mean": result["reward_mean"],
+        **{f"eval/reward_{name}": q for name, q in zip(QUANTILE_NAMES, result["reward_quantiles"])},
         "eval/pass_at_k": result["pass_at_k"],
+        **(
+            {"eval/frac_reward_zero_std": result["frac_reward_zero_std"]}
+            if result["frac_reward_zero_std"] is not None
+            else {}
+        ),
         "eval/k": result["k"],
         "eval/n_prompts": result["n_prompts"],
         "eval/failed": result["failed"],
@@ -271,9 +288,12 @@ def eval_line(row: dict) -> str:
         f", {key[len('eval/') :]} {value:.3f}" for key, value in row.items() if key.startswith("eval/agent/")
     )
     failed = f", {row['eval/failed']} episodes failed" if row["eval/failed"] else ""
+    frac = row.get("eval/frac_reward_zero_std")
+    spread = f", {frac:.0%} of prompts with one reward for all answers" if frac is not None else ""
     return (
         f"evaluated version {v} (step {v}): accuracy {row['eval/accuracy']:.3f}, pass@{k} {row['eval/pass_at_k']:.3f}, "
-        f"mean reward {row['eval/reward_mean']:+.3f}{extra} on {row['eval/n_prompts']} prompts x {k} at "
+        f"mean reward {row['eval/reward_mean']:+.3f} (min/median/max {row['eval/reward_min']:+.3f}/"
+        f"{row['eval/reward_p50']:+.3f}/{row['eval/reward_max']:+.3f}){spread}{extra} on {row['eval/n_prompts']} prompts x {k} at "
         f"T={row['eval/temperature']:g}{failed} in {row['eval/seconds']:.1f}s (trainer now at version "
         f"{row['eval/trainer_version']})" + (f"; skipped {row['eval/skipped']}" if row["eval/skipped"] else "")
     )

@@ -47,18 +47,98 @@ class BadRequest(Exception):
     """The body cannot be served: HTTP 400 with this message (naming the field)."""
 
 
-# The `sampling_params` keys SGLang knows (v0.5.23): it refuses any other with 400, and so does this
-# server, so that a request that works here works there. Those this engine does not implement
-# (penalties, grammars, ...) are accepted and ignored. Checked against the conformance fixtures
-# (realhf/testing/sglang_conformance/fixtures.py: SAMPLING_PARAMS).
-SGLANG_SAMPLING_PARAMS = frozenset(
+# Every field of SGLang's /generate (v0.5.23: GenerateReqInput and its sampling_params) is one of
+# three kinds here, so that nothing a client asks for is silently ignored:
+#   served   this engine does what SGLang does with it;
+#   hint     it steers a multi-server deployment or its logs (routing, priorities, metrics): on
+#            one server SGLang's answer is the same without it, so it is accepted;
+#   refused  any value but the listed ones (SGLang's default, or one that means what this server
+#            does anyway) is a 400 naming the field.
+# A sampling_params key SGLang does not know is refused (400), as SGLang refuses it; an unknown
+# top-level key is ignored, as SGLang ignores it (a top-level `n` included). Checked against the
+# conformance fixtures (realhf/testing/sglang_conformance/fixtures.py) by
+# tests/unit/testing/test_sglang_conformance.py.
+SERVED_FIELDS = frozenset("text input_ids sampling_params return_logprob rid stream".split())
+HINT_FIELDS = frozenset(
     (
-        "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty "
-        "presence_penalty repetition_penalty min_new_tokens n json_schema regex ebnf structural_tag ignore_eos "
-        "skip_special_tokens spaces_between_special_tokens no_stop_trim stream_interval logit_bias "
-        "sampling_seed custom_params beam_width watermark choice"
+        "log_metrics no_logs priority routing_key routed_dp_rank data_parallel_rank disagg_prefill_dp_rank "
+        "decode_tp_size bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key conversation_id "
+        "extra_key cache_salt kv_hints custom_labels http_worker_ipc"
     ).split()
 )
+_FALSE, _NONE = (False, None), (None,)
+REFUSED_FIELDS = {  # field -> the values accepted (meaning what this server does anyway)
+    "logprob_start_len": (None, -1),  # -1: log-probs of the output tokens only, as served
+    "top_logprobs_num": (None, 0),
+    "token_ids_logprob": _NONE,
+    "return_text_in_logprobs": _FALSE,
+    "return_hidden_states": _FALSE,
+    "return_prompt_token_ids": _FALSE,
+    "return_sampling_mask": _FALSE,
+    "sampling_logprobs_mode": _NONE,
+    "return_flat_raw_top_logprobs": _FALSE,
+    "return_flat_raw_output_top_logprobs": _FALSE,
+    "return_flat_raw_top_logprobs_b64": _FALSE,
+    "return_routed_experts": _FALSE,
+    "routed_experts_start_len": (0, None),
+    "return_indexer_topk": _FALSE,
+    "input_embeds": _NONE,
+    "image_data": _NONE,
+    "video_data": _NONE,
+    "audio_data": _NONE,
+    "mm_hashes": _NONE,
+    "mm_content_hashes": _NONE,
+    "use_audio_in_video": _FALSE,
+    "video_config": _NONE,
+    "modalities": _NONE,
+    "images_config": _NONE,
+    "watermark": _NONE,
+    "session_id": _NONE,
+    "session_params": _NONE,
+    "lora_path": _NONE,
+    "lora_id": _NONE,
+    "custom_logit_processor": _NONE,
+    "positional_embed_overrides": _NONE,
+    "background": _FALSE,
+    "require_reasoning": _FALSE,
+    "max_thinking_tokens": _NONE,
+}
+SERVED_SAMPLING = frozenset(
+    "max_new_tokens min_new_tokens temperature top_p top_k stop_token_ids ignore_eos skip_special_tokens n".split()
+)
+HINT_SAMPLING = frozenset(("stream_interval",))  # how often a stream sends: here, every token
+REFUSED_SAMPLING = {
+    "stop": (None, "", []),
+    "no_stop_trim": _FALSE,  # only matters with stop strings
+    "stop_regex": _NONE,
+    "min_p": (0, 0.0, None),
+    "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
+    "repetition_penalty": (1, 1.0, None),
+    "json_schema": _NONE,
+    "regex": _NONE,
+    "ebnf": _NONE,
+    "structural_tag": _NONE,
+    "spaces_between_special_tokens": (True, None),
+    "logit_bias": ({}, None),
+    "sampling_seed": _NONE,
+    "custom_params": _NONE,
+    "beam_width": _NONE,
+    "watermark": _NONE,
+    "choice": ([], None),
+}
+SGLANG_SAMPLING_PARAMS = SERVED_SAMPLING | HINT_SAMPLING | frozenset(REFUSED_SAMPLING)
+INSTEAD = {"stop": ", end on token ids with stop_token_ids"}
+
+
+def _refused(data: Dict[str, Any], table: Dict[str, tuple], served: frozenset, prefix: str) -> None:
+    for name, value in data.items():
+        accepted = table.get(name)
+        if accepted is not None and not any(value == a and type(value) is type(a) or value is a for a in accepted):
+            raise ValueError(
+                f"{prefix}{name}={value!r} is not supported by this server (it serves {', '.join(sorted(served))}); "
+                f"leave it out (or send {accepted[0]!r}){INSTEAD.get(name, '')}, or use SGLang itself"
+            )
 
 
 class SamplingParamsBody(BaseModel):
@@ -85,11 +165,20 @@ class SamplingParamsBody(BaseModel):
                     f"unknown sampling parameter(s) {unknown[:5]} (SGLang refuses them too); "
                     f"known: {', '.join(sorted(SGLANG_SAMPLING_PARAMS))}"
                 )
+            _refused(data, REFUSED_SAMPLING, SERVED_SAMPLING, "sampling_params.")
         return data
 
 
 class GenerateBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _served_or_refused(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _refused(data, REFUSED_FIELDS, SERVED_FIELDS, "")
+        return data
+
     input_ids: Optional[Union[List[int], List[List[int]]]] = None
     text: Optional[Union[str, List[str]]] = None
     sampling_params: Union[SamplingParamsBody, List[SamplingParamsBody]] = Field(default_factory=SamplingParamsBody)

@@ -177,6 +177,7 @@ class MasterWorker(Worker):
 
     # ---- the loop ---------------------------------------------------------------------------
     def _poll(self) -> bool:
+        self._stop_if_asked()
         if self.step >= self.total_steps:
             self._finish(f"all {self.total_steps} train steps done")
         if self._out_of_time():
@@ -236,6 +237,7 @@ class MasterWorker(Worker):
                 self.logger.info(f"step {self.step + 1}: {have}/{cfg.groups_per_step} groups ready after {waited:.0f}s")
             if self._stop_requested or self._status_says_stop():
                 raise WorkerExit(f"stopped while waiting for data: {self._stop_reason}")
+            self._stop_if_asked()
             time.sleep(cfg.data_poll_interval)
 
     def _run_step(self) -> None:
@@ -452,6 +454,34 @@ class MasterWorker(Worker):
         (self.logger.info if a["holds"] else self.logger.error)(
             accounting_line(a) + ("" if a["holds"] else " — ACCOUNTING DOES NOT HOLD")
         )
+
+    def _stop_if_asked(self) -> None:
+        """The launcher got SIGTERM/SIGINT (a scheduler's preemption, a Ctrl-C): between steps, or
+        while waiting for data, write a recovery checkpoint of the last step (unless the last
+        checkpoint is of it), account for every group, say so and end the run; the next start with
+        recover_mode=auto continues from step `self.step` + 1. The step in flight, if any, was
+        finished first: a step is never half-trained."""
+        exp, trial = self.ctx.experiment_name, self.ctx.trial_name
+        try:
+            signame = name_resolve.get(names.stop_request(exp, trial))
+        except name_resolve.NameEntryNotFoundError:
+            return
+        t0 = time.monotonic()
+        fresh = self.step > 0 and getattr(self, "_ckpt_version", None) != self.version
+        if fresh:
+            self._checkpoint()
+        self._account()
+        done = {"step": self.step, "version": self.version, "checkpointed": self.step > 0}
+        name_resolve.add(names.stopped_resumable(exp, trial), json.dumps(done), replace=True, delete_on_exit=False)
+        if self.step == 0:
+            what = "nothing trained yet, nothing to checkpoint"
+        elif fresh:
+            what = f"recovery checkpoint written in {time.monotonic() - t0:.1f}s; recover_mode=auto continues from it"
+        else:
+            what = "its recovery checkpoint was already there; recover_mode=auto continues from it"
+        self.logger.info(f"stopped on {signame} after step {self.step} (version {self.version}): {what}")
+        name_resolve.add(names.experiment_status(exp, trial), STATUS_COMPLETE, replace=True, delete_on_exit=False)
+        raise WorkerExit(f"stopped on {signame}")
 
     def _finish(self, reason: str) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:

@@ -20,6 +20,7 @@ from rich.console import Console
 _CONSOLE_FIELDS = (
     ("reward_mean", "reward", "{:+.3f}"),
     ("success_rate", "success", "{:.3f}"),
+    ("frac_reward_zero_std", "no_spread", "{:.2f}"),
     ("head_offpolicyness_mean", "head_stale", "{:.2f}"),
     ("head_offpolicyness_max", "/max", "{:d}"),
     ("tail_offpolicyness_mean", "tail_stale", "{:.2f}"),
@@ -73,6 +74,8 @@ def step_metrics(
         "stale_dropped": int(stale_dropped),
         "training_samples": int(training_samples),
         "n_groups": sum(b["n_groups"] for b in batches),
+        "frac_reward_zero_std": sum(b["n_groups_no_spread"] for b in batches)
+        / max(sum(b["n_groups"] for b in batches), 1),
         "n_samples": n_samples,
         "gen_tokens": gen_tokens,
         "samples_per_s": n_samples / step_time_s,
@@ -141,6 +144,33 @@ def truncate_metrics(path: str, last_step: int) -> int:
     return len(kept)
 
 
+class NoSpreadWatch:
+    """Says so, once, when a run cannot learn: the fraction of groups whose rewards are all
+    equal (`frac_reward_zero_std`, their advantages 0) stays at or above `threshold` for
+    `patience` steps in a row. Steps after a warning start a new count; a step with spread ends
+    the stretch."""
+
+    def __init__(self, threshold: float = 0.9, patience: int = 10):
+        self.threshold, self.patience = threshold, patience
+        self.run, self.warned = 0, False
+
+    def check(self, m: Dict[str, Any]) -> Optional[str]:
+        frac = m.get("frac_reward_zero_std")
+        if not isinstance(frac, (int, float)):
+            return None
+        self.run = self.run + 1 if frac >= self.threshold else 0
+        if self.run < self.patience or self.warned:
+            return None
+        self.warned = True
+        return (
+            f"the last {self.run} steps learnt (almost) nothing: in {frac:.0%} of this step's groups every sample "
+            f"got the same reward ({m.get('reward_mean', float('nan')):+.3f} mean), so their advantages are 0. "
+            "Likely: the model never (or always) solves the task (try a stronger model, e.g. actor.path=<an HF "
+            "model directory>, or an easier task), or the reward is constant (check your reward function or "
+            "environment). frac_reward_zero_std is in metrics.jsonl."
+        )
+
+
 class StatsLogger:
     def __init__(
         self,
@@ -190,10 +220,14 @@ class StatsLogger:
             eval_path = os.path.join(os.path.dirname(os.path.abspath(metrics_path)), EVAL_METRICS_FILE)
             self._prometheus = TrainingMetricsServer(prometheus_host, prometheus_port, eval_path)
         self.prometheus_url = self._prometheus.url if self._prometheus is not None else ""
+        self._no_spread = NoSpreadWatch()
 
     def log(self, m: Dict[str, Any]) -> None:
         if self.echo:
             self._console.print(format_line(m))
+        warning = self._no_spread.check(m)
+        if warning:  # printed whether or not the step lines are, since the user must see it
+            self._console.print(f"[bold yellow]warning:[/bold yellow] {warning}")
         self._file.write(json.dumps(m, sort_keys=False) + "\n")
         if self._tb is not None:
             for k, v in m.items():

@@ -81,6 +81,14 @@ def sequence_scores(output: torch.Tensor, mb: TrainBatch) -> torch.Tensor:
     return output[torch.arange(output.shape[0], device=output.device), last.to(output.device), 0].float()
 
 
+def implicit_scores(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, loss_mask: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """`[n]`: an implicit reward model's score of each row, beta * the sum over its answer's
+    tokens (`loss_mask` `[n, t-1]`) of log pi - log pi_ref (realhf.impl.model.reward_card)."""
+    return beta * ((logprobs - ref_logprobs) * loss_mask).sum(dim=-1)
+
+
 def has_dropout(model: torch.nn.Module) -> bool:
     """Whether train-mode and eval-mode forwards differ (then a train forward cannot stand in
     for the proximal log-probs)."""

@@ -67,7 +67,7 @@ def engine_config(cfg: ModelWorkerConfig, role: str, local_rank: int) -> FSDPEng
         shared_prompt=cfg.ppo.shared_prompt,
         # The LR schedule counts optimizer steps: ppo_n_minibatches per train step.
         total_steps=cfg.total_train_steps * cfg.ppo.ppo_n_minibatches,
-        value_head=role in ("critic", "reward"),
+        value_head=role == "critic" or (role == "reward" and cfg.ppo.graph.reward_model_kind == "value_head"),
         trainable=role in ("actor", "critic"),
         seed=cfg.seed,
         name=role,

@@ -3,11 +3,14 @@
     default_graph(ppo)   the step the settings ask for, top to bottom:
         actor_inf     proximal log-probs of the current weights   (decoupled loss with
                       prox_logp=recompute, or recompute_logprob without it)
-        ref_inf       reference log-probs                          (kl_ctl > 0)
+        ref_inf       reference log-probs                          (kl_ctl > 0, or an implicit
+                                                                     reward model, which reads them)
         critic_inf    the critic's values                          (an estimator that needs a
                                                                      critic: adv_estimator=gae)
         reward_inf    a learned reward, rewards/rm                 (ppo.graph.reward_model, the
-                                                                     model at reward.path)
+                                                                     model at reward.path: a value
+                                                                     head, or implicit: its log-ratio
+                                                                     to the reference)
         advantages    advantages and returns from the rewards (+ every `rewards/<source>` term)
         critic_train  the clipped value loss                       (with critic_inf)
         actor_train   the policy loss; the version advances and the weights are published
@@ -48,6 +51,7 @@ BUILTIN_OPS: Dict[str, OpSpec] = {
     "values": OpSpec(("critic",), ("values",)),
     "advantages": OpSpec(("",), ("advantages", "returns")),
     "reward_model": OpSpec(("reward",), None),
+    "implicit_reward": OpSpec(("reward",), None),
     "train_critic": OpSpec(("critic",), ()),
     "train_actor": OpSpec(("actor",), ()),
 }
@@ -60,7 +64,9 @@ def needs_proximal(ppo: PPOHyperparameters) -> bool:
 def default_graph(ppo: PPOHyperparameters) -> StepGraph:
     """The PPO/GRPO step of these settings (with a critic for adv_estimator=gae)."""
     est = adv_estimator(ppo.adv_estimator)
-    prox, ref, critic = needs_proximal(ppo), ppo.kl_ctl > 0, est.needs_critic
+    implicit = ppo.graph.reward_model and ppo.graph.reward_model_kind == "implicit"
+    prox, kl, critic = needs_proximal(ppo), ppo.kl_ctl > 0, est.needs_critic
+    ref = kl or implicit
     nodes: List[StepNode] = []
     if prox:
         nodes.append(StepNode("actor_inf", "proximal_logprobs", "actor", TOKENS, ("prox_logprobs", "prox_computed")))
@@ -68,19 +74,19 @@ def default_graph(ppo: PPOHyperparameters) -> StepGraph:
         nodes.append(StepNode("ref_inf", "logprobs", "ref", TOKENS, ("ref_logprobs",)))
     if critic:
         nodes.append(StepNode("critic_inf", "values", "critic", TOKENS, ("values",)))
-    if ppo.graph.reward_model:
+    if implicit:
+        nodes.append(StepNode("reward_inf", "implicit_reward", "reward", TOKENS + ("ref_logprobs",), ("rewards/rm",)))
+    elif ppo.graph.reward_model:
         nodes.append(StepNode("reward_inf", "reward_model", "reward", ("input_ids", "attention_mask"), ("rewards/rm",)))
     # GAE and REINFORCE subtract the KL (proximal or behaviour log-probs vs the reference) from the reward.
-    kl_reward = ref and est.kl_in_reward
+    kl_reward = kl and est.kl_in_reward
     adv_in = ["rewards", "group_ids", "loss_mask", "behav_logprobs"] + ["rewards/rm"] * ppo.graph.reward_model
     adv_in += ["values"] * critic + ["ref_logprobs"] * kl_reward + ["prox_logprobs"] * (kl_reward and prox)
     nodes.append(StepNode("advantages", "advantages", "", tuple(adv_in), ("advantages", "returns")))
     if critic:
         nodes.append(StepNode("critic_train", "train_critic", "critic", TOKENS + ("values", "returns"), ()))
     train_in = TOKENS + ("behav_logprobs", "advantages") + ("prox_logprobs", "prox_computed") * prox
-    train_in += ("ref_logprobs",) * ref + ("behav_versions",) * (
-        ppo.use_decoupled_loss and ppo.prox_logp == "loglinear"
-    )
+    train_in += ("ref_logprobs",) * kl + ("behav_versions",) * (ppo.use_decoupled_loss and ppo.prox_logp == "loglinear")
     nodes.append(StepNode("actor_train", "train_actor", "actor", train_in, ()))
     return StepGraph(tuple(nodes))
 

@@ -11,6 +11,7 @@ import path (realhf.api.step_graph) and called the same way.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
@@ -22,7 +23,8 @@ from realhf.api.engine_api import TrainEngine
 from realhf.api.step_graph import StepNode
 from realhf.api.train_batch import TrainBatch
 from realhf.base.importing import import_object
-from realhf.system.trainer.actor import sequence_scores, token_logprobs
+from realhf.impl.model.reward_card import RewardCard, read_card
+from realhf.system.trainer.actor import implicit_scores, sequence_scores, token_logprobs
 from realhf.system.trainer.ppo_actor import PPOActor, PPOCritic, ensure_advantages, inference_stats
 
 Op = Callable[["StepContext", TrainBatch, StepNode], Dict[str, Any]]
@@ -70,6 +72,30 @@ def reward_model(ctx: StepContext, batch: TrainBatch, node: StepNode) -> Dict[st
     }
 
 
+def implicit_reward(ctx: StepContext, batch: TrainBatch, node: StepNode) -> Dict[str, Any]:
+    """An implicit reward model's score of each sample [N]: beta * the sum over its answer's tokens
+    of `node.model`'s log-probs minus the reference's (`ref_logprobs`, the model it was trained
+    from; both at the sampling temperature), beta from its card (realhf.impl.model.reward_card)."""
+    t0, engine = time.monotonic(), ctx.engines[node.model]
+    card = _card(engine.config.model.path)
+    logprobs = engine.forward(batch, lambda logits, mb: token_logprobs(logits, mb, ctx.ppo.gen.temperature))
+    scores = implicit_scores(logprobs, batch.ref_logprobs, batch.loss_mask, card.beta)  # [N]
+    batch.set(node.outputs[0], scores)
+    return {
+        "mean": float(scores.mean()),
+        "std": float(scores.std()) if len(scores) > 1 else 0.0,
+        "time_s": time.monotonic() - t0,
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def _card(path: str) -> RewardCard:
+    card = read_card(path)
+    if card is None or card.kind != "implicit":
+        raise ValueError(f"{path}: not an implicit reward model (its realhf_reward.json says {card})")
+    return card
+
+
 def advantages(ctx: StepContext, batch: TrainBatch, node: StepNode) -> Dict[str, Any]:
     """Advantages and returns of the rollout's rewards plus the graph's reward terms
     (`rewards/<source>`), each times its weight (`node.args["weights"]`, default 1; from
@@ -106,6 +132,7 @@ OPS: Dict[str, Op] = {
     "values": values,
     "advantages": advantages,
     "reward_model": reward_model,
+    "implicit_reward": implicit_reward,
     "train_critic": train_critic,
     "train_actor": train_actor,
 }

@@ -89,8 +89,9 @@ def test_two_trials_on_one_redis_run_side_by_side_without_seeing_each_other(
             run.stop()
     for run, code in zip(runs, codes):
         _finished_with_every_step(run, code)
-    # Each launcher released its lease at its normal end.
+    # Each launcher released its lease at its normal end, and left none of its trial's keys.
     assert [client.get(names.trial_lease(EXPERIMENT, run.trial)) for run in runs] == [None, None]
+    assert client.keys(f"{EXPERIMENT}/*") == []
 
 
 @pytest.mark.e2e

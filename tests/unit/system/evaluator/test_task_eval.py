@@ -15,7 +15,15 @@ from helpers.user_agents import final_number, parity_rows
 from realhf.api.agent import Outcome
 from realhf.api.cli_args import EnvConfig
 from realhf.api.worker_configs import EvaluatorConfig
-from realhf.system.evaluator.task_eval import Episode, EvaluationError, evaluate_weights, load_eval_rows, summarize
+from realhf.system.evaluator.task_eval import (
+    Episode,
+    EvaluationError,
+    eval_line,
+    eval_row,
+    evaluate_weights,
+    load_eval_rows,
+    summarize,
+)
 
 TEST_FILE = os.path.join(TINY_MATH, "data", "test.jsonl")
 SFT = os.path.join(TINY_MATH, "sft")
@@ -41,6 +49,13 @@ def test_success_is_the_agents_rule_a_failed_episode_counts_unsuccessful_and_a_d
     assert r["pass_at_k"] == pytest.approx(2 / 3) and r["k"] == 2 and r["n_prompts"] == 3
     assert (r["n"], r["failed"], r["dropped"]) == (6, 1, 1)
     assert r["metrics"] == {"turns": 3.0}
+    # The rewards' distribution beside the mean: sorted [-1, 0.5, 1, 2], each at its nearest rank.
+    assert r["reward_quantiles"] == [-1.0, 0.5, 1.0, 1.0, 2.0]
+    assert r["frac_reward_zero_std"] == 0.0  # the one prompt with two scored answers had two rewards
+    flat = summarize([[_ok(-0.5), _ok(-0.5)], [_ok(-0.5), _ok(1.0)], [_ok(1.0)]], temperature=1.0)
+    assert flat["frac_reward_zero_std"] == 0.5
+    line = eval_line(eval_row(3, flat, 1.0, 4, []))
+    assert "min/median/max -0.500/-0.500/+1.000" in line and "50% of prompts with one reward for all answers" in line
 
 
 def test_nothing_measured_is_an_error_naming_why():
@@ -96,6 +111,10 @@ def test_before_and_after_training_a_users_task_is_evaluated_on_the_rows_there_a
     line = main.evaluation_line("before training:", result, None, cfg)
     assert "on 6 held-out prompts" in line and "agent helpers.user_agents:ParityAgent" in line
     assert "digits " in line  # the agent's own metric
+    # The reward-function route names the user's function, not the built-in math agent it runs in.
+    cfg.rollout.agent.type, cfg.rollout.agent.reward_fn = "math-single-step", "my_rewards.py:reverse_reward"
+    line = main.evaluation_line("before training:", result, None, cfg)
+    assert "the success rate of your reward function my_rewards.py:reverse_reward" in line and "agent " not in line
 
 
 def test_held_out_rows_the_task_cannot_evaluate_are_refused_naming_the_way_out(tmp_path, monkeypatch):

@@ -137,6 +137,9 @@ def test_stream_sends_cumulative_chunks_and_the_last_equals_the_unstreamed_answe
     assert last["output_ids"] == whole["output_ids"] and last["text"] == whole["text"]
     assert last["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
     assert last["meta_info"]["output_token_logprobs"] == whole["meta_info"]["output_token_logprobs"]
+    # As SGLang streams: the last event brings the last token with the finish reason, never a
+    # repeat of the event before it (each event's output is longer than the one before).
+    assert all(len(b["output_ids"]) > len(a["output_ids"]) for a, b in zip(events, events[1:])), events
     # A batch streams its items interleaved, each event naming its item.
     events, done = _stream(url, {"input_ids": [[21, 15], [22, 16]], "sampling_params": greedy(6, n=2)})
     finals = {e["index"]: e for e in events if e["meta_info"]["finish_reason"] is not None}
@@ -219,3 +222,44 @@ def test_text_without_a_tokenizer_is_refused_naming_why(native_server):
     t0 = time.monotonic()
     out = post(url, {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
     assert len(out["output_ids"]) == 2 and "text" not in out and time.monotonic() - t0 < 30
+
+
+# A value of each refused field that SGLang would act on (anything but its default).
+_NOT_DEFAULT = {type(None): "x", bool: True, int: 3, float: 0.5, str: "x", list: ["x"], dict: {"1": 2.0}}
+
+
+def _acted_on(accepted: tuple):
+    value = _NOT_DEFAULT[type(accepted[0])]
+    return 5 if value in accepted else value
+
+
+def test_every_field_of_sglangs_generate_is_served_accepted_as_a_hint_or_refused_by_name(served):
+    """Over every field of SGLang's GenerateReqInput and its sampling_params (the conformance
+    fixtures, v0.5.23): nothing a client asks for is ignored without a word."""
+    from realhf.system.gen_server import sglang_generate as g
+    from realhf.testing.sglang_conformance import fixtures
+
+    url, _, _ = served
+    request_fields = fixtures.GENERATE_REQUEST["fields"]
+    sampling_fields = fixtures.SAMPLING_PARAMS["fields"]
+    # Each field is in exactly one kind, and the kinds name no field SGLang lacks.
+    kinds = (g.SERVED_FIELDS, g.HINT_FIELDS, set(g.REFUSED_FIELDS))
+    assert sorted(f for k in kinds for f in k) == sorted(request_fields)
+    kinds = (g.SERVED_SAMPLING, g.HINT_SAMPLING, set(g.REFUSED_SAMPLING))
+    assert sorted(f for k in kinds for f in k) == sorted(sampling_fields)
+    base = {"input_ids": [21, 15], "sampling_params": greedy(2)}
+    for name, accepted in g.REFUSED_FIELDS.items():
+        assert request_fields[name]["default"] in accepted, name  # SGLang's own default passes
+        status, out = http("POST", f"{url}/generate", {**base, name: _acted_on(accepted)})
+        assert status == 400 and f"{name}=" in out["error"]["message"], (name, status, out)
+    for name, accepted in g.REFUSED_SAMPLING.items():
+        assert sampling_fields[name]["default"] in accepted, name
+        status, out = http(
+            "POST", f"{url}/generate", {**base, "sampling_params": {**greedy(2), name: _acted_on(accepted)}}
+        )
+        assert status == 400 and f"sampling_params.{name}=" in out["error"]["message"], (name, status, out)
+    # Hints, SGLang's defaults of refused fields, and an unknown top-level key (SGLang ignores it) pass.
+    defaults = {name: request_fields[name]["default"] for name in g.REFUSED_FIELDS}
+    hints = {"log_metrics": False, "priority": 3, "routing_key": "k", "n": 4}
+    out = post(url, {**base, **defaults, **hints, "sampling_params": {**greedy(2), "stream_interval": 4}})
+    assert len(out["output_ids"]) == 2  # one answer: the top-level n is not SGLang's either

@@ -1,6 +1,10 @@
 """Per-step metrics: the ranks' fetch and train replies merged into one row, and its log line."""
 
-from realhf.system.stats.stats_logger import format_line, step_metrics
+import io
+
+from rich.console import Console
+
+from realhf.system.stats.stats_logger import NoSpreadWatch, StatsLogger, format_line, step_metrics
 
 
 def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
@@ -11,6 +15,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "n_samples": 2,
                 "reward_sum": 1.0,
                 "n_success": 2,
+                "n_groups_no_spread": 1,
                 "n_no_eos": 0,
                 "gen_tokens": 30,
                 "output_tokens": 30,
@@ -25,6 +30,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
                 "n_samples": 2,
                 "reward_sum": -1.0,
                 "n_success": 0,
+                "n_groups_no_spread": 0,
                 "n_no_eos": 1,
                 "gen_tokens": 10,
                 "output_tokens": 10,
@@ -37,6 +43,7 @@ def test_step_metrics_merge_the_ranks_staleness_rewards_and_throughput():
     train = [{"version": 5, "stats": {"loss": 0.5}, "train_time_s": 1.0}] * 2
     m = step_metrics(3, 5, fetch, train, {}, stale_dropped=4, step_time_s=2.0, wait_time_s=0.5, training_samples=6)
     assert m["reward_mean"] == 0.0 and m["success_rate"] == 0.5 and m["no_eos_rate"] == 0.25
+    assert m["frac_reward_zero_std"] == 0.5  # one of the two groups had no spread
     assert (m["head_offpolicyness_mean"], m["head_offpolicyness_max"]) == (1.0, 2)
     assert (m["tail_offpolicyness_mean"], m["tail_offpolicyness_max"]) == (0.5, 1)
     assert m["samples_per_s"] == 2.0 and m["gen_tokens_per_s"] == 20.0 and m["loss"] == 0.5
@@ -94,3 +101,34 @@ def test_completions_go_to_their_file_with_the_step_and_print_literally(tmp_path
     stats.echo_lines(["  completion 1/1 | [bold]x[/bold] :smile:"])  # the model's text, not markup
     stats.close()
     assert out.getvalue() == "  completion 1/1 | [bold]x[/bold] :smile:\n"
+
+
+def test_a_run_whose_groups_have_no_spread_is_warned_once_naming_the_causes(tmp_path):
+    watch = NoSpreadWatch(threshold=0.9, patience=3)
+    flat = {"frac_reward_zero_std": 1.0, "reward_mean": -0.5}
+    assert [watch.check(flat), watch.check(flat)] == [None, None]
+    assert watch.check({"frac_reward_zero_std": 0.5}) is None  # a step with spread ends the stretch
+    assert [watch.check(flat), watch.check(flat)] == [None, None]
+    warning = watch.check(flat)
+    assert "the last 3 steps learnt (almost) nothing" in warning and "100% of this step's groups" in warning
+    assert "never (or always) solves the task" in warning and "reward is constant" in warning
+    assert watch.check(flat) is None  # once
+    assert NoSpreadWatch().check({"step": 1}) is None  # an evaluator row has no such number
+
+    out = io.StringIO()
+    logger = StatsLogger(str(tmp_path / "metrics.jsonl"), console=Console(file=out, width=400), echo=False)
+    for step in range(12):
+        logger.log({"step": step, "version": step, "frac_reward_zero_std": 0.95, "reward_mean": -0.5})
+    logger.close()
+    assert out.getvalue().count("warning:") == 1 and "the last 10 steps" in out.getvalue()
+
+
+def test_batch_summary_counts_the_groups_whose_rewards_are_all_equal():
+    from realhf.api.trajectory import Sample, Trajectory
+    from realhf.impl.model.batching import batch_summary
+
+    def group(*rewards):
+        return Trajectory("q", [1], [Sample([4], [-0.5], [0], r) for r in rewards])
+
+    summary = batch_summary([group(1.0, 1.0), group(1.0, -1.0), group(-0.5, -0.5, -0.5), group(1.0)], version=1)
+    assert summary["n_groups_no_spread"] == 2  # a group of one sample has no spread to lack

@@ -20,6 +20,7 @@ def _write_run(log_dir, n_steps=30):
             "n_samples": 8,
             "reward_sum": 2.0 * n_success - 8,
             "n_success": n_success,
+            "n_groups_no_spread": 0,
             "n_no_eos": 0,
             "gen_tokens": 80,
             "head_offpolicyness": [1],

@@ -54,6 +54,17 @@ def test_the_default_step_of_each_setting():
     with pytest.raises(GraphError, match=r"reward_weights: \['rewards/rm'\] are no reward source of the step"):
         build_graph(PPOHyperparameters(graph=StepGraphConfig(reward_weights={"rewards/rm": 1.0})))
     assert "behav_versions" in default_graph(PPOHyperparameters(prox_logp="loglinear")).node("actor_train").inputs
+    # An implicit reward model is a log-ratio to the reference: the reference runs with no KL
+    # term (kl_ctl=0), and the reward waits for its log-probs; the actor's update does not read them.
+    implicit = build_graph(PPOHyperparameters(graph=StepGraphConfig(reward_model=True, reward_model_kind="implicit")))
+    assert [[n.name for n in w] for w in waves(implicit)] == [
+        ["actor_inf", "ref_inf"],
+        ["reward_inf"],
+        ["advantages"],
+        ["actor_train"],
+    ]
+    assert implicit.node("reward_inf").op == "implicit_reward" and "ref_logprobs" in implicit.node("reward_inf").inputs
+    assert "ref_logprobs" not in implicit.node("actor_train").inputs
 
 
 def test_the_built_in_ops_are_the_ones_declared():
