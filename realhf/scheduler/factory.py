@@ -14,6 +14,7 @@ def make_launcher(
         bind_host=cluster.bind_host,
         user_paths=user_paths,
         stop_grace=cluster.stop_grace,
+        clear_keys=True,  # an external Redis outlives the run: leave nothing of it there
     )
     if cluster.launcher == "ray":
         from realhf.scheduler.ray import RayLauncher

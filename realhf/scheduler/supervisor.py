@@ -117,6 +117,7 @@ class Supervisor:
         heartbeat_grace: float = 5.0,
         user_paths: Sequence[str] = (),
         stop_grace: float = 0.0,
+        clear_keys: bool = False,
     ):
         self.experiment_name = experiment_name
         self.trial_name = trial_name
@@ -140,7 +141,10 @@ class Supervisor:
         # stop_grace > 0: the first SIGINT/SIGTERM asks the master for a recovery checkpoint and
         # the run ends when it has written it (or after stop_grace s); a second one stops at once.
         self.stop_grace = stop_grace
-        # False once another launch took over the trial (its lease): its keys are not ours to clear.
+        # clear_keys: delete the trial's keys in an external Redis at the end (a run's launcher
+        # does; a test that reads them after wait() does not). owns_keys: False once another
+        # launch took over the trial (its lease): its keys are not ours to clear.
+        self.clear_keys = clear_keys
         self.owns_keys = True
         self._stop_signal: Optional[int] = None
         self._stop_deadline: Optional[float] = None
@@ -607,7 +611,7 @@ class Supervisor:
         is stopped, none of the trial's keys stays there (a resume reads the recovery checkpoint on
         disk, as it must with the private redis-server, which goes with its keys) but the lease,
         which the entry point releases last. A launch that lost the trial to another clears nothing."""
-        if self._redis is not None or not self.owns_keys or not self._started:
+        if self._redis is not None or not (self.clear_keys and self.owns_keys) or not self._started:
             return
         if self.name_resolve_config.type != "redis":
             return
