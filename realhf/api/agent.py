@@ -54,6 +54,13 @@ _BUILTIN_PATHS = {
 _REGISTRY = ClassRegistry("agent", "rollout.agent.type", _BUILTIN_PATHS)
 
 
+class RewardTimeout(Exception):
+    """A reward_fn did not return within rollout.agent.reward_timeout.
+
+    Not a TimeoutError: the rollout worker reads a TimeoutError out of an episode as its own
+    rollout.episode_timeout, and this is another limit with another remedy."""
+
+
 def load_reward_fn(path: str) -> Optional[Callable]:
     """`rollout.agent.reward_fn`: the function named by `module:function` (or a file path), or
     None when `path` is empty; a ValueError/TypeError naming the key when it cannot be one."""

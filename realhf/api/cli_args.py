@@ -370,8 +370,23 @@ class AgentConfig:
     )
     reward_timeout: float = _f(
         60.0,
-        "math-single-step: seconds a reward_fn call may take (a sync one runs in a thread, off the event loop); past it the episode fails naming the function and the prompt.",
+        "math-single-step: seconds a reward_fn call may take; past it the episode fails naming the function and the prompt (counted reward_timed_out), and a call in a process is killed.",
         gt=0,
+    )
+    reward_isolation: str = _f(
+        "process",
+        "math-single-step: where a synchronous reward_fn runs: 'process' (reward_processes subprocesses; a call past reward_timeout is killed; the row's fields and the reward cross as JSON) or 'thread' (in the rollout worker; a call past the timeout is abandoned and keeps its thread). An async reward_fn runs on the event loop either way.",
+        choices=("process", "thread"),
+    )
+    reward_processes: int = _f(
+        32,
+        "math-single-step: at most this many subprocesses per rollout worker call a reward_fn (reward_isolation=process); they start as concurrent calls need them, so calls stuck on some prompts do not hold up the others.",
+        gt=0,
+    )
+    reward_nice: int = _f(
+        10,
+        "math-single-step: the reward processes' nice level (0-19); a call still running after 1 s drops further, to the idle scheduling class, so one that spins until it is killed takes only CPU the trainer and servers leave free.",
+        within=(0, 19),
     )
     args: Dict[str, Any] = _f({}, "Extra keyword arguments for a user agent class.")
 

@@ -15,12 +15,20 @@ import itertools
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
 import weakref
 from typing import Any, List, Optional, Sequence
+
+_POLL_S = 0.05  # how often a call that can be cancelled or demoted looks at its clock and event
+# A demoted task (one past its `demote_after`, likely stuck) runs this long of every cycle. Even
+# in the idle scheduling class a task that spins costs a 2-core VM's other work ≈ 5% per task
+# (measured, docs/benchmarks.md): stopped 90% of the time it costs a tenth of that, and a slow
+# but honest task still finishes, ten times slower.
+THROTTLE_RUN_S, THROTTLE_CYCLE_S = 0.05, 0.5
 
 
 class TaskTimeout(Exception):
@@ -31,6 +39,10 @@ class TaskFailed(Exception):
     """A task raised in the worker, or the worker died."""
 
 
+class TaskCancelled(Exception):
+    """The caller's `cancel` event was set: the task's worker was killed (or it never started)."""
+
+
 class PoolClosed(Exception):
     """The pool was closed."""
 
@@ -39,7 +51,9 @@ def _worker_main() -> None:
     """Entry point of a pool worker: `python -c ... <module:function> [preload modules...]`."""
     import importlib
 
-    target, preload = sys.argv[1], sys.argv[2:]
+    target, nice, preload = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if nice:
+        os.nice(nice)  # a call that spins until it is killed takes CPU only when nobody else wants it
     # Replies go on a private copy of stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
@@ -59,18 +73,27 @@ def _worker_main() -> None:
         out.flush()
 
 
+def _import_path() -> str:
+    """PYTHONPATH for a worker: the environment's, then the rest of this process's sys.path."""
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join(dict.fromkeys(given + [p for p in sys.path if p]))
+
+
 _WORKER_CODE = "from realhf.base.hard_timeout_pool import _worker_main; _worker_main()"
 
 
 class _Worker:
-    def __init__(self, target: str, preload: Sequence[str], startup_timeout: float):
+    def __init__(self, target: str, preload: Sequence[str], startup_timeout: float, nice: int = 0):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, target, *preload],
+            [sys.executable, "-c", _WORKER_CODE, target, str(nice), *preload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            # The caller's import path: what it can import (a user's module it validated), the worker can.
+            env={**os.environ, "PYTHONPATH": _import_path()},
         )
         self._buf = b""
+        self.demoted, self._demoted_at, self._stopped = False, 0.0, False
         try:
             hello = self.read(startup_timeout)
         except EOFError:
@@ -84,23 +107,53 @@ class _Worker:
     def pid(self) -> int:
         return self.proc.pid
 
+    def _demote(self) -> None:
+        self.demoted, self._demoted_at = True, time.monotonic()
+        try:
+            os.sched_setscheduler(self.proc.pid, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):  # not Linux, or the worker is gone: the nice level stays
+            pass
+
+    def _pause(self, stop: bool) -> None:
+        if stop != self._stopped:
+            try:
+                os.kill(self.proc.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+                self._stopped = stop
+            except OSError:  # it exited: the read sees EOF
+                pass
+
     def send(self, msg: dict) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def read(self, timeout: float) -> Optional[dict]:
-        """The next message, None after `timeout` s; EOFError if the worker is gone."""
+    def read(self, timeout: float, cancel: Optional[threading.Event] = None, demote_after: Optional[float] = None):
+        """The next message, None after `timeout` s; EOFError if the worker is gone, TaskCancelled
+        once `cancel` is set. Past `demote_after` s the worker is demoted (`self.demoted`): it
+        drops to the idle scheduling class and runs THROTTLE_RUN_S of every THROTTLE_CYCLE_S,
+        stopped the rest of the time."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         while b"\n" not in self._buf:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return None
-            ready, _, _ = select.select([fd], [], [], remaining)
+            if cancel is not None and cancel.is_set():
+                raise TaskCancelled("cancelled by the caller")
+            if demote_after is not None and not self.demoted and now - start >= demote_after:
+                self._demote()
+            wait = remaining if cancel is None and demote_after is None else min(remaining, _POLL_S)
+            if self.demoted:
+                phase = (now - self._demoted_at) % THROTTLE_CYCLE_S
+                running = phase < THROTTLE_RUN_S
+                self._pause(not running)
+                wait = min(wait, (THROTTLE_RUN_S if running else THROTTLE_CYCLE_S) - phase)
+            ready, _, _ = select.select([fd], [], [], wait)
             if not ready:
-                return None
+                continue
             chunk = os.read(fd, 65536)
             if not chunk:
                 raise EOFError
@@ -127,7 +180,9 @@ def _kill_all(workers: "set[_Worker]") -> None:
 
 
 class HardTimeoutPool:
-    """`n_workers` subprocesses calling `target` ("module:function") on JSON-able arguments.
+    """`n_workers` subprocesses calling `target` ("module:function") on JSON-able arguments, each
+    at `nice` (0: the caller's priority). With `spawn_after` > 0 a task waits that long for a busy
+    worker to free up before another worker is started.
 
     `run(*args)` blocks while all workers are busy, then returns the function's result, or
     raises `TaskTimeout` (the worker was killed and will be replaced), `TaskFailed`, or
@@ -141,13 +196,17 @@ class HardTimeoutPool:
         timeout: float = 5.0,
         preload: Sequence[str] = (),
         startup_timeout: float = 60.0,
+        nice: int = 0,
+        spawn_after: float = 0.0,
     ):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
-        self.target, self.timeout = target, timeout
+        self.target, self.timeout, self.nice, self.spawn_after = target, timeout, nice, spawn_after
         self._preload, self._startup_timeout = tuple(preload), startup_timeout
         self._slots = threading.BoundedSemaphore(n_workers)
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)  # a worker went back to idle
+        self._starting = 0  # workers being started
         self._idle: List[_Worker] = []
         self._workers: "set[_Worker]" = set()
         self._ids = itertools.count()
@@ -165,9 +224,20 @@ class HardTimeoutPool:
         with self._lock:
             if self._closed:
                 raise PoolClosed("the pool is closed")
+            # A worker that frees up soon beats starting one (≈ 0.3 s of CPU): only tasks that
+            # keep every worker busy past `spawn_after` make the pool grow.
+            if not self._idle and (self._workers or self._starting) and self.spawn_after > 0:
+                self._returned.wait_for(lambda: self._idle or self._closed, timeout=self.spawn_after)
+                if self._closed:
+                    raise PoolClosed("the pool is closed")
             if self._idle:
                 return self._idle.pop()
-        worker = _Worker(self.target, self._preload, self._startup_timeout)
+            self._starting += 1
+        try:
+            worker = _Worker(self.target, self._preload, self._startup_timeout, self.nice)
+        finally:
+            with self._lock:
+                self._starting -= 1
         with self._lock:
             if self._closed:
                 worker.kill()
@@ -181,39 +251,74 @@ class HardTimeoutPool:
         with self._lock:
             self._workers.discard(worker)
 
-    def run(self, *args: Any, timeout: Optional[float] = None) -> Any:
+    def _acquire_slot(self, cancel: Optional[threading.Event]) -> None:
+        if cancel is None:
+            self._slots.acquire()
+            return
+        while not self._slots.acquire(timeout=_POLL_S):
+            if cancel.is_set():
+                raise TaskCancelled("cancelled while waiting for a free worker")
+        if cancel.is_set():
+            self._slots.release()
+            raise TaskCancelled("cancelled before it started")
+
+    def run(
+        self,
+        *args: Any,
+        timeout: Optional[float] = None,
+        cancel: Optional[threading.Event] = None,
+        demote_after: Optional[float] = None,
+    ) -> Any:
+        """`cancel`: an event that, once set, ends the call with TaskCancelled (its worker killed,
+        or the call never sent). `demote_after`: seconds after which a running call's worker
+        drops to the idle scheduling class (replaced after the call: a worker cannot be raised
+        back without privileges)."""
         budget = self.timeout if timeout is None else timeout
-        with self._slots:
-            worker = self._acquire_worker()
-            req_id = next(self._ids)
-            try:
-                worker.send({"id": req_id, "args": list(args)})
-                reply = worker.read(budget)
-            except (EOFError, OSError, ValueError):
-                self._discard(worker)
-                if self._closed:
-                    raise PoolClosed("the pool was closed during the task") from None
-                raise TaskFailed(f"pool worker {worker.pid} died during {self.target}{tuple(args)!r}") from None
-            if reply is None:
-                self._discard(worker)
-                with self._lock:
-                    self.n_timeouts += 1
-                raise TaskTimeout(f"{self.target}{tuple(args)!r} overran {budget:g} s; worker {worker.pid} killed")
+        self._acquire_slot(cancel)
+        try:
+            return self._run_in_slot(args, budget, cancel, demote_after)
+        finally:
+            self._slots.release()
+
+    def _run_in_slot(self, args, budget: float, cancel, demote_after) -> Any:
+        worker = self._acquire_worker()
+        req_id = next(self._ids)
+        try:
+            worker.send({"id": req_id, "args": list(args)})
+            reply = worker.read(budget, cancel, demote_after)
+        except TaskCancelled:
+            self._discard(worker)
+            raise
+        except (EOFError, OSError, ValueError):
+            self._discard(worker)
+            if self._closed:
+                raise PoolClosed("the pool was closed during the task") from None
+            raise TaskFailed(f"pool worker {worker.pid} died during {self.target}{tuple(args)!r}") from None
+        if reply is None:
+            self._discard(worker)
             with self._lock:
-                if self._closed:
-                    worker.kill()
-                else:
-                    self._idle.append(worker)
-            if reply.get("id") != req_id:
-                raise TaskFailed(f"pool worker {worker.pid} answered request {reply.get('id')}, expected {req_id}")
-            if not reply["ok"]:
-                raise TaskFailed(reply["error"])
-            return reply["result"]
+                self.n_timeouts += 1
+            raise TaskTimeout(f"{self.target}{tuple(args)!r} overran {budget:g} s; worker {worker.pid} killed")
+        with self._lock:
+            if self._closed:
+                worker.kill()
+            elif worker.demoted:
+                self._workers.discard(worker)
+                worker.kill()
+            else:
+                self._idle.append(worker)
+                self._returned.notify()
+        if reply.get("id") != req_id:
+            raise TaskFailed(f"pool worker {worker.pid} answered request {reply.get('id')}, expected {req_id}")
+        if not reply["ok"]:
+            raise TaskFailed(reply["error"])
+        return reply["result"]
 
     def close(self) -> None:
         """Kill every worker, including busy ones (their callers get `PoolClosed`)."""
         with self._lock:
             self._closed = True
+            self._returned.notify_all()
             idle, self._idle = self._idle, []
             busy = [w for w in self._workers if w not in idle]
             self._workers.clear()

@@ -1,4 +1,4 @@
-"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers|vs_trl_smollm2|long_task|vs_trl_long|timeline|vllm_engine [--short] [--out-dir docs] [--args='...']`
+"""`python -m scripts.bench all|e2e|generation|generation_sizes|stream|weight_update|manager|scaling|trainer|engine|launchers|time_to_accuracy|data_parallel|vs_trl|levers|vs_trl_smollm2|long_task|vs_trl_long|timeline|vllm_engine|reward_isolation [--short] [--out-dir docs] [--args='...']`
 
 Runs the chosen benchmarks one after another, each in its own process, and merges their JSON
 lines into `<out-dir>/benchmarks.json` and the generated tables into `<out-dir>/benchmarks.md`
@@ -33,6 +33,7 @@ TIMEOUT_S = {
     "vs_trl_long": 36000,
     "timeline": 1800,
     "vllm_engine": 1800,
+    "reward_isolation": 3600,
 }
 
 

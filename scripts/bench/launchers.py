@@ -74,6 +74,19 @@ def _stop(proc: subprocess.Popen, grace: float = 60.0) -> None:
     proc.wait(30)
 
 
+def default_run(trial: str, fileroot: str, steps: int, *overrides: str) -> List[str]:
+    """The command of `steps` steps of the embedded default, without evaluation, in `fileroot`."""
+    return [
+        PYTHON,
+        "training/main_async_ppo.py",
+        f"trial_name={trial}",
+        f"cluster.fileroot={fileroot}",
+        "evaluation.n_prompts=0",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *overrides,
+    ]
+
+
 def run_once(name: str, repeat: int, steps: int, timeout: float) -> Dict:
     """One training run with launcher `name`; returns its figures (raises, naming the run and with
     the tail of its output, on failure or timeout)."""
@@ -82,15 +95,7 @@ def run_once(name: str, repeat: int, steps: int, timeout: float) -> Dict:
     fileroot = tempfile.mkdtemp(prefix=f"bench_launchers_{name}_")
     log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
     out_path = os.path.join(fileroot, "bench_output.txt")  # outside logs/, removed with the fileroot
-    cmd = [
-        PYTHON,
-        "training/main_async_ppo.py",
-        f"trial_name={trial}",
-        f"cluster.fileroot={fileroot}",
-        "evaluation.n_prompts=0",
-        f"exp_ctrl.benchmark_steps={steps}",
-        *LAUNCHERS[name],
-    ]
+    cmd = default_run(trial, fileroot, steps, *LAUNCHERS[name])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     load_before = load_average()
     try:

@@ -82,6 +82,23 @@ def blocking_reward(prompt, completion, *, query_id, solutions, **row):
     return answer_matches(prompt, completion, solutions)
 
 
+def spinning_reward(prompt, completion, *, query_id, solutions, **row):
+    """A synchronous reward function that spins the CPU forever on about 3% of the prompts
+    (bucket 0 of 32: a regex gone exponential, a loop that never ends) and otherwise grades like
+    `helpers.user_agents:answer_matches` (issue 49: such a call is killed, not left running)."""
+    if bucket(query_id, 32) == 0:
+        while True:
+            pass
+    return answer_matches(prompt, completion, solutions)
+
+
+def sleeping_reward(prompt, completion, *, query_id, solutions, **row):
+    """Sleeps forever on about 30% of the prompts (buckets 0-2 of 10), else grades."""
+    if bucket(query_id, 10) < 3:
+        time.sleep(3600)
+    return answer_matches(prompt, completion, solutions)
+
+
 class MissingFieldAgent(MathSingleStepAgent):
     """`math-single-step` written for rows with a `tgt` field the embedded data does not have: every
     episode raises the same KeyError at the same line (a deterministic error in user code)."""

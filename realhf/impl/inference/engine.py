@@ -73,6 +73,7 @@ class _Req:
     future: Future
     t_submit: float
     stop_ids: List[int]  # EOS (unless ignore_eos) + stop_token_ids
+    seen: List[int] = field(default_factory=list)  # the output so far, kept only for a stop_check
     # (first output token index, weight version) from admission on: more than one entry when
     # the weights changed under a running request (keep_running_on_update)
     versions: List[Tuple[int, int]] = field(default_factory=list)
@@ -157,7 +158,7 @@ class Engine:
         self.aborted_total = 0
         self.failed_steps_total = 0
         self._admitting: List[_Req] = []  # taken from the queue, not yet in a slot
-        self._n_streaming = 0  # live requests with an on_token callback: a step looks for them only then
+        self._n_watched = 0  # live requests with on_token or stop_check: a step looks at tokens on the host only then
         self._tput = 0.0
         self._tput_mark = (time.monotonic(), 0)
         self._last_log = time.monotonic()
@@ -204,7 +205,7 @@ class Engine:
             check_new_rids(rids, self._live)
             for r in queued:
                 self._live[r.req.rid] = r
-            self._n_streaming += sum(r.req.on_token is not None for r in queued)
+            self._n_watched += sum(r.req.watched for r in queued)
             # Under the lock (stop() cannot miss them when draining), in one deque call (the
             # engine thread sees all of them or none).
             self._waiting.extend(queued)
@@ -384,7 +385,7 @@ class Engine:
         for r in failed:
             with self._live_lock:
                 self._live.pop(r.req.rid, None)
-                self._n_streaming -= r.req.on_token is not None
+                self._n_watched -= r.req.watched
             self.requests_total += 1
             if not r.future.done():
                 r.future.set_exception(error)
@@ -515,26 +516,37 @@ class Engine:
         """Sample one token for rows lo..hi-1 from their logits, append it, retire finished rows."""
         finished, reasons = self.slots.sample_append(logits, lo, hi, self.generator)
         self.generation_tokens_total += hi - lo
-        if self._n_streaming:
-            self._stream_tokens(lo, hi, set(finished))
+        if self._n_watched:
+            self._watch_tokens(lo, hi, finished, reasons)
         if finished:
             self._retire(finished, reasons)
 
-    def _stream_tokens(self, lo: int, hi: int, finished: set) -> None:
-        """Hand the token just sampled (and its log-prob) of each streaming row in lo..hi-1 to its
-        request's callback: one transfer to the host for all of them, only on steps that stream.
-        A row that just finished is left out: its last token comes with its result."""
-        rows = [i for i in range(lo, hi) if self.slot_req[i].req.on_token is not None and i not in finished]
+    def _watch_tokens(self, lo: int, hi: int, finished: List[int], reasons: List[Dict[str, Any]]) -> None:
+        """The token just sampled by each watched row in lo..hi-1 (one transfer to the host for
+        all of them, only on steps that have such rows): a row whose stop_check matches joins
+        `finished` (with its reason in `reasons`); the others hand it to their on_token. A row
+        that finishes is not streamed: its last token comes with its result."""
+        rows = [i for i in range(lo, hi) if self.slot_req[i].req.watched]
         if not rows:
             return
         idx = torch.tensor(rows, device=self.device)  # [k]
         tokens = self.slots.last_tok[idx].tolist()
         logprobs = self.slots.out_lp[idx, self.slots.n_gen[idx] - 1].tolist()
+        done = set(finished)
         for i, tok, lp in zip(rows, tokens, logprobs):
+            r = self.slot_req[i]
             try:
-                self.slot_req[i].req.on_token(tok, lp)
+                if r.req.stop_check is not None:
+                    r.seen.append(tok)
+                    matched = None if i in done else r.req.stop_check(r.seen)
+                    if matched is not None:
+                        finished.append(i)
+                        reasons.append({"type": "stop", "matched": matched})
+                        done.add(i)
+                if r.req.on_token is not None and i not in done:
+                    r.req.on_token(tok, lp)
             except Exception as e:  # a consumer's bug must not fail the step of everyone else
-                logger.warning(f"{self.name}: on_token of {self.slot_req[i].req.rid!r} raised {e!r}")
+                logger.warning(f"{self.name}: the token callback of {r.req.rid!r} raised {e!r}")
 
     # ---- leaving --------------------------------------------------------------------------------
     def _retire(self, slots: List[int], reasons: List[Dict[str, Any]]) -> None:
@@ -563,7 +575,7 @@ class Engine:
     def _finish(self, r: _Req, ids: List[int], lps: List[float], reason: Dict[str, Any]) -> None:
         with self._live_lock:
             self._live.pop(r.req.rid, None)
-            self._n_streaming -= r.req.on_token is not None
+            self._n_watched -= r.req.watched
         self.requests_total += 1
         self.aborted_total += reason["type"] == "abort"
         result = GenerateResult(

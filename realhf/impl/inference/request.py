@@ -37,6 +37,16 @@ class GenerateRequest:
     # stream's last event carries the last token and the finish reason together, as SGLang's
     # does); it must only hand them over (e.g. loop.call_soon_threadsafe).
     on_token: Optional[Callable[[int, float], None]] = None
+    # Stop strings (or any rule on the text so far): called on the engine thread with the output
+    # ids after each generated token; a string it returns ends the request at that token with
+    # finish_reason {"type": "stop", "matched": the string}, as SGLang's stop strings do. A token
+    # that also reaches max_new_tokens ends with `length` (SGLang checks the length first).
+    stop_check: Optional[Callable[[List[int]], Optional[str]]] = None
+
+    @property
+    def watched(self) -> bool:
+        """Whether the engine must look at each of its tokens on the host as they come."""
+        return self.on_token is not None or self.stop_check is not None
 
 
 @dataclass

@@ -330,7 +330,12 @@ class VLLMEngine:
                     prompt, self._sampling_factory(**sampling_kwargs(req)), request_id=req.rid
                 ):
                     c = out.outputs[0]
-                    self._take(item, list(c.token_ids), c.logprobs, out.finished)
+                    matched = self._take(item, list(c.token_ids), c.logprobs, out.finished)
+                    if matched is not None:  # a stop string: the answer ends at its token
+                        finish = {"type": "stop", "matched": matched}
+                        if not out.finished:
+                            await self._llm.abort([req.rid])
+                        break
                     if out.finished:
                         finish = self._finish_reason(c, len(item.ids))
                     elif item.aborted:  # the abort may have reached vLLM before this request
@@ -345,19 +350,27 @@ class VLLMEngine:
             return
         self._settle(item, finish=finish)
 
-    def _take(self, item: _Live, ids: List[int], logprobs, finished: bool = False) -> None:
+    def _take(self, item: _Live, ids: List[int], logprobs, finished: bool = False) -> Optional[str]:
+        """Append an output's new tokens, token by token: the stop string a token completes (the
+        answer then ends there, the tokens after it dropped), else None. Each token but the
+        answer's last goes to on_token as it is taken."""
         if not ids:
-            return
+            return None
         if not item.marks or item.marks[-1][1] != self.weight_version:
             item.marks.append((len(item.ids), self.weight_version))
-        lps = [float(d[t].logprob) for t, d in zip(ids, logprobs)]
-        item.ids.extend(ids)
-        item.logprobs.extend(lps)
-        self.generation_tokens_total += len(ids)
-        if item.req.on_token is not None:
-            streamed = len(ids) - 1 if finished else len(ids)  # the last comes with the result
-            for t, lp in zip(ids[:streamed], lps[:streamed]):
-                item.req.on_token(t, lp)
+        check, on_token = item.req.stop_check, item.req.on_token
+        for k, (t, d) in enumerate(zip(ids, logprobs)):
+            lp = float(d[t].logprob)
+            item.ids.append(t)
+            item.logprobs.append(lp)
+            self.generation_tokens_total += 1
+            last = finished and k == len(ids) - 1  # ended by vLLM: length or a stop token first
+            matched = None if check is None or last else check(item.ids)
+            if on_token is not None and not last and matched is None:
+                on_token(t, lp)
+            if matched is not None:
+                return matched
+        return None
 
     def _finish_reason(self, c, n: int) -> Dict[str, Any]:
         """SGLang's finish_reason from vLLM's: stop (with the matched token), length, abort."""

@@ -7,10 +7,14 @@ means right, e.g. `code`; the numbers of the step's `info["metrics"]` go into `O
 names a function `module:function`, by `reward_fn(prompt, completion, **row)` (the row's other
 fields as keywords; may be async): a number is the reward, True/False mean ±1.
 
-User code never blocks the rollout worker's event loop: a synchronous reward_fn runs in one of
-the agent's `reward_threads` daemon threads, an async one on the loop; both are bounded by
-`rollout.agent.reward_timeout`, past which the episode fails with `RewardTimeout` naming the
-function, the prompt and the timeout (the rollout worker counts it failed and frees its slot).
+User code never blocks the rollout worker's event loop, and a call that never returns is
+stopped: a synchronous reward_fn runs in `rollout.agent.reward_processes` subprocesses
+(realhf.plugins.agents.reward_processes; with `reward_isolation=thread`, in one of the agent's
+`reward_threads` daemon threads instead), an async one on the loop; all are bounded by
+`rollout.agent.reward_timeout`, past which the call is killed (a process), cancelled (a
+coroutine) or abandoned (a thread), and the episode fails with `RewardTimeout` naming the
+function, the prompt and the timeout (the rollout worker counts it `reward_timed_out` and frees
+its slot).
 """
 
 from __future__ import annotations
@@ -22,23 +26,20 @@ import math
 import time
 from typing import Any, Callable, Dict, Optional
 
-from realhf.api.agent import Agent, EpisodeResult, Outcome, load_reward_fn, register_agent
+from realhf.api.agent import Agent, EpisodeResult, Outcome, RewardTimeout, load_reward_fn, register_agent
+from realhf.api.cli_args import AgentConfig
 from realhf.base.daemon_threads import DaemonThreads
+from realhf.base.hard_timeout_pool import TaskTimeout
+from realhf.plugins.agents.reward_processes import RewardProcesses, SamePromptTimedOut
 
-DEFAULT_REWARD_TIMEOUT_S = 60.0
-
-
-# Why threads (realhf.base.daemon_threads) and not realhf.base.hard_timeout_pool (subprocesses that
-# can be killed): a reward_fn gets the row's values and returns whatever it likes (numpy bools,
-# objects of the user's module); a subprocess pool takes and gives JSON only, and would re-import
-# the user's module (and any model it loads) in every worker, losing its in-process state.
+DEFAULT_REWARD_TIMEOUT_S = AgentConfig.reward_timeout  # for callers without a config (scripts, tests)
 
 
-class RewardTimeout(Exception):
-    """A reward_fn did not return within rollout.agent.reward_timeout.
-
-    Not a TimeoutError: the rollout worker reads a TimeoutError out of an episode as its own
-    rollout.episode_timeout, and this is another limit with another remedy."""
+# Why processes by default, and threads still on offer: a thread stuck in a call cannot be
+# stopped, and it holds the interpreter (a reward_fn spinning on 3% of prompts slowed a run ten
+# times; one sleeping on 30% used up every thread, issue 49); a process is killed at the timeout.
+# Threads keep what processes cannot: row values and rewards that are not JSON, and state shared
+# with the rollout worker (reward_isolation=thread).
 
 
 def _is_async(fn: Callable) -> bool:
@@ -76,13 +77,24 @@ async def call_reward_fn(
     *,
     timeout: float = DEFAULT_REWARD_TIMEOUT_S,
     threads: Optional[DaemonThreads] = None,
+    processes: Optional[RewardProcesses] = None,
     name: str = "",
     key: str = "rollout.agent.reward_fn",
 ) -> Any:
-    """`fn(prompt, completion, **row)` within `timeout` s: a synchronous fn in one of `threads`
-    (the event loop goes on meanwhile), an async one on the loop (cancelled at the timeout).
-    RewardTimeout names the function (`key`=`name`, default its module:qualname) and the prompt."""
+    """`fn(prompt, completion, **row)` within `timeout` s: a synchronous fn in `processes` (killed
+    at the timeout) or else one of `threads` (the event loop goes on meanwhile), an async one on
+    the loop (cancelled at the timeout). RewardTimeout names the function (`key`=`name`, default
+    its module:qualname) and the prompt."""
     others = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
+    if processes is not None and not _is_async(fn):
+        try:
+            return await processes.call(row.get("prompt", ""), completion, others, timeout)
+        except SamePromptTimedOut:
+            where = _where(name or _name_of(fn), row, timeout, key)
+            raise RewardTimeout(f"{where} (its first call for this prompt did not: this one was not made)") from None
+        except TaskTimeout:
+            where = _where(name or _name_of(fn), row, timeout, key)
+            raise RewardTimeout(f"{where}; its process was killed. Make it faster or raise the timeout.") from None
     call = functools.partial(fn, row.get("prompt", ""), completion, **others)
     deadline = time.monotonic() + timeout
     # A caller without an agent (a script, a test) gets a thread of its own for this call.
@@ -98,11 +110,15 @@ async def call_reward_fn(
         raise _timeout_error(name or _name_of(fn), row, timeout, threads, key) from None
 
 
+def _where(name: str, row: Dict[str, Any], timeout: float, key: str) -> str:
+    timeout_key = key.rsplit(".", 1)[0] + ".reward_timeout"
+    return f"{key}={name} did not return within {timeout_key}={timeout:g}s for prompt {row.get('query_id', '?')!r}"
+
+
 def _timeout_error(
     name: str, row: Dict[str, Any], timeout: float, threads: Optional[DaemonThreads], key: str
 ) -> RewardTimeout:
-    timeout_key = key.rsplit(".", 1)[0] + ".reward_timeout"
-    where = f"{key}={name} did not return within {timeout_key}={timeout:g}s for prompt {row.get('query_id', '?')!r}"
+    where = _where(name, row, timeout, key)
     if threads is None:
         return RewardTimeout(f"{where}; the coroutine was cancelled. Make it faster or raise the timeout.")
     stuck = f"{threads.busy}/{threads.size} reward threads are busy in calls that have not returned"
@@ -136,10 +152,17 @@ class MathSingleStepAgent(Agent):
 
     def __init__(self, config: Any = None, **kwargs: Any):
         super().__init__(config, **kwargs)
-        self.reward_fn_name = getattr(config, "reward_fn", "")
+        cfg = config if config is not None else AgentConfig()  # the config tree's defaults
+        self.reward_fn_name = cfg.reward_fn
         self.reward_fn = load_reward_fn(self.reward_fn_name)
-        self.reward_timeout = float(getattr(config, "reward_timeout", DEFAULT_REWARD_TIMEOUT_S))
-        self._threads = DaemonThreads(self.reward_threads, name="reward") if self.reward_fn is not None else None
+        self.reward_timeout = float(cfg.reward_timeout)
+        self._threads = self._processes = None
+        if self.reward_fn is None or _is_async(self.reward_fn):
+            pass
+        elif cfg.reward_isolation == "process":
+            self._processes = RewardProcesses(self.reward_fn_name, cfg.reward_processes, cfg.reward_nice)
+        else:
+            self._threads = DaemonThreads(self.reward_threads, name="reward")
 
     async def run_episode(self, row: Dict[str, Any], gen: Any, env: Any) -> EpisodeResult:
         answer = await gen()
@@ -150,6 +173,7 @@ class MathSingleStepAgent(Agent):
                 answer.text,
                 timeout=self.reward_timeout,
                 threads=self._threads,
+                processes=self._processes,
                 name=self.reward_fn_name,
             )
         _, reward, _, info = await env.step(answer.text)

@@ -24,7 +24,7 @@ on and the worker does not crash.
 
 `MCPEnv` runs the tool calls of a step. Without `reward_fn` it grades nothing (reward 0.0, never
 done); with `reward_fn: module:function` (resolved like rollout.agent.reward_fn, called as
-`reward_fn(prompt, completion, **row)` in a thread, within `reward_timeout`), every step's
+`reward_fn(prompt, completion, **row)` in a reward process, killed past `reward_timeout`), every step's
 completion is graded by it: a number is the reward, True/False mean 1.0/0.0, and the step is done.
 """
 
@@ -366,7 +366,9 @@ class MCPEnv(Environment):
     """Each step runs tool calls on the worker's MCP server; graded by `reward_fn` if given, else
     reward 0.0 and never done."""
 
-    _reward_threads: Any = None  # realhf.base.daemon_threads.DaemonThreads for a sync reward_fn
+    # A sync reward_fn runs in processes killed at its timeout (realhf.plugins.agents.reward_processes),
+    # per function name, shared by the worker's episodes.
+    _reward_processes: Dict[str, Any] = {}
 
     def __init__(
         self,
@@ -452,16 +454,19 @@ class MCPEnv(Environment):
             return results, 0.0, False, {"errors": errors}
         from realhf.plugins.agents.math_single_step import call_reward_fn
 
-        if MCPEnv._reward_threads is None:  # shared by the worker's episodes, made at the first grading
-            from realhf.base.daemon_threads import DaemonThreads
+        processes = MCPEnv._reward_processes.get(self.reward_fn_name)
+        if processes is None:  # shared by the worker's episodes, made at the first grading
+            from realhf.api.cli_args import AgentConfig
+            from realhf.plugins.agents.reward_processes import RewardProcesses
 
-            MCPEnv._reward_threads = DaemonThreads(32, name="mcp-reward")
+            n, nice = AgentConfig.reward_processes, AgentConfig.reward_nice  # the agent's defaults
+            processes = MCPEnv._reward_processes[self.reward_fn_name] = RewardProcesses(self.reward_fn_name, n, nice)
         value = await call_reward_fn(
             self.reward_fn,
             self.row,
             action,
             timeout=self.reward_timeout,
-            threads=MCPEnv._reward_threads,
+            processes=processes,
             name=self.reward_fn_name,
             key=f"{ENV_KEY}.reward_fn",
         )

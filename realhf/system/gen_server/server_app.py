@@ -9,7 +9,8 @@
     POST /init_weights_update_group, /update_weights_from_distributed, /destroy_weights_update_group
                                     new weights broadcast by the trainer (realhf.impl.inference.weight_receiver)
     POST /abort_request             {rid} or {abort_all: true} -> 200, an empty body (SGLang's)
-    GET  /health, /health_generate, /v1/models, /get_model_info, /metrics; GET|POST /flush_cache
+    GET  /health, /health_generate, /v1/models, /get_model_info, /get_server_info, /metrics;
+         GET|POST /flush_cache
     GET  /openapi.json              the request bodies above as an OpenAPI spec
 
 The JSON fields are re-declared here (importing sglang drags in torchvision). Unknown fields are
@@ -252,6 +253,15 @@ def _inside(path: str, root: str) -> bool:
     return os.path.commonpath([path, root]) == root
 
 
+def _realhf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("realhf")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        return "unknown"
+
+
 def create_app(
     engine: Engine,
     served_model_name: str = "",
@@ -318,9 +328,7 @@ def create_app(
             _forget_groups(plan)
         if results is None:
             return Response(status_code=499)  # nobody is listening any more
-        items = [
-            answer_item(r, body.return_logprob, tokenizer, skip) for r, skip in zip(results, plan.skip_special_tokens)
-        ]
+        items = [answer_item(r, body.return_logprob, tokenizer, opts) for r, opts in zip(results, plan.text_options)]
         return _json(items if plan.is_list else items[0])
 
     def _forget_groups(plan: Plan) -> None:
@@ -376,7 +384,7 @@ def create_app(
                         except (EngineStepError, EngineClosedError) as e:
                             yield _sse({"error": {"message": str(e)}, **index})
                             continue
-                        item = answer_item(result, return_logprob, tokenizer, plan.skip_special_tokens[i])
+                        item = answer_item(result, return_logprob, tokenizer, plan.text_options[i])
                     else:
                         item = partial_item(
                             reqs[i].rid,
@@ -386,7 +394,7 @@ def create_app(
                             engine.weight_version,
                             return_logprob,
                             tokenizer,
-                            plan.skip_special_tokens[i],
+                            plan.text_options[i],
                         )
                     yield _sse({**item, **index})
             yield b"data: [DONE]\n\n"
@@ -592,6 +600,29 @@ def create_app(
                 "has_audio_understanding": False,
                 "model_type": model_type,
                 "architectures": architectures,
+            }
+        )
+
+    @app.get("/get_server_info")
+    async def server_info():
+        # SGLang answers its server arguments, its scheduler's limits, one internal state per DP
+        # rank and its version; these are the keys its clients read (fixtures.py: SERVER_INFO).
+        st = engine.stats()
+        return _json(
+            {
+                "model_path": engine.model_path,
+                "tokenizer_path": (tokenizer_path or engine.model_path) if tokenizer is not None else None,
+                "served_model_name": model_name,
+                "skip_tokenizer_init": tokenizer is None,
+                "context_length": st.context_len,
+                "max_running_requests": st.n_slots,
+                "max_total_num_tokens": st.n_slots * st.context_len,
+                "max_req_input_len": st.context_len - 1,
+                "tp_size": 1,
+                "dp_size": 1,
+                "weight_version": str(engine.weight_version),
+                "internal_states": [{"last_gen_throughput": st.gen_throughput}],  # running counts: /metrics
+                "version": f"realhf-{_realhf_version()}",
             }
         )
 

@@ -7,6 +7,12 @@ The body is SGLang's `GenerateReqInput` (the fields this engine serves):
                          per prompt (the same n for the whole batch, as SGLang requires)
     return_logprob, stream, rid (a string, or a list of one per prompt)
 
+Stop strings (`sampling_params.stop`, needs the server's tokenizer) are matched on the decoded
+tail of the output after every token (`StopStrings`); the answer ends at the token that completes
+one, with finish_reason {"type": "stop", "matched": the string}, and its `text` is cut before the
+string, as SGLang's detokenizer cuts it (a stop token is cut from the text too), unless
+`no_stop_trim`. `output_ids` keep every generated token, as SGLang's do.
+
 A request becomes len(batch) × n engine requests in SGLang's order, prompt-major: the n samples of
 prompt 0, then those of prompt 1, ... The answer is one object for a single prompt with n == 1,
 else a list in that order (SGLang's shapes). Each item: `text` (when the server has a tokenizer),
@@ -104,12 +110,13 @@ REFUSED_FIELDS = {  # field -> the values accepted (meaning what this server doe
     "max_thinking_tokens": _NONE,
 }
 SERVED_SAMPLING = frozenset(
-    "max_new_tokens min_new_tokens temperature top_p top_k stop_token_ids ignore_eos skip_special_tokens n".split()
+    (
+        "max_new_tokens min_new_tokens temperature top_p top_k stop_token_ids stop no_stop_trim ignore_eos "
+        "skip_special_tokens n"
+    ).split()
 )
 HINT_SAMPLING = frozenset(("stream_interval",))  # how often a stream sends: here, every token
 REFUSED_SAMPLING = {
-    "stop": (None, "", []),
-    "no_stop_trim": _FALSE,  # only matters with stop strings
     "stop_regex": _NONE,
     "min_p": (0, 0.0, None),
     "frequency_penalty": (0, 0.0, None),
@@ -128,7 +135,11 @@ REFUSED_SAMPLING = {
     "choice": ([], None),
 }
 SGLANG_SAMPLING_PARAMS = SERVED_SAMPLING | HINT_SAMPLING | frozenset(REFUSED_SAMPLING)
-INSTEAD = {"stop": ", end on token ids with stop_token_ids"}
+INSTEAD = {"stop_regex": ", end on strings with stop"}
+# Stop strings per request and their length: each is looked for in the decoded tail of the output
+# after every token, so the work per token grows with both.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 256
 
 
 def _refused(data: Dict[str, Any], table: Dict[str, tuple], served: frozenset, prefix: str) -> None:
@@ -151,6 +162,7 @@ class SamplingParamsBody(BaseModel):
     top_k: int = -1
     stop_token_ids: Optional[List[int]] = None
     stop: Optional[Union[str, List[str]]] = None
+    no_stop_trim: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     n: int = 1
@@ -202,12 +214,64 @@ def load_tokenizer(path: str) -> Optional[Any]:
         return None
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a request's `text` is made from its output ids (SGLang's sampling_params of the same names)."""
+
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False  # keep the matched stop string (or stop token) at the end of the text
+
+
+class StopStrings:
+    """SGLang's stop strings of one request, as a GenerateRequest.stop_check: the first of
+    `strings` found in the decoded tail of the output ends it, from min_new_tokens on (SGLang's
+    order). The tail is long enough for any of them: a character takes at most 4 tokens (one per
+    UTF-8 byte, byte-level BPE), and a token that decodes to nothing (a skipped special token)
+    is rare enough that two more cover it."""
+
+    def __init__(self, strings: List[str], tokenizer: Any, min_new_tokens: int, skip_special_tokens: bool):
+        self.strings = strings
+        self.tokenizer = tokenizer
+        self.min_new_tokens = min_new_tokens
+        self.skip_special_tokens = skip_special_tokens
+        self.window = 4 * max(len(x) for x in strings) + 2
+
+    def __call__(self, ids: List[int]) -> Optional[str]:
+        if len(ids) < self.min_new_tokens:
+            return None
+        tail = self.tokenizer.decode(ids[-self.window :], skip_special_tokens=self.skip_special_tokens)
+        for x in self.strings:
+            if x in tail:
+                return x
+        return None
+
+
+def _stop_strings(sp: SamplingParamsBody, tokenizer: Optional[Any], no_tokenizer_reason: str) -> Optional[StopStrings]:
+    """The stop check of `sp.stop` (None without stop strings); BadRequest naming what is wrong."""
+    if sp.stop in (None, "", []):  # SGLang's "no stop strings"
+        return None
+    strings = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop)
+    if any(x == "" for x in strings):
+        raise BadRequest("sampling_params.stop contains an empty string, which would end every answer at once")
+    if len(strings) > MAX_STOP_STRINGS:
+        raise BadRequest(f"sampling_params.stop has {len(strings)} strings; at most {MAX_STOP_STRINGS}")
+    longest = max(len(x) for x in strings)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise BadRequest(f"sampling_params.stop has a string of {longest} characters; at most {MAX_STOP_STRING_CHARS}")
+    if tokenizer is None:
+        raise BadRequest(
+            f"sampling_params.stop (stop strings) needs a tokenizer and {no_tokenizer_reason}: "
+            "end on token ids with stop_token_ids"
+        )
+    return StopStrings(strings, tokenizer, sp.min_new_tokens, sp.skip_special_tokens)
+
+
 @dataclass
 class Plan:
     """What one /generate body asks the engine for."""
 
     requests: List[GenerateRequest]  # prompt-major: the n samples of prompt 0, then of prompt 1, ...
-    skip_special_tokens: List[bool]  # per request, for its `text`
+    text_options: List["TextOptions"]  # per request, for its `text`
     is_list: bool  # the answer is a list (a batch, or n > 1), as SGLang answers
     groups: Dict[str, List[str]] = field(default_factory=dict)  # a prompt's rid -> its n samples' rids
 
@@ -257,8 +321,6 @@ def plan_generate(
             f"{len(prompts)} prompts x sampling_params.n={n} = {len(prompts) * n} samples; at most {max_samples} "
             "per request: split the batch"
         )
-    if any(sp.stop for sp in sps):
-        raise BadRequest("sampling_params.stop (stop strings) is not supported by this server; use stop_token_ids")
     rids = body.rid
     if isinstance(rids, list):
         if len(rids) != len(prompts):
@@ -268,6 +330,7 @@ def plan_generate(
     else:
         rids = [rids or ""] * len(prompts)
     plan = Plan([], [], is_list=batch or n > 1)
+    checks = {id(sp): _stop_strings(sp, tokenizer, no_tokenizer_reason) for sp in sps}
     for prompt, sp, rid in zip(prompts, sps, rids):
         sampling = SamplingParams(
             max_new_tokens=sp.max_new_tokens,
@@ -282,18 +345,33 @@ def plan_generate(
         if rid and n > 1:
             plan.groups[rid] = sample_rids
         for sample_rid in sample_rids:
-            plan.requests.append(GenerateRequest(input_ids=list(prompt), sampling=sampling, rid=sample_rid))
-            plan.skip_special_tokens.append(sp.skip_special_tokens)
+            plan.requests.append(
+                GenerateRequest(input_ids=list(prompt), sampling=sampling, rid=sample_rid, stop_check=checks[id(sp)])
+            )
+            plan.text_options.append(TextOptions(sp.skip_special_tokens, sp.no_stop_trim))
     return plan
 
 
+def answer_text(tokenizer: Any, ids: List[int], finish_reason: Dict[str, Any], opts: TextOptions) -> str:
+    """An answer's `text` as SGLang's detokenizer makes it: without the stop token or the stop
+    string (and what follows it in the last token) that ended it, unless no_stop_trim."""
+    matched = finish_reason.get("matched") if finish_reason.get("type") == "stop" else None
+    if opts.no_stop_trim or matched is None:
+        return tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens)
+    if isinstance(matched, str):
+        text = tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens)
+        pos = text.find(matched)
+        return text[:pos] if pos >= 0 else text
+    return tokenizer.decode(ids[:-1], skip_special_tokens=opts.skip_special_tokens)
+
+
 def answer_item(
-    result: GenerateResult, return_logprob: bool, tokenizer: Optional[Any], skip_special_tokens: bool
+    result: GenerateResult, return_logprob: bool, tokenizer: Optional[Any], opts: TextOptions
 ) -> Dict[str, Any]:
     """One item of the answer: the result in SGLang's shape, with `text` when there is a tokenizer."""
     out = result.to_sglang(return_logprob)
     if tokenizer is not None:
-        out = {"text": tokenizer.decode(result.output_ids, skip_special_tokens=skip_special_tokens), **out}
+        out = {"text": answer_text(tokenizer, result.output_ids, result.finish_reason, opts), **out}
     return out
 
 
@@ -305,7 +383,7 @@ def partial_item(
     weight_version: int,
     return_logprob: bool,
     tokenizer: Optional[Any],
-    skip_special_tokens: bool,
+    opts: TextOptions,
 ) -> Dict[str, Any]:
     """A streamed item before its end: the output so far, finish_reason null."""
     meta: Dict[str, Any] = {
@@ -323,5 +401,5 @@ def partial_item(
         meta["output_token_logprobs_length"] = len(ids)
     out: Dict[str, Any] = {"output_ids": list(ids), "meta_info": meta}
     if tokenizer is not None:
-        out = {"text": tokenizer.decode(ids, skip_special_tokens=skip_special_tokens), **out}
+        out = {"text": tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens), **out}
     return out

@@ -32,8 +32,9 @@ from realhf.base import name_resolve
 
 # Why a rollout ended without a group for the trainer: a filter (the agent returned none), an
 # error or timeout in the episode, a group the trainer would refuse, one too large to send, a
-# prompt no server can answer (dropped once: beyond what validation scanned).
-ENDED_REASONS = ("filtered", "failed", "timed_out", "malformed", "too_large", "bad_prompt")
+# prompt no server can answer (dropped once: beyond what validation scanned), a reward function
+# that did not return within rollout.agent.reward_timeout.
+ENDED_REASONS = ("filtered", "failed", "timed_out", "malformed", "too_large", "bad_prompt", "reward_timed_out")
 
 _ADMITTED, _RUN, _ACCEPTED, _ENDED, _ABANDONED, _STARTS = (
     "admitted",

@@ -48,7 +48,7 @@ import time
 from collections import deque
 from typing import Dict, Optional
 
-from realhf.api.agent import make_agent
+from realhf.api.agent import RewardTimeout, make_agent
 from realhf.api.env import EnvFactory
 from realhf.api.prompt import PromptRow
 from realhf.api.trajectory import Trajectory
@@ -411,6 +411,8 @@ class RolloutWorker(AsyncWorker):
                     if isinstance(e, MessageTooLarge)
                     else "timed_out"
                     if isinstance(e, EpisodeTimeout)
+                    else "reward_timed_out"
+                    if isinstance(e, RewardTimeout)
                     else "malformed"
                     if isinstance(e, MalformedGroup)
                     else "failed"

@@ -1,4 +1,5 @@
-"""SGLang conformance: the request and answer shapes of every SGLang endpoint realhf uses, written
+"""SGLang conformance: the request and answer shapes of every SGLang endpoint realhf uses (and of
+/get_server_info, which SGLang's own clients read), written
 down from SGLang's own source for one named release (`fixtures.SGLANG`), and a suite that checks a
 running server against them (docs/scaling.md, "Is this server SGLang enough?").
 

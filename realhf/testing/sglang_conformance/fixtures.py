@@ -252,6 +252,20 @@ GENERATE_ITEM = obj(
 )
 GENERATE_ITEM_WITH_LOGPROBS = with_fields(GENERATE_ITEM, meta_info=field(META_INFO_WITH_LOGPROBS, required=True))
 GENERATE_ITEM_WITH_TEXT = with_fields(GENERATE_ITEM, text=field(STR, required=True))
+# A streamed event before the item's last: the output so far, finish_reason null; the spans and
+# the latency come with the last event (which is a whole GENERATE_ITEM).
+STREAMED_ITEM_WITH_LOGPROBS = with_fields(
+    GENERATE_ITEM,
+    meta_info=field(
+        with_fields(
+            META_INFO_WITH_LOGPROBS,
+            finish_reason=field(NULL, required=True),
+            weight_versions=field(list_of(WEIGHT_VERSION_SPAN)),
+            e2e_latency=field(NUMBER),
+        ),
+        required=True,
+    ),
+)
 
 # ---- the other endpoints -----------------------------------------------------------------------
 
@@ -351,6 +365,27 @@ MODEL_INFO = obj(
         "embedding": field(ANY, doc="embedding models only"),
     }
 )
+# SGLang's /get_server_info is its ServerArgs, its scheduler's limits, one internal state per DP
+# rank and its version (many more keys than these: only the ones clients read are required).
+SERVER_INFO = obj(
+    {
+        "model_path": field(STR, required=True),
+        "tokenizer_path": field(nullable(STR), required=True),
+        "served_model_name": field(STR),
+        "skip_tokenizer_init": field(BOOL, required=True),
+        "context_length": field(nullable(INT), required=True),
+        "max_running_requests": field(nullable(INT), required=True),
+        "max_total_num_tokens": field(INT, required=True, doc="the KV cache's capacity in tokens"),
+        "max_req_input_len": field(INT, required=True),
+        "tp_size": field(INT, required=True),
+        "dp_size": field(INT, required=True),
+        "weight_version": field(STR),
+        "internal_states": field(
+            list_of(obj({"last_gen_throughput": field(NUMBER, required=True)})), required=True, doc="one per DP rank"
+        ),
+        "version": field(STR, required=True),
+    }
+)
 ERROR_ANSWER = obj({"error": field(ANY, required=True)})  # /generate's 400; other 400s vary in shape
 
 # ---- the endpoints -----------------------------------------------------------------------------
@@ -409,6 +444,11 @@ ENDPOINTS: Dict[str, Dict[str, Any]] = {
         "request": None,
         "answers": {"200": "JSON, MODEL_INFO (SGLang logs it as deprecated for /model_info, which answers the same)"},
     },
+    "/get_server_info": {
+        "methods": ["GET"],
+        "request": None,
+        "answers": {"200": "JSON, SERVER_INFO"},
+    },
     "/health": {
         "methods": ["GET"],
         "request": None,
@@ -444,6 +484,16 @@ EXAMPLES: List[Dict[str, Any]] = [
         "status": 200,
         "answer": {"content": "json", "shape": MODEL_INFO},
         "expect": {"is_generation": True},
+        "group": "read",
+    },
+    {
+        "name": "server info",
+        "endpoint": "/get_server_info",
+        "method": "GET",
+        "request": None,
+        "status": 200,
+        "answer": {"content": "json", "shape": SERVER_INFO},
+        "expect": {"dp_size": 1},
         "group": "read",
     },
     {
@@ -508,6 +558,40 @@ EXAMPLES: List[Dict[str, Any]] = [
         "status": 200,
         "answer": {"content": "json", "shape": GENERATE_ITEM_WITH_TEXT},
         "needs": "tokenizer",
+        "group": "read",
+    },
+    {
+        "name": "stop strings, cut from the text",
+        "endpoint": "/generate",
+        "method": "POST",
+        "request": {"text": "1+1=", "sampling_params": {**_GREEDY, "max_new_tokens": 16, "stop": ["\n", " ", "="]}},
+        "status": 200,
+        "answer": {"content": "json", "shape": GENERATE_ITEM_WITH_TEXT},
+        "needs": "tokenizer",
+        "group": "read",
+    },
+    {
+        "name": "stop strings kept (no_stop_trim)",
+        "endpoint": "/generate",
+        "method": "POST",
+        "request": {"text": "1+1=", "sampling_params": {**_GREEDY, "stop": "\n", "no_stop_trim": True}},
+        "status": 200,
+        "answer": {"content": "json", "shape": GENERATE_ITEM_WITH_TEXT},
+        "needs": "tokenizer",
+        "group": "read",
+    },
+    {
+        "name": "a streamed answer",
+        "endpoint": "/generate",
+        "method": "POST",
+        "request": {
+            "input_ids": [1, 5, 9, 4],
+            "sampling_params": {**_GREEDY, "ignore_eos": True},
+            "return_logprob": True,
+            "stream": True,
+        },
+        "status": 200,
+        "answer": {"content": "sse", "shape": GENERATE_ITEM_WITH_LOGPROBS, "partial": STREAMED_ITEM_WITH_LOGPROBS},
         "group": "read",
     },
     {

@@ -96,6 +96,8 @@ def check_answer(
     if status != want_status:
         return [f"{where}: HTTP {status}, expected {want_status}: {text[:200]!r}"]
     content = answer["content"]
+    if content == "sse":
+        return _stream_problems(ctype, text, answer["partial"], answer["shape"], strict, where)
     if content == "empty":
         return [] if text == "" else [f"{where}: expected an empty body, got {text[:100]!r}"]
     try:
@@ -107,6 +109,41 @@ def check_answer(
     if content == "text":
         return [] if value is None and text else [f"{where}: expected plain text, got {text[:100]!r}"]
     return mismatches(value, answer["shape"], f"{where}: body", strict)
+
+
+def _stream_problems(
+    ctype: str, text: str, partial: Dict[str, Any], shape: Dict[str, Any], strict: bool, where: str
+) -> List[str]:
+    """How a streamed /generate answer differs from SGLang's default streaming: `data: {json}`
+    events, each the output so far (longer than the one before: the last token comes with the
+    finish reason, never as a repeat), finish_reason null until the last, then `data: [DONE]`."""
+    if ctype != "text/event-stream":
+        return [f"{where}: expected text/event-stream, got {ctype or 'no content type'} {text[:100]!r}"]
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    if not blocks or blocks[-1].strip() != "data: [DONE]":
+        return [f"{where}: the stream does not end with 'data: [DONE]': {text[-200:]!r}"]
+    problems, events, n = [], [], len(blocks) - 1
+    for i, block in enumerate(blocks[:-1]):
+        if not block.startswith("data: "):
+            return [f"{where}: event {i} is not a 'data: ' line: {block[:100]!r}"]
+        try:
+            events.append(json.loads(block[len("data: ") :]))
+        except ValueError:
+            return [f"{where}: event {i} is not JSON: {block[:100]!r}"]
+        problems += mismatches(events[-1], shape if i == n - 1 else partial, f"{where}: event {i}", strict)
+    if not events:
+        return problems + [f"{where}: no event before [DONE]"]
+    for i, e in enumerate(events):
+        done = (e.get("meta_info") or {}).get("finish_reason") is not None
+        if done != (i == len(events) - 1):
+            problems.append(f"{where}: event {i} of {len(events)} has finish_reason {'set' if done else 'null'}")
+    for i, (a, b) in enumerate(zip(events, events[1:])):
+        before, after = a.get("output_ids") or [], b.get("output_ids") or []
+        if after[: len(before)] != before or len(after) <= len(before):
+            problems.append(
+                f"{where}: event {i + 1} does not extend event {i}'s output ({len(before)} -> {len(after)} ids)"
+            )
+    return problems
 
 
 def check_request(endpoint: str, body: Any, where: str) -> List[str]:

@@ -9,9 +9,11 @@ slot). Both runs finish their steps, and the logs name the episodes that went wr
 
 Issue 27, item 1: a synchronous reward function that blocks for an hour on a third of the prompts
 used to freeze its rollout worker's event loop (no episode timeout could fire, every heartbeat
-stayed alive, the run stalled until the master's one-hour data timeout). Now each call runs in a
-thread under `rollout.agent.reward_timeout`: the blocked episodes fail naming the function, their
-slots come back, and the run finishes."""
+stayed alive, the run stalled until the master's one-hour data timeout). Issue 49, item 3: each
+call runs in a reward process under `rollout.agent.reward_timeout` and is killed past it — the
+blocked episodes fail naming the function, counted `reward_timed_out`, their slots come back,
+and the run finishes with no reward process left running; a thread (reward_isolation=thread)
+would have stayed stuck."""
 
 import os
 import re
@@ -122,3 +124,6 @@ def test_a_run_whose_reward_fn_blocks_for_a_third_of_the_prompts_finishes_naming
     )
     assert blocked, logs[-3000:]
     assert all(bucket(query_id, 3) == 2 for query_id in blocked)
+    assert "its process was killed" in logs
+    (a,) = check_accounting(tmp_path, out)
+    assert a["ended"].get("reward_timed_out", 0) >= 1, a

@@ -68,7 +68,9 @@ def _release_blocked_threads():
 
 
 def test_a_blocking_sync_reward_fn_fails_its_episode_at_the_timeout_while_the_loop_keeps_running():
-    agent = MathSingleStepAgent(AgentConfig(reward_fn=f"{__name__}:sleeps_in_a_thread", reward_timeout=TIMEOUT))
+    agent = MathSingleStepAgent(
+        AgentConfig(reward_fn=f"{__name__}:sleeps_in_a_thread", reward_timeout=TIMEOUT, reward_isolation="thread")
+    )
     error, took, ticks = asyncio.run(_episode_with_a_ticking_neighbour(agent))
     assert TIMEOUT <= took < TIMEOUT + 1.0
     assert ticks >= 20  # ~50 expected; a frozen loop would give 0

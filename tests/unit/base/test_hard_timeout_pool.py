@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from realhf.base.hard_timeout_pool import HardTimeoutPool, PoolClosed, TaskFailed, TaskTimeout
+from realhf.base.hard_timeout_pool import HardTimeoutPool, PoolClosed, TaskCancelled, TaskFailed, TaskTimeout
 from realhf.plugins.environments.math_grader import MathGrader
 
 pytestmark = pytest.mark.system
@@ -155,4 +155,58 @@ def test_workers_exit_when_the_parent_closes_their_pipe():
     [worker] = list(pool._workers)
     worker.proc.stdin.close()
     assert worker.proc.wait(timeout=10) == 0
+    pool.close()
+
+
+def test_a_cancelled_task_has_its_worker_killed_and_a_queued_one_never_starts():
+    pool = HardTimeoutPool("time:sleep", n_workers=1, timeout=30)
+    cancel_running, cancel_queued = threading.Event(), threading.Event()
+    with ThreadPoolExecutor(2) as ex:
+        running = ex.submit(pool.run, 30, cancel=cancel_running)
+        while not pool.worker_pids():
+            time.sleep(0.01)
+        [pid] = pool.worker_pids()
+        queued = ex.submit(pool.run, 30, cancel=cancel_queued)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        cancel_queued.set()
+        with pytest.raises(TaskCancelled, match="waiting for a free worker"):
+            queued.result(timeout=5)
+        cancel_running.set()
+        with pytest.raises(TaskCancelled):
+            running.result(timeout=5)
+        assert time.monotonic() - t0 < 2 and _gone(pid) and pool.worker_pids() == []
+    assert pool.run(0.0) is None  # a fresh worker serves the next task
+    pool.close()
+
+
+def test_a_long_task_drops_to_the_idle_scheduling_class_and_its_worker_is_not_reused():
+    pool = HardTimeoutPool("time:sleep", n_workers=1, timeout=30, nice=5)
+    with ThreadPoolExecutor(1) as ex:
+        long = ex.submit(pool.run, 0.6, demote_after=0.2)
+        while not pool.worker_pids():
+            time.sleep(0.01)
+        [pid] = pool.worker_pids()
+        assert psutil.Process(pid).nice() == 5
+        time.sleep(0.4)
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+        long.result(timeout=5)
+    assert _gone(pid)  # not reused: its priority cannot be raised back without privileges
+    assert pool.run(0.0, demote_after=0.2) is None
+    [fresh] = pool.worker_pids()
+    assert fresh != pid and os.sched_getscheduler(fresh) == os.SCHED_OTHER  # a short task stays
+    pool.close()
+
+
+def test_with_spawn_after_short_tasks_share_a_worker_and_only_stuck_ones_make_the_pool_grow():
+    pool = HardTimeoutPool("time:sleep", n_workers=8, timeout=30, spawn_after=0.5)
+    with ThreadPoolExecutor(8) as ex:
+        assert list(ex.map(lambda _: pool.run(0.002), range(40))) == [None] * 40
+        assert pool.n_started == 1  # each waited for the busy one rather than start another
+        stuck = [ex.submit(pool.run, 2.0) for _ in range(3)]
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert pool.run(0.0) is None and time.monotonic() - t0 < 1.5  # a worker was started for it
+        [f.result(timeout=10) for f in stuck]
+    assert 3 <= pool.n_started <= 5
     pool.close()

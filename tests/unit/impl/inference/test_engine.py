@@ -388,3 +388,36 @@ def test_streaming_hands_over_every_token_but_the_last_which_comes_with_the_resu
         out = engine.submit(r).result(timeout=30)
         assert [t for t, _ in seen] == out.output_ids[:-1] and len(out.output_ids) == n
         assert [lp for _, lp in seen] == out.output_logprobs[:-1]
+
+
+def test_a_stop_check_ends_its_request_at_the_token_it_matches_and_leaves_the_others_be(engine_factory, hf_ref):
+    # Stop strings come to the engine as a check of the output so far: the request that matches
+    # ends at that token with SGLang's reason; the batch's others decode on to their length.
+    engine = engine_factory()
+    full = hf_ref.greedy([3, 4, 5], 12)
+    seen_by_check, streamed = [], []
+
+    def check(ids):
+        seen_by_check.append(list(ids))
+        return "matched" if len(ids) == 4 else None
+
+    stopped = req([3, 4, 5], "stopped", max_new_tokens=12, temperature=0.0)
+    stopped.stop_check = check
+    stopped.on_token = lambda t, lp: streamed.append(t)
+    other = req([3, 4, 5], "other", max_new_tokens=12, temperature=0.0)
+    other.stop_check = lambda ids: None
+    a, b = engine.submit_many([stopped, other])
+    a, b = a.result(timeout=30), b.result(timeout=30)
+    assert a.output_ids == full[:4] and a.finish_reason == {"type": "stop", "matched": "matched"}
+    assert len(a.output_logprobs) == 4 and streamed == full[:3]  # the last comes with the result
+    assert seen_by_check == [full[:k] for k in range(1, 5)]
+    assert b.output_ids == full and b.finish_reason == {"type": "length", "length": 12}
+    # A check that matches at the first token ends the answer there; one that would match at
+    # the token reaching max_new_tokens does not: SGLang checks the length first.
+    first = req([3, 4, 5], "first", max_new_tokens=4, temperature=0.0)
+    first.stop_check = lambda ids: "x"
+    assert engine.submit(first).result(timeout=30).output_ids == full[:1]
+    late = req([3, 4, 5], "late", max_new_tokens=4, temperature=0.0)
+    late.stop_check = lambda ids: "x" if len(ids) >= 4 else None
+    assert engine.submit(late).result(timeout=30).finish_reason == {"type": "length", "length": 4}
+    assert engine.n_active == 0

@@ -295,3 +295,19 @@ def test_on_a_cpu_the_kv_cache_is_sized_for_the_config_not_a_share_of_host_memor
     assert kv_cache_bytes(str(tmp_path), cfg, 1 << 20, on_cpu=True) == CPU_KV_MAX_BYTES
     assert kv_cache_bytes(str(tmp_path), cfg, 1024, on_cpu=False) is None  # a GPU: vLLM sizes it
     assert kv_cache_bytes(str(tmp_path), VLLMConfig(kv_cache_gib=0.5), 1024, on_cpu=False) == 2**29
+
+
+def test_a_stop_check_ends_the_answer_at_its_token_and_aborts_the_rest_in_vllm(engine):
+    seen, streamed = [], []
+    r = req("s", n=10)
+    r.stop_check = lambda ids: seen.append(list(ids)) or ("ten" if ids[-1] == 10 else None)
+    r.on_token = lambda t, lp: streamed.append(t)
+    out = engine.submit(r).result(timeout=10)
+    assert out.output_ids == [8, 9, 10] and out.finish_reason == {"type": "stop", "matched": "ten"}
+    assert out.output_logprobs == pytest.approx([-0.1, -0.2, -0.3]) and streamed == [8, 9]
+    assert seen == [[8], [8, 9], [8, 9, 10]]
+    assert "s" in engine.fake.aborted  # vLLM stops decoding it
+    # A token that ends the answer by length is not checked (SGLang checks the length first).
+    late = req("late", n=3)
+    late.stop_check = lambda ids: "x" if len(ids) >= 3 else None
+    assert engine.submit(late).result(timeout=10).finish_reason == {"type": "length", "length": 3}

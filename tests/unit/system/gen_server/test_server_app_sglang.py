@@ -147,6 +147,37 @@ def test_stream_sends_cumulative_chunks_and_the_last_equals_the_unstreamed_answe
     assert finals[0]["output_ids"] == finals[1]["output_ids"] and len(finals[3]["output_ids"]) == 6
 
 
+def test_stop_strings_end_the_answer_and_are_cut_from_its_text_as_sglangs_are(served):
+    url, _, _ = served
+    body = {"text": "12+7=", "sampling_params": greedy(10)}
+    full = post(url, body)
+    text, ids = full["text"], full["output_ids"]
+    assert len(ids) == len(text) == 10  # one character per token (the tiny model's answer: 10, then EOS)
+    stop = text[3:5]
+    pos = text.find(stop)
+    n = pos + len(stop)  # the answer ends at the token that completes the stop string
+    out = post(url, {**body, "sampling_params": greedy(10, stop=["never in this answer", stop])})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, out
+    assert out["output_ids"] == ids[:n] and out["text"] == text[:pos]
+    kept = post(url, {**body, "sampling_params": greedy(10, stop=stop, no_stop_trim=True)})
+    assert kept["output_ids"] == ids[:n] and kept["text"] == text[:n]
+    # Streamed: no event goes past the stop, and the last one is the unstreamed answer.
+    events, done = _stream(url, {**body, "sampling_params": greedy(10, stop=stop)})
+    assert done and events[-1]["text"] == out["text"] and events[-1]["output_ids"] == out["output_ids"]
+    assert all(len(e["output_ids"]) < n for e in events[:-1])
+    # Not matched before min_new_tokens (SGLang's order).
+    late = post(url, {**body, "sampling_params": greedy(10, stop=stop, min_new_tokens=n + 1)})
+    assert len(late["output_ids"]) > n and late["output_ids"] == ids[: len(late["output_ids"])]
+    # A stop token is cut from the text too (SGLang's detokenizer), and kept with no_stop_trim.
+    tok = post(url, {**body, "sampling_params": greedy(10, stop_token_ids=[ids[2]])})
+    k = ids.index(ids[2]) + 1
+    assert tok["output_ids"] == ids[:k] and tok["text"] == text[: k - 1]
+    assert (
+        post(url, {**body, "sampling_params": greedy(10, stop_token_ids=[ids[2]], no_stop_trim=True)})["text"]
+        == text[:k]
+    )
+
+
 def test_a_client_that_disconnects_from_a_stream_has_its_requests_aborted(served):
     url, engine, _ = served
     aborted = engine.aborted_total
@@ -201,7 +232,8 @@ REFUSED = [
     ({"input_ids": [[5], [6]], "sampling_params": {"n": 5}}, "at most 8"),
     ({"input_ids": [[5], [6]], "rid": "one"}, "rid must be a list"),
     ({"input_ids": [[5], [6]], "rid": ["one"]}, "rid is a list of 1"),
-    ({"input_ids": [5], "sampling_params": {"stop": "\n"}}, "sampling_params.stop"),
+    ({"input_ids": [5], "sampling_params": {"stop": ["x", ""]}}, "sampling_params.stop contains an empty string"),
+    ({"input_ids": [5], "sampling_params": {"stop": ["x"] * 65}}, "sampling_params.stop has 65 strings"),
     ({"input_ids": [[5], []]}, "input_ids is empty"),
     ({"input_ids": [5], "rid": ["a", "b"]}, "rid is a list of 2"),
 ]
@@ -218,6 +250,8 @@ def test_text_without_a_tokenizer_is_refused_naming_why(native_server):
     url, engine = native_server
     out = post(url, {"text": "hello", "sampling_params": {"max_new_tokens": 2}}, status=400)
     assert "tokenizer" in out["error"]["message"] and engine.model_path in out["error"]["message"], out
+    out = post(url, {"input_ids": [5, 6], "sampling_params": {"stop": "\n"}}, status=400)
+    assert "sampling_params.stop" in out["error"]["message"] and "stop_token_ids" in out["error"]["message"], out
     assert http("GET", f"{url}/get_model_info")[1]["tokenizer_path"] is None
     t0 = time.monotonic()
     out = post(url, {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
