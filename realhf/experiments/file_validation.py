@@ -192,7 +192,7 @@ def check_bind_host(host: str, local: bool) -> None:
         return
     try:
         ip = socket.gethostbyname(host)
-    except OSError as e:
+    except (OSError, UnicodeError, TypeError, ValueError) as e:  # unknown, too long, a NUL byte
         raise ConfigError(
             f"cluster.bind_host={host!r} does not resolve ({e}); use an address of this machine, e.g. 127.0.0.1, "
             "or 0.0.0.0 for all of its interfaces"

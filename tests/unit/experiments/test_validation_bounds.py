@@ -816,6 +816,41 @@ def test_settings_that_used_to_end_in_a_traceback_are_refused_at_start(cfg, tmp_
         validate_experiment(cfg)
 
 
+def _string_fields(cls: type, prefix: str = ""):
+    """Dotted names of every str and Optional[str] field under `cls`."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, name = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            yield from _string_fields(tp, name + ".")
+        elif tp is str or (typing.get_origin(tp) is typing.Union and set(typing.get_args(tp)) - {type(None)} == {str}):
+            yield name
+
+
+# Malformed strings: empty, a NUL byte, a device, over-long, non-ASCII with separators, a path
+# out of the tree, blank.
+MALFORMED_STRINGS = ["", "\x00", "/dev/null", "x" * 5000, "ü:ä/ö", "../../etc/passwd", " "]
+
+
+def test_every_string_fields_malformed_values_are_accepted_or_refused_by_name_never_a_traceback(base):
+    # Issue 49, item 4: cluster.bind_host="\x00" or a 5,000-character one ended in a TypeError /
+    # UnicodeError from the resolver instead of a ConfigError.
+    fields = list(_string_fields(AsyncPPOConfig))
+    assert len(fields) > 30 and "cluster.bind_host" in fields
+    raw = []
+    for name in fields:
+        for value in MALFORMED_STRINGS:
+            c = copy.deepcopy(base)
+            _set(c, name, value)
+            try:
+                validate_experiment(c)
+            except ConfigError:
+                pass
+            except Exception as e:  # noqa: BLE001 - what the test looks for
+                raw.append(f"{name}={value[:20]!r}: {type(e).__name__}: {str(e)[:100]}")
+    assert raw == []
+
+
 def test_a_fileroot_is_a_directory_this_user_can_write_or_create(tmp_path):
     file_validation.check_fileroot(str(tmp_path / "new" / "deeper"))  # created by the run
     (tmp_path / "file").write_text("")
