@@ -42,20 +42,20 @@ with open(os.path.join(SFT, "config.json")) as _f:
 VOCAB, CONTEXT = _SFT_CONFIG["vocab_size"], _SFT_CONFIG["max_position_embeddings"]
 
 
-def _numeric_fields(cls: type, prefix: str = ""):
-    """Dotted names of every int, float and Optional[int/float] field under `cls`."""
+def _fields_of(cls: type, kinds: set, prefix: str = ""):
+    """Dotted names of every field under `cls` whose type is one of `kinds` (or Optional of them)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, name = hints[f.name], prefix + f.name
         if dataclasses.is_dataclass(tp):
-            yield from _numeric_fields(tp, name + ".")
-        elif tp in (int, float) or (
-            typing.get_origin(tp) is typing.Union and set(typing.get_args(tp)) - {type(None)} <= {int, float}
+            yield from _fields_of(tp, kinds, name + ".")
+        elif tp in kinds or (
+            typing.get_origin(tp) is typing.Union and set(typing.get_args(tp)) - {type(None)} <= kinds
         ):
             yield name
 
 
-NUMERIC_FIELDS = list(_numeric_fields(AsyncPPOConfig))
+NUMERIC_FIELDS = list(_fields_of(AsyncPPOConfig, {int, float}))
 
 
 def _set(cfg, dotted: str, value) -> None:
@@ -816,17 +816,6 @@ def test_settings_that_used_to_end_in_a_traceback_are_refused_at_start(cfg, tmp_
         validate_experiment(cfg)
 
 
-def _string_fields(cls: type, prefix: str = ""):
-    """Dotted names of every str and Optional[str] field under `cls`."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp, name = hints[f.name], prefix + f.name
-        if dataclasses.is_dataclass(tp):
-            yield from _string_fields(tp, name + ".")
-        elif tp is str or (typing.get_origin(tp) is typing.Union and set(typing.get_args(tp)) - {type(None)} == {str}):
-            yield name
-
-
 # Malformed strings: empty, a NUL byte, a device, over-long, non-ASCII with separators, a path
 # out of the tree, blank.
 MALFORMED_STRINGS = ["", "\x00", "/dev/null", "x" * 5000, "ü:ä/ö", "../../etc/passwd", " "]
@@ -835,7 +824,7 @@ MALFORMED_STRINGS = ["", "\x00", "/dev/null", "x" * 5000, "ü:ä/ö", "../../etc
 def test_every_string_fields_malformed_values_are_accepted_or_refused_by_name_never_a_traceback(base):
     # Issue 49, item 4: cluster.bind_host="\x00" or a 5,000-character one ended in a TypeError /
     # UnicodeError from the resolver instead of a ConfigError.
-    fields = list(_string_fields(AsyncPPOConfig))
+    fields = list(_fields_of(AsyncPPOConfig, {str}))
     assert len(fields) > 30 and "cluster.bind_host" in fields
     raw = []
     for name in fields:
