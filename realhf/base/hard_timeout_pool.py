@@ -48,19 +48,30 @@ class PoolClosed(Exception):
 
 
 def _worker_main() -> None:
-    """Entry point of a pool worker: `python -c ... <module:function> [preload modules...]`."""
+    """Entry point of a pool worker: `python -c ... <spec as JSON>` (see _Worker)."""
     import importlib
 
-    target, nice, preload = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    if nice:
-        os.nice(nice)  # a call that spins until it is killed takes CPU only when nobody else wants it
+    spec = json.loads(sys.argv[1])
     # Replies go on a private copy of stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
-    for mod in preload:
-        importlib.import_module(mod)
-    mod_name, fn_name = target.split(":")
-    fn = getattr(importlib.import_module(mod_name), fn_name)
+    try:
+        for mod in spec["preload"]:
+            importlib.import_module(mod)
+        mod_name, fn_name = spec["target"].split(":")
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        if spec["initializer"]:
+            mod_name, init_name = spec["initializer"].split(":")
+            getattr(importlib.import_module(mod_name), init_name)(*spec["initargs"])
+    except Exception as e:  # noqa: BLE001 - the parent raises it as TaskFailed, by type and message
+        out.write(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}) + "\n")
+        out.flush()
+        return
+    # Start-up (imports above) ran at the caller's priority: a heavy import under a busy trainer
+    # would otherwise take tens of seconds. From here a call that spins until it is killed takes
+    # CPU only when nobody else wants it.
+    if spec["nice"]:
+        os.nice(spec["nice"])
     out.write('{"ready": true}\n')
     out.flush()
     for line in sys.stdin:  # EOF: the parent closed the pipe or died
@@ -83,9 +94,24 @@ _WORKER_CODE = "from realhf.base.hard_timeout_pool import _worker_main; _worker_
 
 
 class _Worker:
-    def __init__(self, target: str, preload: Sequence[str], startup_timeout: float, nice: int = 0):
+    def __init__(
+        self,
+        target: str,
+        preload: Sequence[str],
+        startup_timeout: float,
+        nice: int = 0,
+        initializer: Optional[str] = None,
+        initargs: Sequence[Any] = (),
+    ):
+        spec = {
+            "target": target,
+            "nice": nice,
+            "preload": list(preload),
+            "initializer": initializer,
+            "initargs": list(initargs),
+        }
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_CODE, target, str(nice), *preload],
+            [sys.executable, "-c", _WORKER_CODE, json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -99,9 +125,12 @@ class _Worker:
         except EOFError:
             self.kill()
             raise TaskFailed(f"pool worker for {target!r} exited during start-up (see its stderr)") from None
-        if hello is None or not hello.get("ready"):
+        if hello is None:
             self.kill()
             raise TaskFailed(f"pool worker for {target!r} not ready after {startup_timeout:.0f} s")
+        if not hello.get("ready"):
+            self.kill()
+            raise TaskFailed(f"pool worker for {target!r} failed to start: {hello.get('error')}")
 
     @property
     def pid(self) -> int:
@@ -181,7 +210,10 @@ def _kill_all(workers: "set[_Worker]") -> None:
 
 class HardTimeoutPool:
     """`n_workers` subprocesses calling `target` ("module:function") on JSON-able arguments, each
-    at `nice` (0: the caller's priority). With `spawn_after` > 0 a task waits that long for a busy
+    at `nice` (0: the caller's priority; start-up runs at the caller's). Each worker imports
+    `preload` and calls `initializer(*initargs)` ("module:function", JSON-able arguments) before
+    its first task, within `startup_timeout` s: what a task needs loaded once is loaded there, not
+    billed to the first task's timeout. With `spawn_after` > 0 a task waits that long for a busy
     worker to free up before another worker is started.
 
     `run(*args)` blocks while all workers are busy, then returns the function's result, or
@@ -198,11 +230,14 @@ class HardTimeoutPool:
         startup_timeout: float = 60.0,
         nice: int = 0,
         spawn_after: float = 0.0,
+        initializer: Optional[str] = None,
+        initargs: Sequence[Any] = (),
     ):
         if n_workers < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         self.target, self.timeout, self.nice, self.spawn_after = target, timeout, nice, spawn_after
         self._preload, self._startup_timeout = tuple(preload), startup_timeout
+        self._init = (initializer, tuple(initargs))
         self._slots = threading.BoundedSemaphore(n_workers)
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)  # a worker went back to idle
@@ -234,7 +269,7 @@ class HardTimeoutPool:
                 return self._idle.pop()
             self._starting += 1
         try:
-            worker = _Worker(self.target, self._preload, self._startup_timeout, self.nice)
+            worker = _Worker(self.target, self._preload, self._startup_timeout, self.nice, *self._init)
         finally:
             with self._lock:
                 self._starting -= 1

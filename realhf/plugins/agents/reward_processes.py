@@ -17,7 +17,8 @@ What crosses: the prompt, the completion and the row's fields go to the process 
 reward comes back as JSON (realhf.base.hard_timeout_pool: JSON lines on pipes, nothing
 unpickled), so the row's values must be JSON-able (a dataset's are) and the function returns a
 number, a bool, None or an Outcome. Each process imports the function once, by the name it was
-given (`module:function` or `path/to/file.py:function`, from the launch directory), and keeps
+given (`module:function` or `path/to/file.py:function`, from the launch directory) as it starts,
+before its first call's clock runs, and keeps
 its module's state between calls; state shared with the rollout worker's own copy is not.
 Async functions stay on the rollout worker's event loop, where the timeout cancels them.
 
@@ -42,6 +43,7 @@ from realhf.base.daemon_threads import DaemonThreads
 from realhf.base.hard_timeout_pool import HardTimeoutPool, TaskFailed, TaskTimeout
 
 _WORKER_TARGET = "realhf.plugins.agents.reward_processes:call_in_worker"
+_WORKER_INIT = "realhf.plugins.agents.reward_processes:load_in_worker"
 # A reward call takes milliseconds; one still running after this long is stuck (or heavy), and
 # from then on runs in the idle scheduling class: on CPU the trainer and the servers leave free.
 DEMOTE_AFTER_S = 1.0
@@ -51,14 +53,22 @@ SPAWN_AFTER_S = 0.05
 _loaded: Dict[str, Callable] = {}  # in a worker: the user's functions by name, imported once
 
 
+def load_in_worker(name: str) -> None:
+    """In a pool process, as it starts: import the user's function. Its import (torch, a
+    tokenizer, a verifier...) then runs at the worker's start-up priority and within the start-up
+    timeout — not inside the first call, whose clock would demote and throttle it (DEMOTE_AFTER_S)
+    and could time it out on a busy machine."""
+    from realhf.api.agent import load_reward_fn
+
+    _loaded[name] = load_reward_fn(name)
+
+
 def call_in_worker(name: str, prompt: str, completion: str, row: Dict[str, Any]) -> Any:
     """In a pool process: `name(prompt, completion, **row)` as JSON (an Outcome, or the error it
     raised and where, as a dict)."""
-    from realhf.api.agent import Outcome, load_reward_fn
+    from realhf.api.agent import Outcome
 
-    fn = _loaded.get(name)
-    if fn is None:
-        fn = _loaded[name] = load_reward_fn(name)
+    fn = _loaded[name]
     try:
         value = fn(prompt, completion, **row)
         if inspect.isawaitable(value):  # a sync callable that returned a coroutine
@@ -142,7 +152,14 @@ class RewardProcesses:
 
     def __init__(self, name: str, n: int, nice: int):
         self.name = name
-        self.pool = HardTimeoutPool(_WORKER_TARGET, n_workers=n, nice=nice, spawn_after=SPAWN_AFTER_S)
+        self.pool = HardTimeoutPool(
+            _WORKER_TARGET,
+            n_workers=n,
+            nice=nice,
+            spawn_after=SPAWN_AFTER_S,
+            initializer=_WORKER_INIT,
+            initargs=(name,),
+        )
         # The pool's calls block a thread each: one per process, plus those waiting for a process
         # (each waits on the pool's semaphore, where a cancelled call leaves the queue). Daemon
         # threads: the worker's exit does not wait for them (realhf.base.process_exit).

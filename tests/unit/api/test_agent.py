@@ -164,9 +164,11 @@ def test_multi_turn_agent_stops_at_the_first_right_answer_and_at_num_turns(token
     assert len(client.calls) == 3
 
 
-def test_reward_fn_grades_instead_of_an_environment(tokenizer):
+# In a thread here; in its own process (the default) it starts one, so that case is a system test.
+@pytest.mark.parametrize("isolation", ["thread", pytest.param("process", marks=pytest.mark.system)])
+def test_reward_fn_grades_instead_of_an_environment(tokenizer, isolation):
     # reward_fn(prompt, completion, **row): every other field of the row arrives as a keyword.
-    cfg = AgentConfig(reward_fn=f"{__name__}:ends_with_difficulty")
+    cfg = AgentConfig(reward_fn=f"{__name__}:ends_with_difficulty", reward_isolation=isolation)
     traj, _ = run(cfg, tokenizer, [" 3", " 4", " 3"], 3, env=EnvConfig(type="none"))
     assert sorted(s.reward for s in traj.samples) == [-1.0, 1.0, 1.0]
     traj, _ = run(

@@ -138,3 +138,18 @@ def test_a_prompt_is_probed_by_one_call_so_a_stuck_one_holds_one_process_not_one
     assert asyncio.run(group("g-fine")) == [True] * 8  # after one returned, the rest ran at once
     assert agent._processes.pool.n_started <= 3
     agent._processes.close()
+
+
+def test_a_slow_import_of_the_function_is_start_up_not_billed_to_its_first_call():
+    # CI failed on this: the user's module (a test file importing torch) was imported inside the
+    # first call, whose clock demoted it after 1 s to the idle class at a tenth of the time; on a
+    # busy host the import then outran the 60 s timeout. Imported at start-up, the call is quick.
+    slow = os.path.join(os.path.dirname(__file__), "slow_import_reward.py")
+    p = RewardProcesses(f"{slow}:fine", n=1, nice=10)
+    try:
+        t0 = time.monotonic()
+        assert asyncio.run(p.call("Q", " 7", {"query_id": "q"}, timeout=1.5)) == 1.0
+        assert time.monotonic() - t0 >= 2.5  # the import ran, before the call's clock started
+        assert psutil.Process(p.pool.worker_pids()[0]).nice() == 10  # niced after start-up
+    finally:
+        p.close()
