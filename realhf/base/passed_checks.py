@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from typing import Iterable, Union
+from typing import Iterable, Optional, Union
 
 from realhf.base.user_cache import private_cache_dir
 
@@ -50,7 +50,8 @@ class KeyDigest:
 
 
 class PassedChecks:
-    """Passed checks of one kind, one empty file per key under the private cache directory."""
+    """Passed checks of one kind, one file per key under the private cache directory: empty, or
+    holding what the check found (`record(key, value)`, read back by `value(key)`)."""
 
     def __init__(self, kind: str, directory: str = ""):
         self.dir = directory or private_cache_dir("passed-checks")
@@ -62,10 +63,19 @@ class PassedChecks:
     def passed(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
 
-    def record(self, key: str) -> None:
+    def value(self, key: str) -> Optional[str]:
+        """What was recorded with `key`, None if nothing was (or it cannot be read)."""
+        try:
+            with open(self._path(key), encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def record(self, key: str, value: str = "") -> None:
         try:
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-")
-            os.close(fd)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(value)
             os.replace(tmp, self._path(key))
         except OSError:
             pass  # not recorded: the check runs again next time

@@ -6,7 +6,6 @@ Called by `validate.validate_experiment` after the checks of the values themselv
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import json
 import logging
@@ -27,6 +26,7 @@ from realhf.impl.dataset.prompt_encoding import (
     chat_template_on,
     prompt_text,
 )
+from realhf.impl.dataset.tokenizer_loading import add_tokenizer_files, load_tokenizer
 from realhf.impl.model.reward_card import CARD_FILE, read_card
 from realhf.system.trainer.ppo_step import build_graph
 
@@ -416,33 +416,22 @@ def check_prompts(
     return n_scan
 
 
-# Files of a model directory that no tokenizer reads (weights): left out of a scan's key.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".onnx")
-
-
 def _prompt_scan_key(
     rows: Sequence[Any], tokenizer_path: str, chat_template: str, max_new_tokens: int, context: int, vocab_size: int
 ) -> str:
     """A digest of everything the token scan's outcome depends on: the scanned prompts (text or
     messages), the tokenizer directory's files but the weights, the settings, this module and
     prompt_encoding (the checking code), and the versions of the libraries that tokenise and
-    render templates. Loading the tokenizer costs seconds at every start (transformers imports
-    torch), so an unchanged run skips it. "" when the directory cannot be read (the scan says why)."""
+    render templates. Loading the tokenizer and tokenising thousands of prompts cost seconds at
+    every start, so an unchanged run skips them. "" when the directory cannot be read (the scan says why)."""
     from realhf.impl.dataset import prompt_encoding
 
     key = KeyDigest("prompt-scan").add(chat_template, max_new_tokens, context, vocab_size)
     try:
         key.add_files([__file__, prompt_encoding.__file__])
-        key.add_files(
-            e.path for e in os.scandir(tokenizer_path) if e.is_file() and not e.name.endswith(_WEIGHT_SUFFIXES)
-        )
+        add_tokenizer_files(key, tokenizer_path)
     except OSError:
         return ""
-    for dist in ("transformers", "tokenizers", "jinja2"):
-        try:
-            key.add(dist, importlib.metadata.version(dist))
-        except importlib.metadata.PackageNotFoundError:
-            key.add(dist, None)
     for row in rows:
         messages = row.fields.get("messages")
         key.add(row.prompt, None if messages is None else json.dumps(messages, sort_keys=True, default=str))
@@ -476,11 +465,9 @@ def _render(tokenizer: Any, row: Any, chat: bool, field: str) -> str:
 
 
 def _load_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer  # heavy: imported only once the values and rows passed
-
     what = f"actor.path={path!r}: its tokenizer, which the rollout workers encode prompts with,"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)  # loaded only once the values and rows passed
     except Exception as e:  # noqa: BLE001 - whatever the files lack, the rollout workers would fail the same way
         raise ConfigError(f"{what} does not load ({type(e).__name__}: {e})") from None
     # Without tokenizer files transformers builds an empty one of the model's type: every prompt

@@ -136,14 +136,13 @@ class TaskEval:
     loop of its own, run by whichever thread calls `run` (one at a time)."""
 
     def __init__(self, cfg: EvaluatorConfig, engine: Any, rows: Sequence[PromptRow]):
-        from transformers import AutoTokenizer
-
         from realhf.impl.dataset.prompt_encoding import chat_template_on
+        from realhf.impl.dataset.tokenizer_loading import load_tokenizer
 
         if not rows:
             raise ValueError(f"dataset.test_path={cfg.test_path!r}: no held-out rows to evaluate")
         self.cfg, self.rows = cfg, list(rows)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        self.tokenizer = load_tokenizer(cfg.model_path)
         self.chat = chat_template_on(cfg.chat_template, self.tokenizer)
         self.agent = make_agent(cfg.agent, tokenizer=self.tokenizer)
         self.envs = EnvFactory(cfg.env)

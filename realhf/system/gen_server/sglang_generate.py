@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from realhf.base import logging
+from realhf.impl.dataset import tokenizer_loading
 from realhf.impl.inference.request import DEFAULT_MAX_NEW_TOKENS, GenerateRequest, GenerateResult, SamplingParams
 
 logger = logging.getLogger("gen_server")
@@ -206,9 +207,7 @@ def load_tokenizer(path: str) -> Optional[Any]:
     if not path or not os.path.isdir(path) or not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
         return None
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path)
+        return tokenizer_loading.load_tokenizer(path)
     except Exception as e:
         logger.warning(f"the tokenizer in {path} does not load ({e!r}); /generate will take input_ids only")
         return None

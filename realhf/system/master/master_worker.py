@@ -37,6 +37,9 @@ from realhf.system.streams.request_reply_stream import MasterStream
 from realhf.system.trainer import ppo_step
 from realhf.system.worker_base import STATUS_COMPLETE, Worker, WorkerExit
 
+# At the end, how long the accounting waits for groups still on their way to the DP heads.
+ACCOUNT_SETTLE_S = 1.0
+
 
 class MasterWorker(Worker):
     config_cls = MasterWorkerConfig
@@ -439,16 +442,21 @@ class MasterWorker(Worker):
         get a moment to receive what was pushed before."""
         try:
             state = self._ledger.load()
-            # A group counted accepted was pushed before: allow its last hop (ZMQ, then the
-            # head's pull thread, which polls every 0.1 s) before asking where it is.
-            time.sleep(1.0)
-            heads = self._stream.call_all(
-                "fetch", {"take": 0}, workers=self._heads, timeout=self.config.request_timeout
-            )
+            # A group counted accepted was pushed before, but may still be on its last hop (ZMQ,
+            # then the head's pull thread, which polls every 0.1 s): the heads are asked again
+            # until every accepted group has arrived, for up to ACCOUNT_SETTLE_S.
+            deadline = time.monotonic() + ACCOUNT_SETTLE_S
+            while True:
+                heads = self._stream.call_all(
+                    "fetch", {"take": 0}, workers=self._heads, timeout=self.config.request_timeout
+                )
+                a = accounting(state, heads, self._accepted_at_start)
+                if a["holds"] or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
         except Exception as e:  # noqa: BLE001 - the run itself is done; say what could not be counted
             self.logger.warning(f"no final group accounting: {type(e).__name__}: {e}")
             return
-        a = accounting(state, heads, self._accepted_at_start)
         with open(os.path.join(self.config.log_dir, "accounting.json"), "w") as f:
             json.dump(a, f, indent=1)
         (self.logger.info if a["holds"] else self.logger.error)(

@@ -57,6 +57,7 @@ from realhf.base import name_resolve, names
 from realhf.base.user_code import ErrorReport
 from realhf.impl.dataset.prompt_dataset import PromptSampler, load_prompts, shard
 from realhf.impl.dataset.prompt_encoding import chat_template_on
+from realhf.impl.dataset.tokenizer_loading import load_tokenizer
 from realhf.system import user_errors
 from realhf.system.manager.manager_client import ManagerClient
 from realhf.system.rollout.episode import AgentError, episode_prompt, run_group
@@ -136,9 +137,7 @@ class RolloutWorker(AsyncWorker):
         cfg: RolloutWorkerConfig = self.config
         if not cfg.dataset_path or not cfg.tokenizer_path:
             raise ValueError("rollout.dataset_path and rollout.tokenizer_path must be set")
-        from transformers import AutoTokenizer  # heavy; only this process type needs it
-
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path)
+        self.tokenizer = load_tokenizer(cfg.tokenizer_path)  # without torch (tokenizer_loading says how)
         self.chat = chat_template_on(cfg.chat_template, self.tokenizer)
         self.agent = make_agent(cfg.agent, tokenizer=self.tokenizer)
         self.envs = EnvFactory(cfg.env)
