@@ -133,6 +133,16 @@ class RestartPolicyConfig:
         ge=0,
     )
     backoff: float = _f(1.0, "Seconds before restart k+1 of a worker: backoff * 2^k (capped at 30).", ge=0)
+    trial_restarts: int = _f(
+        2,
+        "Whole-trial restarts when a process the run cannot do without dies (a trainer rank, the master, the node worker, or the trial's own Redis) and no per-worker restart covers it: every process is stopped and the trial starts again from its last recovery checkpoint (recover_mode=auto; from the start if there is none). At most this many within trial_restart_window seconds; the same process dying again before a new recovery checkpoint ends the run (a crash loop). 0: such a death ends the run.",
+        ge=0,
+    )
+    trial_restart_window: float = _f(
+        3600.0,
+        "Seconds over which trial_restarts is counted (older restarts no longer count); 0: over the whole run.",
+        ge=0,
+    )
 
 
 @dataclass

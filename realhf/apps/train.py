@@ -31,7 +31,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import hydra
 from hydra.errors import HydraException
@@ -65,6 +65,7 @@ from realhf.impl.model.checkpoint import prune_leftovers, prune_saves
 from realhf.scheduler.factory import make_launcher
 from realhf.scheduler.progress_view import RunProgress
 from realhf.scheduler.supervisor import Supervisor
+from realhf.scheduler.trial_restarts import Death, TrialRestarts, death_of
 from realhf.scheduler.worker_spec import (
     LauncherError,
     LauncherInterrupted,
@@ -289,39 +290,18 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[
         before = evaluate(cfg.actor.path, cfg)
         print(evaluation_line("before training:", before, None, cfg), flush=True)
 
-    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
-    if launchers is not None:
-        launchers.append(launcher)
-    total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
-    view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
-    launcher.echo_to(view.print_lines)
-    try:
-        launcher.start()
-        view.start()
-        for spec in specs:
-            launcher.submit(spec)
-        launcher.wait()
-    except WorkerFailedError as e:
-        print(f"run failed (exit 1): worker {e.worker} {e.reason}; logs in {paths.log_dir}", file=sys.stderr)
-        return 1
-    except LauncherStopped as e:
-        how = f"a recovery checkpoint of step {e.step}" if e.step else "nothing trained yet"
-        print(
-            f"run stopped (exit {EXIT_RESUMABLE}, resumable): {e}, with {how}; every process stopped; "
-            f"start it again with recover_mode=auto to continue; logs in {paths.log_dir}",
-            file=sys.stderr,
-        )
-        return EXIT_RESUMABLE
-    except LauncherInterrupted as e:
-        code = 128 + e.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
-        print(f"run interrupted (exit {code}): {e}; every process stopped; logs in {paths.log_dir}", file=sys.stderr)
-        return code
-    except LauncherError as e:
-        print(f"run failed (exit 1): {e}; logs in {paths.log_dir}", file=sys.stderr)
-        return 1
-    finally:
-        launcher.stop_all()  # its last echoed lines still go through the view
-        view.stop()
+    restarts = TrialRestarts(cfg.cluster.restart_policy)
+    while True:
+        launcher, error = launch(cfg, specs, paths, launchers)
+        death = None if error is None else death_of(error, cfg.cluster.restart_policy)
+        if death is None:
+            break
+        specs, refusal = restart_specs(cfg, death, restarts)
+        if refusal is not None:
+            error = with_refusal(error, refusal)
+            break
+    if error is not None:
+        return failed(error, paths)
 
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
@@ -347,10 +327,84 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[
     restarted = {name: n for name, n in launcher.restarts().items() if n}
     print(
         f"run complete (exit 0): {len(metrics)} train steps"
-        + (f"; workers restarted: {restarted}" if restarted else ""),
+        + (f"; workers restarted: {restarted}" if restarted else "")
+        + (f"; trial restarts: {len(restarts.history)} ({'; '.join(restarts.history)})" if restarts.history else ""),
         flush=True,
     )
     return 0
+
+
+def launch(
+    cfg: AsyncPPOConfig, specs: List[WorkerSpec], paths: TrialFiles, launchers: Optional[List[Supervisor]]
+) -> Tuple[Supervisor, Optional[LauncherError]]:
+    """One launch of the trial's processes, supervised until the trial is COMPLETE (error None)
+    or something ends it (the error); every process is stopped when this returns."""
+    launcher = make_launcher(cfg.cluster, cfg.experiment_name, cfg.trial_name, cfg.user_paths)
+    if launchers is not None:
+        launchers.append(launcher)
+    total_steps = next(s.configs[0].total_train_steps for s in specs if s.worker_type == "master_worker")
+    view = RunProgress(paths.log_dir, total_steps, enabled=cfg.stats.progress_bar)
+    launcher.echo_to(view.print_lines)
+    try:
+        launcher.start()
+        view.start()
+        for spec in specs:
+            launcher.submit(spec)
+        launcher.wait()
+        return launcher, None
+    except LauncherError as e:
+        return launcher, e
+    finally:
+        launcher.stop_all()  # its last echoed lines still go through the view
+        view.stop()
+
+
+def restart_specs(cfg: AsyncPPOConfig, death: Death, restarts: TrialRestarts) -> Tuple[List[WorkerSpec], Optional[str]]:
+    """After `death`: the trial's processes again, resuming from its last recovery checkpoint as
+    recover_mode=auto does, and None — or why it does not restart."""
+    try:
+        specs = initial_setup(dataclasses.replace(cfg, recover_mode="auto"))
+    except (ConfigError, ValueError) as e:
+        return [], f"the restart's set-up failed: {e}"
+    point = resumed_from(specs)
+    step = 0 if point is None else int(point[1].get("step", point[1]["version"]))
+    refusal = restarts.refusal(death, step)
+    if refusal is None:
+        where = f"after step {step} from {point[0]}" if point else "from the start (no recovery checkpoint yet)"
+        print(f"{restarts.counted()}: {death.who} {death.cause}; resuming {where}", file=sys.stderr, flush=True)
+        prune_run_dir(trial_files_of(cfg).run_dir, cfg.exp_ctrl.keep_last_saves)
+    return specs, refusal
+
+
+def with_refusal(error: LauncherError, refusal: str) -> LauncherError:
+    """`error`, saying why the trial was not restarted after it."""
+    if isinstance(error, WorkerFailedError):
+        error.reason = f"{error.reason} (the trial was not restarted: {refusal})"
+    error.args = (f"{error.args[0] if error.args else error} (the trial was not restarted: {refusal})",)
+    return error
+
+
+def failed(error: LauncherError, paths: TrialFiles) -> int:
+    """Say how the run ended without completing; its exit code."""
+    if isinstance(error, WorkerFailedError):
+        print(f"run failed (exit 1): worker {error.worker} {error.reason}; logs in {paths.log_dir}", file=sys.stderr)
+        return 1
+    if isinstance(error, LauncherStopped):
+        how = f"a recovery checkpoint of step {error.step}" if error.step else "nothing trained yet"
+        print(
+            f"run stopped (exit {EXIT_RESUMABLE}, resumable): {error}, with {how}; every process stopped; "
+            f"start it again with recover_mode=auto to continue; logs in {paths.log_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_RESUMABLE
+    if isinstance(error, LauncherInterrupted):
+        code = 128 + error.signum  # the shell's convention: 130 for Ctrl-C, 143 for SIGTERM
+        print(
+            f"run interrupted (exit {code}): {error}; every process stopped; logs in {paths.log_dir}", file=sys.stderr
+        )
+        return code
+    print(f"run failed (exit 1): {error}; logs in {paths.log_dir}", file=sys.stderr)
+    return 1
 
 
 # A run that SIGTERM/SIGINT stopped with a recovery checkpoint (cluster.stop_grace): EX_TEMPFAIL,

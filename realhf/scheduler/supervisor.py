@@ -572,7 +572,7 @@ class Supervisor:
             shown = f"last 30 lines of {proc.log_path}:\n{tail}"
         message = f"\n{'=' * 30} worker {proc.name} failed: {reason}\n{shown.rstrip()}\n{'=' * 80}"
         print(message, file=sys.stderr, flush=True)
-        raise WorkerFailedError(proc.name, reason, proc.log_path, tail)
+        raise WorkerFailedError(proc.name, reason, proc.log_path, tail, repeats=proc.exited == EXIT_DO_NOT_RESTART)
 
     def _set_status(self, status: str):
         try:

@@ -46,9 +46,13 @@ class LauncherError(RuntimeError):
 
 
 class WorkerFailedError(LauncherError):
-    def __init__(self, worker: str, reason: str, log_path: str, log_tail: str):
+    """`worker` failed; `repeats`: it said the error is one a restart would only repeat (a user's
+    code failing deterministically: EXIT_DO_NOT_RESTART)."""
+
+    def __init__(self, worker: str, reason: str, log_path: str, log_tail: str, repeats: bool = False):
         super().__init__(f"worker {worker} failed: {reason} (log: {log_path})")
         self.worker, self.reason, self.log_path, self.log_tail = worker, reason, log_path, log_tail
+        self.repeats = repeats
 
 
 class RedisLostError(LauncherError):

@@ -67,6 +67,7 @@ class MasterWorker(Worker):
             max_message_bytes=cfg.max_message_bytes,
             n_node_workers=cfg.n_node_workers,
         )
+        self._stream.check_stop = self._exit_if_asked
         node = f" and {cfg.n_node_workers} node worker" if cfg.n_node_workers else ""
         self.logger.info(f"waiting for {cfg.n_model_workers} model workers{node} at {self._stream.address}")
         self._stream.wait_for_workers(cfg.worker_connect_timeout)
@@ -490,6 +491,11 @@ class MasterWorker(Worker):
         self.logger.info(f"stopped on {signame} after step {self.step} (version {self.version}): {what}")
         name_resolve.add(names.experiment_status(exp, trial), STATUS_COMPLETE, replace=True, delete_on_exit=False)
         raise WorkerExit(f"stopped on {signame}")
+
+    def _exit_if_asked(self) -> None:
+        """SIGTERM/SIGINT came (the launcher is stopping the trial): stop waiting for replies."""
+        if self._stop_requested:
+            raise WorkerExit(f"{self._stop_reason} while waiting for the model workers")
 
     def _finish(self, reason: str) -> None:
         if self._checkpointing() and getattr(self, "_ckpt_version", None) != self.version:

@@ -84,6 +84,10 @@ class MasterStream:
         self.n_malformed = 0  # undecodable or not a map: logged and dropped
         self.n_unmatched = 0  # replies to no pending request (late, duplicate or foreign): dropped
         self.n_forged = 0  # no valid tag of the secret: dropped unparsed
+        # Called while waiting for replies (every 0.5 s at most): the master raises from it once it
+        # is asked to stop, so that a wait on a trainer that died ends with the run, not after
+        # request_timeout (and a launcher's SIGKILL).
+        self.check_stop: Callable[[], None] = lambda: None
         self._forged_log = RateLimitedLog(logger, "master refused an unauthenticated message", level="error")
         self._malformed_log = RateLimitedLog(logger, "master dropped a malformed message", level="error")
 
@@ -133,6 +137,7 @@ class MasterStream:
                     if r not in self._replies and r in self._pending
                 ]
                 raise TimeoutError(f"no reply within {timeout:.1f}s from: {', '.join(waiting)}")
+            self.check_stop()
             self._receive(min(remaining, 0.5))
         replies = [self._replies.pop(rid) for rid in request_ids]
         # The worker index is the one the request was sent to, not whatever the reply claims.

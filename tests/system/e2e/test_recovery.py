@@ -24,6 +24,7 @@ COMMON = [
     "max_concurrent_rollouts=16",
     "evaluation.n_prompts=0",
     "allocation_mode=native.d1m1p1+d2m1p1",
+    "cluster.restart_policy.trial_restarts=0",  # recovered by hand here (faults/test_trial_restart.py: by itself)
 ]
 
 

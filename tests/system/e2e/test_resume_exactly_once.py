@@ -53,7 +53,7 @@ def consumed_untrained(logs: dict, before_version: int = 1 << 30) -> set:
 @pytest.mark.e2e
 def test_a_killed_and_resumed_run_trains_every_drawn_prompt_exactly_once(tmp_path, no_leftover_processes):
     trial = "exact"
-    first = Run(tmp_path, trial, *COMMON)
+    first = Run(tmp_path, trial, *COMMON, "cluster.restart_policy.trial_restarts=0")  # resumed by hand below
     try:
         first.wait_steps(KILL_AT, timeout=300)
         first.kill_worker("model_worker-0")

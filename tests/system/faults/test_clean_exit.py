@@ -1,5 +1,6 @@
 """Issue 6, bullets 1 and 4: Ctrl-C, or the death of a worker that is not restarted (master,
-model worker), stops the whole run: every process it started is gone (redis-server included),
+model worker) with whole-trial restarts off (cluster.restart_policy.trial_restarts=0; on, the
+trial heals: test_trial_restart.py), stops the whole run: every process it started is gone (redis-server included),
 the exit status is non-zero and one line says why (naming the failed worker, with its log tail).
 A signal first asks for a recovery checkpoint (cluster.stop_grace; tests/system/faults/test_preemption.py),
 then exits 75; a second one stops at once, exiting 128 + the signal."""
@@ -55,7 +56,7 @@ def test_a_second_sigterm_stops_every_process_at_once_and_exits_143(tmp_path, no
 
 
 def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
-    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, "cluster.restart_policy.trial_restarts=0")
     try:
         run.wait_steps(2)
         run.kill_worker(worker)

@@ -12,6 +12,9 @@ from omegaconf import OmegaConf
 from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run
 from realhf.base import names
 
+# Without whole-trial restarts a lost Redis ends the run (with them it heals: faults/test_trial_restart.py).
+NO_TRIAL_RESTART = "cluster.restart_policy.trial_restarts=0"
+
 
 def _redis_url(run) -> str:
     return OmegaConf.load(run.log_dir / "configs" / "master_worker-0.yaml").context.name_resolve.redis_url
@@ -32,7 +35,7 @@ def _fails_naming_redis(run, *expected):
 
 @pytest.mark.e2e
 def test_a_dead_redis_ends_the_run_with_exit_1_naming_redis(tmp_path, no_leftover_processes):
-    run = Run(tmp_path, "redisdead", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    run = Run(tmp_path, "redisdead", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, NO_TRIAL_RESTART)
     try:
         run.wait_steps(1)
         password = redis.Redis.from_url(_redis_url(run)).connection_pool.connection_kwargs["password"]
@@ -48,7 +51,7 @@ def test_a_dead_redis_ends_the_run_with_exit_1_naming_redis(tmp_path, no_leftove
 
 @pytest.mark.e2e
 def test_a_lost_experiment_status_key_ends_the_run_with_exit_1_not_0(tmp_path, no_leftover_processes):
-    run = Run(tmp_path, "keylost", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN)
+    run = Run(tmp_path, "keylost", "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, NO_TRIAL_RESTART)
     try:
         run.wait_steps(1)
         client = redis.Redis.from_url(_redis_url(run))

@@ -125,7 +125,15 @@ RESTARTED = {
 def test_a_long_pause_restarts_the_worker_or_ends_the_run_naming_it(tmp_path, no_leftover_processes, worker_type):
     steps = 300
     worker = f"{worker_type}-0"
-    run = Run(tmp_path, f"pause-{worker_type}", f"exp_ctrl.benchmark_steps={steps}", *FAST)
+    # trial_restarts=0: a trainer or master paused past its timeout ends the run, naming it (with
+    # whole-trial restarts the run would go on: faults/test_trial_restart.py).
+    run = Run(
+        tmp_path,
+        f"pause-{worker_type}",
+        f"exp_ctrl.benchmark_steps={steps}",
+        *FAST,
+        "cluster.restart_policy.trial_restarts=0",
+    )
     try:
         run.wait_steps(2, timeout=180)
         t_stop, _ = _pause(run, worker, LONG_PAUSE)

@@ -147,7 +147,7 @@ def test_a_node_that_does_not_share_the_fileroot_fails_the_run_before_any_worker
 @pytest.mark.slow
 def test_a_killed_model_worker_ends_the_run_and_recover_mode_auto_continues_step_and_version(tmp_path):
     common = ["cluster.launcher=ray", "exp_ctrl.benchmark_steps=16", "exp_ctrl.ckpt_freq_steps=4", *SMALL_RUN]
-    run = Run(tmp_path, "rayrecover", *common)
+    run = Run(tmp_path, "rayrecover", *common, "cluster.restart_policy.trial_restarts=0")
     try:
         run.wait_steps(6, timeout=300)
         subprocess.run(["kill", "-9", str(_placement(run)["model_worker/0"]["pid"])], check=True)

@@ -192,6 +192,8 @@ REFUSED = [
     ("cluster.restart_policy.max_restarts", -1, "cluster.restart_policy.max_restarts must be >= 0, got -1"),
     ("cluster.restart_policy.restart_window", -0.001, "cluster.restart_policy.restart_window must be >= 0"),
     ("cluster.restart_policy.backoff", -0.001, "cluster.restart_policy.backoff must be >= 0"),
+    ("cluster.restart_policy.trial_restarts", -1, "cluster.restart_policy.trial_restarts must be >= 0, got -1"),
+    ("cluster.restart_policy.trial_restart_window", -0.001, "cluster.restart_policy.trial_restart_window must be >= 0"),
     ("cluster.max_request_bytes", 1023, "cluster.max_request_bytes must be >= 1024, got 1023"),
     ("cluster.max_message_bytes", 1023, "cluster.max_message_bytes must be >= 1024, got 1023"),
     ("cluster.n_nodes", 0, "cluster.n_nodes must be >= 1, got 0"),
@@ -409,6 +411,8 @@ ACCEPTED = [
     ("cluster.restart_policy.max_restarts", 0),
     ("cluster.restart_policy.restart_window", 0.0),
     ("cluster.restart_policy.backoff", 0.0),
+    ("cluster.restart_policy.trial_restarts", 0),
+    ("cluster.restart_policy.trial_restart_window", 0.0),
     ("cluster.max_request_bytes", 1024),
     # the static floor is 1024; the embedded config's real floor is its largest group (8 samples, 256 tokens)
     ("cluster.max_message_bytes", largest_group_bytes(8, 256)),
