@@ -47,7 +47,8 @@ class WorkerContext:
     worker_count: int = 1
     name_resolve: NameResolveConfig = field(default_factory=NameResolveConfig)
     log_dir: str = ""
-    status_check_interval: float = 0.5
+    # How often a worker reads the trial's status (one Redis GET): how soon it sees the run end.
+    status_check_interval: float = 0.2
     # The trial's shared secret (realhf.base.secret): every socket and HTTP endpoint of the run
     # requires it. Generated per trial by the launcher and handed over only in the worker's
     # owner-only config file; never on a command line or in a log. Empty: no authentication

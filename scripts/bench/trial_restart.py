@@ -11,6 +11,10 @@ checkpoint (cluster.restart_policy.trial_restarts). Per run:
   healed s    from the kill to the first step trained after the resume (the run training again),
   steps lost  steps trained since the checkpoint it resumed from (trained again),
   exit        the run's exit code (0: it completed every step by itself).
+
+With `--preempt`, the same run gets SIGTERM at step `--kill-at` instead (a scheduler's
+preemption): *stopped s* is from the signal to the launcher's exit (75, a checkpoint of the step
+written), *resumed s* from starting it again with `recover_mode=auto` to its first new step.
 """
 
 from __future__ import annotations
@@ -98,6 +102,47 @@ def run_once(victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, time
             shutil.rmtree(fileroot, ignore_errors=True)
 
 
+def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float) -> Dict:
+    fileroot = tempfile.mkdtemp(prefix="bench-preempt-")
+    trial = f"preempt-{repeat}"
+    log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
+    try:
+        with open(os.path.join(fileroot, "out1.txt"), "w") as out:
+            proc = subprocess.Popen(default_run(trial, fileroot, steps), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None and len(read_metrics(log_dir) if os.path.isdir(log_dir) else []) < kill_at:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError(f"{trial}: no step {kill_at} within {timeout:.0f} s")
+                time.sleep(POLL_S)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=120)
+            stopped = time.monotonic() - t0
+        at = len(read_metrics(log_dir))
+        with open(os.path.join(fileroot, "out2.txt"), "w") as out:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(
+                default_run(trial, fileroot, steps, "recover_mode=auto"), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+            resumed = None
+            while proc.poll() is None and time.monotonic() - t0 < timeout:
+                if resumed is None and len(read_metrics(log_dir)) > at:
+                    resumed = time.monotonic() - t0
+                time.sleep(POLL_S)
+            code2 = proc.wait(timeout=timeout)
+        return {
+            "stopped_s": stopped,
+            "exit": code,
+            "at_step": at,
+            "resumed_s": resumed,
+            "exit2": code2,
+            "steps": len(read_metrics(log_dir)),
+        }
+    finally:
+        shutil.rmtree(fileroot, ignore_errors=True)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.trial_restart")
     ap.add_argument("--repeats", type=int, default=2)
@@ -105,7 +150,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--kill-at", type=int, default=7)
     ap.add_argument("--ckpt", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--preempt", action="store_true", help="SIGTERM the launcher instead, then resume it")
     args = ap.parse_args(argv)
+    if args.preempt:
+        for repeat in range(args.repeats):
+            row = preempt_once(repeat, args.steps, args.kill_at, args.timeout)
+            print(
+                f"SIGTERM at step {row['at_step']}: stopped in {row['stopped_s']:.1f} s (exit {row['exit']}); "
+                f"recover_mode=auto trained its first step {row['resumed_s']:.1f} s after its start "
+                f"(exit {row['exit2']}, {row['steps']} steps)"
+            )
+        return
     rows = []
     for repeat in range(args.repeats):
         for victim in VICTIMS:
