@@ -439,8 +439,8 @@ class MasterWorker(Worker):
 
     def _account(self) -> None:
         """At the end: where every admitted group went (realhf.system.manager.admission_ledger), logged
-        and written to accounting.json. The ledger is read first, then the DP heads, which have
-        get a moment to receive what was pushed before."""
+        and written to accounting.json. The ledger is read first, then the DP heads, asked again
+        until every group accepted by then has arrived (for ACCOUNT_SETTLE_S at most)."""
         try:
             state = self._ledger.load()
             # A group counted accepted was pushed before, but may still be on its last hop (ZMQ,

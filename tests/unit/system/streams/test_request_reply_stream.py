@@ -73,3 +73,22 @@ def test_master_times_out_naming_workers_that_never_connected(redis_name_resolve
             master.wait_for_workers(timeout=0.5)
     finally:
         master.close()
+
+
+def test_a_wait_on_a_worker_that_never_answers_ends_when_the_master_is_asked_to_stop(rr_pair):
+    # A trainer that died never replies: the master, told to stop (the launcher's SIGTERM), must
+    # not wait out request_timeout — before, it outlived the launcher's 6 s grace and was killed.
+    class Stop(Exception):
+        pass
+
+    asked = time.monotonic() + 0.3
+
+    def check_stop():
+        if time.monotonic() > asked:
+            raise Stop
+
+    rr_pair.check_stop = check_stop
+    t0 = time.monotonic()
+    with pytest.raises(Stop):
+        rr_pair.call(0, "never_answered", timeout=60)
+    assert time.monotonic() - t0 < 2.0
