@@ -4,7 +4,7 @@ workers' new lines (the master's progress) to the launcher's console."""
 import os
 import sys
 import threading
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 
 def log_tail(path: str, n_lines: int = 30) -> str:
@@ -30,21 +30,22 @@ class LogEcho(threading.Thread):
     def __init__(self, write: Callable[[str], None] = write_stdout):
         super().__init__(name="log-echo", daemon=True)
         self.write = write
-        self._paths: List[str] = []
+        self._offsets: Dict[str, int] = {}
         self._stop_event = threading.Event()
 
-    def add(self, path: str):
-        self._paths.append(path)
+    def add(self, path: str, offset: int = 0):
+        """Echo `path` from byte `offset` on: a worker's log is appended to by each launch, and a
+        restarted trial (or a resumed run) must not print the earlier launches' lines again."""
+        self._offsets.setdefault(path, offset)
 
     def run(self):
-        offsets: Dict[str, int] = {}
         while not self._stop_event.is_set():
-            self._drain(offsets)
+            self._drain(self._offsets)
             self._stop_event.wait(0.2)
-        self._drain(offsets)
+        self._drain(self._offsets)
 
     def _drain(self, offsets):
-        for path in list(self._paths):
+        for path in list(offsets):
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets.get(path, 0))

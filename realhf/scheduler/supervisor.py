@@ -261,6 +261,7 @@ class Supervisor:
             config_path=config_path,
             context=ctx,
         )
+        echo_from = os.path.getsize(log_path) if spec.echo_log and os.path.exists(log_path) else 0
         p.process = self._new_process(p, spec, config, env)
         # After _new_process: a launcher that places workers on nodes may adjust the config
         # (the address to bind) to the node it chose.
@@ -269,7 +270,7 @@ class Supervisor:
         self._procs.append(p)
         self._process_started(p)
         if spec.echo_log:
-            self._echo.add(log_path)
+            self._echo.add(log_path, echo_from)
         logger.info(f"started {p.name} (pid {pid}{self._where(p)})")
 
     def rewrite_config(self, p: _Proc, config: Any) -> None:

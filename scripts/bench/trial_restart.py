@@ -1,11 +1,13 @@
 """Time to heal: a vital process of a run SIGKILLed mid-run, the trial restarted by itself.
 
     python -m scripts.bench.trial_restart [--repeats 2] [--steps 16] [--kill-at 7] [--ckpt 4]
+        [--victims model_worker-0,master_worker-0,redis-server] [OVERRIDE ...]
 
 The embedded default (`default_run`, no evaluation) with a recovery checkpoint every `--ckpt`
 steps; at step `--kill-at` one process is SIGKILLed — the trainer rank (model_worker/0), the
 master, or the trial's redis-server — and the launcher restarts the trial from its last recovery
-checkpoint (cluster.restart_policy.trial_restarts). Per run:
+checkpoint (cluster.restart_policy.trial_restarts). More Hydra overrides (`cluster.device=cuda cluster.gpu_placement=shared` on a GPU) go to every
+run. Per run:
 
   noticed s   from the kill to the launcher's "trial restart 1" line,
   healed s    from the kill to the first step trained after the resume (the run training again),
@@ -51,12 +53,14 @@ def _victim_pid(root: psutil.Process, victim: str) -> Optional[int]:
     return None
 
 
-def run_once(victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, timeout: float) -> Dict:
+def run_once(
+    victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, timeout: float, overrides: List[str]
+) -> Dict:
     fileroot = tempfile.mkdtemp(prefix="bench-heal-")
     trial = f"heal-{victim.split('-')[0]}-{repeat}"
     log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
     out_path = os.path.join(fileroot, "out.txt")
-    cmd = default_run(trial, fileroot, steps, f"exp_ctrl.ckpt_freq_steps={ckpt}")
+    cmd = default_run(trial, fileroot, steps, f"exp_ctrl.ckpt_freq_steps={ckpt}", *overrides)
     try:
         with open(out_path, "w") as out:
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -102,13 +106,15 @@ def run_once(victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, time
             shutil.rmtree(fileroot, ignore_errors=True)
 
 
-def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float) -> Dict:
+def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float, overrides: List[str]) -> Dict:
     fileroot = tempfile.mkdtemp(prefix="bench-preempt-")
     trial = f"preempt-{repeat}"
     log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
     try:
         with open(os.path.join(fileroot, "out1.txt"), "w") as out:
-            proc = subprocess.Popen(default_run(trial, fileroot, steps), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                default_run(trial, fileroot, steps, *overrides), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
             deadline = time.monotonic() + timeout
             while proc.poll() is None and len(read_metrics(log_dir) if os.path.isdir(log_dir) else []) < kill_at:
                 if time.monotonic() > deadline:
@@ -123,7 +129,10 @@ def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float) -> Dict:
         with open(os.path.join(fileroot, "out2.txt"), "w") as out:
             t0 = time.monotonic()
             proc = subprocess.Popen(
-                default_run(trial, fileroot, steps, "recover_mode=auto"), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+                default_run(trial, fileroot, steps, "recover_mode=auto", *overrides),
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
             resumed = None
             while proc.poll() is None and time.monotonic() - t0 < timeout:
@@ -151,10 +160,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--ckpt", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--preempt", action="store_true", help="SIGTERM the launcher instead, then resume it")
+    ap.add_argument("--victims", default=",".join(VICTIMS), help="which processes to kill, comma-separated")
+    ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     args = ap.parse_args(argv)
+    victims = args.victims.split(",")
+    unknown = sorted(set(victims) - set(VICTIMS))
+    if unknown:
+        ap.error(f"--victims: {', '.join(unknown)} not among {', '.join(VICTIMS)}")
     if args.preempt:
         for repeat in range(args.repeats):
-            row = preempt_once(repeat, args.steps, args.kill_at, args.timeout)
+            row = preempt_once(repeat, args.steps, args.kill_at, args.timeout, args.overrides)
             print(
                 f"SIGTERM at step {row['at_step']}: stopped in {row['stopped_s']:.1f} s (exit {row['exit']}); "
                 f"recover_mode=auto trained its first step {row['resumed_s']:.1f} s after its start "
@@ -163,8 +178,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     rows = []
     for repeat in range(args.repeats):
-        for victim in VICTIMS:
-            row = run_once(victim, repeat, args.steps, args.kill_at, args.ckpt, args.timeout)
+        for victim in victims:
+            row = run_once(victim, repeat, args.steps, args.kill_at, args.ckpt, args.timeout, args.overrides)
             log(
                 f"{victim}: noticed {row['noticed_s']:.1f} s, healed {row['healed_s']:.1f} s, "
                 f"{row['steps_lost']} step(s) trained again, exit {row['exit']}, {row['steps']} steps"
@@ -172,7 +187,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             rows.append(row)
     print("| killed | noticed s (median) | healed s (median) | steps trained again | exits |")
     print("|---|---|---|---|---|")
-    for victim in VICTIMS:
+    for victim in victims:
         mine = [r for r in rows if r["victim"] == victim]
         print(
             f"| {victim} | {statistics.median(r['noticed_s'] for r in mine):.1f} | "

@@ -79,6 +79,9 @@ def test_kill_9_of_the_trainer_then_the_master_then_redis_each_heal_and_the_run_
         # Resumed from the last recovery checkpoint: at most CKPT steps before the kill.
         assert int(resumed) % CKPT == 0 and step_killed - CKPT <= int(resumed) <= step_killed, (killed, restarts)
     assert f"run complete (exit 0): {STEPS} train steps; trial restarts: 3" in out, out[-3000:]
+    # The console echoes each launch's master lines once: after the last restart, only its own.
+    last_launch = out[out.index("trial restart 3 (") :]
+    assert last_launch.count("master_worker/0: configured; running") == 1, last_launch[-5000:]
     steps = trained_qids(run.log_dir)
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     trained = [q for s in steps for q in s["qids"]]
