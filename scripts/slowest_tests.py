@@ -30,16 +30,30 @@ def test_times(paths: List[str]) -> List[Tuple[float, str, str]]:
     return sorted(out, reverse=True)
 
 
+def _module(name: str) -> str:
+    """tests.a.test_b (the file) of `tests.a.test_b[.TestClass]::test_c`."""
+    parts = name.split("::")[0].split(".")
+    modules = [i for i, part in enumerate(parts) if part.startswith("test_")]
+    return ".".join(parts[: modules[0] + 1]) if modules else ".".join(parts)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.slowest_tests", description=__doc__.split("\n")[0])
     p.add_argument("reports", nargs="+")
-    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--top", type=int, default=25, help="how many to print (0: all)")
+    p.add_argument("--by-file", action="store_true", help="sum the tests of each file instead")
     args = p.parse_args(argv)
     times = test_times(args.reports)
     if not times:
         return 0
+    if args.by_file:
+        files: dict = {}
+        for seconds, lane, name in times:
+            files[(lane, _module(name))] = files.get((lane, _module(name)), 0.0) + seconds
+        times = sorted(((t, lane, f) for (lane, f), t in files.items()), reverse=True)
+    args.top = args.top or len(times)
     print(
-        f"[test] the {min(args.top, len(times))} slowest of {len(times)} tests ({sum(t for t, _, _ in times):.0f} s in all):"
+        f"[test] the {min(args.top, len(times))} slowest of {len(times)} {'files' if args.by_file else 'tests'} ({sum(t for t, _, _ in times):.0f} s in all):"
     )
     for seconds, lane, name in times[: args.top]:
         print(f"  {seconds:7.1f} s  {lane:<6}  {name[:110]}")

@@ -80,5 +80,7 @@ for lane in "${lanes[@]}"; do
 done
 wait_for_vllm_setup  # a run of checks or unit alone never started it; nothing is left behind
 "${PY}" -m scripts.slowest_tests "${reports}"/*.xml --top 25 || true
+# Every test's time, for whoever trims the suite next: runs/test-reports/<lane>.xml (ignored by git).
+mkdir -p "${REPO_ROOT}/runs/test-reports" && cp "${reports}"/*.xml "${REPO_ROOT}/runs/test-reports/" 2>/dev/null || true
 for line in "${summary[@]}"; do echo "[test] lane ${line}"; done
 exit ${code}
