@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List
 
+import psutil
+
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import logging, name_resolve, names
 from realhf.base.network import redact_url
@@ -164,10 +166,16 @@ class Worker:
         """Run the whole lifecycle; returns the process exit code."""
         self._install_signal_handlers()
         code = 0
+        t_run, imported_s = time.monotonic(), _process_age_s()
         try:
             self._register()
             self._configure()
-            self.logger.info("configured; running")
+            # Where a start's time goes (imports, or the set-up: devices, process groups, models),
+            # which decides how soon a restarted trial trains again.
+            self.logger.info(
+                f"configured; running ({imported_s:.1f}s from process start to imported, "
+                f"{time.monotonic() - t_run:.1f}s to configure)"
+            )
             self._loop()
         except WorkerExit as e:
             self.request_stop(str(e) or "worker finished")
@@ -191,6 +199,10 @@ class Worker:
         while not self._stop_requested and not self._status_says_stop():
             if not self._poll():
                 time.sleep(0.005)
+
+
+def _process_age_s() -> float:
+    return max(0.0, time.time() - psutil.Process().create_time())
 
 
 class AsyncWorker(Worker):

@@ -98,12 +98,14 @@ class ModelWorker(Worker):
         # The placement's GPU (realhf.base.placement), unless the launcher gave the process its
         # own GPU (Ray): then it is device 0. A GPU shared with a generation server caps our memory.
         local_rank = 0 if self.ctx.gpus_assigned else cfg.gpu
+        t_device = time.monotonic()
         self.device = pick_device(cfg.device, local_rank)
         bind_device(self.device)
         cap_memory(self.device, cfg.gpu_memory_fraction)
         self._init_distributed()
 
         t0 = time.monotonic()
+        device_s = t0 - t_device
         self.graph = build_graph(cfg.ppo)
         roles = trainer_models(self.graph, cfg.ppo.graph.own_process)  # a placed reference lives on the node worker
         self.engines = build_engines(cfg, local_rank, self._io_group, roles=roles)
@@ -144,7 +146,8 @@ class ModelWorker(Worker):
             layout += f", pipeline stage {self.pp_rank} of {self.pp_size}"
         self.logger.info(
             f"{self._where()} on {self.device}{share} ({why_device(cfg.device, self.device)}): {sizes} "
-            f"({cfg.actor.dtype}, {layout}), loaded in {time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, "
+            f"({cfg.actor.dtype}, {layout}), device and process groups {device_s:.1f}s, loaded in "
+            f"{time.monotonic() - t0:.1f}s; eta {cfg.max_head_offpolicyness}, "
             + (f"puller {puller.address}" if puller is not None else f"data from its head (rank {self.head_rank})")
         )
 

@@ -5,7 +5,7 @@ torch.distributed.checkpoint with a bare EOFError."""
 
 import pytest
 
-from helpers.training_runs import EXPERIMENT, SMALL_RUN, run_training, trial_processes
+from helpers.training_runs import EXPERIMENT, run_training, small_run, trial_processes
 from realhf.base.trial_files import TrialFiles, recover_dir, recover_prev_dir
 from realhf.impl.model.recover_checkpoint import read_info, verify
 
@@ -14,7 +14,7 @@ COMMON = [
     "exp_ctrl.benchmark_steps=4",
     "exp_ctrl.ckpt_freq_steps=2",
     "allocation_mode=native.d1m1p1+d2m1p1",
-    *SMALL_RUN,
+    *small_run(2),
 ]
 
 

@@ -7,6 +7,7 @@ naming the node."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from helpers.fsdp_ranks import TINY_SFT
 from helpers.paths import REPO, TESTS_DIR, TINY_MATH
-from helpers.training_runs import SMALL_RUN, check_finished_run, run_training, trial_processes
+from helpers.training_runs import SMALL_RUN, check_finished_run, run_training, small_run, trial_processes
 from realhf.impl.dataset.prompt_dataset import load_prompts
 
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TESTS_DIR]))
@@ -92,6 +93,10 @@ def test_a_users_node_a_reward_model_and_the_reference_on_its_own_process_train_
     loaded = next(line for line in model_log.splitlines() if "loaded in" in line and " params" in line)
     # The trainer holds only the actor: the reference and the reward model live on the node worker.
     assert "actor " in loaded and "ref " not in loaded and "reward " not in loaded, loaded
+    # Every worker says where its start went (the time a restarted trial takes to train again).
+    assert re.search(r"device and process groups \d+\.\ds, loaded in \d+\.\ds", loaded), loaded
+    for log in (model_log, node_log, master_log):
+        assert re.search(r"configured; running \(\d+\.\ds from process start to imported, \d+\.\ds to configure\)", log)
 
 
 @pytest.mark.e2e
@@ -118,7 +123,7 @@ def test_the_reference_on_its_own_process_feeds_every_rank_of_a_tensor_parallel_
     would differ from the sampler's by far more than float noise at step 1."""
     steps = 3
     proc, metrics, _ = run_training(
-        tmp_path, "graph-dp2", f"exp_ctrl.benchmark_steps={steps}", *SMALL_RUN, "allocation_mode=native.d1m1p1+d2m2p1",
+        tmp_path, "graph-dp2", f"exp_ctrl.benchmark_steps={steps}", *small_run(2), "allocation_mode=native.d1m1p1+d2m2p1",
         "ppo.kl_ctl=0.1", "ppo.graph.own_process=[ref_inf]", timeout=900, env=ENV,
     )  # fmt: skip
     check_finished_run(proc, metrics, steps, 2, tmp_path)

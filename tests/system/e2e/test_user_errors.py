@@ -45,8 +45,7 @@ def test_a_deterministic_error_in_the_users_agent_is_said_once_on_the_console_an
         tmp_path,
         "keyerror",
         "exp_ctrl.benchmark_steps=3",
-        *SMALL_RUN,
-        "rollout.n_workers=1",
+        *SMALL_RUN,  # one rollout worker
         "rollout.agent.type=helpers.faulty_plugins:MissingFieldAgent",
         timeout=300,
         env=ENV,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from helpers.training_runs import SMALL_RUN, Run, check_accounting
+from helpers.training_runs import Run, check_accounting, small_run
 
 STEPS = 300
 FAULTS_UNTIL_STEP = 260  # then the run finishes undisturbed
@@ -34,7 +34,7 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
         tmp_path,
         f"chaos{seed}",
         f"exp_ctrl.benchmark_steps={STEPS}",
-        *SMALL_RUN,
+        *small_run(2),
         "cluster.restart_policy.max_restarts=50",
         "cluster.restart_policy.trial_restarts=0",  # a pause of the trainer or master ends the run, as asserted
     )

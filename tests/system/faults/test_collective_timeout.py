@@ -8,7 +8,7 @@ import time
 import pytest
 
 from helpers.paths import TESTS_DIR
-from helpers.training_runs import SMALL_RUN, Run
+from helpers.training_runs import Run, small_run
 
 TIMEOUT_S = 10
 
@@ -23,7 +23,7 @@ def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engi
         tmp_path,
         "skip",
         "exp_ctrl.benchmark_steps=10",
-        *SMALL_RUN,
+        *small_run(2),
         "allocation_mode=native.d1m1p1+d2m1p1",
         f"cluster.collective_timeout={TIMEOUT_S}",
         "cluster.restart_policy.trial_restarts=0",  # the run ends on the first timeout (no whole-trial restart)

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from helpers.http import http
-from helpers.training_runs import SMALL_RUN, Run
+from helpers.training_runs import Run, small_run
 from realhf.base.network import bind_gloo_to
 
 STEPS = 20  # long enough that every worker still listens when the sockets are listed after step 1
@@ -40,7 +40,7 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
     run = Run(
         tmp_path,
         "listeners",
-        *SMALL_RUN,
+        *small_run(2),
         f"exp_ctrl.benchmark_steps={STEPS}",
         "exp_ctrl.ckpt_freq_steps=0",
         "allocation_mode=native.d1m1p1+d2m1p1",
