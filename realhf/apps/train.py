@@ -74,7 +74,7 @@ from realhf.scheduler.worker_spec import (
     WorkerSpec,
 )
 from realhf.system.stats.stats_logger import read_eval_metrics
-from realhf.system.stats.stats_plot import write_curves_png
+from realhf.system.stats.stats_plot import preload_in_background, write_curves_png
 
 logger = logging.getLogger("main_async_ppo")
 
@@ -350,6 +350,7 @@ def launch(
         view.start()
         for spec in specs:
             launcher.submit(spec)
+        preload_in_background()  # the final report's plotting library, while the workers start
         launcher.wait()
         return launcher, None
     except LauncherError as e:

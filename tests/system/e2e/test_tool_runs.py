@@ -87,6 +87,7 @@ def test_the_tool_agent_trains_with_its_calculator_on_an_mcp_server_over_http(
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI: the MCP run above (the same agent through the whole system), tools/test_python_code.py
 def test_the_tool_agent_trains_with_a_calculator_run_in_the_python_sandbox(tmp_path, tool_task, no_leftover_processes):
     log = tmp_path / "sandbox-runs"
     proc, metrics, _ = run_training(

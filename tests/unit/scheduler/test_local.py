@@ -109,7 +109,8 @@ def test_sigkill_of_the_launcher_takes_its_workers_down_too(tmp_path):
 
 
 def test_worker_that_stops_heart_beating_without_exiting_is_detected(tmp_path, no_leftover_processes):
-    la = Launcher(tmp_path, "hang", 3, "hang_after=1.0")
+    # The key expires within the TTL (2 s) of the hang; a 1 s grace ends the wait for it to return.
+    la = Launcher(tmp_path, "hang", 3, "hang_after=1.0", "launcher.heartbeat_grace=1")
     info = la.wait_ready()
     code, out = la.finish(timeout=60)
     assert code == 1, out

@@ -182,6 +182,7 @@ def test_data_parallel_bench_reports_samples_per_s_and_token_balance_per_dp_size
     assert result["token_imbalance"]["1"]["dp_token_imbalance"] == 1.0
 
 
+@pytest.mark.slow  # CI: test_bench_generation_short (the same script), e2e/test_smollm2_run.py (the weights)
 def test_generation_sizes_short_measures_both_sides_on_the_real_smollm2_weights(smollm2_path, no_leftover_processes):
     result, out = run_bench("scripts.bench.generation_sizes", "--short", "--smollm2-path", smollm2_path)
     assert result["bench"] == "generation_sizes"

@@ -72,3 +72,26 @@ def test_nothing_to_draw_before_the_first_step(tmp_path):
 
 def test_moving_average_uses_the_values_so_far_at_the_start():
     assert moving_average([1, 2, 3, 4, 5], 2) == [1.0, 1.5, 2.5, 3.5, 4.5]
+
+
+def test_the_plotting_library_preloads_once_in_an_idle_priority_thread(monkeypatch):
+    import os
+    import sys
+
+    from realhf.system.stats import stats_plot
+
+    niced, before = [], os.getpriority(os.PRIO_PROCESS, 0)
+    real_setpriority = os.setpriority
+    monkeypatch.setattr(
+        os, "setpriority", lambda which, who, prio: (niced.append((who, prio)), real_setpriority(which, who, prio))
+    )
+    monkeypatch.setattr(stats_plot._Preload, "thread", None)
+    stats_plot.preload_in_background()
+    first = stats_plot._Preload.thread
+    stats_plot.preload_in_background()  # a second launch (a restarted trial) starts no second thread
+    assert stats_plot._Preload.thread is first
+    first.join(timeout=60)
+    assert not first.is_alive() and "matplotlib.figure" in sys.modules
+    # Only the loading thread was niced, not the launcher: its own id, not the process's 0.
+    assert niced == [(first.native_id, 19)] and first.native_id != os.getpid()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
