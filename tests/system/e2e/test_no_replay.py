@@ -18,7 +18,7 @@ import pytest
 
 from helpers.paths import TESTS_DIR
 from helpers.prompt_order import draw_order, trained_qids
-from helpers.training_runs import SMALL_RUN, run_training
+from helpers.training_runs import run_training, small_run
 
 STEPS, N_WORKERS, SEED = 80, 2, 1  # SEED: training/configs/async-ppo.yaml; 80 steps outlast the restart (~8 s)
 ETA = 16  # large, so that few groups go stale (those that do are read from the model worker log)
@@ -32,7 +32,7 @@ def test_a_rollout_worker_killed_by_an_exception_resumes_its_prompt_order(tmp_pa
         tmp_path,
         "fatal",
         f"exp_ctrl.benchmark_steps={STEPS}",
-        *SMALL_RUN,
+        *small_run(N_WORKERS),
         f"max_head_offpolicyness={ETA}",
         "rollout.agent.type=helpers.faulty_plugins:FatalOnceAgent",
         f"+rollout.agent.args.marker={marker}",

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from helpers.prompt_order import draw_order, trained_qids
-from helpers.training_runs import SMALL_RUN, Run
+from helpers.training_runs import Run, small_run
 
 STEPS, KILL_AT, N_WORKERS, SEED = 30, 10, 2, 1  # SEED: training/configs/async-ppo.yaml
 ETA, B, MAX_CONCURRENT = 2, 4, 8  # SMALL_RUN: groups_per_step=4, max_concurrent_rollouts=8
@@ -28,7 +28,7 @@ COMMON = [
     f"exp_ctrl.benchmark_steps={STEPS}",
     "exp_ctrl.ckpt_freq_steps=1",
     f"max_head_offpolicyness={ETA}",
-    *SMALL_RUN,
+    *small_run(N_WORKERS),
 ]
 
 
