@@ -192,6 +192,10 @@ class ClusterSpecConfig:
         choices=choices.LAUNCHERS,
     )
     ray: RayClusterConfig = _sub(RayClusterConfig, "The Ray cluster (cluster.launcher=ray).")
+    fork_workers: bool = _f(
+        True,
+        "The local launcher forks its workers from one process that imported torch, transformers and the workers' modules once (realhf/apps/worker_template.py) instead of starting a fresh interpreter for each: on 2 cores a run's workers are ready seconds sooner, and a restarted worker as well. false: a fresh interpreter per worker.",
+    )
     fileroot: str = _f(
         "./runs",
         "Root directory for logs, checkpoints and published weights; on several nodes, one directory every node shares.",

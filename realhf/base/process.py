@@ -3,7 +3,7 @@
 import ctypes
 import os
 import signal
-from typing import Iterable, List
+from typing import Iterable, List, Sequence
 
 import psutil
 
@@ -20,6 +20,28 @@ def die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:  # not Linux: rely on the parent's own clean-up
         pass
+
+
+def set_command_line(args: Sequence[str]) -> bool:
+    """Show this process as `args` in /proc/<pid>/cmdline (ps, psutil): written over the memory of
+    the command line it was started with, which must be longer; False (nothing changed) if it is
+    not, or not on Linux.
+
+    The bytes after the new line are not NULs but spaces, and its own terminating NUL comes before
+    the end of that memory: the kernel then reads the line as a title (up to that NUL, as for
+    setproctitle(3)) and psutil splits it on spaces, so no empty arguments trail it.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    except (OSError, IndexError, ValueError):
+        return False
+    line = " ".join(args).encode()
+    if len(line) + 2 > end - start:
+        return False
+    ctypes.memmove(start, line + b"\0" + b" " * (end - start - len(line) - 1), end - start)
+    return True
 
 
 def process_tree(pid: int) -> List[psutil.Process]:

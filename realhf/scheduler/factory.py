@@ -22,4 +22,4 @@ def make_launcher(
         return RayLauncher(experiment_name, trial_name, cluster.fileroot, ray_config=cluster.ray, **common)
     from realhf.scheduler.local import LocalLauncher
 
-    return LocalLauncher(experiment_name, trial_name, cluster.fileroot, **common)
+    return LocalLauncher(experiment_name, trial_name, cluster.fileroot, fork_workers=cluster.fork_workers, **common)

@@ -3,8 +3,10 @@
 Every launcher starts a worker the same way — `python -m realhf.apps.remote worker --config F`,
 its output appended to its log file, in a session of its own (so its process group holds its
 children), killed by the kernel if its parent dies (PR_SET_PDEATHSIG). The local launcher
-holds a `LocalProcess` per worker; the Ray launcher holds one inside a Ray actor on the worker's
-node (`ray.py`), so what the supervisor asks of a worker is answered by this one class.
+holds a `LocalProcess` per worker, forked from its worker template where it has one
+(`worker_template.py`: the same process, without the imports); the Ray launcher holds one inside
+a Ray actor on the worker's node (`ray.py`), so what the supervisor asks of a worker is answered
+by this one class.
 """
 
 import os
@@ -17,6 +19,7 @@ from typing import Dict, List, Optional
 import psutil
 
 from realhf.base.process import die_with_parent, process_tree
+from realhf.scheduler.worker_template import WorkerTemplate
 
 WORKER_COMMAND = ["-m", "realhf.apps.remote", "worker", "--config"]
 
@@ -39,13 +42,21 @@ class LocalProcess:
         env: Dict[str, str],
         python: str = sys.executable,
         cwd: Optional[str] = None,
+        template: Optional[WorkerTemplate] = None,
     ):
         self.config_path, self.log_path, self.env, self.python, self.cwd = config_path, log_path, env, python, cwd
-        self._popen: Optional[subprocess.Popen] = None
+        self.template = template
+        self._popen = None  # a subprocess.Popen, or a ForkedWorker: both have pid, poll and wait
         self._stopping: List[psutil.Process] = []
 
     def start(self, banner: str = "") -> int:
         """Start the worker (appending `banner` to its log first); returns its pid."""
+        if self.template is not None and self.python == sys.executable:
+            self._popen = self.template.fork(
+                self.config_path, self.log_path, banner, self.env, self.cwd or os.getcwd(), self.python
+            )
+            if self._popen is not None:
+                return self._popen.pid
         with open(self.log_path, "ab") as log:
             if banner:
                 log.write(banner.encode())

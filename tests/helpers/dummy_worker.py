@@ -20,6 +20,7 @@ class DummyWorkerConfig:
     stubborn_grandchildren: bool = False  # two children ignoring SIGTERM, one of them in its own session
     hang_after: float = 0.0  # > 0: after this many seconds stop heart-beating and hang (a deadlock)
     linger_after_exit: float = 0.0  # seconds the process lives on after it deregistered (slow teardown)
+    log_numpy_draw: bool = False  # log one draw of numpy's global RandomState (forked workers must differ)
 
 
 # Ignores SIGTERM (and, with argv[1] == "True", leaves the worker's process group and session).
@@ -37,6 +38,10 @@ class DummyWorker(Worker):
     def _configure(self):
         self._t0 = time.monotonic()
         self._child = None
+        if self.config.log_numpy_draw:
+            import numpy
+
+            self.logger.info(f"numpy draw {numpy.random.randint(1 << 62)}")
         if self.config.spawn_grandchild:
             self._child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
             self.logger.info(f"grandchild pid {self._child.pid}")

@@ -27,6 +27,9 @@ def test_a_rank_that_skips_a_collective_ends_the_run_in_seconds_naming_rank_engi
         "allocation_mode=native.d1m1p1+d2m1p1",
         f"cluster.collective_timeout={TIMEOUT_S}",
         "cluster.restart_policy.trial_restarts=0",  # the run ends on the first timeout (no whole-trial restart)
+        # The bug is planted at interpreter start-up (sitecustomize, by the worker's command line):
+        # each worker must be a fresh interpreter, not forked from the worker template.
+        "cluster.fork_workers=false",
     )
     try:
         run.wait_for("the planted skip", lambda: "skips the actor's forward" in run.log("model_worker-1"), 300)

@@ -1,0 +1,167 @@
+"""The launcher's side of the worker template (`realhf/apps/worker_template.py`, which says why):
+start it, ask it to fork a worker, learn when one exits.
+
+`WorkerTemplate.fork` returns a `ForkedWorker` that answers what `LocalProcess` asks of a
+`subprocess.Popen` (pid, poll, wait), or None when the template cannot fork (it failed to start
+or died): the launcher then starts that worker with a fresh interpreter, as without a template.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, Optional
+
+import msgpack
+
+from realhf.base import logging
+from realhf.base.process import die_with_parent
+
+logger = logging.getLogger("launcher")
+
+# The template's command line is padded so that a forked worker has room to write its own over it
+# (realhf.base.process.set_command_line).
+TITLE_ROOM = 4096
+
+
+class ForkedWorker:
+    """A worker the template forked: `subprocess.Popen`'s pid, poll and wait."""
+
+    def __init__(self, template: "WorkerTemplate", pid: int):
+        self.template, self.pid = template, pid
+
+    def poll(self) -> Optional[int]:
+        return self.template.exit_code(self.pid, timeout=0)
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        code = self.template.exit_code(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout)
+        return code
+
+
+class WorkerTemplate:
+    """One template process for one launch of a trial. `start()` returns at once: the template
+    imports while the launcher sets up; the first `fork` waits for it (`ready_timeout` s)."""
+
+    def __init__(self, env: Dict[str, str], cwd: str, log_path: str, ready_timeout: float = 120.0):
+        self.env, self.cwd, self.log_path, self.ready_timeout = env, cwd, log_path, ready_timeout
+        self._proc: Optional[subprocess.Popen] = None
+        self._channel: Optional[socket.socket] = None
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._ready = False
+        self._dead = ""  # why the template cannot fork (empty while it can)
+        self._replies: Dict[int, dict] = {}
+        self._exits: Dict[int, int] = {}
+        self._children: set = set()
+        self._next_id = 0
+        self._started_at = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def start(self) -> "WorkerTemplate":
+        ours, theirs = socket.socketpair()
+        self._started_at = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "realhf.apps.worker_template", str(theirs.fileno()), os.path.dirname(self.log_path),
+                 " " * TITLE_ROOM],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                env=self.env, cwd=self.cwd, start_new_session=True,
+                preexec_fn=die_with_parent,
+            )  # fmt: skip
+        theirs.close()
+        self._channel = ours
+        threading.Thread(target=self._read, name="worker-template", daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        unpacker = msgpack.Unpacker(raw=False)
+        while True:
+            try:
+                data = self._channel.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            unpacker.feed(data)
+            with self._cond:
+                for msg in unpacker:
+                    if msg["op"] == "ready":
+                        self._ready = True
+                        logger.info(
+                            f"worker template (pid {self._proc.pid}) ready: imports took {msg['import_s']:.1f}s, "
+                            f"{time.monotonic() - self._started_at:.1f}s after its start"
+                        )
+                    elif msg["op"] == "exited":
+                        self._exits[msg["pid"]] = msg["code"]
+                    else:
+                        self._replies[msg["id"]] = msg
+                self._cond.notify_all()
+        with self._cond:
+            code = self._proc.poll()
+            self._dead = self._dead or f"it ended (exit code {code}; log {self.log_path})"
+            # Its children die with it (PR_SET_PDEATHSIG): those it had not reported are SIGKILLed.
+            for pid in self._children:
+                self._exits.setdefault(pid, -9)
+            self._cond.notify_all()
+
+    def fork(self, config_path: str, log_path: str, banner: str, env: Dict[str, str], cwd: str, python: str):
+        """A ForkedWorker running `python -m realhf.apps.remote worker --config config_path`, or
+        None (logged) when the template cannot fork it: then start it another way."""
+        deadline = time.monotonic() + self.ready_timeout
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._ready or self._dead, max(0.0, deadline - time.monotonic())):
+                self._dead = f"it was not ready within {self.ready_timeout:.0f}s (log {self.log_path})"
+                logger.warning(f"worker template: {self._dead}; workers start with a fresh interpreter")
+            if self._dead:
+                return None
+            self._next_id += 1
+            rid = self._next_id
+        request = {"op": "fork", "id": rid, "config": config_path, "log": log_path, "banner": banner}
+        request.update(env=env, cwd=cwd, python=python)
+        try:
+            with self._send_lock:
+                self._channel.sendall(msgpack.packb(request))
+        except OSError as e:
+            with self._cond:
+                self._dead = self._dead or f"its channel failed ({e})"
+            return None
+        with self._cond:
+            self._cond.wait_for(lambda: rid in self._replies or self._dead, 30.0)
+            reply = self._replies.pop(rid, None)
+            if reply is None or reply["op"] != "forked":
+                why = reply["error"] if reply else (self._dead or "no answer within 30s")
+                logger.warning(f"worker template could not fork {config_path}: {why}; starting it afresh")
+                return None
+            self._children.add(reply["pid"])
+            return ForkedWorker(self, reply["pid"])
+
+    def exit_code(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        """The exit code of forked worker `pid`, waiting up to `timeout` s for it (None: forever)."""
+        with self._cond:
+            if timeout == 0:
+                return self._exits.get(pid)
+            self._cond.wait_for(lambda: pid in self._exits, timeout)
+            return self._exits.get(pid)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End the template (after the launcher stopped the workers): it kills what is left of
+        its children and exits."""
+        if self._proc is None:
+            return
+        try:
+            self._channel.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=timeout)
+        self._channel.close()

@@ -1,0 +1,132 @@
+"""Workers forked from the worker template (cluster.fork_workers) on real processes: they look
+and behave like fresh ones, their exits reach the launcher, and a dead template costs a restart,
+not the run."""
+
+import os
+import re
+import signal
+import sys
+
+import psutil
+import pytest
+
+from helpers.dummy_worker import DummyWorkerConfig
+from helpers.paths import TESTS_DIR
+from helpers.wait import wait_for
+from realhf.api.cli_args import NameResolveConfig
+from realhf.base import name_resolve, names
+from realhf.scheduler.local import LocalLauncher, WorkerFailedError, WorkerSpec
+from realhf.scheduler.watchdog import MARKER_ENV
+from realhf.scheduler.worker_process import WORKER_COMMAND
+
+pytestmark = pytest.mark.system
+
+DUMMY = "helpers.dummy_worker:DummyWorker"
+
+
+def _launcher(tmp_path, trial, **kwargs):
+    return LocalLauncher(
+        "dummies",
+        trial,
+        str(tmp_path),
+        NameResolveConfig(keepalive_ttl=2.0),
+        startup_timeout=60,
+        user_paths=[TESTS_DIR],
+        **kwargs,
+    ).start()
+
+
+def _registered(launcher, n):
+    root = names.worker_root("dummies", launcher.trial_name)
+    wait_for(lambda: len(name_resolve.find_subtree(root)) >= n, 60, f"{n} dummy workers to register")
+
+
+def _template(launcher) -> psutil.Process:
+    return psutil.Process(launcher._template.pid)
+
+
+def test_forked_workers_look_like_fresh_ones_and_nothing_outlives_the_launcher(tmp_path, no_leftover_processes):
+    launcher = _launcher(tmp_path, "forked")
+    try:
+        configs = [
+            DummyWorkerConfig(log_numpy_draw=True, spawn_grandchild=True),
+            DummyWorkerConfig(log_numpy_draw=True),
+        ]
+        launcher.submit(WorkerSpec("dummy", 2, configs, worker_class=DUMMY))
+        _registered(launcher, 2)
+        template = _template(launcher)
+        assert "realhf.apps.worker_template" in " ".join(template.cmdline())
+        assert str(tmp_path) in " ".join(template.cmdline())  # which trial's it is
+        draws = []
+        for index, pid in enumerate(launcher.worker_pids().values()):
+            worker = psutil.Process(pid)
+            assert worker.ppid() == template.pid  # forked, not a fresh interpreter
+            config_path = os.path.join(launcher.log_dir, "configs", f"dummy-{index}.yaml")
+            assert worker.cmdline() == [sys.executable, *WORKER_COMMAND, config_path]  # as a fresh worker's
+            assert os.getsid(pid) == pid  # its own session: the launcher stops its whole group
+            assert worker.cwd() == launcher.launch_dir
+            assert worker.environ()[MARKER_ENV] == launcher.marker  # the watchdog's sweep finds it
+            log = open(os.path.join(launcher.log_dir, f"dummy-{index}.log")).read()
+            assert "configured; running" in log
+            draws.append(re.search(r"numpy draw (\d+)", log).group(1))
+        assert draws[0] != draws[1], "forked workers share one numpy RandomState"
+        pids = [*launcher.worker_pids().values(), template.pid]
+    finally:
+        launcher.stop_all()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_exit_codes_and_signals_of_forked_workers_reach_the_launcher(tmp_path, no_leftover_processes):
+    launcher = _launcher(tmp_path, "codes")
+    try:
+        configs = [DummyWorkerConfig(exit_after=0.5, exit_code=3), DummyWorkerConfig()]
+        launcher.submit(WorkerSpec("dummy", 2, configs, worker_class=DUMMY))
+        with pytest.raises(WorkerFailedError, match="exited with code 3"):
+            launcher.wait(timeout=60)
+    finally:
+        launcher.stop_all()
+    launcher = _launcher(tmp_path, "killed")
+    try:
+        launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class=DUMMY))
+        _registered(launcher, 1)
+        os.kill(launcher.worker_pids()["dummy/0"], signal.SIGKILL)
+        with pytest.raises(WorkerFailedError, match=r"exited with code -9 \(SIGKILL\)"):
+            launcher.wait(timeout=60)
+    finally:
+        launcher.stop_all()
+
+
+def test_a_dead_template_costs_its_workers_a_restart_with_a_fresh_interpreter(tmp_path, no_leftover_processes):
+    launcher = _launcher(tmp_path, "template-dies")
+    try:
+        spec = WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class=DUMMY, restart=True, restart_backoff=0.1)
+        launcher.submit(spec)
+        _registered(launcher, 1)
+        first = launcher.worker_pids()["dummy/0"]
+        _template(launcher).kill()
+
+        # The worker dies with it (PR_SET_PDEATHSIG); the launcher restarts it without the template.
+        def restarted_pid():
+            assert launcher._check_workers() is None  # the supervisor's loop: a death, then its restart
+            return launcher.worker_pids()["dummy/0"] != first
+
+        wait_for(restarted_pid, 30, "the dummy worker to be restarted", interval=0.2)
+        restarted = psutil.Process(launcher.worker_pids()["dummy/0"])
+        assert restarted.ppid() == os.getpid()  # a fresh interpreter, started by the launcher itself
+        assert "-m realhf.apps.remote worker --config" in " ".join(restarted.cmdline())
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+    finally:
+        launcher.stop_all()
+    log = open(os.path.join(launcher.log_dir, "dummy-0.log")).read()
+    assert "restart 1 of dummy/0" in log
+
+
+def test_without_fork_workers_each_worker_is_a_fresh_interpreter(tmp_path, no_leftover_processes):
+    launcher = _launcher(tmp_path, "exec", fork_workers=False)
+    try:
+        launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class=DUMMY))
+        _registered(launcher, 1)
+        assert launcher._template is None
+        assert psutil.Process(launcher.worker_pids()["dummy/0"]).ppid() == os.getpid()
+    finally:
+        launcher.stop_all()
