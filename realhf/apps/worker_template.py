@@ -1,11 +1,13 @@
-"""The worker template: a process that imports what every worker needs once, then forks the local
-launcher's workers from itself (`cluster.fork_workers`).
+"""The worker template: a process that forks the local launcher's workers from itself
+(`cluster.fork_workers`), having imported each built-in worker type's modules once, before the
+first worker of that type.
 
 Why: a worker started as a fresh `python -m realhf.apps.remote` first imports torch,
-transformers and its own modules — the trainer ≈ 3 CPU-s, the others 0.5–2 — and a trial
-starts five or more at once. On a small machine they queue for the cores and the run waits for
-the slowest. Forked from here, a worker has all of that in memory (copy-on-write) and goes
-straight to its configure step; a restarted worker comes back as fast.
+transformers and its own modules — the trainer ≈ 3 CPU-s, the generation server ≈ 2.5 — and a
+trial starts five or more at once. On a small machine they queue for the cores and the run
+waits for the slowest. Forked from here, a worker has all of that in memory (copy-on-write) and
+goes straight to its configure step; a restarted worker comes back as fast. A worker type that
+needs none of it (a user's own class) pays nothing for it: nothing is imported for it here.
 
 Fork safety: the template starts no thread (the launcher gives it DEFAULT_WORKER_ENV, so BLAS
 and OpenMP pools stay at one thread and are not started by an import), never initialises CUDA
@@ -18,8 +20,10 @@ a fresh worker's would read, so `ps` and tools that look for a worker's config p
 difference.
 
 Channel (a socket pair with the launcher, its fd the first argument; msgpack maps, never pickle):
-    launcher -> template  {"op": "fork", "id", "config", "log", "banner", "env", "cwd", "python"}
-    template -> launcher  {"op": "ready", "import_s"} once, then {"op": "forked", "id", "pid"} or
+    launcher -> template  {"op": "fork", "id", "worker_type", "config", "log", "banner", "env", "cwd",
+                           "python"}
+    template -> launcher  {"op": "ready", "import_s"} once, then {"op": "forked", "id", "pid",
+                          "warm_s": seconds spent importing for this worker type first} or
                           {"op": "refused", "id", "error"}, and {"op": "exited", "pid", "code"}
                           for every child it reaps (code as Popen's returncode: -N for signal N).
 The template exits when the launcher closes the channel (or dies: PR_SET_PDEATHSIG), killing
@@ -44,31 +48,35 @@ import msgpack
 
 from realhf.base.process import die_with_parent, set_command_line
 
-# Imported before the first fork: the workers' own modules (realhf.system.WORKER_CLASSES) and what
-# their configure step imports (the engines, transformers' model classes of the embedded tasks).
-WARM_MODULES = (
-    "realhf.apps.remote",
-    "realhf.base.device",
-    "realhf.impl.inference.factory",
-    "realhf.impl.inference.engine",
-    "realhf.system.gen_server.server_app",
-    "realhf.system.gen_server.sglang_generate",
-    "realhf.system.streams.http_thread",
-    "transformers.models.llama.modeling_llama",
-    "transformers.models.qwen2.modeling_qwen2",
-)
+# Imported before the first fork: what every worker imports (its entry point, the config loading).
+BASE_MODULES = ("realhf.apps.remote",)
 
 
-def _warm() -> float:
-    """Import what the workers need; the seconds it took."""
-    from realhf.system import WORKER_CLASSES
-
-    t = time.monotonic()
-    for name in [*WARM_MODULES, *(path.split(":")[0] for path in WORKER_CLASSES.values())]:
+def _import(names) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001 - a worker that needs it imports it again and says why
             print(f"worker template: importing {name} failed ({type(e).__name__}: {e}); workers import it themselves")
+
+
+def _warm(worker_type: str, warmed: set) -> float:
+    """Before the first fork of a built-in worker type: import its module and what its configure
+    step imports (`Worker.warm_modules`: torch, transformers' model code, the engines). A worker
+    class of the user's is not imported here (its module might start threads at import): its
+    workers import it themselves. The seconds it took (0 when already done)."""
+    from realhf.system import WORKER_CLASSES
+
+    if worker_type in warmed or worker_type not in WORKER_CLASSES:
+        return 0.0
+    warmed.add(worker_type)
+    t = time.monotonic()
+    module, name = WORKER_CLASSES[worker_type].split(":")
+    _import([module])
+    _import(getattr(getattr(sys.modules.get(module), name, None), "warm_modules", ()))
+    # What the imports created is never collected in a child: without this, a child's first full
+    # collection writes to every object's header and copies the whole inherited heap.
+    gc.freeze()
     return time.monotonic() - t
 
 
@@ -123,7 +131,8 @@ def _child(request: dict, channel: socket.socket, wakeup: tuple) -> None:
     exit_now(code)
 
 
-def _fork(request: dict, channel: socket.socket, wakeup: tuple) -> dict:
+def _fork(request: dict, channel: socket.socket, wakeup: tuple, warmed: set) -> dict:
+    warm_s = _warm(request["worker_type"], warmed)
     if _cuda_initialised():
         return {"op": "refused", "id": request["id"], "error": "CUDA was initialised in the template"}
     sys.stdout.flush()
@@ -131,7 +140,7 @@ def _fork(request: dict, channel: socket.socket, wakeup: tuple) -> dict:
     pid = os.fork()
     if pid == 0:
         _child(request, channel, wakeup)  # never returns
-    return {"op": "forked", "id": request["id"], "pid": pid}
+    return {"op": "forked", "id": request["id"], "pid": pid, "warm_s": round(warm_s, 3)}
 
 
 def _reap(children: set) -> list:
@@ -155,13 +164,13 @@ def serve(channel: socket.socket) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     send = lambda msg: channel.sendall(msgpack.packb(msg))  # noqa: E731
-    import_s = _warm()
-    # What the imports created is never collected in a child: without this, a child's first full
-    # collection writes to every object's header and copies the whole inherited heap.
+    t = time.monotonic()
+    _import(BASE_MODULES)
     gc.freeze()
-    send({"op": "ready", "import_s": round(import_s, 3)})
+    send({"op": "ready", "import_s": round(time.monotonic() - t, 3)})
     unpacker = msgpack.Unpacker(raw=False)
     children: set = set()
+    warmed: set = set()
     try:
         while True:
             readable, _, _ = select.select([channel, wake_r], [], [], 1.0)
@@ -173,7 +182,7 @@ def serve(channel: socket.socket) -> None:
                     return  # the launcher closed the channel: the run is over
                 unpacker.feed(data)
                 for request in unpacker:
-                    reply = _fork(request, channel, (wake_r, wake_w))
+                    reply = _fork(request, channel, (wake_r, wake_w), warmed)
                     if reply["op"] == "forked":
                         children.add(reply["pid"])
                     send(reply)
@@ -195,6 +204,8 @@ def main() -> None:
     channel = socket.socket(fileno=int(sys.argv[1]))
     set_command_line([sys.executable, "-m", "realhf.apps.worker_template", *sys.argv[1:3]])
     serve(channel)
+    sys.stdout.flush()
+    os._exit(0)  # nothing to finalize: tearing down its modules would only delay the launcher's exit
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ class LocalLauncher(Supervisor):
 
     def start(self) -> "LocalLauncher":
         if self.fork_workers and self._template is None:
-            # First: it imports (seconds) while the launcher starts Redis and writes the configs.
             os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
             env = {**os.environ, **DEFAULT_WORKER_ENV, MARKER_ENV: self.marker}
             log = os.path.join(self.log_dir, "worker_template.log")
@@ -59,7 +58,10 @@ class LocalLauncher(Supervisor):
         # A spec with an environment of its own may change what an interpreter reads at start-up
         # (PYTHONPATH, thread counts): its workers start afresh.
         template = None if spec.env else self._template
-        return LocalProcess(p.config_path, p.log_path, {**os.environ, **env}, cwd=self.launch_dir, template=template)
+        return LocalProcess(
+            p.config_path, p.log_path, {**os.environ, **env}, cwd=self.launch_dir, template=template,
+            worker_type=spec.worker_class or spec.worker_type,
+        )  # fmt: skip
 
     def _stop_cluster(self) -> None:
         if self._template is not None:

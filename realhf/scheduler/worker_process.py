@@ -43,9 +43,10 @@ class LocalProcess:
         python: str = sys.executable,
         cwd: Optional[str] = None,
         template: Optional[WorkerTemplate] = None,
+        worker_type: str = "",
     ):
         self.config_path, self.log_path, self.env, self.python, self.cwd = config_path, log_path, env, python, cwd
-        self.template = template
+        self.template, self.worker_type = template, worker_type
         self._popen = None  # a subprocess.Popen, or a ForkedWorker: both have pid, poll and wait
         self._stopping: List[psutil.Process] = []
 
@@ -53,7 +54,13 @@ class LocalProcess:
         """Start the worker (appending `banner` to its log first); returns its pid."""
         if self.template is not None and self.python == sys.executable:
             self._popen = self.template.fork(
-                self.config_path, self.log_path, banner, self.env, self.cwd or os.getcwd(), self.python
+                self.worker_type,
+                self.config_path,
+                self.log_path,
+                banner,
+                self.env,
+                self.cwd or os.getcwd(),
+                self.python,
             )
             if self._popen is not None:
                 return self._popen.pid

@@ -58,7 +58,6 @@ class WorkerTemplate:
         self._exits: Dict[int, int] = {}
         self._children: set = set()
         self._next_id = 0
-        self._started_at = 0.0
 
     @property
     def pid(self) -> int:
@@ -66,7 +65,6 @@ class WorkerTemplate:
 
     def start(self) -> "WorkerTemplate":
         ours, theirs = socket.socketpair()
-        self._started_at = time.monotonic()
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "realhf.apps.worker_template", str(theirs.fileno()), os.path.dirname(self.log_path),
@@ -94,10 +92,6 @@ class WorkerTemplate:
                 for msg in unpacker:
                     if msg["op"] == "ready":
                         self._ready = True
-                        logger.info(
-                            f"worker template (pid {self._proc.pid}) ready: imports took {msg['import_s']:.1f}s, "
-                            f"{time.monotonic() - self._started_at:.1f}s after its start"
-                        )
                     elif msg["op"] == "exited":
                         self._exits[msg["pid"]] = msg["code"]
                     else:
@@ -111,9 +105,12 @@ class WorkerTemplate:
                 self._exits.setdefault(pid, -9)
             self._cond.notify_all()
 
-    def fork(self, config_path: str, log_path: str, banner: str, env: Dict[str, str], cwd: str, python: str):
+    def fork(
+        self, worker_type: str, config_path: str, log_path: str, banner: str, env: Dict[str, str], cwd: str, python: str
+    ):
         """A ForkedWorker running `python -m realhf.apps.remote worker --config config_path`, or
-        None (logged) when the template cannot fork it: then start it another way."""
+        None (logged) when the template cannot fork it: then start it another way. `worker_type`
+        (a built-in type, or a user's `module:Class`) says what the template imports first."""
         deadline = time.monotonic() + self.ready_timeout
         with self._cond:
             if not self._cond.wait_for(lambda: self._ready or self._dead, max(0.0, deadline - time.monotonic())):
@@ -123,7 +120,8 @@ class WorkerTemplate:
                 return None
             self._next_id += 1
             rid = self._next_id
-        request = {"op": "fork", "id": rid, "config": config_path, "log": log_path, "banner": banner}
+        request = {"op": "fork", "id": rid, "worker_type": worker_type, "config": config_path, "log": log_path}
+        request["banner"] = banner
         request.update(env=env, cwd=cwd, python=python)
         try:
             with self._send_lock:
@@ -140,7 +138,11 @@ class WorkerTemplate:
                 logger.warning(f"worker template could not fork {config_path}: {why}; starting it afresh")
                 return None
             self._children.add(reply["pid"])
-            return ForkedWorker(self, reply["pid"])
+        if reply["warm_s"] > 0.05:
+            logger.info(
+                f"worker template (pid {self._proc.pid}) imported {worker_type}'s modules in {reply['warm_s']:.1f}s"
+            )
+        return ForkedWorker(self, reply["pid"])
 
     def exit_code(self, pid: int, timeout: Optional[float]) -> Optional[int]:
         """The exit code of forked worker `pid`, waiting up to `timeout` s for it (None: forever)."""

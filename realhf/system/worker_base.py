@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import psutil
 
@@ -106,6 +106,10 @@ class Worker:
     """Base of the synchronous workers. `config_cls` is the dataclass of the worker's config."""
 
     config_cls: Any = None
+    # Modules the worker's configure step imports (not its module's own imports): a local
+    # launcher's worker template imports them once before it forks the first worker of the type
+    # (realhf/apps/worker_template.py).
+    warm_modules: Tuple[str, ...] = ()
 
     def __init__(self, ctx: WorkerContext, config: Any = None):
         self.ctx = ctx

@@ -45,6 +45,18 @@ _STATUS_LOG_INTERVAL = 30.0
 
 class GenerationServer(Worker):
     config_cls = GenerationServerConfig
+    warm_modules = (
+        "realhf.base.device",
+        "realhf.impl.inference.factory",
+        "realhf.impl.inference.engine",
+        "realhf.system.gen_server.server_app",
+        "realhf.system.gen_server.sglang_generate",
+        "realhf.system.streams.http_thread",
+        # Loading any HF causal LM: most of its import time is these, shared by every model type.
+        "transformers.modeling_utils",
+        "transformers.masking_utils",
+        "transformers.modeling_layers",
+    )
 
     def _configure(self) -> None:
         self._engine = self._server = self._child = None

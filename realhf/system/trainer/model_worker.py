@@ -56,6 +56,7 @@ from realhf.system.worker_base import Worker
 
 class ModelWorker(Worker):
     config_cls = ModelWorkerConfig
+    warm_modules = ("transformers.masking_utils", "transformers.modeling_layers")  # in loading its HF model
 
     # ---- set-up -----------------------------------------------------------------------------
     def _configure(self) -> None:

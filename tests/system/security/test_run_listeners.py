@@ -62,6 +62,11 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
             "generation_server-0.yaml",
         } <= kinds, kinds
         assert listeners and all(ip == "127.0.0.1" for _, ip, _ in listeners), listeners
+        # Every worker was forked from the worker template (cluster.fork_workers, the default).
+        for pid, (cmd, _) in run.seen.items():
+            if "realhf.apps.remote worker" in cmd and psutil.pid_exists(pid):
+                parent = " ".join(psutil.Process(pid).parent().cmdline())
+                assert "realhf.apps.worker_template" in parent, (cmd, parent)
 
         url = run.manager_url()
         assert http("GET", f"{url}/status", timeout=10)[0] == 401
