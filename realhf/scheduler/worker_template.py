@@ -43,8 +43,9 @@ class ForkedWorker:
 
 
 class WorkerTemplate:
-    """One template process for one launch of a trial. `start()` returns at once: the template
-    imports while the launcher sets up; the first `fork` waits for it (`ready_timeout` s)."""
+    """One template process for one launch of a trial. `start()` returns at once; a `fork` waits
+    up to `ready_timeout` s for the template, which imports a built-in worker type's modules
+    before its first worker of that type."""
 
     def __init__(self, env: Dict[str, str], cwd: str, log_path: str, ready_timeout: float = 120.0):
         self.env, self.cwd, self.log_path, self.ready_timeout = env, cwd, log_path, ready_timeout
@@ -116,6 +117,7 @@ class WorkerTemplate:
             if not self._cond.wait_for(lambda: self._ready or self._dead, max(0.0, deadline - time.monotonic())):
                 self._dead = f"it was not ready within {self.ready_timeout:.0f}s (log {self.log_path})"
                 logger.warning(f"worker template: {self._dead}; workers start with a fresh interpreter")
+                self._proc.kill()  # never asked again
             if self._dead:
                 return None
             self._next_id += 1
@@ -131,11 +133,16 @@ class WorkerTemplate:
                 self._dead = self._dead or f"its channel failed ({e})"
             return None
         with self._cond:
-            self._cond.wait_for(lambda: rid in self._replies or self._dead, 30.0)
+            # The first worker of a type waits for its imports (seconds; minutes on a starved host).
+            answered = self._cond.wait_for(lambda: rid in self._replies or self._dead, self.ready_timeout)
             reply = self._replies.pop(rid, None)
+            if not answered:
+                self._dead = f"it did not answer within {self.ready_timeout:.0f}s (log {self.log_path})"
             if reply is None or reply["op"] != "forked":
-                why = reply["error"] if reply else (self._dead or "no answer within 30s")
+                why = reply["error"] if reply else self._dead
                 logger.warning(f"worker template could not fork {config_path}: {why}; starting it afresh")
+                if not answered:  # a fork it makes after all must not run beside the fresh worker
+                    self._proc.kill()
                 return None
             self._children.add(reply["pid"])
         if reply["warm_s"] > 0.05:

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 import psutil
 import pytest
@@ -18,6 +19,8 @@ from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerFailedError, WorkerSpec
 from realhf.scheduler.watchdog import MARKER_ENV
 from realhf.scheduler.worker_process import WORKER_COMMAND
+from realhf.scheduler.worker_spec import DEFAULT_WORKER_ENV
+from realhf.scheduler.worker_template import WorkerTemplate
 
 pytestmark = pytest.mark.system
 
@@ -39,6 +42,11 @@ def _launcher(tmp_path, trial, **kwargs):
 def _registered(launcher, n):
     root = names.worker_root("dummies", launcher.trial_name)
     wait_for(lambda: len(name_resolve.find_subtree(root)) >= n, 60, f"{n} dummy workers to register")
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
 
 
 def _template(launcher) -> psutil.Process:
@@ -66,8 +74,10 @@ def test_forked_workers_look_like_fresh_ones_and_nothing_outlives_the_launcher(t
             assert os.getsid(pid) == pid  # its own session: the launcher stops its whole group
             assert worker.cwd() == launcher.launch_dir
             assert worker.environ()[MARKER_ENV] == launcher.marker  # the watchdog's sweep finds it
-            log = open(os.path.join(launcher.log_dir, f"dummy-{index}.log")).read()
-            assert "configured; running" in log
+            log_path = os.path.join(launcher.log_dir, f"dummy-{index}.log")
+            # It registers before it configures: the line may come a moment after the registration.
+            wait_for(lambda p=log_path: "configured; running" in _read(p), 10, f"{log_path} to say configured")
+            log = _read(log_path)
             draws.append(re.search(r"numpy draw (\d+)", log).group(1))
         assert draws[0] != draws[1], "forked workers share one numpy RandomState"
         pids = [*launcher.worker_pids().values(), template.pid]
@@ -130,3 +140,24 @@ def test_without_fork_workers_each_worker_is_a_fresh_interpreter(tmp_path, no_le
         assert psutil.Process(launcher.worker_pids()["dummy/0"]).ppid() == os.getpid()
     finally:
         launcher.stop_all()
+
+
+def test_a_template_that_does_not_answer_in_time_is_killed_and_forks_nothing(tmp_path, no_leftover_processes):
+    # The generation server's imports (torch, transformers) take seconds: far more than the 1 s
+    # this template is given to answer (or, on a starved host, to be ready at all).
+    template = WorkerTemplate(dict(os.environ, **DEFAULT_WORKER_ENV), os.getcwd(), str(tmp_path / "t.log"), 1.0).start()
+    try:
+        config = str(tmp_path / "configs" / "generation_server-0.yaml")
+        child = template.fork(
+            "generation_server", config, str(tmp_path / "w.log"), "", dict(os.environ), os.getcwd(), sys.executable
+        )
+        assert child is None  # the launcher starts this worker afresh
+        psutil.Process(template.pid).wait(timeout=10)  # killed: it is never asked again
+        assert (
+            template.fork("rollout_worker", config, str(tmp_path / "w.log"), "", {}, os.getcwd(), sys.executable)
+            is None
+        )
+        time.sleep(1)  # a fork it had begun would have its command line by now
+        assert not [p for p in psutil.process_iter(["cmdline"]) if config in " ".join(p.info["cmdline"] or [])]
+    finally:
+        template.close()
