@@ -40,12 +40,17 @@ def test_a_spinning_call_is_killed_at_the_timeout_and_the_next_is_served_by_a_fr
         [pid] = agent._processes.pool.worker_pids()
         proc = psutil.Process(pid)
         assert proc.nice() == 10
+        # What the process used before this call (its start, the import of the user's function and
+        # the first call: 0.02-0.05 s) is not the spinning call's.
+        cpu0 = sum(proc.cpu_times()[:2])
         t0 = time.monotonic()
         spin = asyncio.ensure_future(_episode(agent, "q-2-spin"))
         await asyncio.sleep(2.7)
-        # 1 s at full speed (at most), then demoted: the idle class, and running a tenth of the time.
-        cpu = sum(proc.cpu_times()[:2])
-        assert os.sched_getscheduler(pid) == os.SCHED_IDLE and cpu < 1.0 + 0.3, cpu
+        # 1 s at full speed (at most), then demoted: the idle class, and running a tenth of the time
+        # (1.2 CPU-s in the 2.7 s on an idle host; unthrottled it would be 2.7). The slack is for
+        # the throttle's own timing on a loaded host (CI once measured 1.32 with the 0.05 above in it).
+        cpu = sum(proc.cpu_times()[:2]) - cpu0
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE and cpu < 1.0 + 0.5, cpu
         with pytest.raises(RewardTimeout) as e:
             await spin
         took = time.monotonic() - t0
