@@ -76,12 +76,16 @@ def nr(redis_name_resolve):
 
 @pytest.fixture
 def no_leftover_processes():
-    """Fails the test if it leaves any child process of the test runner behind."""
+    """Fails the test if it leaves any child process of the test runner behind (the session's
+    shared worker template is not one: workers it forked are)."""
     import psutil
+
+    from helpers import shared_template
 
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
+    before.add(shared_template.pid())
     deadline_left = [p for p in me.children(recursive=True) if p.pid not in before]
     gone, alive = psutil.wait_procs(deadline_left, timeout=5)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

@@ -196,6 +196,10 @@ class ClusterSpecConfig:
         True,
         "The local launcher forks its workers from one process (realhf/apps/worker_template.py) that imports each built-in worker type's modules (torch, transformers' model code, the engines) once, before the first worker of the type, instead of starting a fresh interpreter for each: on 2 cores a 2-step run takes ≈ 0.9 s and ≈ 4 CPU-s less, and a restarted worker skips its imports. false: a fresh interpreter per worker.",
     )
+    worker_template: str = _f(
+        "",
+        "Path of the Unix socket of a worker template already running on this machine (python -m realhf.apps.worker_template --listen PATH), shared by every launch that names it: the workers fork from its imports, paid once for all launches (with fork_workers). A launch it cannot serve (another Python, other start-up environment variables, realhf's code changed since it started, not answering) starts its own, saying why. Empty: each launch starts its own.",
+    )
     fileroot: str = _f(
         "./runs",
         "Root directory for logs, checkpoints and published weights; on several nodes, one directory every node shares.",

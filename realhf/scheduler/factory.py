@@ -22,4 +22,7 @@ def make_launcher(
         return RayLauncher(experiment_name, trial_name, cluster.fileroot, ray_config=cluster.ray, **common)
     from realhf.scheduler.local import LocalLauncher
 
-    return LocalLauncher(experiment_name, trial_name, cluster.fileroot, fork_workers=cluster.fork_workers, **common)
+    return LocalLauncher(
+        experiment_name, trial_name, cluster.fileroot, fork_workers=cluster.fork_workers,
+        worker_template=cluster.worker_template, **common,
+    )  # fmt: skip

@@ -1,6 +1,7 @@
 """The local launcher: every worker a subprocess on this machine, forked from a worker template
-that imported what they need once (`fork_workers`; `worker_template.py`), or a fresh interpreter
-each (`Supervisor` does the rest).
+that imported what they need once (`fork_workers`; `worker_template.py`): this launch's own, or
+a shared one already running (`worker_template`, its socket); or a fresh interpreter each
+(`Supervisor` does the rest).
 
 The kernel kills the workers if the launcher itself is SIGKILLed (PR_SET_PDEATHSIG); their own
 children (grader pools, sandboxes) are swept by the launcher's watchdog (`watchdog.py`), which
@@ -38,20 +39,23 @@ __all__ = [
 class LocalLauncher(Supervisor):
     launcher_name = "local"
 
-    def __init__(self, *args, fork_workers: bool = True, **kwargs):
+    def __init__(self, *args, fork_workers: bool = True, worker_template: str = "", **kwargs):
         super().__init__(*args, **kwargs)
-        self.fork_workers = fork_workers
+        self.fork_workers, self.worker_template = fork_workers, worker_template
         self._template: Optional[WorkerTemplate] = None
 
     def start(self) -> "LocalLauncher":
         if self.fork_workers and self._template is None:
-            os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
             env = {**os.environ, **DEFAULT_WORKER_ENV, MARKER_ENV: self.marker}
-            log = os.path.join(self.log_dir, "worker_template.log")
-            self._template = WorkerTemplate(env, self.launch_dir, log).start()
+            if self.worker_template:
+                self._template = WorkerTemplate.attach(self.worker_template, env)
+            if self._template is None:
+                os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+                log = os.path.join(self.log_dir, "worker_template.log")
+                self._template = WorkerTemplate(env, self.launch_dir, log).start()
         super().start()
-        if self._template is not None:
-            self._watchdog.track(self._template.pid)  # it leads its own session
+        if self._template is not None and not self._template.shared:
+            self._watchdog.track(self._template.pid)  # it leads its own session (a shared one outlives the trial)
         return self
 
     def _new_process(self, p: _Proc, spec: WorkerSpec, config: Any, env: Dict[str, str]) -> LocalProcess:

@@ -1,5 +1,6 @@
 """The launcher's side of the worker template (`realhf/apps/worker_template.py`, which says why):
-start it, ask it to fork a worker, learn when one exits.
+start one for this launch, or attach to a shared one; ask it to fork a worker, learn when one
+exits.
 
 `WorkerTemplate.fork` returns a `ForkedWorker` that answers what `LocalProcess` asks of a
 `subprocess.Popen` (pid, poll, wait), or None when the template cannot fork (it failed to start
@@ -27,10 +28,11 @@ TITLE_ROOM = 4096
 
 
 class ForkedWorker:
-    """A worker the template forked: `subprocess.Popen`'s pid, poll and wait."""
+    """A worker the template forked: `subprocess.Popen`'s pid, poll and wait (and `warm_s`, the
+    seconds the template spent importing its type's modules first: 0 once they were)."""
 
-    def __init__(self, template: "WorkerTemplate", pid: int):
-        self.template, self.pid = template, pid
+    def __init__(self, template: "WorkerTemplate", pid: int, warm_s: float = 0.0):
+        self.template, self.pid, self.warm_s = template, pid, warm_s
 
     def poll(self) -> Optional[int]:
         return self.template.exit_code(self.pid, timeout=0)
@@ -49,7 +51,9 @@ class WorkerTemplate:
 
     def __init__(self, env: Dict[str, str], cwd: str, log_path: str, ready_timeout: float = 120.0):
         self.env, self.cwd, self.log_path, self.ready_timeout = env, cwd, log_path, ready_timeout
+        self.address = ""  # a shared template's socket (attach); empty: this launch's own
         self._proc: Optional[subprocess.Popen] = None
+        self._pid = 0
         self._channel: Optional[socket.socket] = None
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -62,7 +66,44 @@ class WorkerTemplate:
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self._proc.pid if self._proc is not None else self._pid
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.address)
+
+    @classmethod
+    def attach(cls, address: str, env: Dict[str, str], timeout: float = 30.0) -> Optional["WorkerTemplate"]:
+        """The shared template listening on `address`, if it answers within `timeout` s and takes
+        this launch (same Python, same start-up environment `env`, unchanged code); else None,
+        logged with why (the launcher then starts a template of its own)."""
+        template = cls(env, os.getcwd(), address, ready_timeout=timeout)
+        template.address = address
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            sock.settimeout(None)
+            sock.sendall(msgpack.packb({"op": "hello", "python": sys.executable, "env": env}))
+        except OSError as e:
+            sock.close()
+            logger.warning(
+                f"worker template: no shared template answers on {address} ({e}); starting one for this launch"
+            )
+            return None
+        template._channel = sock
+        threading.Thread(target=template._read, name="worker-template", daemon=True).start()
+        with template._cond:
+            template._cond.wait_for(lambda: template._ready or template._dead, timeout)
+            why = template._dead or ("" if template._ready else f"it did not answer within {timeout:.0f}s")
+        if why:
+            template.close()
+            logger.warning(
+                f"worker template: the shared one on {address} cannot serve this launch: {why}; starting one for this launch"
+            )
+            return None
+        logger.info(f"worker template: forking workers from the shared template on {address} (pid {template.pid})")
+        return template
 
     def start(self) -> "WorkerTemplate":
         ours, theirs = socket.socketpair()
@@ -92,16 +133,21 @@ class WorkerTemplate:
             with self._cond:
                 for msg in unpacker:
                     if msg["op"] == "ready":
-                        self._ready = True
+                        self._ready, self._pid = True, msg.get("pid", 0)
+                    elif msg["op"] == "refused" and msg["id"] == 0:  # a shared template turned this launch away
+                        self._dead = msg["error"]
                     elif msg["op"] == "exited":
                         self._exits[msg["pid"]] = msg["code"]
                     else:
                         self._replies[msg["id"]] = msg
                 self._cond.notify_all()
         with self._cond:
-            code = self._proc.poll()
-            self._dead = self._dead or f"it ended (exit code {code}; log {self.log_path})"
-            # Its children die with it (PR_SET_PDEATHSIG): those it had not reported are SIGKILLed.
+            if self._proc is not None:
+                self._dead = self._dead or f"it ended (exit code {self._proc.poll()}; log {self.log_path})"
+            else:
+                self._dead = self._dead or f"the shared template on {self.address} closed the connection"
+            # Its children die with it (PR_SET_PDEATHSIG), or with the connection (a shared one
+            # kills a gone launcher's workers): those it had not reported are SIGKILLed.
             for pid in self._children:
                 self._exits.setdefault(pid, -9)
             self._cond.notify_all()
@@ -117,7 +163,7 @@ class WorkerTemplate:
             if not self._cond.wait_for(lambda: self._ready or self._dead, max(0.0, deadline - time.monotonic())):
                 self._dead = f"it was not ready within {self.ready_timeout:.0f}s (log {self.log_path})"
                 logger.warning(f"worker template: {self._dead}; workers start with a fresh interpreter")
-                self._proc.kill()  # never asked again
+                self._abandon()  # never asked again
             if self._dead:
                 return None
             self._next_id += 1
@@ -142,14 +188,12 @@ class WorkerTemplate:
                 why = reply["error"] if reply else self._dead
                 logger.warning(f"worker template could not fork {config_path}: {why}; starting it afresh")
                 if not answered:  # a fork it makes after all must not run beside the fresh worker
-                    self._proc.kill()
+                    self._abandon()
                 return None
             self._children.add(reply["pid"])
         if reply["warm_s"] > 0.05:
-            logger.info(
-                f"worker template (pid {self._proc.pid}) imported {worker_type}'s modules in {reply['warm_s']:.1f}s"
-            )
-        return ForkedWorker(self, reply["pid"])
+            logger.info(f"worker template (pid {self.pid}) imported {worker_type}'s modules in {reply['warm_s']:.1f}s")
+        return ForkedWorker(self, reply["pid"], reply["warm_s"])
 
     def exit_code(self, pid: int, timeout: Optional[float]) -> Optional[int]:
         """The exit code of forked worker `pid`, waiting up to `timeout` s for it (None: forever)."""
@@ -159,15 +203,30 @@ class WorkerTemplate:
             self._cond.wait_for(lambda: pid in self._exits, timeout)
             return self._exits.get(pid)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """End the template (after the launcher stopped the workers): it kills what is left of
-        its children and exits."""
-        if self._proc is None:
-            return
+    def _abandon(self) -> None:
+        """Ask nothing of it again: this launch's own is killed (its children with it), a shared
+        one loses this launch's connection (it kills the workers it forked for it)."""
+        if self._proc is not None:
+            self._proc.kill()
+        else:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         try:
             self._channel.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """After the launcher stopped the workers: this launch's own template kills what is
+        left of its children and exits; a shared one does the same for this launch's workers,
+        and serves on."""
+        if self._channel is None:
+            return
+        self._shutdown()
+        if self._proc is None:
+            self._channel.close()
+            return
         try:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Sequence
 
+from helpers import shared_template
 from realhf.api.cli_args import NameResolveConfig
 from realhf.api.worker_configs import ModelWorkerConfig
 from realhf.base import name_resolve, names
@@ -27,6 +28,7 @@ class ModelWorkerHarness:
             NameResolveConfig(type="redis", redis_url=redis_url),
             startup_timeout=120,
             exit_grace=10,
+            worker_template=shared_template.address(),
         )
         self.stream = None
         self.pushers: Dict[int, ZMQPusher] = {}

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
+from helpers import shared_template
 from helpers.http import http
 from helpers.paths import REPO
 from helpers.wait import wait_for
@@ -76,6 +77,12 @@ def training_command(tmp_path, trial, *overrides, launch_dir=REPO):
     the embedded task named by their absolute paths)."""
     # The suite's expectations are CPU numbers: on a machine with a GPU, `auto` would take it.
     device = [] if any(o.startswith("cluster.device=") for o in overrides) else ["cluster.device=cpu"]
+    # Workers fork from the session's shared template (helpers.shared_template) unless the test
+    # says how its workers start (`cluster.worker_template=` for the launch's own template).
+    own = ("cluster.fork_workers=", "cluster.worker_template=", "cluster.launcher=")
+    template = (
+        [] if any(o.startswith(own) for o in overrides) else [f"cluster.worker_template={shared_template.address()}"]
+    )
     script, paths = "training/main_async_ppo.py", []
     if os.path.abspath(launch_dir) != os.path.abspath(REPO):
         script = os.path.join(REPO, script)
@@ -90,6 +97,7 @@ def training_command(tmp_path, trial, *overrides, launch_dir=REPO):
         f"trial_name={trial}",
         f"cluster.fileroot={tmp_path}",
         *device,
+        *template,
         *paths,
         *overrides,
     ]
@@ -188,10 +196,25 @@ class Run:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def _descendants(self) -> List[psutil.Process]:
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            found = []
+        # Workers forked from a shared template are its children, not the launcher's: found by
+        # their config files, under this run's log dir.
+        for pid, _ in trial_processes(str(self.log_dir)):
+            try:
+                worker = psutil.Process(pid)
+                found += [worker, *worker.children(recursive=True)]
+            except psutil.Error:
+                pass
+        return found
+
     def track(self) -> None:
         """Remember every descendant (workers, redis-server, grader pools) for the final check."""
         try:
-            for p in psutil.Process(self.proc.pid).children(recursive=True):
+            for p in self._descendants():
                 try:
                     cmd, created = " ".join(p.cmdline()), p.create_time()
                 except psutil.Error:

@@ -44,6 +44,7 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
         f"exp_ctrl.benchmark_steps={STEPS}",
         "exp_ctrl.ckpt_freq_steps=0",
         "allocation_mode=native.d1m1p1+d2m1p1",
+        "cluster.worker_template=",  # the launch's own template (the default), not the suite's shared one
     )
     try:
         run.wait_steps(1, timeout=300)
@@ -62,11 +63,12 @@ def test_a_run_listens_on_loopback_only_and_never_shows_its_secret(tmp_path, no_
             "generation_server-0.yaml",
         } <= kinds, kinds
         assert listeners and all(ip == "127.0.0.1" for _, ip, _ in listeners), listeners
-        # Every worker was forked from the worker template (cluster.fork_workers, the default).
+        # Every worker was forked from the launch's own worker template (cluster.fork_workers, the
+        # default), which names the trial's log dir.
         for pid, (cmd, _) in run.seen.items():
             if "realhf.apps.remote worker" in cmd and psutil.pid_exists(pid):
                 parent = " ".join(psutil.Process(pid).parent().cmdline())
-                assert "realhf.apps.worker_template" in parent, (cmd, parent)
+                assert "realhf.apps.worker_template" in parent and str(run.log_dir) in parent, (cmd, parent)
 
         url = run.manager_url()
         assert http("GET", f"{url}/status", timeout=10)[0] == 401

@@ -1,11 +1,17 @@
 """Workers forked from the worker template (cluster.fork_workers) on real processes: they look
 and behave like fresh ones, their exits reach the launcher, and a dead template costs a restart,
-not the run."""
+not the run. A shared template (cluster.worker_template) serves launch after launch, takes a gone
+launcher's workers with it, and turns away a launch it cannot serve."""
 
 import os
 import re
+import shutil
 import signal
+import socket
+import stat
+import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -161,3 +167,122 @@ def test_a_template_that_does_not_answer_in_time_is_killed_and_forks_nothing(tmp
         assert not [p for p in psutil.process_iter(["cmdline"]) if config in " ".join(p.info["cmdline"] or [])]
     finally:
         template.close()
+
+
+# ---- a shared template (cluster.worker_template) --------------------------------------------------
+
+
+@pytest.fixture
+def shared_template():
+    """A template listening on its own socket, as `python -m realhf.apps.worker_template --listen`
+    runs for a user (a short path: a Unix socket's address holds 107 bytes)."""
+    folder = tempfile.mkdtemp(prefix="realhf-wt-")
+    path = os.path.join(folder, "sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path],
+        env={**os.environ, **DEFAULT_WORKER_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_for(lambda: os.path.exists(path) or proc.poll() is not None, 30, f"the template's socket {path}")
+    try:
+        yield path, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_shared_template_forks_for_launch_after_launch_and_outlives_them(tmp_path, shared_template):
+    path, proc = shared_template
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # a connection runs code as this user: only theirs
+    assert psutil.Process(proc.pid).cmdline() == [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path]
+    pids = []
+    for trial in ("first", "second"):
+        launcher = _launcher(tmp_path, trial, worker_template=path)
+        try:
+            assert launcher._template.shared and launcher._template.pid == proc.pid
+            launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class=DUMMY))
+            _registered(launcher, 1)
+            worker = psutil.Process(launcher.worker_pids()["dummy/0"])
+            assert worker.ppid() == proc.pid  # forked by the shared template
+            config_path = os.path.join(launcher.log_dir, "configs", "dummy-0.yaml")
+            assert worker.cmdline() == [sys.executable, *WORKER_COMMAND, config_path]
+            assert worker.cwd() == launcher.launch_dir and os.getsid(worker.pid) == worker.pid
+            pids.append(worker.pid)
+        finally:
+            launcher.stop_all()
+        assert not os.path.exists(os.path.join(launcher.log_dir, "worker_template.log"))  # it started none of its own
+        assert proc.poll() is None  # the shared template serves on
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    # A built-in worker type's modules are imported for the first launch that forks one, never again.
+    env = {**os.environ, **DEFAULT_WORKER_ENV}
+    warm = []
+    for _ in range(2):
+        template = WorkerTemplate.attach(path, env)
+        config = str(tmp_path / "configs" / "missing.yaml")  # the worker fails at once: only its fork counts
+        child = template.fork("gserver_manager", config, str(tmp_path / "w.log"), "", env, os.getcwd(), sys.executable)
+        assert child.wait(timeout=60) != 0
+        warm.append(child.warm_s)
+        template.close()
+    assert warm[0] > 0 and warm[1] == 0, warm
+
+
+def test_a_launcher_whose_connection_ends_loses_its_workers_to_the_shared_template(tmp_path, shared_template):
+    path, proc = shared_template
+    launcher = _launcher(tmp_path, "gone", worker_template=path)
+    try:
+        launcher.submit(WorkerSpec("dummy", 2, [DummyWorkerConfig(), DummyWorkerConfig()], worker_class=DUMMY))
+        _registered(launcher, 2)
+        workers = [psutil.Process(pid) for pid in launcher.worker_pids().values()]
+        # What the kernel does to a SIGKILLed launcher's sockets: the template sees the connection end.
+        launcher._template._channel.shutdown(socket.SHUT_RDWR)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, [p.pid for p in alive]
+        assert proc.poll() is None
+    finally:
+        launcher.stop_all()
+
+
+def test_a_launch_the_shared_template_cannot_serve_starts_its_own(tmp_path, shared_template, monkeypatch):
+    path, proc = shared_template
+    # An interpreter reads PYTHONHASHSEED as it starts: the template's imports are not this launch's.
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    assert WorkerTemplate.attach(path, {**os.environ, **DEFAULT_WORKER_ENV}) is None
+    launcher = _launcher(tmp_path, "refused", worker_template=path)
+    try:
+        assert not launcher._template.shared
+        launcher.submit(WorkerSpec("dummy", 1, [DummyWorkerConfig()], worker_class=DUMMY))
+        _registered(launcher, 1)
+        assert psutil.Process(launcher.worker_pids()["dummy/0"]).ppid() == launcher._template.pid
+    finally:
+        launcher.stop_all()
+    monkeypatch.delenv("PYTHONHASHSEED")
+    # Nothing listens on this path: the launch starts its own template at once.
+    start = time.monotonic()
+    assert WorkerTemplate.attach(str(tmp_path / "none.sock"), dict(os.environ)) is None
+    assert time.monotonic() - start < 5
+    assert proc.poll() is None
+
+
+def test_a_second_template_on_a_live_socket_is_refused_and_a_dead_ones_socket_is_taken_over(shared_template):
+    path, proc = shared_template
+    second = subprocess.run(
+        [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode != 0 and f"another template already listens on {path}" in second.stderr
+    proc.kill()
+    proc.wait(timeout=10)
+    assert os.path.exists(path)  # SIGKILLed: it could not remove its socket
+    env = {**os.environ, **DEFAULT_WORKER_ENV}
+    third = subprocess.Popen([sys.executable, "-m", "realhf.apps.worker_template", "--listen", path], env=env)
+    try:
+        wait_for(lambda: psutil.Process(third.pid).connections("unix"), 30, "the new template to listen")
+        template = WorkerTemplate.attach(path, env)
+        assert template.pid == third.pid
+        template.close()
+    finally:
+        third.terminate()
+        assert third.wait(timeout=10) == 128 + signal.SIGTERM
+    assert not os.path.exists(path)  # a template that is stopped removes its socket

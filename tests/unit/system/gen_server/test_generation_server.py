@@ -3,7 +3,7 @@
 import psutil
 import pytest
 
-from helpers import sglang_standin
+from helpers import sglang_standin, shared_template
 from helpers.http import http
 from helpers.sglang_client import generate
 from helpers.wait import wait_for
@@ -49,7 +49,14 @@ def test_native_server_registers_under_gen_servers_serves_and_deregisters_on_exi
     cfg = GenerationServerConfig(
         model_path=qwen_path, weight_version=2, native=NativeEngineConfig(max_running_requests=8, context_length=256)
     )
-    launcher = LocalLauncher(EXP, trial, str(tmp_path), name_resolve_config=redis_name_resolve, startup_timeout=60)
+    launcher = LocalLauncher(
+        EXP,
+        trial,
+        str(tmp_path),
+        name_resolve_config=redis_name_resolve,
+        startup_timeout=60,
+        worker_template=shared_template.address(),
+    )
     with launcher:
         launcher.submit(WorkerSpec("generation_server", 2, [cfg, cfg]))
         urls = _wait_for_servers(launcher, EXP, trial, 2)

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from helpers import shared_template
 from helpers.trajectories import TINY_SFT, load_rows, load_tiny, make_groups
 from realhf.api.cli_args import (
     ExperimentSaveEvalControl,
@@ -157,7 +158,12 @@ def test_master_and_two_model_workers_train_three_steps_log_metrics_and_exit(
         worker_connect_timeout=120,
     )
     launcher = LocalLauncher(
-        EXP, TRIAL, str(tmp_path), NameResolveConfig(type="redis", redis_url=redis_url), startup_timeout=120
+        EXP,
+        TRIAL,
+        str(tmp_path),
+        NameResolveConfig(type="redis", redis_url=redis_url),
+        startup_timeout=120,
+        worker_template=shared_template.address(),
     )
     stop, errors = threading.Event(), []
     feeder = threading.Thread(target=_feed, args=(stop, groups, errors, launcher.secret), daemon=True)

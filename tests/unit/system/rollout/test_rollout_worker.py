@@ -18,6 +18,7 @@ import uuid
 import pytest
 import torch
 
+from helpers import shared_template
 from helpers.http import http
 from helpers.paths import TINY_MATH
 from helpers.wait import wait_for
@@ -96,7 +97,14 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
     exp, trial = "rollout-integration", uuid.uuid4().hex[:8]
     fileroot = str(tmp_path)
     server, url = start_native_server(str(tmp_path / "server.log"))
-    launcher = LocalLauncher(exp, trial, fileroot, name_resolve_config=redis_name_resolve, startup_timeout=120)
+    launcher = LocalLauncher(
+        exp,
+        trial,
+        fileroot,
+        name_resolve_config=redis_name_resolve,
+        startup_timeout=120,
+        worker_template=shared_template.address(),
+    )
     out = {}
     dataset = None
     try:
