@@ -157,7 +157,8 @@ def _child(request: dict, template_fds: list) -> None:
 # launch whose values differ cannot use a shared template's imports (its workers would not be
 # what a fresh interpreter of that environment makes).
 _START_ENV_PREFIXES = (
-    "PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "HF_", "TRANSFORMERS_", "CUDA_",
+    "PYTHON", "LD_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "ATEN_", "ONEDNN_", "DNNL_",
+    "NPY_", "HF_", "TRANSFORMERS_", "CUDA_",
 )  # fmt: skip
 
 
