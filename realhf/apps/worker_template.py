@@ -12,7 +12,7 @@ needs none of it (a user's own class) pays nothing for it: nothing is imported f
 Shared (`--listen PATH`): one template on a Unix socket serves every launch that names it
 (`cluster.worker_template`), so the imports are paid once per machine, not once per launch: a
 2-step run of the embedded default takes ≈ 3.4 s instead of ≈ 7 on 2 cores (docs/benchmarks.md).
-It forks for a launch only when that launch's Python, and the environment variables an
+It forks for a launch only when that launch's Python and realhf, and the environment variables an
 interpreter reads as it starts or imports torch and transformers (`start_env`), are its own, and
 no realhf module it imported changed since it started; otherwise it refuses and the launcher
 starts a template of its own. The workers are then the shared template's children, not the
@@ -31,7 +31,7 @@ worker's config path see no difference.
 
 Channel (a socket pair with the launcher that started it, its fd the first argument; or a
 connection to the shared socket; msgpack maps, never pickle):
-    launcher -> template  {"op": "hello", "python", "env"} first, on a shared template only;
+    launcher -> template  {"op": "hello", "python", "package", "env"} first, on a shared template only;
                           {"op": "fork", "id", "worker_type", "config", "log", "banner", "env", "cwd",
                            "python"}
     template -> launcher  {"op": "ready", "pid", "import_s"} once (on a shared template: or
@@ -214,6 +214,8 @@ class Template:
         why = ""
         if hello.get("python") != sys.executable:
             why = f"the launch runs {hello.get('python')}, the template {sys.executable}"
+        elif hello.get("package") != _PACKAGE_DIR:
+            why = f"the launch runs realhf from {hello.get('package')}, the template from {_PACKAGE_DIR}"
         elif start_env(hello.get("env", {})) != self.env:
             theirs = start_env(hello.get("env", {}))
             names = sorted(k for k in set(theirs) | set(self.env) if theirs.get(k) != self.env.get(k))

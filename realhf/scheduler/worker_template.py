@@ -22,6 +22,10 @@ from realhf.base.process import die_with_parent
 
 logger = logging.getLogger("launcher")
 
+# The realhf this launcher runs: a shared template that imported another copy (a clone beside an
+# installed package) cannot serve it.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
 # The template's command line is padded so that a forked worker has room to write its own over it
 # (realhf.base.process.set_command_line).
 TITLE_ROOM = 4096
@@ -84,7 +88,8 @@ class WorkerTemplate:
             sock.settimeout(timeout)
             sock.connect(address)
             sock.settimeout(None)
-            sock.sendall(msgpack.packb({"op": "hello", "python": sys.executable, "env": env}))
+            hello = {"op": "hello", "python": sys.executable, "env": env, "package": PACKAGE_DIR}
+            sock.sendall(msgpack.packb(hello))
         except OSError as e:
             sock.close()
             logger.warning(

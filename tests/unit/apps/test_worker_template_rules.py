@@ -36,14 +36,16 @@ def test_a_hello_is_answered_ready_or_refused_naming_what_differs(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     template = wt.Template()
     launcher = wt._Launcher(_Channel(), greeted=False)
-    template._greet(launcher, {"python": sys.executable, "env": dict(os.environ)})
+    hello = {"python": sys.executable, "env": dict(os.environ), "package": wt._PACKAGE_DIR}
+    template._greet(launcher, hello)
     assert launcher.sock.sent == [{"op": "ready", "pid": os.getpid(), "import_s": 0.0}] and launcher.greeted
-    for hello, why in [
-        ({"python": "/other/python", "env": dict(os.environ)}, "the launch runs /other/python"),
-        ({"python": sys.executable, "env": {**os.environ, "OMP_NUM_THREADS": "4"}}, "differs in OMP_NUM_THREADS"),
+    for other, why in [
+        ({**hello, "python": "/other/python"}, "the launch runs /other/python"),
+        ({**hello, "package": "/site-packages/realhf/"}, "the launch runs realhf from /site-packages/realhf/"),
+        ({**hello, "env": {**os.environ, "OMP_NUM_THREADS": "4"}}, "differs in OMP_NUM_THREADS"),
     ]:
         launcher = wt._Launcher(_Channel(), greeted=False)
-        template._greet(launcher, hello)
+        template._greet(launcher, other)
         (reply,) = launcher.sock.sent
         assert reply["op"] == "refused" and reply["id"] == 0 and why in reply["error"] and not launcher.greeted
     launcher = wt._Launcher(_Channel(), greeted=False)
