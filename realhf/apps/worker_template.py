@@ -355,8 +355,12 @@ def main() -> None:
     if sys.argv[1:2] == ["--listen"]:
         path = os.path.abspath(sys.argv[2])
         if len(sys.argv) < 4:  # room for the workers' command lines: start again with it
+            from realhf.scheduler.worker_spec import DEFAULT_WORKER_ENV
             from realhf.scheduler.worker_template import TITLE_ROOM
 
+            # ... and with the environment a launcher gives its workers (one BLAS/OpenMP thread):
+            # what a launch's hello is compared with.
+            os.environ.update(DEFAULT_WORKER_ENV)
             os.execv(
                 sys.executable,
                 [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path, " " * TITLE_ROOM],

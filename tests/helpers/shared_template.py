@@ -2,8 +2,8 @@
 the suite launches fork their workers from it, so torch and transformers' model code are
 imported once per session instead of once per run (≈ 4 s of one core each, ≈ 150 runs).
 
-`address()` starts it on first use (`python -m realhf.apps.worker_template --listen`, with the
-environment a launcher gives its own template) and returns its socket; it ends with the session
+`address()` starts it on first use (`python -m realhf.apps.worker_template --listen`, as
+docs/quickstart.md shows) and returns its socket; it ends with the session
 (atexit) or with the test runner (PR_SET_PDEATHSIG). The per-launch template keeps its own tests
 (tests/unit/scheduler/test_worker_template.py, tests/system/security/test_run_listeners.py).
 """
@@ -18,7 +18,6 @@ from typing import Optional
 
 from helpers.wait import wait_for
 from realhf.base.process import die_with_parent
-from realhf.scheduler.worker_spec import DEFAULT_WORKER_ENV
 
 _proc: Optional[subprocess.Popen] = None
 _dir = ""
@@ -34,8 +33,8 @@ def address() -> str:
     with open(os.path.join(_dir, "template.log"), "ab") as log:
         _proc = subprocess.Popen(
             [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path],
-            env={**os.environ, **DEFAULT_WORKER_ENV}, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
     wait_for(
         lambda: os.path.exists(path) or _proc.poll() is not None, 60, f"the shared worker template's socket {path}"

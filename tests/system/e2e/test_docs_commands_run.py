@@ -38,6 +38,7 @@ NOT_RUN = {
     "realhf.impl.inference.sglang_entry": "SGLang's entry point, a GPU extra",
     "realhf.apps.remote": "the launcher's entry point of one worker, not a user's command",
     "realhf.apps.sft_rank": "one rank of training/main_sft.py, started by it",
+    "realhf.apps.worker_template": "a shared template runs until stopped: tests/unit/scheduler/test_worker_template.py starts one as documented",
     "scripts/convert_gguf.py": "tests/unit/impl/model/test_gguf_import.py runs the conversion and the command",
     "scripts/make_math_dataset.py": "tests/assets/test_tiny_math.py regenerates the data with it",
     "scripts.make_preference_pairs": "rewrites the shipped pairs (a minute): tests/unit/scripts/test_make_preference_pairs.py runs it small",

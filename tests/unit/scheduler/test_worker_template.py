@@ -178,9 +178,10 @@ def shared_template():
     runs for a user (a short path: a Unix socket's address holds 107 bytes)."""
     folder = tempfile.mkdtemp(prefix="realhf-wt-")
     path = os.path.join(folder, "sock")
+    # As documented (docs/quickstart.md): no environment of its own; it takes a launcher's workers' one.
     proc = subprocess.Popen(
         [sys.executable, "-m", "realhf.apps.worker_template", "--listen", path],
-        env={**os.environ, **DEFAULT_WORKER_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     wait_for(lambda: os.path.exists(path) or proc.poll() is not None, 30, f"the template's socket {path}")
     try:
@@ -276,7 +277,7 @@ def test_a_second_template_on_a_live_socket_is_refused_and_a_dead_ones_socket_is
     proc.wait(timeout=10)
     assert os.path.exists(path)  # SIGKILLed: it could not remove its socket
     env = {**os.environ, **DEFAULT_WORKER_ENV}
-    third = subprocess.Popen([sys.executable, "-m", "realhf.apps.worker_template", "--listen", path], env=env)
+    third = subprocess.Popen([sys.executable, "-m", "realhf.apps.worker_template", "--listen", path])
     try:
         wait_for(lambda: psutil.Process(third.pid).connections("unix"), 30, "the new template to listen")
         template = WorkerTemplate.attach(path, env)
