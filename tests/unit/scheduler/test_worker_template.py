@@ -279,8 +279,8 @@ def test_a_second_template_on_a_live_socket_is_refused_and_a_dead_ones_socket_is
     env = {**os.environ, **DEFAULT_WORKER_ENV}
     third = subprocess.Popen([sys.executable, "-m", "realhf.apps.worker_template", "--listen", path])
     try:
-        wait_for(lambda: psutil.Process(third.pid).connections("unix"), 30, "the new template to listen")
-        template = WorkerTemplate.attach(path, env)
+        # Refused (None) until it listens: the dead template's socket file is there meanwhile.
+        template = wait_for(lambda: WorkerTemplate.attach(path, env, timeout=10), 30, "the new template", interval=0.5)
         assert template.pid == third.pid
         template.close()
     finally:
