@@ -80,8 +80,10 @@ class WorkerTemplate:
     def attach(cls, address: str, env: Dict[str, str], timeout: float = 30.0) -> Optional["WorkerTemplate"]:
         """The shared template listening on `address`, if it answers within `timeout` s and takes
         this launch (same Python, same start-up environment `env`, unchanged code); else None,
-        logged with why (the launcher then starts a template of its own)."""
-        template = cls(env, os.getcwd(), address, ready_timeout=timeout)
+        logged with why (the launcher then starts a template of its own). Its forks are waited
+        for as a launch's own template's are (`ready_timeout`): it may be importing for another
+        launch first."""
+        template = cls(env, os.getcwd(), address)
         template.address = address
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
