@@ -198,7 +198,7 @@ class ClusterSpecConfig:
     )
     worker_template: str = _f(
         "",
-        "Path of the Unix socket of a worker template already running on this machine (python -m realhf.apps.worker_template --listen PATH), shared by every launch that names it: the workers fork from its imports, paid once for all launches (with fork_workers). A launch it cannot serve (another Python, other start-up environment variables, realhf's code changed since it started, not answering) starts its own, saying why. Empty: each launch starts its own.",
+        "Path of the Unix socket of a worker template already running on this machine (python -m realhf.apps.worker_template --listen PATH), shared by every launch that names it: the workers fork from its imports, paid once for all launches (the local launcher with fork_workers; refused otherwise). A launch it cannot serve (another Python, other start-up environment variables, realhf's code changed since it started, not answering) starts its own, saying why. Empty: each launch starts its own.",
     )
     fileroot: str = _f(
         "./runs",

@@ -661,6 +661,12 @@ def check_values(cfg: AsyncPPOConfig) -> AllocationMode:
         cfg.cluster.n_nodes == 1 or cfg.cluster.launcher != "local",
         f"cluster.n_nodes={cfg.cluster.n_nodes}: the local launcher runs on one node; use cluster.launcher=ray",
     )
+    f.need(
+        not cfg.cluster.worker_template or (cfg.cluster.launcher == "local" and cfg.cluster.fork_workers),
+        f"cluster.worker_template={cfg.cluster.worker_template}: a shared template serves the local launcher's "
+        f"forked workers, but cluster.launcher={cfg.cluster.launcher} and cluster.fork_workers="
+        f"{str(cfg.cluster.fork_workers).lower()}; leave cluster.worker_template empty",
+    )
     check_ray_cluster(cfg.cluster.ray)
     for name in ("experiment_name", "trial_name"):
         value = f.value(name)  # both become name-resolve key prefixes and directory names

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Optional
 
-from helpers.wait import wait_for
+from helpers.wait import stop_process, wait_for
 from realhf.base.process import die_with_parent
 
 _proc: Optional[subprocess.Popen] = None
@@ -52,11 +52,6 @@ def pid() -> Optional[int]:
 def stop() -> None:
     global _proc
     if _proc is not None:
-        _proc.terminate()
-        try:
-            _proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _proc.kill()
-            _proc.wait()
+        stop_process(_proc)
         _proc = None
         shutil.rmtree(_dir, ignore_errors=True)

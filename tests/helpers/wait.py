@@ -1,5 +1,6 @@
-"""Polling until a condition holds, failing with what was waited for."""
+"""Polling until a condition holds, failing with what was waited for; stopping a process."""
 
+import subprocess
 import time
 
 
@@ -12,3 +13,13 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):
             return value
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """SIGTERM `proc`, SIGKILL it if it is still there after `timeout` s; its exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

@@ -89,6 +89,8 @@ def test_wrong_type_override_fails_naming_the_key():
         ("user_paths=[no_such_dir]", r"user_paths\[0\]"),
         ("rollout.env.type=realhf.api.env:make_env", "rollout.env.type"),
         ("cluster.restart_policy.max_restarts=-1", "cluster.restart_policy.max_restarts"),
+        ("cluster.worker_template=/tmp/t.sock cluster.fork_workers=false", "cluster.worker_template"),
+        ("cluster.worker_template=/tmp/t.sock cluster.launcher=ray", "cluster.worker_template"),
     ],
 )
 def test_values_that_cannot_run_are_refused_naming_the_field(override, field):

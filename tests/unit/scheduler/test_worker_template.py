@@ -19,7 +19,7 @@ import pytest
 
 from helpers.dummy_worker import DummyWorkerConfig
 from helpers.paths import TESTS_DIR
-from helpers.wait import wait_for
+from helpers.wait import stop_process, wait_for
 from realhf.api.cli_args import NameResolveConfig
 from realhf.base import name_resolve, names
 from realhf.scheduler.local import LocalLauncher, WorkerFailedError, WorkerSpec
@@ -187,8 +187,7 @@ def shared_template():
     try:
         yield path, proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ import torch
 from helpers import shared_template
 from helpers.http import http
 from helpers.paths import TINY_MATH
-from helpers.wait import wait_for
+from helpers.wait import stop_process, wait_for
 from realhf.api.cli_args import GenerationHyperparameters
 from realhf.api.trajectory import Trajectory
 from realhf.api.worker_configs import GserverManagerConfig, RolloutWorkerConfig
@@ -163,12 +163,7 @@ def test_server_manager_and_two_rollout_workers_stream_consistent_trajectories(
         if dataset is not None:
             dataset.close()  # a trainer thread still waiting fails at once
             trainer.join(timeout=30)
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_process(server, timeout=15)
     if "error" in out:
         raise out["error"]
     v0, v1, v2, status = out["v0"], out["v1"], out["v2"], out["status"]
