@@ -25,8 +25,10 @@ def test_a_busy_child_fills_its_lane_and_an_idle_one_stays_empty():
         parent.kill()
         parent.wait()
     busy = timeline.busy_fractions(lanes)
-    # Loose bounds: another job on the 2 cores may take half of the burner's.
-    assert busy["burner"]["mean_cores"] > 0.3, busy
+    # Loose bounds: the system lane's other test and another job on the 2 cores may take most of
+    # the burner's core (0.157 seen with two more busy processes beside the lane); the idle parent
+    # stays near zero however little the burner gets.
+    assert busy["burner"]["mean_cores"] > 0.1, busy
     assert busy["parent"]["mean_cores"] < busy["burner"]["mean_cores"] / 5, busy
     assert len(lanes["burner"]) == pytest.approx(3.0 / timeline.PERIOD_S, abs=2)
     assert ends == []
