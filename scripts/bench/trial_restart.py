@@ -1,18 +1,27 @@
-"""Time to heal: a vital process of a run SIGKILLed mid-run, the trial restarted by itself.
+"""Time to heal: a process of a run SIGKILLed mid-run, the run healed by itself.
 
     python -m scripts.bench.trial_restart [--repeats 2] [--steps 16] [--kill-at 7] [--ckpt 4]
         [--victims model_worker-0,master_worker-0,redis-server] [OVERRIDE ...]
+    python -m scripts.bench.trial_restart --victims generation_server-0,rollout_worker-0,gserver_manager-0
 
 The embedded default (`default_run`, no evaluation) with a recovery checkpoint every `--ckpt`
 steps; at step `--kill-at` one process is SIGKILLed — the trainer rank (model_worker/0), the
 master, or the trial's redis-server — and the launcher restarts the trial from its last recovery
-checkpoint (cluster.restart_policy.trial_restarts). More Hydra overrides (`cluster.device=cuda cluster.gpu_placement=shared` on a GPU) go to every
-run. Per run:
+checkpoint (cluster.restart_policy.trial_restarts). More Hydra overrides (`cluster.device=cuda
+cluster.gpu_placement=shared` on a GPU) go to every run. Per run:
 
   noticed s   from the kill to the launcher's "trial restart 1" line,
   healed s    from the kill to the first step trained after the resume (the run training again),
   steps lost  steps trained since the checkpoint it resumed from (trained again),
   exit        the run's exit code (0: it completed every step by itself).
+
+A restartable worker — the generation server, a rollout worker, the manager — is restarted alone
+while the rest of the run goes on (cluster.restart_policy). For these *noticed* is from the kill
+to the launcher's "<worker> exited" line (the restart follows after `restart_policy.backoff`),
+*healed* from the kill to the line saying the new incarnation is back at work (the server routed
+again with the trainer's weights; the rollout worker's groups in flight settled; the manager
+continuing from its admission ledger). Nothing is trained again, so instead of *steps lost* the
+row gives the longest wait for a step from the kill on (the median wait before the kill beside it).
 
 With `--preempt`, the same run gets SIGTERM at step `--kill-at` instead (a scheduler's
 preemption): *stopped s* is from the signal to the launcher's exit (75, a checkpoint of the step
@@ -38,7 +47,14 @@ from realhf.base.trial_files import read_metrics
 from scripts.bench.common import REPO, log
 from scripts.bench.launchers import default_run
 
-VICTIMS = ("model_worker-0", "master_worker-0", "redis-server")
+TRIAL_VICTIMS = ("model_worker-0", "master_worker-0", "redis-server")
+# Each restartable worker's sign that its new incarnation is back at work, in its log (or the manager's).
+BACK_AT_WORK = {
+    "generation_server-0": ("gserver_manager-0", r"generation server \S+ (caught up with|routed at weight version)"),
+    "rollout_worker-0": ("rollout_worker-0", r"restarted: previous incarnation left"),
+    "gserver_manager-0": ("gserver_manager-0", r"restarted \(start \d+ of this run\)"),
+}
+VICTIMS = TRIAL_VICTIMS + tuple(BACK_AT_WORK)
 POLL_S = 0.05
 
 
@@ -106,6 +122,83 @@ def run_once(
             shutil.rmtree(fileroot, ignore_errors=True)
 
 
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _found_after(path: str, offset: int, pattern: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return re.search(pattern, f.read().decode(errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def worker_once(victim: str, repeat: int, steps: int, kill_at: int, timeout: float, overrides: List[str]) -> Dict:
+    """One run with a restartable worker SIGKILLed once `kill_at` steps are trained; the run goes on."""
+    fileroot = tempfile.mkdtemp(prefix="bench-heal-")
+    trial = f"heal-{victim.split('-')[0]}-{repeat}"
+    log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
+    out_path = os.path.join(fileroot, "out.txt")
+    watched, back_at_work = BACK_AT_WORK[victim]
+    watched_log = os.path.join(log_dir, f"{watched}.log")
+    died = "/".join(victim.rsplit("-", 1)) + " exited with code"  # the launcher's name: "<type>/<index>"
+    cmd = default_run(trial, fileroot, steps, *overrides)
+    try:
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            t_kill = t_noticed = t_healed = None
+            out_at = log_at = 0
+            step_times: List[float] = []
+            deadline = time.monotonic() + timeout
+            try:
+                while proc.poll() is None and time.monotonic() < deadline:
+                    n = len(read_metrics(log_dir)) if os.path.isdir(log_dir) else 0
+                    step_times += [time.monotonic()] * (n - len(step_times))
+                    if t_kill is None and n >= kill_at:
+                        pid = _victim_pid(psutil.Process(proc.pid), victim)
+                        if pid is not None:
+                            out_at, log_at = _file_size(out_path), _file_size(watched_log)
+                            os.kill(pid, signal.SIGKILL)
+                            t_kill = time.monotonic()
+                    elif t_kill is not None and t_noticed is None:
+                        if _found_after(out_path, out_at, re.escape(died)):
+                            t_noticed = time.monotonic()
+                    if t_noticed is not None and t_healed is None and _found_after(watched_log, log_at, back_at_work):
+                        t_healed = time.monotonic()
+                    time.sleep(POLL_S)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if t_healed is None:
+            raise RuntimeError(
+                f"{trial}: {victim} not back at work (exit {proc.returncode}; no /{back_at_work}/ in "
+                f"{watched_log} after the kill):\n{open(out_path).read()[-3000:]}"
+            )
+        gaps = [b - a for a, b in zip(step_times, step_times[1:])]
+        before = [g for g, b in zip(gaps, step_times[1:]) if b < t_kill]
+        after = [g for g, b in zip(gaps, step_times[1:]) if b > t_kill]
+        return {
+            "victim": victim,
+            "noticed_s": t_noticed - t_kill,
+            "healed_s": t_healed - t_kill,
+            "gap_before_s": statistics.median(before) if before else float("nan"),
+            "gap_after_s": max(after) if after else float("nan"),
+            "exit": proc.returncode,
+            "steps": len(read_metrics(log_dir)),
+        }
+    finally:
+        if os.environ.get("KEEP"):
+            print(fileroot)
+        else:
+            shutil.rmtree(fileroot, ignore_errors=True)
+
+
 def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float, overrides: List[str]) -> Dict:
     fileroot = tempfile.mkdtemp(prefix="bench-preempt-")
     trial = f"preempt-{repeat}"
@@ -160,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--ckpt", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--preempt", action="store_true", help="SIGTERM the launcher instead, then resume it")
-    ap.add_argument("--victims", default=",".join(VICTIMS), help="which processes to kill, comma-separated")
+    ap.add_argument("--victims", default=",".join(TRIAL_VICTIMS), help="which processes to kill, comma-separated")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     args = ap.parse_args(argv)
     victims = args.victims.split(",")
@@ -179,20 +272,44 @@ def main(argv: Optional[List[str]] = None) -> None:
     rows = []
     for repeat in range(args.repeats):
         for victim in victims:
-            row = run_once(victim, repeat, args.steps, args.kill_at, args.ckpt, args.timeout, args.overrides)
-            log(
-                f"{victim}: noticed {row['noticed_s']:.1f} s, healed {row['healed_s']:.1f} s, "
-                f"{row['steps_lost']} step(s) trained again, exit {row['exit']}, {row['steps']} steps"
-            )
+            if victim in BACK_AT_WORK:
+                row = worker_once(victim, repeat, args.steps, args.kill_at, args.timeout, args.overrides)
+                log(
+                    f"{victim}: noticed {row['noticed_s']:.1f} s, healed {row['healed_s']:.1f} s, longest wait "
+                    f"for a step {row['gap_after_s']:.1f} s (median {row['gap_before_s']:.1f} s before the kill), "
+                    f"exit {row['exit']}, {row['steps']} steps"
+                )
+            else:
+                row = run_once(victim, repeat, args.steps, args.kill_at, args.ckpt, args.timeout, args.overrides)
+                log(
+                    f"{victim}: noticed {row['noticed_s']:.1f} s, healed {row['healed_s']:.1f} s, "
+                    f"{row['steps_lost']} step(s) trained again, exit {row['exit']}, {row['steps']} steps"
+                )
             rows.append(row)
-    print("| killed | noticed s (median) | healed s (median) | steps trained again | exits |")
-    print("|---|---|---|---|---|")
-    for victim in victims:
+    trial = [v for v in victims if v not in BACK_AT_WORK]
+    if trial:
+        print("| killed | noticed s (median) | healed s (median) | steps trained again | exits |")
+        print("|---|---|---|---|---|")
+    for victim in trial:
         mine = [r for r in rows if r["victim"] == victim]
         print(
             f"| {victim} | {statistics.median(r['noticed_s'] for r in mine):.1f} | "
             f"{statistics.median(r['healed_s'] for r in mine):.1f} | "
             f"{', '.join(str(r['steps_lost']) for r in mine)} | {', '.join(str(r['exit']) for r in mine)} |"
+        )
+    alone = [v for v in victims if v in BACK_AT_WORK]
+    if alone:
+        print(
+            "| killed (restarted alone) | noticed s (median) | healed s (median) | longest wait for a step s | median step s before | exits |"
+        )
+        print("|---|---|---|---|---|---|")
+    for victim in alone:
+        mine = [r for r in rows if r["victim"] == victim]
+        print(
+            f"| {victim} | {statistics.median(r['noticed_s'] for r in mine):.1f} | "
+            f"{statistics.median(r['healed_s'] for r in mine):.1f} | "
+            f"{', '.join(format(r['gap_after_s'], '.1f') for r in mine)} | "
+            f"{statistics.median(r['gap_before_s'] for r in mine):.1f} | {', '.join(str(r['exit']) for r in mine)} |"
         )
 
 
