@@ -9,6 +9,7 @@
 # Each lane is a pytest marker (tests/conftest.py sorts every test into one); the slowest 25 tests
 # of the run are printed at the end (docs/testing.md: the lanes, their times, what is slow-only).
 set -euo pipefail
+suite_start=$(date +%s)
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO_ROOT}"
 
@@ -84,4 +85,9 @@ wait_for_vllm_setup  # a run of checks or unit alone never started it; nothing i
 # Every test's time, for whoever trims the suite next: runs/test-reports/<lane>.xml (ignored by git).
 mkdir -p "${REPO_ROOT}/runs/test-reports" && cp "${reports}"/*.xml "${REPO_ROOT}/runs/test-reports/" 2>/dev/null || true
 for line in "${summary[@]}"; do echo "[test] lane ${line}"; done
+# Lane times depend on the host (docs/testing.md gives them per host: cores, AVX-512 or AVX2 only).
+if grep -q -w avx512f /proc/cpuinfo 2>/dev/null; then simd="AVX-512"
+elif grep -q -w avx2 /proc/cpuinfo 2>/dev/null; then simd="AVX2 only"
+else simd="no AVX2"; fi
+echo "[test] ${#summary[@]} lane(s) and the set-up took $(( $(date +%s) - suite_start ))s on $(nproc) cores, ${simd}"
 exit ${code}

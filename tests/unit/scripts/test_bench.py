@@ -191,3 +191,29 @@ def test_generation_sizes_short_measures_both_sides_on_the_real_smollm2_weights(
     assert row["model"] == "smollm2-135m" and row["concurrency"] == 8
     assert_positive(row, ["native_tok_s", "hf_tok_s", "ratio"])
     assert "engine/HF" in out
+
+
+def test_trial_restart_bench_times_a_trial_restart_and_a_worker_restarted_alone(no_leftover_processes):
+    """Both kinds of victim: Redis (the trial restarts from its checkpoint) and the manager
+    (restarted alone while the run goes on); each row's times ordered as the bench defines them."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench.trial_restart", "--repeats", "1", "--steps", "10", "--kill-at", "3"]
+        + ["--ckpt", "2", "--victims", "redis-server,gserver_manager-0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = {
+        cells[0]: cells[1:]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ") and not line.startswith("| killed")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    noticed, healed, again, exits = rows["redis-server"]
+    assert 0 < float(noticed) < float(healed) and int(again) >= 0 and exits == "0", rows
+    noticed, healed, longest_wait, median_step, exits = rows["gserver_manager-0"]
+    # healed includes the launcher's 1 s restart backoff
+    assert 0 < float(noticed) < 1.0 <= float(healed) and float(longest_wait) > 0 and exits == "0", rows
