@@ -31,6 +31,7 @@ written), *resumed s* from starting it again with `recover_mode=auto` to its fir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -39,7 +40,8 @@ import statistics
 import subprocess
 import tempfile
 import time
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, List, Optional
 
 import psutil
 
@@ -69,57 +71,87 @@ def _victim_pid(root: psutil.Process, victim: str) -> Optional[int]:
     return None
 
 
-def run_once(
-    victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, timeout: float, overrides: List[str]
-) -> Dict:
+@dataclass
+class HealRun:
+    """A run of the embedded default started in its own fileroot, its output in `out_path`."""
+
+    trial: str
+    log_dir: str
+    out_path: str
+    proc: subprocess.Popen
+
+    def steps(self) -> int:
+        return len(read_metrics(self.log_dir)) if os.path.isdir(self.log_dir) else 0
+
+    def output_tail(self) -> str:
+        return open(self.out_path).read()[-3000:]
+
+
+@contextlib.contextmanager
+def heal_run(victim: str, repeat: int, steps: int, overrides: List[str]) -> Iterator[HealRun]:
+    """Starts the run; on leaving, kills what is left of it and removes its fileroot (kept and
+    printed with KEEP=1)."""
     fileroot = tempfile.mkdtemp(prefix="bench-heal-")
     trial = f"heal-{victim.split('-')[0]}-{repeat}"
-    log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
     out_path = os.path.join(fileroot, "out.txt")
-    cmd = default_run(trial, fileroot, steps, f"exp_ctrl.ckpt_freq_steps={ckpt}", *overrides)
     try:
         with open(out_path, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            t_kill = t_noticed = t_healed = None
-            resumed = killed_at = None
-            truncated = False
-            deadline = time.monotonic() + timeout
+            proc = subprocess.Popen(
+                default_run(trial, fileroot, steps, *overrides),
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             try:
-                while proc.poll() is None and time.monotonic() < deadline:
-                    n = len(read_metrics(log_dir)) if os.path.isdir(log_dir) else 0
-                    if t_kill is None and n >= kill_at:
-                        pid = _victim_pid(psutil.Process(proc.pid), victim)
-                        if pid is not None:
-                            os.kill(pid, signal.SIGKILL)
-                            t_kill, killed_at = time.monotonic(), n
-                    elif t_kill is not None and t_noticed is None:
-                        m = re.search(r"trial restart 1 .*resuming after step (\d+)", open(out_path).read())
-                        if m:
-                            t_noticed, resumed = time.monotonic(), int(m.group(1))
-                    elif t_noticed is not None and not truncated:
-                        truncated = n <= resumed  # the resumed master cut metrics.jsonl to its checkpoint
-                    elif truncated and t_healed is None and n > resumed:
-                        t_healed = time.monotonic()
-                    time.sleep(POLL_S)
+                yield HealRun(trial, os.path.join(fileroot, "logs", "async-ppo", trial), out_path, proc)
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if t_healed is None:
-            raise RuntimeError(f"{trial}: did not heal (exit {proc.returncode}):\n{open(out_path).read()[-3000:]}")
-        return {
-            "victim": victim,
-            "noticed_s": t_noticed - t_kill,
-            "healed_s": t_healed - t_kill,
-            "steps_lost": killed_at - resumed,
-            "exit": proc.returncode,
-            "steps": len(read_metrics(log_dir)),
-        }
     finally:
         if os.environ.get("KEEP"):
             print(fileroot)
         else:
             shutil.rmtree(fileroot, ignore_errors=True)
+
+
+def run_once(
+    victim: str, repeat: int, steps: int, kill_at: int, ckpt: int, timeout: float, overrides: List[str]
+) -> Dict:
+    """One run with a vital process SIGKILLed once `kill_at` steps are trained; the trial restarts."""
+    with heal_run(victim, repeat, steps, [f"exp_ctrl.ckpt_freq_steps={ckpt}", *overrides]) as run:
+        t_kill = t_noticed = t_healed = None
+        resumed = killed_at = None
+        truncated = False
+        deadline = time.monotonic() + timeout
+        while run.proc.poll() is None and time.monotonic() < deadline:
+            n = run.steps()
+            if t_kill is None and n >= kill_at:
+                pid = _victim_pid(psutil.Process(run.proc.pid), victim)
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    t_kill, killed_at = time.monotonic(), n
+            elif t_kill is not None and t_noticed is None:
+                m = re.search(r"trial restart 1 .*resuming after step (\d+)", open(run.out_path).read())
+                if m:
+                    t_noticed, resumed = time.monotonic(), int(m.group(1))
+            elif t_noticed is not None and not truncated:
+                truncated = n <= resumed  # the resumed master cut metrics.jsonl to its checkpoint
+            elif truncated and t_healed is None and n > resumed:
+                t_healed = time.monotonic()
+            time.sleep(POLL_S)
+        if t_healed is None:
+            raise RuntimeError(f"{run.trial}: did not heal (exit {run.proc.poll()}):\n{run.output_tail()}")
+        steps_done = run.steps()
+    return {
+        "victim": victim,
+        "noticed_s": t_noticed - t_kill,
+        "healed_s": t_healed - t_kill,
+        "steps_lost": killed_at - resumed,
+        "exit": run.proc.returncode,  # the run ended, or was killed at the deadline, on leaving heal_run
+        "steps": steps_done,
+    }
 
 
 def _file_size(path: str) -> int:
@@ -140,63 +172,47 @@ def _found_after(path: str, offset: int, pattern: str) -> bool:
 
 def worker_once(victim: str, repeat: int, steps: int, kill_at: int, timeout: float, overrides: List[str]) -> Dict:
     """One run with a restartable worker SIGKILLed once `kill_at` steps are trained; the run goes on."""
-    fileroot = tempfile.mkdtemp(prefix="bench-heal-")
-    trial = f"heal-{victim.split('-')[0]}-{repeat}"
-    log_dir = os.path.join(fileroot, "logs", "async-ppo", trial)
-    out_path = os.path.join(fileroot, "out.txt")
     watched, back_at_work = BACK_AT_WORK[victim]
-    watched_log = os.path.join(log_dir, f"{watched}.log")
     died = "/".join(victim.rsplit("-", 1)) + " exited with code"  # the launcher's name: "<type>/<index>"
-    cmd = default_run(trial, fileroot, steps, *overrides)
-    try:
-        with open(out_path, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            t_kill = t_noticed = t_healed = None
-            out_at = log_at = 0
-            step_times: List[float] = []
-            deadline = time.monotonic() + timeout
-            try:
-                while proc.poll() is None and time.monotonic() < deadline:
-                    n = len(read_metrics(log_dir)) if os.path.isdir(log_dir) else 0
-                    step_times += [time.monotonic()] * (n - len(step_times))
-                    if t_kill is None and n >= kill_at:
-                        pid = _victim_pid(psutil.Process(proc.pid), victim)
-                        if pid is not None:
-                            out_at, log_at = _file_size(out_path), _file_size(watched_log)
-                            os.kill(pid, signal.SIGKILL)
-                            t_kill = time.monotonic()
-                    elif t_kill is not None and t_noticed is None:
-                        if _found_after(out_path, out_at, re.escape(died)):
-                            t_noticed = time.monotonic()
-                    if t_noticed is not None and t_healed is None and _found_after(watched_log, log_at, back_at_work):
-                        t_healed = time.monotonic()
-                    time.sleep(POLL_S)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with heal_run(victim, repeat, steps, overrides) as run:
+        watched_log = os.path.join(run.log_dir, f"{watched}.log")
+        t_kill = t_noticed = t_healed = None
+        out_at = log_at = 0
+        step_times: List[float] = []
+        deadline = time.monotonic() + timeout
+        while run.proc.poll() is None and time.monotonic() < deadline:
+            n = run.steps()
+            step_times += [time.monotonic()] * (n - len(step_times))
+            if t_kill is None and n >= kill_at:
+                pid = _victim_pid(psutil.Process(run.proc.pid), victim)
+                if pid is not None:
+                    out_at, log_at = _file_size(run.out_path), _file_size(watched_log)
+                    os.kill(pid, signal.SIGKILL)
+                    t_kill = time.monotonic()
+            elif t_kill is not None and t_noticed is None:
+                if _found_after(run.out_path, out_at, re.escape(died)):
+                    t_noticed = time.monotonic()
+            if t_noticed is not None and t_healed is None and _found_after(watched_log, log_at, back_at_work):
+                t_healed = time.monotonic()
+            time.sleep(POLL_S)
         if t_healed is None:
             raise RuntimeError(
-                f"{trial}: {victim} not back at work (exit {proc.returncode}; no /{back_at_work}/ in "
-                f"{watched_log} after the kill):\n{open(out_path).read()[-3000:]}"
+                f"{run.trial}: {victim} not back at work (exit {run.proc.poll()}; no /{back_at_work}/ in "
+                f"{watched_log} after the kill):\n{run.output_tail()}"
             )
-        gaps = [b - a for a, b in zip(step_times, step_times[1:])]
-        before = [g for g, b in zip(gaps, step_times[1:]) if b < t_kill]
-        after = [g for g, b in zip(gaps, step_times[1:]) if b > t_kill]
-        return {
-            "victim": victim,
-            "noticed_s": t_noticed - t_kill,
-            "healed_s": t_healed - t_kill,
-            "gap_before_s": statistics.median(before) if before else float("nan"),
-            "gap_after_s": max(after) if after else float("nan"),
-            "exit": proc.returncode,
-            "steps": len(read_metrics(log_dir)),
-        }
-    finally:
-        if os.environ.get("KEEP"):
-            print(fileroot)
-        else:
-            shutil.rmtree(fileroot, ignore_errors=True)
+        steps_done = run.steps()
+    gaps = [b - a for a, b in zip(step_times, step_times[1:])]
+    before = [g for g, b in zip(gaps, step_times[1:]) if b < t_kill]
+    after = [g for g, b in zip(gaps, step_times[1:]) if b > t_kill]
+    return {
+        "victim": victim,
+        "noticed_s": t_noticed - t_kill,
+        "healed_s": t_healed - t_kill,
+        "gap_before_s": statistics.median(before) if before else float("nan"),
+        "gap_after_s": max(after) if after else float("nan"),
+        "exit": run.proc.returncode,
+        "steps": steps_done,
+    }
 
 
 def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float, overrides: List[str]) -> Dict:
@@ -245,6 +261,27 @@ def preempt_once(repeat: int, steps: int, kill_at: int, timeout: float, override
         shutil.rmtree(fileroot, ignore_errors=True)
 
 
+def _print_table(
+    title: str, extra: List[str], victims: List[str], rows: List[Dict], extra_cells: Callable[[List[Dict]], List[str]]
+) -> None:
+    """A markdown row per victim: the medians of noticed and healed, `extra_cells` of its runs, the exits."""
+    if not victims:
+        return
+    head = [title, "noticed s (median)", "healed s (median)", *extra, "exits"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for victim in victims:
+        mine = [r for r in rows if r["victim"] == victim]
+        cells = [
+            victim,
+            format(statistics.median(r["noticed_s"] for r in mine), ".1f"),
+            format(statistics.median(r["healed_s"] for r in mine), ".1f"),
+            *extra_cells(mine),
+            ", ".join(str(r["exit"]) for r in mine),
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.trial_restart")
     ap.add_argument("--repeats", type=int, default=2)
@@ -286,31 +323,23 @@ def main(argv: Optional[List[str]] = None) -> None:
                     f"{row['steps_lost']} step(s) trained again, exit {row['exit']}, {row['steps']} steps"
                 )
             rows.append(row)
-    trial = [v for v in victims if v not in BACK_AT_WORK]
-    if trial:
-        print("| killed | noticed s (median) | healed s (median) | steps trained again | exits |")
-        print("|---|---|---|---|---|")
-    for victim in trial:
-        mine = [r for r in rows if r["victim"] == victim]
-        print(
-            f"| {victim} | {statistics.median(r['noticed_s'] for r in mine):.1f} | "
-            f"{statistics.median(r['healed_s'] for r in mine):.1f} | "
-            f"{', '.join(str(r['steps_lost']) for r in mine)} | {', '.join(str(r['exit']) for r in mine)} |"
-        )
-    alone = [v for v in victims if v in BACK_AT_WORK]
-    if alone:
-        print(
-            "| killed (restarted alone) | noticed s (median) | healed s (median) | longest wait for a step s | median step s before | exits |"
-        )
-        print("|---|---|---|---|---|---|")
-    for victim in alone:
-        mine = [r for r in rows if r["victim"] == victim]
-        print(
-            f"| {victim} | {statistics.median(r['noticed_s'] for r in mine):.1f} | "
-            f"{statistics.median(r['healed_s'] for r in mine):.1f} | "
-            f"{', '.join(format(r['gap_after_s'], '.1f') for r in mine)} | "
-            f"{statistics.median(r['gap_before_s'] for r in mine):.1f} | {', '.join(str(r['exit']) for r in mine)} |"
-        )
+    _print_table(
+        "killed",
+        ["steps trained again"],
+        [v for v in victims if v not in BACK_AT_WORK],
+        rows,
+        lambda mine: [", ".join(str(r["steps_lost"]) for r in mine)],
+    )
+    _print_table(
+        "killed (restarted alone)",
+        ["longest wait for a step s", "median step s before"],
+        [v for v in victims if v in BACK_AT_WORK],
+        rows,
+        lambda mine: [
+            ", ".join(format(r["gap_after_s"], ".1f") for r in mine),
+            format(statistics.median(r["gap_before_s"] for r in mine), ".1f"),
+        ],
+    )
 
 
 if __name__ == "__main__":
