@@ -83,8 +83,14 @@ class HealRun:
     def steps(self) -> int:
         return len(read_metrics(self.log_dir)) if os.path.isdir(self.log_dir) else 0
 
-    def output_tail(self) -> str:
-        return open(self.out_path).read()[-3000:]
+    def fail(self, victim: str, t_kill: Optional[float], kill_at: int, timeout: float, awaited: str) -> None:
+        """Raises, naming what the run did not reach: the step to kill at, or the sign of healing."""
+        state = "still running" if self.proc.poll() is None else f"exit {self.proc.returncode}"
+        what = f"step {kill_at} to kill {victim} at" if t_kill is None else awaited
+        raise RuntimeError(
+            f"{self.trial}: no {what} within {timeout:.0f} s ({self.steps()} steps trained, {state}):\n"
+            + open(self.out_path).read()[-3000:]
+        )
 
 
 @contextlib.contextmanager
@@ -142,7 +148,7 @@ def run_once(
                 t_healed = time.monotonic()
             time.sleep(POLL_S)
         if t_healed is None:
-            raise RuntimeError(f"{run.trial}: did not heal (exit {run.proc.poll()}):\n{run.output_tail()}")
+            run.fail(victim, t_kill, kill_at, timeout, "the first step trained after the resume")
         steps_done = run.steps()
     return {
         "victim": victim,
@@ -196,10 +202,7 @@ def worker_once(victim: str, repeat: int, steps: int, kill_at: int, timeout: flo
                 t_healed = time.monotonic()
             time.sleep(POLL_S)
         if t_healed is None:
-            raise RuntimeError(
-                f"{run.trial}: {victim} not back at work (exit {run.proc.poll()}; no /{back_at_work}/ in "
-                f"{watched_log} after the kill):\n{run.output_tail()}"
-            )
+            run.fail(victim, t_kill, kill_at, timeout, f"/{back_at_work}/ in {watched_log} after the kill")
         steps_done = run.steps()
     gaps = [b - a for a, b in zip(step_times, step_times[1:])]
     before = [g for g, b in zip(gaps, step_times[1:]) if b < t_kill]
