@@ -331,6 +331,10 @@ class MasterWorkerConfig:
     request_timeout: float = _f(1800.0, "Seconds to wait for one reply of a model worker (e.g. a train step).")
     data_poll_interval: float = _f(0.2, "Seconds between 'fetch' polls while waiting for a step's data.")
     data_log_interval: float = _f(30.0, "While waiting for data, log progress every N seconds.")
+    catch_up_interval: float = _f(
+        2.0,
+        "While waiting for data, every N seconds ask the trainer to send its current weights to generation servers that joined since it broadcast them (weight_sync=distributed: a restarted server starts from the newest version on disk). 0: never.",
+    )
     expected_workers: Dict[str, int] = _f({}, "Worker counts per type, so a stall report can name the missing ones.")
     data_timeout: float = _f(3600.0, "Fail the run after N seconds without a full batch.")
 

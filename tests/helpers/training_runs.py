@@ -298,12 +298,19 @@ class Run:
 
     # ---- the end ------------------------------------------------------------------------------
     def finish(self, timeout: float = 900) -> int:
+        """The run's exit code; fails naming the steps done and the output's end if it is still
+        running after `timeout` s (the caller's `stop` then ends it)."""
+        deadline = time.monotonic() + timeout
         try:
-            while self.proc.poll() is None and timeout > 0:
+            while self.proc.poll() is None and time.monotonic() < deadline:
                 self.track()
                 time.sleep(0.5)
-                timeout -= 0.5
-            return self.proc.wait(timeout=max(timeout, 1))
+            if self.proc.poll() is None:
+                raise AssertionError(
+                    f"the run did not end within {timeout:.0f}s ({len(self.metrics())} steps done):\n"
+                    + self.output()[-4000:]
+                )
+            return self.proc.returncode
         finally:
             self._out.close()
 

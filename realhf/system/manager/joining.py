@@ -7,17 +7,21 @@ its weight group, `GET /routed_servers` lists them as `joining`; or by the manag
 that version is there), but it gets no rollouts until then:
 
     routed  iff  it reported a version >= the trainer's version when it was asked
-            or   no other server is routed, and the current version is not on disk
-                 (or it is, and the update from there has not succeeded within `timeout` s)
+            or   no other server is routed, it is at most `max_behind` (η) versions behind, so
+                 the groups it makes can still be trained, and the current version is not on
+                 disk (or it is, and the update from there has not succeeded within `timeout` s)
 
 "When it was asked": the trainer announces a version after its broadcast, so a member of the
 weight group always holds at least the version announced when its answer is asked for; the
 manager's reading moves on while the answer travels (with steps of 0.1 s, several versions), and
 comparing with that newer reading would keep a joiner that takes every broadcast waiting forever.
 
-The `or` line keeps a run from stalling when every server restarted at once: the trainer makes
-the next version only from rollouts, so with nothing routed no broadcast would ever come, and a
-joiner then serves the weights it has (its tokens carry their version; the staleness rules hold).
+The `or` line keeps a run going when every server restarted at once and what they hold is
+recent enough: a joiner then serves the weights it has (its tokens carry their version; the
+staleness rules hold). One further behind would make only groups the trainer drops as stale;
+it waits for the current version, which the trainer sends to joiners while it waits for data
+(the master's `catch_up`: the trainer makes the next version only from rollouts, so the next
+broadcast would never come).
 Each joiner that is routed says so in one log line (server, version, seconds it waited). One
 that is still waiting after `timeout` s is logged, naming what it waits for, again at 2, 4, 8, …
 × `timeout`; it stays unrouted and holds nothing up: the other servers serve, the trainer trains.
@@ -52,12 +56,13 @@ class Routed:
     url: str
     version: int
     waited_s: float
-    current: bool  # False: routed behind the trainer's version because no other server is routed
+    current: bool  # False: routed behind the trainer's version (within η) because no other server is routed
 
 
 class JoinGate:
-    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, timeout: float, max_behind: int, clock: Callable[[], float] = time.monotonic):
         self.timeout = timeout
+        self.max_behind = max_behind
         self.clock = clock
         self.joiners: Dict[str, Joiner] = {}
 
@@ -97,7 +102,11 @@ class JoinGate:
         for url, j in list(self.joiners.items()):
             if j.current or j.version >= current:
                 out.append(Routed(url, j.version, j.waited(now), True))
-            elif not others_routed and (not current_on_disk or j.waited(now) >= self.timeout):
+            elif (
+                not others_routed
+                and current - j.version <= self.max_behind
+                and (not current_on_disk or j.waited(now) >= self.timeout)
+            ):
                 out.append(Routed(url, j.version, j.waited(now), False))
         for r in out:
             del self.joiners[r.url]

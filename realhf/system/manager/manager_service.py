@@ -95,7 +95,7 @@ class ManagerService:
         )
         self.updater.set_servers(server_urls)
         self.health = ServerHealth(server_urls, config.max_health_failures)
-        self.joins = JoinGate(config.join_timeout)
+        self.joins = JoinGate(config.join_timeout, config.max_head_offpolicyness)
         self.updater.on_served = self._served
         self.n_joined = 0  # servers routed after joining late
         self.throughput = ThroughputWindow()
@@ -310,7 +310,8 @@ class ManagerService:
         else:
             logger.warning(
                 f"generation server {r.url} routed at weight version {r.version}, behind the trainer's {current}, "
-                f"after waiting {r.waited_s:.1f}s: no other server is routed, and version {current} "
+                f"after waiting {r.waited_s:.1f}s: no other server is routed, its groups are within "
+                f"max_head_offpolicyness ({self.joins.max_behind}) of it, and version {current} "
                 + (
                     f"did not load from disk within join_timeout ({self.joins.timeout:.0f}s)"
                     if os.path.isdir(published_version_dir(self.config.run_dir, self.config.model_role, current))
@@ -324,8 +325,8 @@ class ManagerService:
                 source = f"its update to version {current} from disk (last error: {self.updater.last_error or 'none'})"
             elif self.config.weight_sync == "distributed":
                 source = (
-                    f"the trainer's next broadcast (it is a member of the weight group; version {current} "
-                    "is not on disk)"
+                    f"the trainer's next broadcast, or version {current} sent again while the trainer waits "
+                    f"for data (it is a member of the weight group; version {current} is not on disk)"
                 )
             else:
                 source = f"version {current} on disk"

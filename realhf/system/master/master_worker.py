@@ -1,7 +1,8 @@
 """MasterWorker: drives the training steps over request/reply (docs/architecture.md §2, §7).
 
 configure: bind the request socket → wait for the model workers → initialize them
-each step: wait until every DP head holds its share of B groups (poll `fetch`) → take them →
+each step: wait until every DP head holds its share of B groups (poll `fetch`; now and then
+           `catch_up`: the trainer's current weights to a server that joined meanwhile) → take them →
            split them anew across the ranks by tokens (`balance`, realhf.system.master.dp_balance) →
            the nodes of the step's graph (realhf.system.trainer.ppo_step), wave by wave, each
            one request to every model worker → publish training_samples → log the step's metrics
@@ -203,7 +204,7 @@ class MasterWorker(Worker):
     def _wait_for_data(self) -> float:
         """Poll `fetch` until every DP head holds its share; returns the seconds waited."""
         cfg = self.config
-        t0 = last_log = time.monotonic()
+        t0 = last_log = caught_up_at = time.monotonic()
         reported_at = 0.0
         while True:
             replies = self._stream.call_all("fetch", {"take": 0}, workers=self._heads, timeout=cfg.request_timeout)
@@ -219,6 +220,11 @@ class MasterWorker(Worker):
                     f"step {self.step + 1}: no full batch within {cfg.data_timeout:.0f}s at version "
                     f"{self.version}: {detail}"
                 )
+            if cfg.catch_up_interval > 0 and now - caught_up_at >= cfg.catch_up_interval:
+                # A server that joined since the trainer's last broadcast may be the only one left,
+                # making groups too stale to train: only the current weights make it useful.
+                self._stream.call_all("catch_up", timeout=cfg.request_timeout)
+                caught_up_at = time.monotonic()
             # A stall counts from the last completed step: a slow trainer plus a slow wait is one.
             stalled = now - self._t_last_step
             if stalled > cfg.stall_timeout and now - reported_at > cfg.data_log_interval:

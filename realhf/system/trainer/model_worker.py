@@ -12,7 +12,8 @@ master to log, realhf.system.stats.completion_log), `balance` (move the taken gr
 token-balancing plan says, then build the step's batch), `step_node` (`node`: one node of the
 step's graph, realhf.system.trainer.ppo_step — proximal, reference or critic inference, the
 advantages, the critic's or the actor's update; after the actor's, version + 1 and the weights
-published), `save`, `checkpoint`, `ping`. Every handler past `fetch` is collective: all DP ranks get the same request, and a
+published), `save`, `checkpoint`, `catch_up` (the current version to a server that joined while the
+trainer waits for data), `ping`. Every handler past `fetch` is collective: all DP ranks get the same request, and a
 collective that does not complete within `collective_timeout` fails the handler naming this
 rank, the engine, the call and the step (realhf.base.collectives); the worker then exits, since
 its process group can no longer be trusted. The worker
@@ -155,7 +156,7 @@ class ModelWorker(Worker):
         self._handlers: Dict[str, Callable[[Any], Any]] = {
             "initialize": self._initialize, "fetch": self._fetch, "balance": self._balance,
             "step_node": self._step_node, "get_tensors": self._get_tensors, "set_tensors": self._set_tensors,
-            "save": self._save, "checkpoint": self._checkpoint, "ping": self._ping,
+            "save": self._save, "checkpoint": self._checkpoint, "catch_up": self._catch_up, "ping": self._ping,
         }  # fmt: skip
         self._stream = WorkerStream(
             exp,
@@ -325,6 +326,34 @@ class ModelWorker(Worker):
         result = self._broadcaster.publish(self.version, tensors)
         self._last_broadcast = result
         return result.ok
+
+    def _catch_up(self, data: Any) -> Dict[str, Any]:
+        """Collective, asked by the master while it waits for a step's data: the current version
+        again to the servers that joined since it was broadcast (weight_sync=distributed). A
+        restarted server loads the newest version on disk, which is older than the trainer's
+        when versions are only broadcast; the groups it makes are then too stale to train, and
+        without them the trainer never makes the next version, whose broadcast would bring it up.
+        Nothing to do for a version on disk (the manager brings servers up from there) or one
+        never broadcast (at version 0 every server starts from the run's weights)."""
+        if self.config.weight_sync != "distributed" or self.version == 0 or self._on_disk == self.version:
+            return {"version": self.version, "sent_to": []}
+        behind: List[str] = []
+        if self.rank == 0 and self._broadcaster is not None:
+            try:
+                behind = self._broadcaster.missing(self.version)
+            except Exception as e:  # noqa: BLE001 - the manager is away (restarting): ask again next time
+                self.logger.debug(f"catch-up: routed servers unknown ({type(e).__name__}: {e})")
+        if not collectives.agree_max([1 if behind else 0], self.device)[0]:
+            return {"version": self.version, "sent_to": []}
+        t0 = time.monotonic()
+        self._last_broadcast = None
+        how = self._how_published(self._publish(weights=True))
+        if self.rank == 0:
+            self.logger.info(
+                f"version {self.version} sent again while the trainer waits for data: {behind} joined since "
+                f"it was broadcast ({how}; {time.monotonic() - t0:.2f}s)"
+            )
+        return {"version": self.version, "sent_to": behind}
 
     def _initialize(self, data: Any) -> Dict[str, Any]:
         # Recovered: servers (re)starting now load these weights from disk.

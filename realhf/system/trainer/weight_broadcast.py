@@ -20,7 +20,9 @@ that fails or hangs makes the version's broadcast fail: the group is closed, the
 answered are continued, and the next version builds a new group from whoever the manager then
 routes; the caller writes this version to disk, from where the manager brings the servers that
 missed it up to date. The group is rebuilt whenever its set of members changes, so a server that
-restarts or is added gets the next version, and the manager routes it then. A joining server
+restarts or is added gets the next version, and the manager routes it then; while the trainer
+waits for a step's data it sends the current version again to such a server (`missing`, the model
+worker's `catch_up`), since the next version may need the groups only an up-to-date server makes. A joining server
 whose broadcast failed sits out the next 1, 2, 4, … versions (`JoinerSitOut`): one that cannot
 take a broadcast must not fail every version for the servers already routed.
 """
@@ -187,6 +189,7 @@ class WeightBroadcaster:
         self._group_members: List[str] = []
         self._inflight: Optional[concurrent.futures.Future] = None  # the last bucket's broadcast
         self._n_groups = 0
+        self._sent: Tuple[int, frozenset] = (-1, frozenset())  # the last version sent, and to whom
 
     def ask_manager(self, manager_url: str) -> Members:
         """The servers the manager at `manager_url` routes to now, and those joining routing."""
@@ -196,6 +199,13 @@ class WeightBroadcaster:
             raise TimeoutError(
                 f"GET {manager_url}/routed_servers: no answer within {self.timeout_s + 5:.0f}s"
             ) from None
+
+    def missing(self, version: int) -> List[str]:
+        """The servers that would get `version` now (routed or joining, less those sitting out)
+        and have not had it from this trainer: those that joined since it was sent."""
+        sent_version, sent_to = self._sent
+        urls = self._sit_out.members(self._members_now(), version)
+        return [u for u in urls if sent_version != version or u not in sent_to]
 
     def _members_now(self) -> Members:
         m = self._members()
@@ -467,6 +477,7 @@ class WeightBroadcaster:
     def _finish(self, result: BroadcastResult, t0: float) -> BroadcastResult:
         result.seconds = time.monotonic() - t0
         if result.ok:
+            self._sent = (result.version, frozenset(result.servers))
             # The trainer's step line says it per version; here only what changes (a new group).
             (logger.info if result.rebuilt else logger.debug)(
                 f"version {result.version} broadcast to {len(result.servers)} server(s) in {result.seconds:.2f}s "

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import time
 
 import pytest
@@ -76,6 +77,13 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
         print(f"  at step {step}: {what} {worker}")
     assert code == 0, out[-6000:]
     assert [m["step"] for m in run.metrics()] == list(range(1, STEPS + 1))
+    # How long the faults held training up: every step's time includes its wait for data.
+    times = [m["step_time_s"] for m in run.metrics()]
+    worst = max(range(STEPS), key=times.__getitem__)
+    print(
+        f"step time: median {statistics.median(times):.2f} s, longest {times[worst]:.2f} s (step {worst + 1}), "
+        f"{sum(times):.0f} s for all {STEPS} steps"
+    )
     (a,) = check_accounting(tmp_path, out)
     print("accounting: " + json.dumps(a))
     assert a["lost"] == 0

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers.training_runs import SMALL_RUN, Run, check_accounting
+from helpers.training_runs import SMALL_RUN, Run, check_accounting, small_run
 
 # Long enough that the run outlasts the restart (backoff, process start, health check: ~8 s)
 # with room to spare: a step of this small run takes ~0.2 s on a quiet 2-core machine.
@@ -94,3 +94,47 @@ def test_with_one_generation_server_rollouts_wait_for_its_restart_and_training_c
     tmp_path, no_leftover_processes
 ):
     _kill_a_generation_server_mid_run(tmp_path, n_servers=1)
+
+
+@pytest.mark.e2e
+def test_the_only_server_restarted_while_the_trainer_waits_gets_the_trainers_weights_and_the_run_goes_on(
+    tmp_path, no_leftover_processes
+):
+    """With one server and no head start (max_head_offpolicyness=0) the trainer holds no group
+    of the next step when the server dies: every group must come from the restarted server, which
+    loads the newest version on disk (the initial weights: with weight_sync=distributed versions
+    are broadcast, not written). Found by the chaos run: the joiner was routed at version 0, every
+    group it made was too stale to train, and the trainer, waiting for data, never made the next
+    version that would have brought it up: the run stalled for good. The trainer now sends its
+    current version to a server that joined while it waits: a collective of its ranks, so at DP=2."""
+    steps = 12
+    run = Run(
+        tmp_path,
+        "gskill-wait",
+        f"exp_ctrl.benchmark_steps={steps}",
+        "max_head_offpolicyness=0",
+        "allocation_mode=native.d1m1p1+d2m1p1",
+        *small_run(2),
+    )
+    try:
+        # Killed just after version 4 is broadcast (so not on disk), while the trainer waits for
+        # the next step's groups: no more of them can come from the server that is going away.
+        run.wait_for("version 4 published", lambda: "version 4: " in run.log("model_worker-0"), 300, interval=0.05)
+        run.kill_worker("generation_server-0")
+        code = run.finish(timeout=180)
+        out = run.output()
+        assert code == 0, out[-5000:]
+    finally:
+        run.stop()
+    assert [m["step"] for m in run.metrics()] == list(range(1, steps + 1)), out[-3000:]
+    assert "'generation_server/0': 1" in out, out[-2000:]
+    sent = re.findall(
+        r"version (\d+) sent again while the trainer waits for data: \['(\S+)'\]", run.log("model_worker-0")
+    )
+    assert sent and sent[0][0] == "4", run.log("model_worker-0")[-3000:]
+    # Too far behind for its groups to train (version 0, η = 0), it was not routed until then.
+    manager_log = run.log("gserver_manager-0")
+    assert f"generation server {sent[0][1]} caught up with the trainer's weights" in manager_log, manager_log[-3000:]
+    assert "routed at weight version" not in manager_log
+    check_accounting(run.tmp_path, out)
+    assert run.leftovers() == []

@@ -22,9 +22,9 @@ class Clock:
         return self.now
 
 
-def _gate(timeout=10.0):
+def _gate(timeout=10.0, max_behind=8):
     clock = Clock()
-    return JoinGate(timeout, clock), clock
+    return JoinGate(timeout, max_behind, clock), clock
 
 
 # ---- the gate ------------------------------------------------------------------------------------
@@ -77,6 +77,20 @@ def test_with_no_other_server_routed_a_joiner_is_routed_at_once_when_the_current
     gate, _ = _gate()
     gate.arrive(A, 1)
     assert gate.admit(5, others_routed=False, current_on_disk=False) == [Routed(A, 1, 0.0, current=False)]
+
+
+def test_with_no_other_server_routed_a_joiner_too_far_behind_for_its_groups_to_train_waits_for_the_current_version():
+    """Found by the chaos run: the only server restarted at version 0 with the trainer at 71 and
+    η = 2, was routed, and made nothing but groups dropped as stale. It waits for the version the
+    trainer sends it while it waits for data (the master's catch_up)."""
+    gate, clock = _gate(max_behind=2)
+    gate.arrive(A, 0)
+    gate.arrive(B, 3)
+    assert gate.admit(5, others_routed=False, current_on_disk=False) == [Routed(B, 3, 0.0, current=False)]
+    clock.now += 100
+    assert gate.admit(5, False, False) == [] and gate.joining() == [A]
+    gate.report(A, 5, asked_at=5)
+    assert gate.admit(5, False, False) == [Routed(A, 5, 100.0, current=True)]
 
 
 def test_with_no_other_server_routed_and_the_version_on_disk_a_joiner_is_updated_first_but_not_past_the_timeout():
@@ -176,6 +190,24 @@ def test_when_the_only_server_restarts_behind_it_is_routed_rather_than_stalling_
         service.observe_servers([A])
     assert service.router.servers() == [A]
     assert any("no other server is routed" in r.getMessage() for r in caplog.records)
+
+
+def test_when_the_only_server_restarts_too_far_behind_it_waits_for_the_trainers_weights_and_says_so(caplog):
+    service = _service([A], weight_sync="distributed", max_head_offpolicyness=0, join_timeout=0.01)
+    service.observe_trainer(4, [0])
+    for _ in range(2):
+        service.observe_health(A, ok=False)
+    service.observe_servers([A])
+    service.observe_health(A, ok=True, weight_version=0)  # the initial weights: nothing newer on disk
+    service.joins.clock = lambda: 1e12  # long past the timeout
+    with caplog.at_level(logging.WARNING):
+        service.observe_servers([A])
+    assert service.router.servers() == [] and service.joining_servers() == [A]
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "version 4 sent again while the trainer waits for data" in warning, warning
+    service.observe_health(A, ok=True, weight_version=4, asked_at=4)  # the trainer's catch-up reached it
+    service.observe_servers([A])
+    assert service.router.servers() == [A]
 
 
 def test_a_dropped_joiner_leaves_the_gate_and_the_weight_group():

@@ -65,6 +65,7 @@ def test_two_servers_take_the_broadcast_weights_and_answer_as_hf_does(qwen_path,
             assert r.servers == sorted(urls) and r.rebuilt and r.n_buckets > 1
             for u in urls:
                 assert served(u) == (5, expected)
+            assert b.missing(5) == [] and b.missing(6) == sorted(urls)
             model2 = perturbed(qwen_path, 2)
             r = b.publish(6, model2.state_dict().items())
             assert r.ok and not r.rebuilt  # the same members: the same group
@@ -74,6 +75,10 @@ def test_two_servers_take_the_broadcast_weights_and_answer_as_hf_does(qwen_path,
             r = b.publish(4, model.state_dict().items())
             assert not r.ok and all("lower than the served version 6" in r.failed[u] for u in urls), r.failed
             assert [served(u) for u in urls] == [(6, hf_greedy(model2))] * 2
+            # A server that joins now (the manager lists it) has not had version 6: what the
+            # trainer sends again while it waits for data (the model worker's catch_up).
+            urls.append("http://127.0.0.1:9")
+            assert b.missing(6) == ["http://127.0.0.1:9"]
         finally:
             b.close()
 
