@@ -24,6 +24,7 @@ STOPPABLE = KILLABLE + ["model_worker-0", "master_worker-0"]
 # A pause shorter than the heartbeat TTL (10 s) heals without the launcher stepping in.
 PAUSE_S = (1.0, 6.0)
 GAP_S = (2.0, 6.0)
+STALL_S = 120.0  # no step for this long while faults go on: a stall (the launcher's back-off is at most 30 s)
 
 
 @pytest.mark.e2e
@@ -43,10 +44,16 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
     log = []
     try:
         run.wait_steps(5)
+        steps, stepped_at = 0, time.monotonic()
         while len(run.metrics()) < FAULTS_UNTIL_STEP:
             time.sleep(rng.uniform(*GAP_S))
             if run.proc.poll() is not None:
                 break
+            if len(run.metrics()) > steps:
+                steps, stepped_at = len(run.metrics()), time.monotonic()
+            assert time.monotonic() - stepped_at < STALL_S, (
+                f"no step for {STALL_S:.0f}s after step {steps}; faults so far: {log}\n{run.output()[-6000:]}"
+            )
             if rng.random() < 0.5:
                 worker = rng.choice(KILLABLE)
                 try:
