@@ -202,10 +202,14 @@ class WeightBroadcaster:
 
     def missing(self, version: int) -> List[str]:
         """The servers that would get `version` now (routed or joining, less those sitting out)
-        and have not had it from this trainer: those that joined since it was sent."""
+        and have not had it from this trainer: those that joined since it was sent, and those
+        the manager still keeps out of routing for want of it (a server restarted at the same
+        address, say, which this trainer's record cannot tell from the one it sent to)."""
         sent_version, sent_to = self._sent
-        urls = self._sit_out.members(self._members_now(), version)
-        return [u for u in urls if sent_version != version or u not in sent_to]
+        now = self._members_now()
+        joining = set(now.joining) - set(now.servers)
+        urls = self._sit_out.members(now, version)
+        return [u for u in urls if sent_version != version or u not in sent_to or u in joining]
 
     def _members_now(self) -> Members:
         m = self._members()

@@ -15,7 +15,7 @@ from helpers.http import http
 from helpers.native_server import launch_server
 from helpers.tcp_proxy import TcpProxy
 from helpers.weight_checks import hf_greedy, perturbed, served
-from realhf.system.trainer.weight_broadcast import WeightBroadcaster, buckets
+from realhf.system.trainer.weight_broadcast import Members, WeightBroadcaster, buckets
 
 pytestmark = pytest.mark.system
 
@@ -79,6 +79,10 @@ def test_two_servers_take_the_broadcast_weights_and_answer_as_hf_does(qwen_path,
             # trainer sends again while it waits for data (the model worker's catch_up).
             urls.append("http://127.0.0.1:9")
             assert b.missing(6) == ["http://127.0.0.1:9"]
+            # One the manager keeps out of routing (joining) although it was sent version 6: a
+            # restart at the same address, say.
+            b._members = lambda: Members(urls[:1], urls[1:2])
+            assert b.missing(6) == [urls[1]]
         finally:
             b.close()
 
