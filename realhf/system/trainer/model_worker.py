@@ -343,7 +343,9 @@ class ModelWorker(Worker):
                 behind = self._broadcaster.missing(self.version)
             except Exception as e:  # noqa: BLE001 - the manager is away (restarting): ask again next time
                 self.logger.debug(f"catch-up: routed servers unknown ({type(e).__name__}: {e})")
-        if not collectives.agree_max([1 if behind else 0], self.device)[0]:
+        with collectives.named(f"{self._where()}: catch-up (do the ranks send version {self.version} again)"):
+            send = collectives.agree_max([1 if behind else 0], self.device)[0]
+        if not send:
             return {"version": self.version, "sent_to": []}
         t0 = time.monotonic()
         self._last_broadcast = None
