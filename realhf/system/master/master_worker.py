@@ -244,7 +244,14 @@ class MasterWorker(Worker):
             elif now - last_log > cfg.data_log_interval:
                 last_log = now
                 have = sum(min(r["buffered"], self.shares[r["dp_rank"]]) for r in replies)
-                self.logger.info(f"step {self.step + 1}: {have}/{cfg.groups_per_step} groups ready after {waited:.0f}s")
+                # Each rank is fed by its own rollout workers: say which rank waits, not just how many.
+                ranks = "; ".join(
+                    f"dp rank {r['dp_rank']} holds {r['buffered']}/{self.shares[r['dp_rank']]}" for r in short
+                )
+                self.logger.info(
+                    f"step {self.step + 1}: {have}/{cfg.groups_per_step} groups ready after {waited:.0f}s"
+                    + (f" ({ranks})" if len(replies) > 1 else "")
+                )
             if self._stop_requested or self._status_says_stop():
                 raise WorkerExit(f"stopped while waiting for data: {self._stop_reason}")
             self._stop_if_asked()

@@ -2,8 +2,9 @@
 a random fault hits a random worker: SIGKILL of a worker type the launcher restarts (generation
 server, rollout worker, manager), or SIGSTOP of any worker (trainer and master included) for a
 few seconds, then SIGCONT. The run must finish with every step, account for every admitted group
-(none lost in transit: realhf.system.manager.admission_ledger) and leave no process behind. What it saw
-is printed and recorded in docs/benchmarks.md ("Chaos run")."""
+(none lost in transit: realhf.system.manager.admission_ledger) and leave no process behind; with one
+trainer rank and one server, and with two trainer ranks beside one or two servers. What it saw is
+printed and recorded in docs/benchmarks.md ("Chaos run")."""
 
 import collections
 import json
@@ -21,6 +22,13 @@ STEPS = 300
 FAULTS_UNTIL_STEP = 260  # then the run finishes undisturbed
 KILLABLE = ["generation_server-0", "rollout_worker-0", "rollout_worker-1", "gserver_manager-0"]
 STOPPABLE = KILLABLE + ["model_worker-0", "master_worker-0"]
+# layout: (allocation_mode override, more workers to kill, more workers to pause). At DP=2 each
+# trainer rank has one rollout worker of its own, so a rank starves while its worker restarts.
+LAYOUTS = {
+    "dp1": ([], [], []),
+    "dp2": (["allocation_mode=native.d1m1p1+d2m1p1"], [], ["model_worker-1"]),
+    "two_servers_dp2": (["allocation_mode=native.d2m1p1+d2m1p1"], ["generation_server-1"], ["model_worker-1"]),
+}
 # A pause shorter than the heartbeat TTL (10 s) heals without the launcher stepping in.
 PAUSE_S = (1.0, 6.0)
 GAP_S = (2.0, 6.0)
@@ -29,14 +37,18 @@ STALL_S = 120.0  # no step for this long while faults go on: a stall (the launch
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, seed, no_leftover_processes):
+@pytest.mark.parametrize("layout,seed", [("dp1", 1), ("dp1", 2), ("dp2", 2), ("two_servers_dp2", 1)])
+def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, layout, seed, no_leftover_processes):
+    allocation, more_killable, more_stoppable = LAYOUTS[layout]
+    killable = KILLABLE + more_killable
+    stoppable = killable + STOPPABLE[len(KILLABLE) :] + more_stoppable
     rng = random.Random(seed)
     run = Run(
         tmp_path,
         f"chaos{seed}",
         f"exp_ctrl.benchmark_steps={STEPS}",
         *small_run(2),
+        *allocation,
         "cluster.restart_policy.max_restarts=50",
         "cluster.restart_policy.trial_restarts=0",  # a pause of the trainer or master ends the run, as asserted
     )
@@ -55,7 +67,7 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
                 f"no step for {STALL_S:.0f}s after step {steps}; faults so far: {log}\n{run.output()[-6000:]}"
             )
             if rng.random() < 0.5:
-                worker = rng.choice(KILLABLE)
+                worker = rng.choice(killable)
                 try:
                     run.kill_worker(worker)
                 except (AssertionError, ProcessLookupError):  # between its death and its restart
@@ -63,7 +75,7 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
                 faults[f"kill {worker}"] += 1
                 log.append((len(run.metrics()), "kill", worker))
             else:
-                worker, pause = rng.choice(STOPPABLE), rng.uniform(*PAUSE_S)
+                worker, pause = rng.choice(stoppable), rng.uniform(*PAUSE_S)
                 try:
                     pid = run.kill_worker(worker, signal.SIGSTOP)
                 except (AssertionError, ProcessLookupError):
@@ -79,7 +91,7 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, se
     finally:
         run.stop()
     out = run.output()
-    print(f"seed {seed}: {sum(faults.values())} faults: {dict(sorted(faults.items()))}")
+    print(f"{layout} seed {seed}: {sum(faults.values())} faults: {dict(sorted(faults.items()))}")
     for step, what, worker in log:
         print(f"  at step {step}: {what} {worker}")
     assert code == 0, out[-6000:]

@@ -93,6 +93,25 @@ def test_master_waiting_for_data_names_the_rank_and_what_it_lacks_then_times_out
     assert w.stale_dropped == 1
 
 
+def test_master_waiting_for_data_says_which_rank_is_short_before_it_calls_it_a_stall(redis_name_resolve, caplog):
+    ctx = WorkerContext(
+        experiment_name="mlogic2", trial_name="t", worker_type="master_worker", name_resolve=redis_name_resolve
+    )
+    cfg = MasterWorkerConfig(
+        n_model_workers=2, groups_per_step=4, data_poll_interval=0.02, data_log_interval=0.05, data_timeout=0.3
+    )
+    w = MasterWorker(ctx, cfg)
+    w._stream, w.shares, w.step, w.version = _FakeStream(), [2, 2], 4, 4
+    w.stale_dropped, w.rejected, w._stale_dropped_per_rank = 0, 0, None
+    w._t_last_step = time.monotonic()
+    name_resolve.add(names.experiment_status("mlogic2", "t"), "RUNNING", replace=True)
+    with caplog.at_level(logging.INFO), pytest.raises(TimeoutError):
+        w._wait_for_data()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "groups ready" in r.getMessage()]
+    assert lines, [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("step 5: 2/4 groups ready after ") and lines[0].endswith("(dp rank 1 holds 0/2)")
+
+
 def _restamp(msg: dict, version: int) -> dict:
     msg = copy.deepcopy(msg)
     msg["qid"] = f"{msg['qid']}@{version}"
