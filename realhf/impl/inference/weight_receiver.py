@@ -127,6 +127,13 @@ class WeightReceiver:
                 f"weight_version {weight_version} is lower than the served version {self.engine.weight_version}; "
                 "versions never go back"
             )
+        if weight_version == self.engine.weight_version:
+            # The trainer sends its version again for a server that joined after the broadcast
+            # (catch_up, while it waits for data); a member that already serves it keeps its
+            # running requests instead of aborting them for the same weights. A version number
+            # names one set of weights, as the manager's disk updates assume too.
+            logger.info(f"weight version {weight_version} from {group_name}: already served here, nothing swapped")
+            return weight_version
         return self.engine.update_weights_from_state(state, weight_version, source=f"weight group {group_name}")
 
     def destroy(self, group_name: str, only: Optional[_Joined] = None) -> bool:

@@ -71,6 +71,15 @@ def test_two_servers_take_the_broadcast_weights_and_answer_as_hf_does(qwen_path,
             assert r.ok and not r.rebuilt  # the same members: the same group
             for u in urls:
                 assert served(u) == (6, hf_greedy(model2))
+            # The same version again (the catch-up, for a joiner): received by every member, and a
+            # member that already serves it swaps nothing, so its running requests are not aborted.
+            r = b.publish(6, model2.state_dict().items())
+            assert r.ok and not r.rebuilt
+            for i, u in enumerate(urls):
+                assert served(u) == (6, hf_greedy(model2))
+                log = (tmp_path / f"s{i}.log").read_text()
+                assert "weight version 6 from " in log and "already served here, nothing swapped" in log, log[-2000:]
+                assert log.count("-> v6 ") == 1, log[-2000:]
             # Versions never go back: the bucket is received (the sender would wait) and refused.
             r = b.publish(4, model.state_dict().items())
             assert not r.ok and all("lower than the served version 6" in r.failed[u] for u in urls), r.failed
