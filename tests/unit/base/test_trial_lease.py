@@ -107,7 +107,9 @@ def test_the_lease_of_a_sigkilled_launcher_expires_and_is_taken_over(
     start = time.monotonic()
     lease = trial_lease(config, EXP, trial).acquire()  # same host, dead pid: waits out the TTL
     try:
-        assert time.monotonic() - start <= TTL + 1
+        # Within about the TTL, not a long timeout: the slack is for a loaded host (4.6 s seen with
+        # another whole test beside it; the acquire's own deadline is TTL + 1 of its waiting loop).
+        assert time.monotonic() - start <= TTL + 5
         assert json.loads(redis_client.get(key))["pid"] == os.getpid()
     finally:
         lease.release()
