@@ -7,7 +7,6 @@ then exits 75; a second one stops at once, exiting 128 + the signal."""
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -44,11 +43,14 @@ def test_ctrl_c_checkpoints_stops_every_process_including_redis_and_exits_75(tmp
 def test_a_second_sigterm_stops_every_process_at_once_and_exits_143(tmp_path, no_leftover_processes):
     # What a process manager (systemd, a batch scheduler) sends, to the entry point only; a second
     # one (an impatient operator, a scheduler's escalation) does not wait for the checkpoint.
-    # The master's stop takes over a second (a checkpoint, then the group accounting): 0.3 s in,
-    # the second signal stops everything first.
+    # The master is frozen first (SIGSTOP: a master stuck mid-step, why an operator signals twice),
+    # so its checkpoint never comes and the run cannot end the graceful way before the second
+    # signal: a fixed 0.3 s gap lost that race once, to a master that stopped in 0.3 s.
     def twice(run):
+        os.kill(run.worker_pid("master_worker-0"), signal.SIGSTOP)
         run.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        # A second signal before the launcher's handler ran for the first would be merged into it.
+        run.wait_for("the launcher to take the first SIGTERM", lambda: "launcher received SIGTERM" in run.output(), 30, 0.05)
         run.proc.send_signal(signal.SIGTERM)
 
     said = "run interrupted (exit 143): launcher received SIGTERM"
