@@ -188,6 +188,10 @@ class _Live:
         self.aborted = False
 
 
+def _ended_aborted(fut: Future) -> bool:
+    return fut.done() and fut.exception() is None and fut.result().finish_reason["type"] == "abort"
+
+
 class VLLMEngine:
     """The native `Engine`'s public surface, served by vLLM (see the module docstring)."""
 
@@ -421,13 +425,15 @@ class VLLMEngine:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
 
     async def _abort_rids(self, rids: List[str]) -> int:
+        """Abort these requests; how many of them ended with `abort`. Not all that were found:
+        one whose last output vLLM had made before the abort reached it ends as it was."""
         items = [self._live[r] for r in rids if r in self._live]
         for item in items:
             item.aborted = True
         if items:
             await self._llm.abort([i.req.rid for i in items])
             await self._drained(items)
-        return len(items)
+        return sum(_ended_aborted(i.future) for i in items)
 
     async def _drained(self, items: List[_Live]) -> None:
         """Wait until aborted requests handed back their last output (their tasks ended)."""

@@ -540,10 +540,13 @@ def create_app(
         if not body.rid:
             logger.warning("abort_request without rid or abort_all: ignored (as SGLang does)")
             return Response(status_code=200)
-        found = False
+        n = 0
         for rid in groups.get(body.rid, [body.rid]):  # a prompt's rid names all its n samples
-            found = bool(await _wait(engine.abort(rid), "abort_request")) or found
-        logger.debug(f"abort_request {body.rid!r}: {'aborted' if found else 'no such running request'}")
+            n += bool(await _wait(engine.abort(rid), "abort_request"))
+        # Info: a client reads its stream behind the engine, so "no such request" is how it learns
+        # the answer had already ended here (tests/system/engines/test_vllm_server.py reads it).
+        said = f"{n} request(s) aborted" if n else "no such request queued or running (ended already, or never sent)"
+        logger.info(f"abort_request {body.rid!r}: {said}")
         return Response(status_code=200)
 
     @app.get("/flush_cache", operation_id="flush_cache_get")

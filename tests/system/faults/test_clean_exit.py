@@ -50,7 +50,9 @@ def test_a_second_sigterm_stops_every_process_at_once_and_exits_143(tmp_path, no
         os.kill(run.worker_pid("master_worker-0"), signal.SIGSTOP)
         run.proc.send_signal(signal.SIGTERM)
         # A second signal before the launcher's handler ran for the first would be merged into it.
-        run.wait_for("the launcher to take the first SIGTERM", lambda: "launcher received SIGTERM" in run.output(), 30, 0.05)
+        run.wait_for(
+            "the launcher to take the first SIGTERM", lambda: "launcher received SIGTERM" in run.output(), 30, 0.05
+        )
         run.proc.send_signal(signal.SIGTERM)
 
     said = "run interrupted (exit 143): launcher received SIGTERM"

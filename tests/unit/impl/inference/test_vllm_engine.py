@@ -28,6 +28,7 @@ class FakeAsyncLLM:
         self.errored = False
         self.paused = False
         self.aborted = set()
+        self.too_late = set()  # requests whose last token vLLM's engine core has made: an abort is a no-op
         self.running = set()
         self.calls = []
 
@@ -62,7 +63,8 @@ class FakeAsyncLLM:
             self.running.discard(request_id)
 
     async def abort(self, request_ids):
-        self.aborted.update([request_ids] if isinstance(request_ids, str) else request_ids)
+        ids = [request_ids] if isinstance(request_ids, str) else request_ids
+        self.aborted.update(r for r in ids if r not in self.too_late)
 
     async def pause_generation(self, mode="abort", clear_cache=True):
         self.calls.append(("pause", mode, clear_cache))
@@ -183,6 +185,17 @@ def test_abort_returns_the_partial_output(engine):
     assert r.finish_reason["type"] == "abort" and 3 <= len(r.output_ids) < 200
     assert len(r.output_logprobs) == len(r.output_ids)
     assert engine.abort("nobody").result(timeout=10) is False
+
+
+def test_an_abort_that_comes_after_the_last_token_was_made_says_it_aborted_nothing(engine):
+    # The server logs the answer ("no such request ... ended already"): a client that reads its
+    # stream behind the engine learns that the answer it holds one token of had ended.
+    engine.fake.step_s = 0.05
+    engine.fake.too_late.add("late")
+    fut = engine.submit(req("late", n=5))
+    assert engine.abort("late").result(timeout=10) is False
+    r = fut.result(timeout=10)
+    assert r.finish_reason == {"type": "length", "length": 5} and len(r.output_ids) == 5
 
 
 def test_a_weight_update_aborts_running_requests_and_later_tokens_carry_the_new_version(engine, tmp_path):
