@@ -23,7 +23,7 @@ _seen: set = set()
 COMMANDS = [(p, c) for p, c in documented_commands() if not (c in _seen or _seen.add(c))]
 PLACEHOLDER = re.compile(r"<\w+>|\[\w|…|\bHEAD_IP\b|\bDIR\b|\bFILE\b|\bPATH\b|=\.\.\.")
 TRAINING = ("examples/run_async_ppo.sh", "examples/run_async_ppo_smollm2.sh", "examples/run_tool_agent.sh",
-            "examples/run_code_task.sh", "training/main_async_ppo.py")  # fmt: skip
+            "examples/run_code_task.sh", "examples/run_long_math.sh", "training/main_async_ppo.py")  # fmt: skip
 SFT = "training/main_sft.py"
 RM = "training/main_rm.py"
 # Commands run elsewhere, by the test named, or not runnable here by nature.
@@ -31,6 +31,8 @@ NOT_RUN = {
     "scripts/test.sh": "the suite itself",
     "scripts.bench": "a benchmark (minutes): tests/unit/scripts/test_bench.py runs each in --short mode",
     "scripts/gpu_check.sh": "the GPU kit: tests/unit/scripts/test_gpu_check.py runs its stages on the CPU",
+    "scripts/setup_env.sh": "the suite's own set-up: scripts/test.sh runs it (with `vllm` for the system lane)",
+    "scripts.slowest_tests": "reads a run's JUnit reports: scripts/test.sh runs it at the end of every run; tests/unit/scripts/test_slowest_tests.py",
     "scripts/soak.sh": "a soak run by design (minutes to hours): tests/system/faults/test_chaos.py runs its kill loop",
     "realhf.launch_server": "a server that runs until stopped: tests/unit/test_launch_server.py starts one as documented",
     "realhf.testing.sglang_conformance": "a check of a running server: tests/unit/testing/test_sglang_conformance.py runs the command against the built-in one",

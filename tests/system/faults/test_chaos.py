@@ -1,10 +1,11 @@
 """Issue 27 item 10: a chaos run. A real training run on this machine while, every few seconds,
-a random fault hits a random worker: SIGKILL of a worker type the launcher restarts (generation
-server, rollout worker, manager), or SIGSTOP of any worker (trainer and master included) for a
-few seconds, then SIGCONT. The run must finish with every step, account for every admitted group
-(none lost in transit: realhf.system.manager.admission_ledger) and leave no process behind; with one
-trainer rank and one server, and with two trainer ranks beside one or two servers. What it saw is
-printed and recorded in docs/benchmarks.md ("Chaos run")."""
+a random fault hits a random worker (at most three before the run makes its next step): SIGKILL
+of a worker type the launcher restarts (generation server, rollout worker, manager), or SIGSTOP of
+any worker (trainer and master included) for a few seconds, then SIGCONT. The run must finish
+with every step, account for every admitted group (none lost in transit:
+realhf.system.manager.admission_ledger) and leave no process behind; with one trainer rank and
+one server, and with two trainer ranks beside one or two servers. What it saw is printed and
+recorded in docs/benchmarks.md ("Chaos run")."""
 
 import collections
 import json
@@ -32,6 +33,7 @@ LAYOUTS = {
 # A pause shorter than the heartbeat TTL (10 s) heals without the launcher stepping in.
 PAUSE_S = (1.0, 6.0)
 GAP_S = (2.0, 6.0)
+FAULTS_PER_STEP = 3  # at most this many faults before the run makes its next step
 STALL_S = 120.0  # no step for this long while faults go on: a stall (the launcher's back-off is at most 30 s)
 
 
@@ -66,6 +68,11 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, la
             assert time.monotonic() - stepped_at < STALL_S, (
                 f"no step for {STALL_S:.0f}s after step {steps}; faults so far: {log}\n{run.output()[-6000:]}"
             )
+            if sum(step >= steps for step, _, _ in log) >= FAULTS_PER_STEP:
+                # Faults by the clock alone outran the heal on a loaded host (dp2 seed 2 beside
+                # another slow test: 17 faults at step 193, every killable worker in its 30 s
+                # restart back-off at once): a burst while the run heals, then a step first.
+                continue
             if rng.random() < 0.5:
                 worker = rng.choice(killable)
                 try:
