@@ -430,7 +430,11 @@ class EnvConfig:
 
 @dataclass
 class RolloutSetupConfig:
-    n_workers: int = _f(2, "Rollout worker processes (at least one per trainer DP rank).", gt=0)
+    n_workers: int = _f(
+        2,
+        "Rollout worker processes (at least one per trainer DP rank; each feeds one rank, so with two or more per rank a rank goes on being fed while one of its workers restarts).",
+        gt=0,
+    )
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")
     request_timeout: float = _f(300.0, "Seconds allowed for one /generate call.", timeout="on")

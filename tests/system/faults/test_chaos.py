@@ -23,12 +23,15 @@ STEPS = 300
 FAULTS_UNTIL_STEP = 260  # then the run finishes undisturbed
 KILLABLE = ["generation_server-0", "rollout_worker-0", "rollout_worker-1", "gserver_manager-0"]
 STOPPABLE = KILLABLE + ["model_worker-0", "master_worker-0"]
-# layout: (allocation_mode override, more workers to kill, more workers to pause). At DP=2 each
-# trainer rank has one rollout worker of its own, so a rank starves while its worker restarts.
+# layout: (allocation_mode override, rollout workers, more workers to kill, more to pause). Rollout
+# workers are split among the trainer's ranks (receiver_of): with two of them at DP=2 a rank
+# starves while its one worker restarts; with four, its other worker goes on feeding it.
+DP2 = ["allocation_mode=native.d1m1p1+d2m1p1"]
 LAYOUTS = {
-    "dp1": ([], [], []),
-    "dp2": (["allocation_mode=native.d1m1p1+d2m1p1"], [], ["model_worker-1"]),
-    "two_servers_dp2": (["allocation_mode=native.d2m1p1+d2m1p1"], ["generation_server-1"], ["model_worker-1"]),
+    "dp1": ([], 2, [], []),
+    "dp2": (DP2, 2, [], ["model_worker-1"]),
+    "dp2_four_workers": (DP2, 4, ["rollout_worker-2", "rollout_worker-3"], ["model_worker-1"]),
+    "two_servers_dp2": (["allocation_mode=native.d2m1p1+d2m1p1"], 2, ["generation_server-1"], ["model_worker-1"]),
 }
 # A pause shorter than the heartbeat TTL (10 s) heals without the launcher stepping in.
 PAUSE_S = (1.0, 6.0)
@@ -39,9 +42,11 @@ STALL_S = 120.0  # no step for this long while faults go on: a stall (the launch
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,seed", [("dp1", 1), ("dp1", 2), ("dp2", 2), ("two_servers_dp2", 1)])
+@pytest.mark.parametrize(
+    "layout,seed", [("dp1", 1), ("dp1", 2), ("dp2", 2), ("dp2_four_workers", 2), ("two_servers_dp2", 1)]
+)
 def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, layout, seed, no_leftover_processes):
-    allocation, more_killable, more_stoppable = LAYOUTS[layout]
+    allocation, rollout_workers, more_killable, more_stoppable = LAYOUTS[layout]
     killable = KILLABLE + more_killable
     stoppable = killable + STOPPABLE[len(KILLABLE) :] + more_stoppable
     rng = random.Random(seed)
@@ -49,7 +54,7 @@ def test_random_kills_and_pauses_lose_no_group_and_leave_no_process(tmp_path, la
         tmp_path,
         f"chaos{seed}",
         f"exp_ctrl.benchmark_steps={STEPS}",
-        *small_run(2),
+        *small_run(rollout_workers),
         *allocation,
         "cluster.restart_policy.max_restarts=50",
         "cluster.restart_policy.trial_restarts=0",  # a pause of the trainer or master ends the run, as asserted
