@@ -13,6 +13,7 @@ import torch
 
 from helpers.http import http
 from helpers.sglang_client import generate
+from helpers.wait import wait_for
 from realhf.api.cli_args import VLLMConfig
 from realhf.base.network import find_free_port
 from realhf.impl.inference.server_process import ServerProcess
@@ -134,14 +135,12 @@ def test_new_weights_from_disk_change_the_answers_and_the_version(vllm_server, m
 def _abort_said(log_path, rid: str, timeout: float = 30.0) -> str:
     """The server's log line for the abort of `rid` (written before it answers the abort)."""
     marker = f"abort_request {rid!r}: "
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def said():
         with open(log_path, errors="replace") as f:
-            for line in f:
-                if marker in line:
-                    return line.split(marker, 1)[1].strip()
-        time.sleep(0.1)
-    raise AssertionError(f"no line {marker!r} in the server log {log_path} within {timeout:.0f}s")
+            return next((line.split(marker, 1)[1].strip() for line in f if marker in line), None)
+
+    return wait_for(said, timeout, f"a line {marker!r} in the server log {log_path}", interval=0.1)
 
 
 def _abort_one_of(server, n: int, prefix: str, target: int, running: bool = False) -> List[str]:
