@@ -18,8 +18,9 @@ attend to it, as the plain forward's would.
 Work saved: a prompt of P tokens shared by k rows costs P instead of k·P token-forwards. On the
 embedded task (prompts ≈ 60% of a row, groups of 8) that is about half of the trainer's forward
 and backward work; docs/benchmarks.md has the measurement. It needs a model that takes
-`past_key_values` and `position_ids` (HF causal LMs do); rows without a prompt length, or
-micro-batches where no two rows share a group, take the plain forward.
+a key/value cache (`cache`; `past_key_values` in older transformers) and `position_ids` (HF
+causal LMs do); rows without a prompt length, or micro-batches where no two rows share a group,
+take the plain forward.
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ def shared_prompt_logits(
     p_max = int(p.max())
     in_prompt = torch.arange(p_max, device=dev)[None] < p[:, None]  # [G, P]
     prompt_out = model(input_ids=input_ids[first, :p_max] * in_prompt, attention_mask=in_prompt.long(), use_cache=True)
+    # transformers renamed the keys and values `past_key_values` -> `cache` (5.24 warns, the old
+    # name goes in 5.40) in the forward's arguments and its output; requirements allow versions
+    # from before the rename, so use the name the model's own output has.
+    cache_name = "cache" if "cache" in prompt_out else "past_key_values"
     cache = DynamicCache()
-    for i, layer in enumerate(prompt_out.past_key_values.layers):
+    for i, layer in enumerate(prompt_out[cache_name].layers):
         cache.update(layer.keys[group_of_row], layer.values[group_of_row], i)  # [n, H, P, D] each
 
     lengths = attention_mask.sum(dim=1)  # [n]
@@ -66,8 +71,8 @@ def shared_prompt_logits(
         input_ids=answer_ids,
         attention_mask=torch.cat([in_prompt[group_of_row], real], 1).long(),
         position_ids=columns,
-        past_key_values=cache,
         use_cache=False,
+        **{cache_name: cache},
     )
 
     # Back to [n, T, V]: columns before a row's prompt length from its prompt's logits, the

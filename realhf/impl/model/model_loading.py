@@ -29,7 +29,13 @@ def _check_safetensors(path: str) -> None:
 def _finish(model: torch.nn.Module, m: ModelTrainEvalConfig) -> torch.nn.Module:
     if m.gradient_checkpointing:
         # use_reentrant=False: the variant torch recommends, and the one that works under FSDP2.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers renamed the switch (5.24 warns, the old name goes in v6); requirements allow
+        # versions from before the rename.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 
