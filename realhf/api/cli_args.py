@@ -431,9 +431,9 @@ class EnvConfig:
 @dataclass
 class RolloutSetupConfig:
     n_workers: int = _f(
-        2,
-        "Rollout worker processes (at least one per trainer DP rank; each feeds one rank, so with two or more per rank a rank goes on being fed while one of its workers restarts).",
-        gt=0,
+        0,
+        "Rollout worker processes, each feeding one trainer DP rank (at least one per rank); with two or more per rank a rank goes on being fed while one of its workers restarts. 0: two per DP rank.",
+        ge=0,
     )
     agent: AgentConfig = _sub(AgentConfig, "The agent, including the group filter (success_rate_lb/ub).")
     env: EnvConfig = _sub(EnvConfig, "The environment.")

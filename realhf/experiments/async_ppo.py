@@ -4,7 +4,7 @@
 naming the field, before a process starts) and turns it into the launcher's `WorkerSpec`s
 (docs/architecture.md §2, §8):
 
-    generation_server × gen.dp    gserver_manager × 1    rollout_worker × rollout.n_workers
+    generation_server × gen.dp    gserver_manager × 1    rollout_worker × rollout.n_workers (0: 2·train.dp)
     model_worker × train.dp·tp·pp      master_worker × 1 (its log is echoed to the console)
     evaluator × 1, only when exp_ctrl.eval_freq_steps > 0
 
@@ -41,7 +41,7 @@ from realhf.experiments.external_servers import check_external_servers_answer
 from realhf.experiments.file_validation import server_context
 from realhf.experiments.gpu_layout import run_placement
 from realhf.experiments.validate import validate_experiment
-from realhf.experiments.validation import ConfigError, rollouts_per_worker
+from realhf.experiments.validation import ConfigError, check_rollout_workers, rollout_workers, rollouts_per_worker
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.impl.dataset.prompt_dataset import count_prompts
 from realhf.scheduler.worker_spec import WorkerSpec
@@ -167,10 +167,26 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         run_dir=files.run_dir,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
+    resumed_workers = int(resume.get("rollout_workers", 0))
+    if resumed_workers and cfg.rollout.n_workers not in (0, resumed_workers):
+        raise ConfigError(
+            f"rollout.n_workers={cfg.rollout.n_workers}, but the run this one resumes ({point[0]}) had "
+            f"{resumed_workers} rollout workers, each with its own shard of the prompts and its place in it: "
+            f"resume with rollout.n_workers={resumed_workers} (or 0, the default, which keeps it), or start a new trial"
+        )
+    n_rollout = rollout_workers(cfg, alloc.train.dp, resumed=resumed_workers)
+    if n_rollout != rollout_workers(cfg, alloc.train.dp):  # validation checked the other count
+        check_rollout_workers(
+            cfg,
+            alloc.train.dp,
+            n_rollout,
+            whose=f"rollout.n_workers=0 keeps the {n_rollout} rollout workers of the run it resumes (its prompt "
+            "orders are sharded over them)",
+        )
     rollout = from_root(
         RolloutWorkerConfig,
         cfg,
-        max_concurrent_rollouts=rollouts_per_worker(cfg),
+        max_concurrent_rollouts=rollouts_per_worker(cfg, n_rollout),
         n_pullers=alloc.train.dp,
         context_tokens=server_context(cfg)[0],
     )
@@ -202,7 +218,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
             "generation_server": 0 if cfg.gen_server.urls else alloc.gen.dp,
             "gserver_manager": 1,
             "model_worker": alloc.train.world_size,
-            "rollout_worker": cfg.rollout.n_workers,
+            "rollout_worker": n_rollout,
         },
         run_config=wandb_run_config(cfg) if cfg.stats.wandb_project else {},
     )
@@ -213,7 +229,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         dataclasses.replace(
             rollout, sampler_state=json.dumps(samplers[str(i)]) if str(i) in samplers else "", pending=pending
         )
-        for i in range(cfg.rollout.n_workers)
+        for i in range(n_rollout)
     ]
     models = [
         dataclasses.replace(model, gpu=slot.gpus[0] if slot.gpus else 0, gpu_memory_fraction=slot.memory_fraction)
@@ -241,7 +257,7 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
             gpus=ray_gpus(placement.trainer),
             placement_group=True,
         ),
-        WorkerSpec("rollout_worker", cfg.rollout.n_workers, rollouts),
+        WorkerSpec("rollout_worker", n_rollout, rollouts),
         WorkerSpec("master_worker", 1, [master], echo_log=True),
     ]
     if n_node_workers:  # the step's nodes of ppo.graph.own_process, beside the trainer

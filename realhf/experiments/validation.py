@@ -733,10 +733,6 @@ def check_shapes(cfg: AsyncPPOConfig, alloc: AllocationMode) -> None:
         "groups_per_step",
     )
     need(B % dp == 0, f"groups_per_step={B} must be divisible by the trainer's DP size {dp} (allocation_mode)")
-    need(
-        cfg.rollout.n_workers >= dp,
-        f"rollout.n_workers={cfg.rollout.n_workers} < trainer DP size {dp}: every DP rank needs a rollout worker",
-    )
     samples_per_rank = B * cfg.group_size // dp
     need(
         cfg.ppo.ppo_n_minibatches <= samples_per_rank,
@@ -749,19 +745,36 @@ def check_shapes(cfg: AsyncPPOConfig, alloc: AllocationMode) -> None:
         f"stats.log_completions={cfg.stats.log_completions} exceeds the {samples_per_rank} samples DP rank 0 trains "
         "per step (groups_per_step x group_size / DP), which it picks them from: lower it",
     )
+    check_rollout_workers(cfg, dp, rollout_workers(cfg, dp))
+
+
+def rollout_workers(cfg: AsyncPPOConfig, dp: int, resumed: int = 0) -> int:
+    """How many rollout workers the run starts: rollout.n_workers; where it is 0, as many as the
+    run being resumed had (`resumed`: its prompt orders are sharded over that many), else two per
+    trainer DP rank (each worker feeds one rank; a second keeps it fed while one restarts)."""
+    return cfg.rollout.n_workers or resumed or 2 * dp
+
+
+def check_rollout_workers(cfg: AsyncPPOConfig, dp: int, n_workers: int, whose: str = "") -> None:
+    """Whether `n_workers` rollout workers can feed `dp` ranks; `whose` says where the count came
+    from when it is not rollout.n_workers."""
+    need = _Fields.need
+    what = whose or f"rollout.n_workers={n_workers}"
+    need(n_workers >= dp, f"{what}: fewer rollout workers than trainer DP size {dp}; every DP rank needs one")
     # Starvation: a DP rank waits for B/dp groups, all of which come from its own rollout
     # workers; if those may not keep that many in flight, the step never fills.
-    share, per_worker = B // dp, rollouts_per_worker(cfg)
-    for rank, senders in grouping(cfg.rollout.n_workers, dp).items():
+    share, per_worker = cfg.groups_per_step // dp, rollouts_per_worker(cfg, n_workers)
+    for rank, senders in grouping(n_workers, dp).items():
         room = per_worker * len(senders)
         need(
             room >= share,
-            f"max_concurrent_rollouts={cfg.max_concurrent_rollouts} over {cfg.rollout.n_workers} rollout workers lets "
+            f"max_concurrent_rollouts={cfg.max_concurrent_rollouts} over {n_workers} rollout workers lets "
             f"DP rank {rank} have only {room} groups in flight, but each train step needs {share} from it: "
-            f"raise max_concurrent_rollouts to at least {share * math.ceil(cfg.rollout.n_workers / len(senders))}",
+            f"raise max_concurrent_rollouts to at least {share * math.ceil(n_workers / len(senders))}"
+            + (f" ({whose})" if whose else ""),
         )
 
 
-def rollouts_per_worker(cfg: AsyncPPOConfig) -> int:
-    """Each rollout worker's share of max_concurrent_rollouts."""
-    return max(1, cfg.max_concurrent_rollouts // cfg.rollout.n_workers)
+def rollouts_per_worker(cfg: AsyncPPOConfig, n_workers: int) -> int:
+    """Each of the `n_workers` rollout workers' share of max_concurrent_rollouts."""
+    return max(1, cfg.max_concurrent_rollouts // n_workers)

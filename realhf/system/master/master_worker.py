@@ -395,6 +395,8 @@ class MasterWorker(Worker):
             "stale_dropped": self.stale_dropped,
             "rollout_samplers": self._samplers,
             "rollout_pending": pending,
+            # A resumed run with rollout.n_workers=0 starts as many: the samplers are per worker.
+            "rollout_workers": cfg.expected_workers.get("rollout_worker", 0),
             "saved_at": time.time(),
         }
         path = self._stream.call_all("checkpoint", {"extra": extra}, timeout=cfg.request_timeout)[0]["path"]

@@ -73,7 +73,8 @@ def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkp
     assert len(list((recover / "actor").glob("*.distcp"))) == 2  # one shard file per rank
     assert info["version"] == info["step"] and info["version"] % CKPT == 0 and CKPT <= info["version"] <= killed_at
     assert info["training_samples"] == info["step"] * B
-    assert set(info["rollout_samplers"]) == {"0", "1"}
+    # rollout.n_workers=0 (the default): two rollout workers per DP rank, each one's prompt order saved.
+    assert info["rollout_workers"] == 4 and set(info["rollout_samplers"]) == {"0", "1", "2", "3"}
 
     proc2, metrics, _ = run_training(tmp_path, trial, *COMMON, "recover_mode=auto")
     out2 = proc2.stdout + proc2.stderr
@@ -87,7 +88,7 @@ def test_killed_trainer_stops_the_run_and_auto_recovery_resumes_after_the_checkp
     # Admission resumed from the checkpoint's counters: had it started from zero, it would admit
     # (η + v + 1)·B groups at once and the trainer would drop the surplus as stale.
     assert metrics[-1]["stale_dropped"] <= B, metrics[-1]
-    for i in (0, 1):
+    for i in range(4):
         log = (log_dir / f"rollout_worker-{i}.log").read_text()
         pos = info["rollout_samplers"][str(i)]["position"]
         assert f"prompt order resumed at epoch 0, position {pos}" in log

@@ -15,6 +15,7 @@ from realhf.experiments.async_ppo import initial_setup, total_train_steps
 from realhf.experiments.config_loading import CONFIG_DIR, compose_config
 from realhf.experiments.validate import validate_experiment
 from realhf.experiments.validation import ConfigError
+from realhf.system.streams.push_pull_stream import grouping
 
 check_config = validate_experiment
 
@@ -110,6 +111,18 @@ def test_initial_setup_gives_every_worker_type_its_share():
     manager = specs["gserver_manager"].configs[0]
     assert (manager.groups_per_step, manager.max_head_offpolicyness, manager.n_servers) == (16, 2, 2)
     assert specs["model_worker"].configs[0].run_dir == manager.run_dir  # weights written where the manager reads
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_by_default_every_dp_rank_gets_two_rollout_workers_so_one_restarting_leaves_it_fed(dp):
+    cfg = load(f"allocation_mode=native.d1+d{dp}")
+    specs = {s.worker_type: s for s in initial_setup(cfg)}
+    rollout = specs["rollout_worker"]
+    assert rollout.count == len(rollout.configs) == 2 * dp
+    assert specs["master_worker"].configs[0].expected_workers["rollout_worker"] == 2 * dp
+    # max_concurrent_rollouts (32) is over all of them; each rank keeps its share in flight.
+    assert rollout.configs[0].max_concurrent_rollouts == 32 // (2 * dp)
+    assert all(len(senders) == 2 for senders in grouping(2 * dp, dp).values())
 
 
 def test_worker_configs_carry_the_root_values_not_their_own_defaults():

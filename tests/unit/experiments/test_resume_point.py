@@ -86,3 +86,36 @@ def test_a_fresh_trial_hands_the_workers_no_checkpoint(tmp_path):
     specs = initial_setup(_cfg(tmp_path, "auto"))
     assert all(not w.recover and w.recover_path == "" for w in _model_workers(specs))
     assert resumed_from(specs) is None
+
+
+def _checkpoint_of_a_run_with(run_dir, rollout_workers):
+    torch.set_num_threads(1)
+    with open_engines(engine_config()) as (actor,):
+        extra = {"version": 1, "step": 1, "rollout_workers": rollout_workers}
+        recover_ckpt.save(recover_dir(run_dir), {"actor": actor}, 0, 1, actor.device, extra=extra)
+
+
+def _rollout_workers(specs):
+    spec = next(s for s in specs if s.worker_type == "rollout_worker")
+    master = next(s.configs[0] for s in specs if s.worker_type == "master_worker")
+    assert spec.count == len(spec.configs) == master.expected_workers["rollout_worker"]
+    return spec.count
+
+
+def test_a_resumed_run_keeps_the_rollout_workers_its_prompt_orders_are_sharded_over(tmp_path):
+    cfg = _cfg(tmp_path, "resume")
+    _checkpoint_of_a_run_with(trial_files_of(cfg).run_dir, rollout_workers=4)  # a DP=2 run's default
+    assert _rollout_workers(initial_setup(cfg)) == 4  # resumed at DP=1, where the default is 2
+    cfg.rollout.n_workers = 4
+    assert _rollout_workers(initial_setup(cfg)) == 4
+    cfg.rollout.n_workers = 3  # another count would resume each worker's place in another shard
+    with pytest.raises(ConfigError, match="rollout.n_workers=3, but the run this one resumes .* had 4 rollout workers"):
+        initial_setup(cfg)
+
+
+def test_a_resumed_run_with_too_few_rollout_workers_for_its_dp_size_is_refused_saying_why(tmp_path):
+    cfg = compose_config([f"cluster.fileroot={tmp_path}", "trial_name=t", "recover_mode=resume",
+                          "allocation_mode=native.d1m1p1+d2m1p1"])  # fmt: skip
+    _checkpoint_of_a_run_with(trial_files_of(cfg).run_dir, rollout_workers=1)
+    with pytest.raises(ConfigError, match="rollout.n_workers=0 keeps the 1 rollout workers of the run it resumes"):
+        initial_setup(cfg)

@@ -304,7 +304,7 @@ REFUSED = [
     ("exp_ctrl.eval_freq_steps", -1, "exp_ctrl.eval_freq_steps must be >= 0, got -1"),
     ("stall_timeout", 0.0, "stall_timeout must be > 0, got 0.0"),
     ("stall_timeout", MAX_TIMEOUT_SECONDS * 1.01, TIMEOUT_RULE),
-    ("rollout.n_workers", 0, "rollout.n_workers must be > 0, got 0"),
+    ("rollout.n_workers", -1, "rollout.n_workers must be >= 0, got -1"),
     (
         "rollout.agent.success_rate_lb",
         -0.001,
@@ -494,7 +494,7 @@ ACCEPTED = [
     ("exp_ctrl.eval_freq_steps", 0),
     ("stall_timeout", 0.001),
     ("stall_timeout", MAX_TIMEOUT_SECONDS),
-    ("rollout.n_workers", 1),
+    ("rollout.n_workers", 0),
     ("rollout.agent.success_rate_lb", 0.0),
     ("rollout.agent.success_rate_ub", 1.0),
     ("rollout.agent.num_turns", 1),
