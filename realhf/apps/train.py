@@ -214,7 +214,56 @@ def claim_trial(cfg: AsyncPPOConfig) -> Optional[str]:
     return None
 
 
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM while no launcher watches: in the set-up, the evaluations before and
+    after training, between a trial's launches. A BaseException, as KeyboardInterrupt is, so that
+    no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Stage:
+    """What the run is doing outside its launches, for the line an interruption prints."""
+
+    def __init__(self) -> None:
+        self.now = "the set-up"
+
+
 def run(cfg: AsyncPPOConfig) -> int:
+    """The run, with SIGINT and SIGTERM outside a launch (which handles them itself) ending it
+    with one line and the signal's exit code: no traceback, and no asyncio task or grader process
+    left half-stopped."""
+    stage = Stage()
+
+    def on_signal(signum, frame):
+        raise RunInterrupted(signum)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return run_locked(cfg, stage)
+    except RunInterrupted as e:
+        code = 128 + e.signum
+        resume = (
+            ""
+            if stage.now == "the set-up"
+            else "; recover_mode=auto continues from the last recovery checkpoint, if any"
+        )
+        print(
+            f"run interrupted (exit {code}): {e} during {stage.now}; every process stopped{resume}; "
+            f"logs in {trial_files_of(cfg).log_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def run_locked(cfg: AsyncPPOConfig, stage: Stage) -> int:
+    """The run, its config checked, with the trial's lock and lease held."""
     try:
         specs = initial_setup(cfg)
     except (ConfigError, ValueError) as e:
@@ -249,7 +298,7 @@ def run(cfg: AsyncPPOConfig) -> int:
         print(f"config error: {e}" if held else f"run failed (exit 1): {e}", file=sys.stderr)
         return 2 if held else 1
     try:
-        return run_trial(cfg, specs, launchers)
+        return run_trial(cfg, specs, launchers, stage)
     finally:
         if lease is not None:
             lease.release()
@@ -266,8 +315,8 @@ def stop_this_run(why: str, launchers: List[Supervisor]) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[List[Supervisor]] = None) -> int:
-    """The run, with the trial's lock held."""
+def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: List[Supervisor], stage: Stage) -> int:
+    """The run, with the trial's lock held; `stage` follows what it does outside its launches."""
     # After the config checks: a run refused for a bad value must not have deleted anything.
     refused = claim_trial(cfg)
     if refused is not None:
@@ -287,15 +336,18 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[
 
     before = {}
     if cfg.evaluation.n_prompts > 0:
+        stage.now = "the evaluation before training"
         before = evaluate(cfg.actor.path, cfg)
         print(evaluation_line("before training:", before, None, cfg), flush=True)
 
     restarts = TrialRestarts(cfg.cluster.restart_policy)
     while True:
+        stage.now = "the trial's start"
         launcher, error = launch(cfg, specs, paths, launchers)
         death = None if error is None else death_of(error, cfg.cluster.restart_policy)
         if death is None:
             break
+        stage.now = "the trial's restart"
         specs, refusal = restart_specs(cfg, death, restarts)
         if refusal is not None:
             error = with_refusal(error, refusal)
@@ -303,6 +355,7 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: Optional[
     if error is not None:
         return failed(error, paths)
 
+    stage.now = "the final report (training had finished)"
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
     final = latest_weights(paths)

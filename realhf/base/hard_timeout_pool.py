@@ -52,6 +52,9 @@ def _worker_main() -> None:
     import importlib
 
     spec = json.loads(sys.argv[1])
+    # A terminal's Ctrl-C reaches the whole process group: the parent decides when its pool ends
+    # (it closes our stdin or kills us), not the key.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Replies go on a private copy of stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)

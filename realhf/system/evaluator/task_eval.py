@@ -156,7 +156,20 @@ class TaskEval:
         """`k` episodes per row at `temperature` (0: greedy); the result of `summarize`."""
         if k < 1:
             raise ValueError(f"answers per prompt must be >= 1, got {k}")
-        return self._loop.run_until_complete(self._run(float(temperature), k))
+        try:
+            return self._loop.run_until_complete(self._run(float(temperature), k))
+        except BaseException:  # KeyboardInterrupt, the launcher's stop: end every episode first
+            self._cancel_episodes()
+            raise
+
+    def _cancel_episodes(self) -> None:
+        """Cancel the episodes still running and let them unwind, so that none is destroyed
+        pending (asyncio logs each) and none is left waiting on the grader's pool."""
+        tasks = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks and not self._loop.is_running():
+            self._loop.run_until_complete(asyncio.wait(tasks, timeout=5.0))
 
     async def _run(self, temperature: float, k: int) -> Dict[str, Any]:
         self.client.broken = None

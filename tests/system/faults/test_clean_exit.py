@@ -59,6 +59,29 @@ def test_a_second_sigterm_stops_every_process_at_once_and_exits_143(tmp_path, no
     _interrupted_run_stops_everything(tmp_path, "sigterm", twice, 143, said)
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_the_evaluation_before_training_ends_the_run_in_one_line(tmp_path, sig, no_leftover_processes):
+    # The first seconds of the README's command: no launcher watches yet, and the evaluation has
+    # episodes in flight on the grader's process pool. Ctrl-C goes to the whole process group (the
+    # pool too), SIGTERM to the entry point only, as a process manager sends it.
+    overrides = [o for o in SMALL_RUN if not o.startswith("evaluation.n_prompts=")]  # the default's 500
+    run = Run(tmp_path, "eval-" + sig.name, *overrides, own_process_group=True)
+    try:
+        run.wait_for("the evaluation's engine", lambda: "evaluation: static_kv runner" in run.output(), 120, 0.05)
+        run.track()  # the grader's pool among what must be gone
+        (os.killpg if sig == signal.SIGINT else os.kill)(run.proc.pid, sig)
+        code = run.finish(timeout=60)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 128 + sig, out[-4000:]
+    assert f"run interrupted (exit {128 + sig}): {sig.name} during the evaluation before training" in out, out[-3000:]
+    # One line, not a traceback, nor asyncio's word for each episode destroyed while pending.
+    assert "Traceback" not in out and "Task was destroyed" not in out, out[-4000:]
+    assert run.leftovers() == []
+
+
 def _killed_worker_stops_the_run(tmp_path, trial, worker, name):
     run = Run(tmp_path, trial, "exp_ctrl.benchmark_steps=1000", *SMALL_RUN, "cluster.restart_policy.trial_restarts=0")
     try:
