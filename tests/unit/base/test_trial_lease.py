@@ -69,7 +69,11 @@ def holder(redis_url, trial):
         proc.stdout.close()
 
 
-def test_the_lease_holds_who_runs_the_trial_with_the_ttl_and_outlives_it_while_held(config, trial, redis_client):
+def test_the_lease_holds_who_runs_the_trial_with_the_ttl_and_outlives_it_while_held(redis_url, trial, redis_client):
+    # A TTL of 3 s, renewed every 1 s: the renewing thread may stall up to 2 s without the lease
+    # lapsing. At the other tests' 1 s (renewed every 0.33 s) it once lapsed beside another test.
+    ttl = 3.0
+    config = NameResolveConfig(type="redis", redis_url=redis_url, keepalive_ttl=ttl)
     lease = trial_lease(config, EXP, trial).acquire()
     try:
         key = names.trial_lease(EXP, trial)
@@ -77,8 +81,8 @@ def test_the_lease_holds_who_runs_the_trial_with_the_ttl_and_outlives_it_while_h
         record = json.loads(redis_client.get(key))
         assert record["host"] == socket.gethostname() and record["pid"] == os.getpid()
         assert abs(record["started"] - time.time()) < 60 and record["cmdline"]
-        assert 0 < redis_client.pttl(key) <= TTL * 1000
-        time.sleep(3 * TTL)  # renewed every TTL/3
+        assert 0 < redis_client.pttl(key) <= ttl * 1000
+        time.sleep(2 * ttl)  # renewed every ttl/3
         assert json.loads(redis_client.get(key)) == record
     finally:
         lease.release()
