@@ -41,7 +41,7 @@ from realhf.experiments.external_servers import check_external_servers_answer
 from realhf.experiments.file_validation import server_context
 from realhf.experiments.gpu_layout import run_placement
 from realhf.experiments.validate import validate_experiment
-from realhf.experiments.validation import ConfigError, check_rollout_workers, rollout_workers, rollouts_per_worker
+from realhf.experiments.validation import ConfigError, resumed_rollout_workers, rollouts_per_worker
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.impl.dataset.prompt_dataset import count_prompts
 from realhf.scheduler.worker_spec import WorkerSpec
@@ -167,22 +167,9 @@ def initial_setup(cfg: AsyncPPOConfig) -> List[WorkerSpec]:
         run_dir=files.run_dir,
         trained_groups_at_start=int(resume.get("training_samples", 0)),
     )
-    resumed_workers = int(resume.get("rollout_workers", 0))
-    if resumed_workers and cfg.rollout.n_workers not in (0, resumed_workers):
-        raise ConfigError(
-            f"rollout.n_workers={cfg.rollout.n_workers}, but the run this one resumes ({point[0]}) had "
-            f"{resumed_workers} rollout workers, each with its own shard of the prompts and its place in it: "
-            f"resume with rollout.n_workers={resumed_workers} (or 0, the default, which keeps it), or start a new trial"
-        )
-    n_rollout = rollout_workers(cfg, alloc.train.dp, resumed=resumed_workers)
-    if n_rollout != rollout_workers(cfg, alloc.train.dp):  # validation checked the other count
-        check_rollout_workers(
-            cfg,
-            alloc.train.dp,
-            n_rollout,
-            whose=f"rollout.n_workers=0 keeps the {n_rollout} rollout workers of the run it resumes (its prompt "
-            "orders are sharded over them)",
-        )
+    n_rollout = resumed_rollout_workers(
+        cfg, alloc.train.dp, int(resume.get("rollout_workers", 0)), str(point[0]) if point else ""
+    )
     rollout = from_root(
         RolloutWorkerConfig,
         cfg,

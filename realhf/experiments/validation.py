@@ -755,6 +755,28 @@ def rollout_workers(cfg: AsyncPPOConfig, dp: int, resumed: int = 0) -> int:
     return cfg.rollout.n_workers or resumed or 2 * dp
 
 
+def resumed_rollout_workers(cfg: AsyncPPOConfig, dp: int, resumed: int, checkpoint: str) -> int:
+    """The rollout workers of a run that resumes `checkpoint`, whose run had `resumed` (0: none
+    recorded, or a fresh start): each worker's prompt order is its own shard of the prompts, so
+    the count must stay; checked here, since validation saw only the config's count."""
+    if resumed and cfg.rollout.n_workers not in (0, resumed):
+        raise ConfigError(
+            f"rollout.n_workers={cfg.rollout.n_workers}, but the run this one resumes ({checkpoint}) had "
+            f"{resumed} rollout workers, each with its own shard of the prompts and its place in it: "
+            f"resume with rollout.n_workers={resumed} (or 0, the default, which keeps it), or start a new trial"
+        )
+    n_workers = rollout_workers(cfg, dp, resumed)
+    if n_workers != rollout_workers(cfg, dp):
+        check_rollout_workers(
+            cfg,
+            dp,
+            n_workers,
+            whose=f"rollout.n_workers=0 keeps the {n_workers} rollout workers of the run it resumes (its prompt "
+            "orders are sharded over them)",
+        )
+    return n_workers
+
+
 def check_rollout_workers(cfg: AsyncPPOConfig, dp: int, n_workers: int, whose: str = "") -> None:
     """Whether `n_workers` rollout workers can feed `dp` ranks; `whose` says where the count came
     from when it is not rollout.n_workers."""
