@@ -45,8 +45,12 @@ def test_sft_at_dp2_with_lora_feeds_an_rl_run_that_trains_every_step(tmp_path, n
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-5000:]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1)), output[-3000:]
-    for m in metrics:  # every step trained: a finite loss and a gradient
-        assert math.isfinite(m["loss"]) and m["grad_norm"] > 0 and m["skipped_steps"] == 0, m
+    for m in metrics:  # every step trained: a finite loss, no skipped step, and a gradient where one is due
+        assert math.isfinite(m["loss"]) and m["skipped_steps"] == 0, m
+        # The fine-tuned model answers some prompts the same way every time: a step whose groups all
+        # scored their samples alike has advantages of 0 and so no gradient (CI at f0db3f5: step 1,
+        # four such groups of four). Any spread in a group must give a gradient.
+        assert m["grad_norm"] > 0 or m["frac_reward_zero_std"] == 1.0, m
     # The generation server served the SFT output, and the trainer loaded the same weights: its
     # log-probs of the first step's samples are the server's (the model it was fine-tuned from: 5e-3 mean, measured).
     assert f"serving {out} " in (log_dir / "generation_server-0.log").read_text()
