@@ -229,6 +229,7 @@ class Stage:
 
     def __init__(self) -> None:
         self.now = "the set-up"
+        self.lease_lost = False  # another launch took the trial: nothing here to resume
 
 
 def run(cfg: AsyncPPOConfig) -> int:
@@ -245,11 +246,12 @@ def run(cfg: AsyncPPOConfig) -> int:
         return run_locked(cfg, stage)
     except RunInterrupted as e:
         code = 128 + e.signum
-        resume = (
-            ""
-            if stage.now == "the set-up"
-            else "; recover_mode=auto continues from the last recovery checkpoint, if any"
-        )
+        if stage.lease_lost:
+            resume = "; the trial is the other launch's now"
+        elif stage.now == "the set-up":
+            resume = ""
+        else:
+            resume = "; recover_mode=auto continues from the last recovery checkpoint, if any"
         print(
             f"run interrupted (exit {code}): {e} during {stage.now}; every process stopped{resume}; "
             f"logs in {trial_files_of(cfg).log_dir}",
@@ -286,7 +288,7 @@ def run_locked(cfg: AsyncPPOConfig, stage: Stage) -> int:
             cfg.cluster.name_resolve,
             cfg.experiment_name,
             cfg.trial_name,
-            on_lost=lambda why: stop_this_run(why, launchers),
+            on_lost=lambda why: stop_this_run(why, launchers, stage),
         )
         if lease is not None:
             lease.acquire()
@@ -305,11 +307,12 @@ def run_locked(cfg: AsyncPPOConfig, stage: Stage) -> int:
         lock.release()
 
 
-def stop_this_run(why: str, launchers: List[Supervisor]) -> None:
+def stop_this_run(why: str, launchers: List[Supervisor], stage: Stage) -> None:
     """The trial's lease went to another launch, which clears and reuses the trial's keys: stop at
     once (SIGTERM with no grace: the launcher stops every worker and exits 143) rather than fight
     over them — a graceful stop would ask the other launch's master for a checkpoint."""
     print(f"stopping this run: {why}", file=sys.stderr, flush=True)
+    stage.lease_lost = True
     for launcher in launchers:
         launcher.stop_grace, launcher.owns_keys = 0.0, False
     os.kill(os.getpid(), signal.SIGTERM)

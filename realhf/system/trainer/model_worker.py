@@ -380,7 +380,8 @@ class ModelWorker(Worker):
         if dropped:
             self._dropped_qids += [g.qid for g in dropped]
             oldest = min(g.version_start for g in dropped)
-            self.logger.warning(
+            # Info, not a warning: what max_head_offpolicyness asks for (the step line counts them).
+            self.logger.info(
                 f"dropped {len(dropped)} stale groups (version_start >= {oldest}, need >= "
                 f"{self.version - self._buffer.eta} at version {self.version}); {self._buffer.n_stale_dropped} in total; "
                 f"qids {' '.join(g.qid for g in dropped)}"

@@ -127,3 +127,33 @@ def test_a_second_launch_of_a_live_trial_on_another_file_system_is_refused_by_th
         first.stop()
     _finished_with_every_step(first, code, LIVE_STEPS)
     assert client.get(names.trial_lease(EXPERIMENT, "same")) is None
+
+
+@pytest.mark.e2e
+def test_a_lease_taken_by_another_launch_during_the_evaluation_stops_the_run_in_one_line(
+    tmp_path, shared_redis, no_leftover_processes
+):
+    # The lease is held from before the evaluation that precedes training; there no launcher
+    # watches yet, so the entry point itself stops, and its one line must not offer to resume a
+    # trial that another launch now owns. Small evaluation batches keep the evaluation going for
+    # many renewals (TTL 3 s: renewed every second).
+    url, client = shared_redis
+    key = names.trial_lease(EXPERIMENT, "taken")
+    overrides = [o for o in _overrides(url) if not o.startswith("evaluation.n_prompts=")]
+    run = Run(tmp_path, "taken", *overrides, "evaluation.batch_size=4", "cluster.name_resolve.keepalive_ttl=3")
+    other = json.dumps({"host": "elsewhere", "pid": 4242, "started": 0, "cmdline": "the other launch"})
+    try:
+        run.wait_for("the evaluation's engine", lambda: "evaluation: static_kv runner" in run.output(), 120, 0.05)
+        assert json.loads(client.get(key))["pid"] == run.proc.pid
+        client.set(key, other, ex=60)  # as if it had expired in a stall and another launch took it
+        code = run.finish(timeout=60)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 143, out[-4000:]
+    assert "stopping this run: the trial's lease" in out and "taken by pid 4242 on host elsewhere" in out, out[-3000:]
+    line = "run interrupted (exit 143): SIGTERM during the evaluation before training; every process stopped; "
+    assert line + "the trial is the other launch's now; logs in " in out, out[-3000:]
+    assert "recover_mode=auto" not in out and "Traceback" not in out, out[-3000:]
+    assert client.get(key) == other  # the other launch's lease, neither renewed nor deleted by this run
+    assert run.leftovers() == []
