@@ -1,10 +1,12 @@
 """Fixtures shared across the test tree: the `slow` switch, a real Redis and name resolve, the
 leftover-process check, tiny models and the live servers (native generation server, manager)."""
 
+import json
 import os
 
 import pytest
 
+from helpers import wait
 from helpers.native_server import CONTEXT, SMALL_CONTEXT, SMALL_SLOTS, serve_native
 
 
@@ -36,6 +38,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def tightest_wait(request):
+    """This test's wait that came nearest its timeout, as a property in the lane's JUnit report
+    (helpers.wait; scripts.slowest_tests prints the run's tightest)."""
+    first = len(wait.WAITS)
+    yield
+    mine = wait.WAITS[first:]
+    del wait.WAITS[first:]
+    if mine:
+        took, timeout, what = max(mine, key=lambda w: w[0] / w[1])
+        request.node.user_properties.append(("tightest_wait", json.dumps([round(took, 2), timeout, what])))
 
 
 # ---- processes and name resolve ------------------------------------------------------------------

@@ -20,7 +20,7 @@ import psutil
 from helpers import shared_template
 from helpers.http import http
 from helpers.paths import REPO
-from helpers.wait import wait_for
+from helpers.wait import record_wait, wait_for
 from realhf.base.trial_files import TrialFiles, read_metrics
 
 EXPERIMENT = "async-ppo"  # training/configs/async-ppo.yaml's experiment_name
@@ -154,6 +154,7 @@ def success_thirds(metrics):
 def run_training(tmp_path, trial, *overrides, timeout=900, env=None, launch_dir=REPO):
     """Run to the end, launched from `launch_dir`; returns (CompletedProcess, metrics.jsonl rows,
     the trial's log dir)."""
+    start = time.monotonic()
     proc = subprocess.run(
         training_command(tmp_path, trial, *overrides, launch_dir=launch_dir),
         cwd=launch_dir,
@@ -162,6 +163,7 @@ def run_training(tmp_path, trial, *overrides, timeout=900, env=None, launch_dir=
         timeout=timeout,
         env=env,
     )
+    record_wait(time.monotonic() - start, timeout, f"run {trial} to its end")
     log_dir = trial_log_dir(tmp_path, trial)
     return proc, read_metrics(log_dir), log_dir
 
@@ -300,7 +302,8 @@ class Run:
     def finish(self, timeout: float = 900) -> int:
         """The run's exit code; fails naming the steps done and the output's end if it is still
         running after `timeout` s (the caller's `stop` then ends it)."""
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
         try:
             while self.proc.poll() is None and time.monotonic() < deadline:
                 self.track()
@@ -310,6 +313,7 @@ class Run:
                     f"the run did not end within {timeout:.0f}s ({len(self.metrics())} steps done):\n"
                     + self.output()[-4000:]
                 )
+            record_wait(time.monotonic() - start, timeout, f"run {self.trial} to its end")
             return self.proc.returncode
         finally:
             self._out.close()
