@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -426,7 +427,12 @@ class FSDPEngine(TrainEngine):
             return shared_prompt_logits(
                 self.model, mb.input_ids, mb.attention_mask, mb.group_ids, prompt_lens
             )  # [n, t, V]
-        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
+        with warnings.catch_warnings():
+            # FSDP2 warns that a value head's output is a view, which an in-place op would cut off
+            # from its all-gather; every reader of it here works out of place
+            # (realhf.system.trainer.actor.token_values, sequence_scores).
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
+            return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:
         return mb.to(self.device)

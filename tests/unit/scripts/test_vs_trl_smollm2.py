@@ -286,6 +286,8 @@ def test_half_a_pair_from_another_host_is_run_again_and_another_protocol_is_refu
         race.main(["--seeds", "4", "--work-dir", work])
 
 
+# peft's get_peft_model, called here directly, asks transformers a deprecated question.
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 def test_a_trl_peft_save_is_merged_into_its_base_for_the_evaluator(tmp_path):
     peft = pytest.importorskip("peft")
     import torch

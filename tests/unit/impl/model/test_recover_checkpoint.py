@@ -52,6 +52,7 @@ def _save(path, actor, critic, **extra):
 
 
 @pytest.mark.parametrize("shard_single_rank", [False, True], ids=["unwrapped", "fsdp"])
+@pytest.mark.filterwarnings("error:FSDP2-wrapped module:UserWarning")  # the critic's output, read out of place
 def test_fresh_engines_resume_exactly_where_the_saved_ones_were(tmp_path, shard_single_rank):
     path = tmp_path / "recover"
     with open_engines(*_configs(shard_single_rank)) as (actor, critic):
