@@ -34,17 +34,25 @@ def ray_processes() -> Dict[int, str]:
     return found
 
 
-def marked_processes() -> List[Tuple[int, str]]:
-    """(pid, command line) of live processes that carry a trial marker (every worker and its
-    children do, and so do the daemons of a Ray cluster the launcher started)."""
+def marked_processes(marker: str) -> List[Tuple[int, str]]:
+    """(pid, command line) of live processes that carry the trial marker of the launch whose
+    marker is `marker` (every worker and its children do — under Ray `<marker>/<worker>` — and
+    so do the daemons of a Ray cluster the launcher started). Another launch's (a test beside
+    this one) carry markers of their own."""
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if MARKER_ENV in p.environ() and p.status() != psutil.STATUS_ZOMBIE:
+            value = p.environ().get(MARKER_ENV)
+            if value is not None and value.split("/")[0] == marker and p.status() != psutil.STATUS_ZOMBIE:
                 found.append((p.pid, " ".join(p.info["cmdline"] or [])))
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def launch_marker(worker_pid: int) -> str:
+    """The trial marker of the launch that started the live worker `worker_pid`."""
+    return psutil.Process(worker_pid).environ()[MARKER_ENV].split("/")[0]
 
 
 def _alive(p: psutil.Process) -> bool:

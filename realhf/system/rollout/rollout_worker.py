@@ -570,9 +570,15 @@ class RolloutWorker(AsyncWorker):
                 await self.manager.finish_rollout(qid, True, 0)
             except GenerationError:  # 404: the manager already knows it ended
                 pass
-        # The refused prompt too: it may have been admitted just before the death, unrecorded.
-        extra = [self.refused_at_death] if self.refused_at_death else []
-        r = await self.manager.abandon_rollouts(lost + extra) if lost or extra else {"abandoned": 0}
+        r = await self.manager.abandon_rollouts(lost) if lost else {"abandoned": 0}
+        # The refused prompt too: a retry may have been admitted just before the death, unrecorded
+        # (it runs first again either way: _load_record queued it). Apart, so that the line below
+        # adds up: pushed + released = left.
+        late = (
+            (await self.manager.abandon_rollouts([self.refused_at_death])).get("abandoned")
+            if self.refused_at_death
+            else 0
+        )
         readmitted = self._queue_rerun(
             [[previous[q].get("query_id"), q] for q in lost if state[q] != "ended" and isinstance(previous[q], dict)]
         )
@@ -582,6 +588,7 @@ class RolloutWorker(AsyncWorker):
             f"restarted: previous incarnation left {len(previous)} groups in flight: "
             f"{len(pushed)} already pushed (reported finished), {r.get('abandoned')} slots "
             f"released at the manager, {readmitted} prompts re-admitted first"
+            + ("; the prompt refused as it died had been admitted after all: its slot released too" if late else "")
         )
 
     def _count(self, traj: Trajectory) -> None:

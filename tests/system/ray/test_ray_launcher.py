@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from helpers.ray_cluster import describe, marked_processes, three_nodes, unshared_node, wait_gone
+from helpers.ray_cluster import describe, launch_marker, marked_processes, three_nodes, unshared_node, wait_gone
 from helpers.training_runs import SMALL_RUN, Run, run_training
 
 pytest.importorskip("ray")
@@ -21,15 +21,9 @@ def _placement(run: Run) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _new_marked(before) -> list:
-    known = {pid for pid, _ in before}
-    return [(pid, cmd) for pid, cmd in marked_processes() if pid not in known]
-
-
 @pytest.mark.e2e
 @pytest.mark.slow  # CI time: the SIGINT test below trains on Ray too
 def test_thirty_steps_across_two_nodes_with_the_generation_server_killed_and_restarted(tmp_path):
-    marked_before = marked_processes()
     with three_nodes() as (address, node_ids):
         run = Run(
             tmp_path,
@@ -45,6 +39,7 @@ def test_thirty_steps_across_two_nodes_with_the_generation_server_killed_and_res
         try:
             run.wait_steps(3, timeout=300)
             placed = _placement(run)
+            marker = launch_marker(placed["model_worker/0"]["pid"])  # this launch's, not a test's beside it
             assert placed["generation_server/0"]["node_id"] == node_ids["node_a"], placed
             assert placed["model_worker/0"]["node_id"] == node_ids["node_b"], placed
             victim = placed["generation_server/0"]["pid"]
@@ -65,7 +60,8 @@ def test_thirty_steps_across_two_nodes_with_the_generation_server_killed_and_res
         # Three nodes: every worker binds its node's address, not loopback.
         manager = OmegaConf.load(run.log_dir / "configs" / "gserver_manager-0.yaml")
         assert manager.config.host == after["gserver_manager/0"]["ip"] != "127.0.0.1"
-        assert wait_gone([pid for pid, _ in _new_marked(marked_before)], "the trial's processes") == []
+        left = wait_gone([pid for pid, _ in marked_processes(marker)], "the trial's processes")
+        assert left == [], describe(left)
 
 
 def _ray_descendants(run: Run) -> set:
