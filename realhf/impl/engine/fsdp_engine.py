@@ -268,6 +268,12 @@ class FSDPEngine(TrainEngine):
         # The root's weights (embeddings, final norm, LM head) are the first the backward needs:
         # keep them gathered from forward to backward instead of gathering them twice.
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        if self.config.value_head:
+            # FSDP2 warns that a value head's output is a view, which an in-place op would cut off
+            # from its all-gather; every reader of it here works out of place
+            # (realhf.system.trainer.actor.token_values, sequence_scores). Set once here, not
+            # around each forward: changing the filters resets every once-only warning.
+            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 # Sum, not average, gradients over ranks: each rank's loss is already divided by
@@ -427,12 +433,7 @@ class FSDPEngine(TrainEngine):
             return shared_prompt_logits(
                 self.model, mb.input_ids, mb.attention_mask, mb.group_ids, prompt_lens
             )  # [n, t, V]
-        with warnings.catch_warnings():
-            # FSDP2 warns that a value head's output is a view, which an in-place op would cut off
-            # from its all-gather; every reader of it here works out of place
-            # (realhf.system.trainer.actor.token_values, sequence_scores).
-            warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor", UserWarning)
-            return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        return self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits  # [n, t, V]
 
     def _on_device(self, mb: TrainBatch) -> TrainBatch:
         return mb.to(self.device)
