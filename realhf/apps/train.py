@@ -214,14 +214,21 @@ def claim_trial(cfg: AsyncPPOConfig) -> Optional[str]:
     return None
 
 
-class RunInterrupted(BaseException):
+class RunInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM while no launcher watches: in the set-up, the evaluations before and
-    after training, between a trial's launches. A BaseException, as KeyboardInterrupt is, so that
-    no `except Exception` on the way swallows it."""
+    after training, between a trial's launches. A KeyboardInterrupt, not a plain BaseException:
+    asyncio lets only KeyboardInterrupt and SystemExit out of a callback (any other is logged and
+    dropped), and the evaluation's event loop runs callbacks most of the time, so a signal landing
+    in one went unnoticed and the run trained on."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def raise_interrupted(signum: int, frame: Any) -> None:
+    """The handler `run` installs: the signal becomes RunInterrupted wherever the main thread is."""
+    raise RunInterrupted(signum)
 
 
 class Stage:
@@ -237,11 +244,7 @@ def run(cfg: AsyncPPOConfig) -> int:
     with one line and the signal's exit code: no traceback, and no asyncio task or grader process
     left half-stopped."""
     stage = Stage()
-
-    def on_signal(signum, frame):
-        raise RunInterrupted(signum)
-
-    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run_locked(cfg, stage)
     except RunInterrupted as e:

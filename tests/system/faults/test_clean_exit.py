@@ -78,7 +78,8 @@ def test_a_signal_during_the_evaluation_before_training_ends_the_run_in_one_line
     assert code == 128 + sig, out[-4000:]
     assert f"run interrupted (exit {128 + sig}): {sig.name} during the evaluation before training" in out, out[-3000:]
     # One line, not a traceback, nor asyncio's word for each episode destroyed while pending.
-    assert "Traceback" not in out and "Task was destroyed" not in out, out[-4000:]
+    # "Exception in callback": asyncio dropped the interruption and the run went on (RunInterrupted).
+    assert all(w not in out for w in ("Traceback", "Task was destroyed", "Exception in callback")), out[-4000:]
     assert run.leftovers() == []
 
 
