@@ -226,17 +226,25 @@ class RunInterrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def raise_interrupted(signum: int, frame: Any) -> None:
-    """The handler `run` installs: the signal becomes RunInterrupted wherever the main thread is."""
-    raise RunInterrupted(signum)
-
-
 class Stage:
     """What the run is doing outside its launches, for the line an interruption prints."""
 
     def __init__(self) -> None:
         self.now = "the set-up"
         self.lease_lost = False  # another launch took the trial: nothing here to resume
+        self.interrupted: Optional[int] = None
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        """The handler `run` installs. Recorded as well as raised: the exception may land inside
+        a call that catches broadly (a library's best-effort clean-up); `enter` checks the record."""
+        self.interrupted = signum
+        raise RunInterrupted(signum)
+
+    def enter(self, now: str) -> None:
+        """Move on to `now`, unless a signal came during the stage that ends (and was swallowed)."""
+        if self.interrupted is not None:
+            raise RunInterrupted(self.interrupted)
+        self.now = now
 
 
 def run(cfg: AsyncPPOConfig) -> int:
@@ -244,7 +252,7 @@ def run(cfg: AsyncPPOConfig) -> int:
     with one line and the signal's exit code: no traceback, and no asyncio task or grader process
     left half-stopped."""
     stage = Stage()
-    handlers = {sig: signal.signal(sig, raise_interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {sig: signal.signal(sig, stage.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return run_locked(cfg, stage)
     except RunInterrupted as e:
@@ -342,18 +350,18 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: List[Supe
 
     before = {}
     if cfg.evaluation.n_prompts > 0:
-        stage.now = "the evaluation before training"
+        stage.enter("the evaluation before training")
         before = evaluate(cfg.actor.path, cfg)
         print(evaluation_line("before training:", before, None, cfg), flush=True)
 
     restarts = TrialRestarts(cfg.cluster.restart_policy)
     while True:
-        stage.now = "the trial's start"
+        stage.enter("the trial's start")
         launcher, error = launch(cfg, specs, paths, launchers)
         death = None if error is None else death_of(error, cfg.cluster.restart_policy)
         if death is None:
             break
-        stage.now = "the trial's restart"
+        stage.enter("the trial's restart")
         specs, refusal = restart_specs(cfg, death, restarts)
         if refusal is not None:
             error = with_refusal(error, refusal)
@@ -361,7 +369,7 @@ def run_trial(cfg: AsyncPPOConfig, specs: List[WorkerSpec], launchers: List[Supe
     if error is not None:
         return failed(error, paths)
 
-    stage.now = "the final report (training had finished)"
+    stage.enter("the final report (training had finished)")
     prune_run_dir(paths.run_dir, cfg.exp_ctrl.keep_last_saves)
     metrics = read_metrics(paths.log_dir)
     final = latest_weights(paths)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from realhf.apps.train import RunInterrupted, raise_interrupted
+from realhf.apps.train import RunInterrupted, Stage
 
 
 def later(loop, seconds):
@@ -50,7 +50,7 @@ def test_a_real_signal_during_a_loop_busy_in_callbacks_ends_it():
         if time.monotonic() < deadline:
             loop.call_soon(busy)
 
-    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    previous = signal.signal(signal.SIGUSR1, Stage().on_signal)
     # From another process, as a real interruption comes: a thread of this one waits for the GIL,
     # which a loop this busy can keep from it for seconds.
     sender = subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -USR1 {os.getpid()}"])
@@ -65,3 +65,17 @@ def test_a_real_signal_during_a_loop_busy_in_callbacks_ends_it():
         sender.wait(timeout=10)
         signal.signal(signal.SIGUSR1, previous)
         loop.close()
+
+
+def test_a_signal_swallowed_on_the_way_ends_the_run_at_the_next_stage():
+    # A broad `except` in a library can still catch RunInterrupted; the record of the signal
+    # ends the run when it moves on, blaming the stage the signal came in.
+    stage = Stage()
+    stage.enter("the evaluation before training")
+    try:
+        stage.on_signal(signal.SIGTERM, None)
+    except BaseException:  # noqa: BLE001 - what a careless library does
+        pass
+    with pytest.raises(RunInterrupted) as e:
+        stage.enter("the trial's start")
+    assert e.value.signum == signal.SIGTERM and stage.now == "the evaluation before training"
