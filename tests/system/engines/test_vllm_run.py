@@ -56,8 +56,11 @@ def test_a_killed_vllm_server_is_restarted_with_the_current_weights_and_the_run_
     tmp_path, no_leftover_processes
 ):
     """vLLM's server (the generation server worker's child) SIGKILLed mid-run: the worker sees it
-    exit and exits, the launcher restarts the worker, which starts a new vLLM server on the
-    trainer's current weights; the requests it held are resubmitted, none fails, nothing of the
+    exit and exits, the launcher restarts the worker, which starts a new vLLM server that is routed
+    only once it holds trained weights (the newest version on disk as it starts, or, where the
+    trainer has written none since (it waits for data; its last broadcast went through before the
+    kill), the current version sent again over the weight group); the requests it held are
+    resubmitted, none fails, nothing of the
     killed server (its engine core included) is left, and the run completes every step. With one
     server the rollouts must wait for the new one, so the run outlasts the restart at any speed."""
     steps = 10
@@ -83,13 +86,25 @@ def test_a_killed_vllm_server_is_restarted_with_the_current_weights_and_the_run_
             s = run.manager_status()
             return s and [x for x in s["servers"] if x["url"] != victim_url] and s
 
-        run.wait_for("the restarted vLLM server to be routed", rejoined, 400)
+        status = run.wait_for("the restarted vLLM server to be routed", rejoined, 400)
         rejoin_s = time.monotonic() - t_kill
         log0 = run.log("generation_server-0")
         assert re.search(r"vllm server \S+ exited with code -9", log0), log0[-3000:]
         assert "realhf launcher: restart 1 of generation_server/0" in log0, log0[-3000:]
-        loaded = re.search(r"trainer is at version (\d+): loading published version (\d+)", log0)
-        assert loaded and int(loaded.group(2)) >= 1, log0[-3000:]
+        new_url = next(x["url"] for x in status["servers"] if x["url"] != victim_url)
+        manager_log = run.log("gserver_manager-0")
+        routed = re.search(
+            rf"generation server {re.escape(new_url)} (?:caught up with the trainer's weights \(it reported "
+            r"version|routed at weight version) (\d+)",
+            manager_log,
+        )
+        assert routed and int(routed.group(1)) >= 1, manager_log[-3000:]
+        loaded = re.search(r"trainer is at version \d+: loading published version [1-9]", log0)
+        resent = re.search(
+            rf"version [1-9]\d* sent again while the trainer waits for data: \[[^\]]*{re.escape(new_url)}",
+            run.log("model_worker-0"),
+        )
+        assert loaded or resent, log0[-2000:] + run.log("model_worker-0")[-2000:]
         code = run.finish()
         out = run.output()
         assert code == 0, out[-5000:]
