@@ -37,6 +37,7 @@ def test_run_interrupted_raised_in_a_callback_ends_the_event_loop():
         loop.close()
 
 
+@pytest.mark.system  # the signal's sender is a process of its own
 def test_a_real_signal_during_a_loop_busy_in_callbacks_ends_it():
     # As in the evaluation: callbacks one after the other (an engine thread's tokens, the grader's
     # futures), the coroutine awaited rarely stepped; the signal comes from outside.
