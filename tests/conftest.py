@@ -40,6 +40,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def subprocess_waits_recorded():
+    """Test code's subprocess waits with a timeout count among its waits (helpers.wait)."""
+    undo = wait.record_subprocess_waits()
+    yield
+    undo()
+
+
 @pytest.fixture(autouse=True)
 def tightest_wait(request):
     """This test's wait that came nearest its timeout, as a property in the lane's JUnit report
