@@ -31,7 +31,7 @@ def test_a_wait_and_a_run_with_a_timeout_are_recorded_naming_the_command_and_the
     assert what_run.startswith("sleep 0.2 to exit (test_wait_records.py:"), what_run
 
 
-def test_waits_without_a_timeout_that_time_out_or_that_are_not_test_code_are_not(recorded):
+def test_waits_without_a_timeout_that_time_out_that_are_not_test_code_or_grace_periods_are_not(recorded):
     proc = subprocess.Popen(["sleep", "5"])
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.1)  # the test's to report, not a wait that ended in time
@@ -39,4 +39,6 @@ def test_waits_without_a_timeout_that_time_out_or_that_are_not_test_code_are_not
     proc.wait()  # no timeout
     # A wait made by code outside tests/ (here the standard library's own) is not the suite's.
     exec(compile("proc.wait(timeout=5)", subprocess.__file__.replace("subprocess", "elsewhere"), "exec"))
+    # Nor a grace period that ends in SIGKILL rather than a failure.
+    assert wait.stop_process(subprocess.Popen(["sleep", "5"]), timeout=5) == -15
     assert recorded() == []

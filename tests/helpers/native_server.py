@@ -3,7 +3,6 @@
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import time
 import pytest
 
 from helpers.http import http
+from helpers.wait import stop_process
 
 # The inference tests' server: long enough that a pause can catch requests mid-answer; the slot
 # cache stays small (2 layers).
@@ -126,9 +126,4 @@ def launch_server(log_path, *args):
         yield proc, url
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, timeout=15)

@@ -2,6 +2,9 @@
 
 import os
 import signal
+import subprocess
+import threading
+import time
 
 import pytest
 import torch
@@ -9,6 +12,7 @@ import torch
 from helpers.http import http
 from helpers.native_server import launch_server
 from helpers.sglang_client import generate
+from helpers.wait import wait_for
 
 PROMPT = [7, 8, 9, 10]
 
@@ -64,6 +68,37 @@ def test_a_model_folder_with_a_tokenizer_is_served_text_and_sigterm_stops_the_se
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0, log_path.read_text()
     assert "stopped" in log_path.read_text()
+
+
+@pytest.mark.system
+def test_sigterm_while_a_weight_groups_rendezvous_waits_stops_the_server_in_seconds(launched):
+    """A gloo rendezvous cannot be interrupted: a server asked to stop while one waits (its sender
+    gave up on another member, which died) exits without waiting out the group's timeout (60 s)."""
+    from realhf.base.weight_group import HostedStore
+
+    proc, url, log_path = launched
+    store = HostedStore("127.0.0.1", 120)  # the sender's store; the sender itself never joins
+    body = {
+        "master_address": "127.0.0.1",
+        "master_port": store.port,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "abandoned",
+        "backend": "gloo",
+    }
+    threading.Thread(target=http, args=("POST", f"{url}/init_weights_update_group", body), daemon=True).start()
+    wait_for(lambda: store.store.num_keys() > 0, 30, "the server's rendezvous to reach the store")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server was still running 60 s after SIGTERM:\n{log_path.read_text()[-3000:]}")
+    took = time.monotonic() - t0
+    # uvicorn gives the request 5 s to finish, then cancels it; the rendezvous thread is a daemon.
+    assert took < 15, f"the server took {took:.1f}s to stop"
+    assert "stopped" in log_path.read_text()
+    store.close()
 
 
 def test_engine_options_are_the_fields_of_native_engine_config_with_their_defaults():

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from realhf.base import logging
 from realhf.base.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodySizeLimit
+from realhf.base.daemon_threads import DaemonThreads
 from realhf.base.secret import RateLimitedLog, require_secret
 from realhf.base.weight_group import WeightGroupError
 from realhf.impl.inference.engine import Engine
@@ -260,6 +261,17 @@ def _realhf_version() -> str:
         return version("realhf")
     except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
         return "unknown"
+
+
+# A gloo wait cannot be interrupted, and asyncio.to_thread's threads are joined when the server
+# stops: a rendezvous or receive stuck in a group its sender gave up on (a member died) would hold a
+# stopping server for the group's whole timeout. The weight groups' calls run on these daemon
+# threads instead (one pool per process, started as calls come); a stuck one returns at its timeout.
+_GROUP_THREADS = DaemonThreads(16, name="weight-group")
+
+
+async def _in_group_thread(call: Callable[[], Any]) -> Any:
+    return await asyncio.wrap_future(_GROUP_THREADS.submit(call))
 
 
 def create_app(
@@ -473,14 +485,15 @@ def create_app(
     async def init_weights_update_group(request: Request):
         body = await _parse(request, InitGroupBody)
         try:
-            message = await asyncio.to_thread(
-                receiver.init_group,
-                body.master_address,
-                body.master_port,
-                body.rank_offset,
-                body.world_size,
-                body.group_name,
-                body.backend,
+            message = await _in_group_thread(
+                lambda: receiver.init_group(
+                    body.master_address,
+                    body.master_port,
+                    body.rank_offset,
+                    body.world_size,
+                    body.group_name,
+                    body.backend,
+                )
             )
         except (WeightSyncRefused, WeightGroupError) as e:
             return _json({"success": False, "message": str(e)}, status=400)
@@ -501,7 +514,7 @@ def create_app(
         if body.abort_all_requests:
             await _wait(engine.abort_all(), "abort_all_requests")
         try:
-            version = await asyncio.to_thread(receiver.receive, names, dtypes, shapes, body.group_name, wanted)
+            version = await _in_group_thread(lambda: receiver.receive(names, dtypes, shapes, body.group_name, wanted))
         except VersionWentBack as e:
             update_refused["weight_version"] += 1
             update_log.event(str(e))
@@ -524,7 +537,7 @@ def create_app(
     @app.post("/destroy_weights_update_group", openapi_extra=_body_spec(GroupNameBody, required=False))
     async def destroy_weights_update_group(request: Request):
         body = await _parse(request, GroupNameBody)
-        if not await asyncio.to_thread(receiver.destroy, body.group_name):
+        if not await _in_group_thread(lambda: receiver.destroy(body.group_name)):
             # SGLang's answer to a group it does not hold
             return _json({"success": False, "message": f"weight group {body.group_name!r} was not joined"}, status=400)
         return _json({"success": True, "message": f"weight group {body.group_name!r} destroyed"})
