@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import inspect
 import json
 import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from realhf.base.daemon_threads import DaemonThreads
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", list: "array", dict: "object"}
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -81,6 +84,13 @@ class ToolResult:
         return {"role": "tool", **named, "content": self.content}
 
 
+# A synchronous tool's calls run on daemon threads of its own, at most this many at once: a call
+# that never returns (a network read without a timeout) is cut at the tool's timeout but its thread
+# cannot be, and on asyncio's default executor such threads would be joined when the worker's loop
+# ends (holding its exit for good) and, six stuck on two cores, would starve every other tool.
+SYNC_TOOL_THREADS = 16
+
+
 @dataclass
 class Tool:
     name: str
@@ -88,6 +98,7 @@ class Tool:
     parameters: Dict[str, Any]
     fn: Callable[..., Any]
     timeout: float = 10.0
+    _threads: Optional[DaemonThreads] = field(default=None, init=False, repr=False, compare=False)
 
     def schema(self) -> Dict[str, Any]:
         return {
@@ -105,7 +116,10 @@ class Tool:
             if inspect.iscoroutinefunction(self.fn):
                 value = await asyncio.wait_for(self.fn(**arguments), self.timeout)
             else:
-                value = await asyncio.wait_for(asyncio.to_thread(self.fn, **arguments), self.timeout)
+                if self._threads is None:
+                    self._threads = DaemonThreads(SYNC_TOOL_THREADS, name=f"tool-{self.name}")
+                call = self._threads.submit(functools.partial(self.fn, **arguments))
+                value = await asyncio.wait_for(asyncio.wrap_future(call), self.timeout)
         except asyncio.TimeoutError:
             return ToolResult(self.name, f"Error: {self.name} timed out after {self.timeout:g}s", True)
         except Exception as e:  # noqa: BLE001 - the model reads the error, the episode goes on

@@ -3,6 +3,7 @@ the calculator, and the tool agent end to end against a scripted model with a ch
 
 import asyncio
 import json
+import threading
 import time
 from typing import List, Optional
 
@@ -12,7 +13,7 @@ from helpers.chat_tokenizers import HERMES, tiny_tokenizer
 from realhf.api.agent import make_agent
 from realhf.api.cli_args import AgentConfig, EnvConfig, GenerationHyperparameters
 from realhf.api.env import EnvFactory
-from realhf.api.tools import ToolCall, load_tool, parse_tool_calls, run_tool_calls, tool
+from realhf.api.tools import SYNC_TOOL_THREADS, ToolCall, load_tool, parse_tool_calls, run_tool_calls, tool
 from realhf.impl.dataset.prompt_encoding import PromptEncodingError, encode_prompt
 from realhf.plugins.tools.calculator import CALCULATOR
 from realhf.system.rollout.episode import run_group
@@ -89,6 +90,35 @@ def test_calls_return_results_and_every_failure_as_text_for_the_model():
     assert results[4].content == "Error: KeyError: 'no such item'"
     assert "no tool named 'nope'; tools: add, broken, slow" in results[5].content
     assert results[0].message() == {"role": "tool", "name": "add", "content": "5"}
+
+
+def test_synchronous_calls_that_never_return_are_cut_at_the_timeout_and_hold_up_neither_the_loop_nor_other_tools():
+    gate = threading.Event()
+
+    @tool(timeout=0.2)
+    def stuck(x: int) -> str:
+        """Wait for a gate that opens at the test's end.
+
+        x: ignored
+        """
+        gate.wait(60)
+        return "late"
+
+    async def main():
+        return await asyncio.gather(*(stuck.call({"x": i}) for i in range(SYNC_TOOL_THREADS + 4)))
+
+    try:
+        t0 = time.monotonic()
+        results = asyncio.run(main())  # the loop closes without joining the stuck calls' threads
+        took = time.monotonic() - t0
+        assert took < 5, f"the loop took {took:.1f}s to end"
+        assert all(r.error and r.content == "Error: stuck timed out after 0.2s" for r in results)
+        # Another synchronous tool still answers while every thread of this one is stuck.
+        assert asyncio.run(add.call({"a": 1, "b": 2})).content == "3"
+        # A call queued behind the stuck ones is cut at its timeout too, and never runs.
+        assert asyncio.run(stuck.call({"x": 0})).content == "Error: stuck timed out after 0.2s"
+    finally:
+        gate.set()
 
 
 def test_tool_calls_are_parsed_in_the_hermes_format_with_an_error_per_malformed_one():
