@@ -55,7 +55,8 @@ def _test_caller() -> Optional[str]:
 
 def _command(args) -> str:
     words = args.split() if isinstance(args, str) else [str(a) for a in args]
-    return " ".join([os.path.basename(words[0]), *words[1:3]])[:40] if words else "?"
+    # one line: a `python -c` program's newlines would break the report's
+    return " ".join(" ".join([os.path.basename(words[0]), *words[1:3]]).split())[:40] if words else "?"
 
 
 def _recorded(method: Callable, timeout_at: int) -> Callable:
