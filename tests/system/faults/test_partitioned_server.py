@@ -117,9 +117,10 @@ def _partition_and_heal(tmp_path, mode: str, *overrides: str):
     assert "workers restarted" not in out, out[-2000:]  # a partition is not a death
     # Requests that were on the partitioned server were resubmitted, not failed.
     rollout_logs = run.log("rollout_worker-0") + run.log("rollout_worker-1")
-    if "weight_sync=distributed" not in overrides:
-        # Distributed: a version's swap aborts running requests everywhere every step, so whether
-        # any request is caught on the server at the cut is timing; none failed either way.
+    if "weight_sync=disk" in overrides:
+        # Distributed (the default): a version's swap aborts running requests everywhere every
+        # step, so whether any request is caught on the server at the cut is timing; none failed
+        # either way.
         assert "resubmitting in" in rollout_logs
     assert not re.search(r"episode \S+ failed", rollout_logs), rollout_logs[-3000:]
     check_accounting(tmp_path, out)

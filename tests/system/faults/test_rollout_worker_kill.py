@@ -2,12 +2,13 @@
 groups its dead incarnation had in flight are settled at the manager (pushed ones finished,
 the others abandoned: no leaked admission slot) and run again first; the run completes."""
 
+import json
 import re
-import time
 
 import pytest
 
-from helpers.training_runs import SMALL_RUN, Run, check_accounting
+from helpers.training_runs import EXPERIMENT, SMALL_RUN, Run, check_accounting
+from realhf.base import names
 
 # Long enough that the run outlasts the restart: a step of this small run takes ~0.2 s, and the
 # other rollout worker alone keeps the trainer fed while worker 0 restarts.
@@ -28,12 +29,21 @@ def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_read
         found = pattern.findall(run.log("rollout_worker-0"))
         return found[n - 1] if len(found) >= n else None
 
+    def running_now(redis) -> bool:
+        """Whether the worker's record (written at every change) holds a group still generating."""
+        raw = redis.get(names.rollout_record(EXPERIMENT, run.trial, 0))
+        inflight = (json.loads(raw) if raw else {}).get("inflight") or {}
+        return any(isinstance(e, dict) and e.get("state") == "running" for e in inflight.values())
+
     try:
         run.wait_steps(2)
-        # A kill can land while the worker has nothing in flight (all pushed, the next refused by
-        # the staleness rule); the restarted worker then reports 0 and the test kills it again,
-        # once it has had a moment to admit new groups.
+        redis = run.redis()
+        # The worker is mostly idle, refused by the staleness rule while the trainer catches up (a
+        # group of this run generates in ~0.1 s): the kill waits for a group in flight. One can
+        # still end between the look and the kill; the restarted worker then reports 0 and the
+        # test kills it again.
         for kills in range(1, 4):  # cluster.restart_policy.max_restarts = 3
+            run.wait_for("rollout worker 0 to have a group in flight", lambda: running_now(redis), 60, interval=0.02)
             run.kill_worker("rollout_worker-0")
             report = run.wait_for(
                 "the restarted rollout worker to settle its predecessor's groups",
@@ -43,7 +53,6 @@ def test_sigkilled_rollout_worker_is_restarted_and_its_in_flight_groups_are_read
             left, pushed, released, readmitted = (int(x) for x in report)
             if left > 0:
                 break
-            time.sleep(2)
         status = run.manager_status()
         code = run.finish()
     finally:
