@@ -18,10 +18,9 @@ realhf.experiments.rm.
 
 from __future__ import annotations
 
-import sys
-
 from realhf.api.cli_args import RMConfig
 from realhf.apps.engine_command import run
+from realhf.base.process_exit import run_then_exit
 from realhf.experiments.rm import train_rm
 
 
@@ -32,4 +31,4 @@ def _summary(report):
 
 
 if __name__ == "__main__":
-    sys.exit(run("rm", RMConfig, train_rm, _summary))
+    run_then_exit(lambda: run("rm", RMConfig, train_rm, _summary))  # not sys.exit: realhf.base.process_exit says why

@@ -23,10 +23,9 @@ realhf.experiments.sft.
 
 from __future__ import annotations
 
-import sys
-
 from realhf.api.cli_args import SFTConfig
 from realhf.apps.engine_command import run
+from realhf.base.process_exit import run_then_exit
 from realhf.experiments.sft import train_sft
 
 
@@ -37,4 +36,4 @@ def _summary(report):
 
 
 if __name__ == "__main__":
-    sys.exit(run("sft", SFTConfig, train_sft, _summary))
+    run_then_exit(lambda: run("sft", SFTConfig, train_sft, _summary))  # not sys.exit: realhf.base.process_exit says why

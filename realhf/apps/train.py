@@ -24,6 +24,7 @@ echoed lines when stdout is a terminal.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,7 +32,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import hydra
 from hydra.errors import HydraException
@@ -43,6 +44,7 @@ from realhf.api.config_help import help_text, plugins_text
 from realhf.base import logging
 from realhf.base.importing import use_import_roots
 from realhf.base.package_files import CONFIG_DIR
+from realhf.base.process_exit import run_then_exit
 from realhf.base.trial_files import (
     TrialFiles,
     checkpoints_dir,
@@ -226,6 +228,9 @@ class RunInterrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+REDELIVERY_DELAY_S = 0.001  # a signal swallowed by a destructor is raised again this much later
+
+
 class Stage:
     """What the run is doing outside its launches, for the line an interruption prints."""
 
@@ -233,12 +238,48 @@ class Stage:
         self.now = "the set-up"
         self.lease_lost = False  # another launch took the trial: nothing here to resume
         self.interrupted: Optional[int] = None
+        self._previous_unraisable_hook = sys.unraisablehook
 
     def on_signal(self, signum: int, frame: Any) -> None:
-        """The handler `run` installs. Recorded as well as raised: the exception may land inside
-        a call that catches broadly (a library's best-effort clean-up); `enter` checks the record."""
+        """The handler `handling_signals` installs. Recorded as well as raised: the exception may
+        land inside a call that catches broadly (a library's best-effort clean-up); `enter` checks
+        the record."""
         self.interrupted = signum
         raise RunInterrupted(signum)
+
+    def on_unraisable(self, unraisable: Any) -> None:
+        """sys.unraisablehook while signals are handled. A signal that lands in a `__del__` or a
+        weakref callback raises where Python can only print the exception and drop it (a garbage
+        collection in the evaluation once swallowed a Ctrl-C, which then waited for the
+        evaluation's 500 prompts). Raising the signal again here would land in this hook as well:
+        a one-shot timer raises it a millisecond later, once the destructor is done (and again,
+        should it land in another)."""
+        if not isinstance(unraisable.exc_value, RunInterrupted):
+            self._previous_unraisable_hook(unraisable)
+        elif signal.getsignal(signal.SIGALRM) == self.on_alarm:
+            signal.setitimer(signal.ITIMER_REAL, REDELIVERY_DELAY_S)
+        # else the process's code uses SIGALRM itself: `enter` raises it at the next stage
+
+    def on_alarm(self, signum: int, frame: Any) -> None:
+        if self.interrupted is not None:
+            raise RunInterrupted(self.interrupted)
+
+    @contextlib.contextmanager
+    def handling_signals(self, signals: Tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+        """`signals` end the run through `on_signal` while inside; the previous handlers and
+        unraisable hook come back on leaving."""
+        handlers = {sig: signal.signal(sig, self.on_signal) for sig in signals}
+        if signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            handlers[signal.SIGALRM] = signal.signal(signal.SIGALRM, self.on_alarm)
+        self._previous_unraisable_hook, sys.unraisablehook = sys.unraisablehook, self.on_unraisable
+        try:
+            yield
+        finally:
+            sys.unraisablehook = self._previous_unraisable_hook
+            if signal.SIGALRM in handlers:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
     def enter(self, now: str) -> None:
         """Move on to `now`, unless a signal came during the stage that ends (and was swallowed)."""
@@ -252,9 +293,9 @@ def run(cfg: AsyncPPOConfig) -> int:
     with one line and the signal's exit code: no traceback, and no asyncio task or grader process
     left half-stopped."""
     stage = Stage()
-    handlers = {sig: signal.signal(sig, stage.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return run_locked(cfg, stage)
+        with stage.handling_signals():
+            return run_locked(cfg, stage)
     except RunInterrupted as e:
         code = 128 + e.signum
         if stage.lease_lost:
@@ -270,9 +311,6 @@ def run(cfg: AsyncPPOConfig) -> int:
             flush=True,
         )
         return code
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
 
 
 def run_locked(cfg: AsyncPPOConfig, stage: Stage) -> int:
@@ -492,7 +530,12 @@ def main(cfg) -> None:
 
 
 def cli(command: str = COMMAND) -> None:
-    """The command line: `command` is how the user ran it (named in --help and in errors)."""
+    """The command line: `command` is how the user ran it (named in --help and in errors). Ends
+    the process (realhf.base.process_exit says why not through the interpreter's finalization)."""
+    run_then_exit(lambda: command_line(command))
+
+
+def command_line(command: str) -> None:
     args = sys.argv[1:]
     # Before Hydra: its answer to a misspelt key is to prepend '+' (which fails as well), not
     # the key that was meant.

@@ -8,7 +8,9 @@ thread cannot take the GIL back and is ended with pthread_exit, whose forced unw
 C++ noexcept frame calls std::terminate: a worker that had finished with code 0 dies of SIGABRT
 ("terminate called without an active exception"). So `exit_now` does what finalization would
 have done that matters (atexit handlers: name_resolve's connections, multiprocessing's children;
-the other threads' work; the logs and standard streams) and ends the process with `os._exit`.
+the other threads' work; the logs and standard streams) and ends the process with `os._exit`. The command-line entry points end the same way (`run_then_exit`):
+their process holds daemon threads too (the evaluation's engine, a library's import in the
+background), and a failed run once ended in SIGABRT instead of its exit 1.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from typing import Callable, Optional
 
 THREADS_JOIN_S = 10.0  # how long the process waits for its non-daemon threads, all together
 
@@ -47,3 +50,18 @@ def exit_now(code: int, threads_join_s: float = THREADS_JOIN_S) -> None:
             except (OSError, ValueError):  # closed, or its reader is gone
                 pass
         os._exit(code)
+
+
+def run_then_exit(main: Callable[[], Optional[int]]) -> None:
+    """`exit_now` with the code of `main()`: what it returns, or what its SystemExit carries,
+    read as the interpreter reads it (None is 0; anything but an int is printed, and 1)."""
+    try:
+        code = main()
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    exit_now(code)

@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -80,3 +81,61 @@ def test_a_signal_swallowed_on_the_way_ends_the_run_at_the_next_stage():
     with pytest.raises(RunInterrupted) as e:
         stage.enter("the trial's start")
     assert e.value.signum == signal.SIGTERM and stage.now == "the evaluation before training"
+
+
+class SignalledWhileCollected:
+    """An object whose `__del__` is where the signal lands (as a regex module's `Group.__del__`
+    once caught a Ctrl-C during the evaluation, which went on to its end)."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGUSR1)  # the handler runs at the next instruction, in here
+        for _ in range(1000):
+            pass
+
+
+@pytest.fixture
+def alarm_free():
+    """SIGALRM as a run's process has it: pytest-timeout's alarm (pytest.ini) parked meanwhile."""
+    handler = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    yield
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, left)
+
+
+def test_a_signal_landing_in_a_destructor_is_raised_again_once_it_is_done(alarm_free, capfd):
+    hook, previous = sys.unraisablehook, signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(RunInterrupted) as e, Stage().handling_signals((signal.SIGUSR1,)):
+        SignalledWhileCollected()  # dropped at once: its __del__ runs here
+        for _ in range(10**7):  # about a second of work that the signal must cut short
+            pass
+    assert e.value.signum == signal.SIGUSR1
+    assert sys.unraisablehook is hook and signal.getsignal(signal.SIGUSR1) is previous
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_where_the_process_uses_sigalrm_itself_the_swallowed_signal_waits_for_the_next_stage(capfd):
+    # Under pytest-timeout's alarm, as under a user's own: it is left alone, and the record ends
+    # the run at the next stage, the traceback still not printed.
+    alarm = signal.getsignal(signal.SIGALRM)
+    stage = Stage()
+    with stage.handling_signals((signal.SIGUSR1,)):
+        SignalledWhileCollected()
+    assert signal.getsignal(signal.SIGALRM) is alarm and stage.interrupted == signal.SIGUSR1
+    with pytest.raises(RunInterrupted):
+        stage.enter("the trial's start")
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_other_unraisable_exceptions_still_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("in a destructor")
+
+    with Stage().handling_signals():
+        Broken()
+    assert [type(u.exc_value) for u in seen] == [ValueError]

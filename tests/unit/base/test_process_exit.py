@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from helpers.paths import REPO
+
 pytestmark = pytest.mark.system
 
 # A daemon thread waits 1 s on a key nobody sets; finalizing takes 2 s (a slow __del__, as the
@@ -83,3 +85,48 @@ def test_exit_now_passes_the_code_on_and_bounds_the_wait_for_threads(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "thread 'stuck-writer' still running after 0.5s; exiting without it" in proc.stderr
+
+
+# The same hazard in a command-line entry point: the daemon thread's wait starts in the last
+# atexit handler, so that its timeout (1 s) falls in the finalization (2 s); the entry's own exit
+# code must come out.
+ENTRY_PROGRAM = textwrap.dedent(
+    """
+    import atexit, datetime, runpy, sys, threading, time
+    import torch.distributed as dist
+
+    class SlowTeardown:
+        def __del__(self, sleep=time.sleep):
+            sleep(2)
+
+    keep = SlowTeardown()
+
+    def hazard():
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=1))
+        threading.Thread(target=lambda: store.get("never set"), daemon=True).start()
+
+    atexit.register(hazard)  # the first registered runs last
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "entry, args, code",
+    [
+        ("training/main_async_ppo.py", ["--help"], 0),
+        ("training/main_async_ppo.py", ["no_such_key=1"], 2),
+        ("training/main_sft.py", ["no_such_key=1"], 2),
+        ("training/main_rm.py", ["no_such_key=1"], 2),
+    ],
+)
+def test_the_entry_points_exit_with_their_code_whatever_a_daemon_thread_does(tmp_path, entry, args, code):
+    script = tmp_path / "entry.py"
+    script.write_text(ENTRY_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, str(script), entry, *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr
