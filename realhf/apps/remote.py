@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from realhf.base import logging
 from realhf.base.importing import use_import_roots
-from realhf.base.process_exit import exit_now
+from realhf.base.process_exit import run_then_exit
 from realhf.experiments.worker_validation import validate_worker_config
 from realhf.system import worker_class
 from realhf.system.worker_base import WorkerContext
@@ -44,4 +44,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())  # not sys.exit: realhf.base.process_exit says why
+    run_then_exit(main)  # not sys.exit: realhf.base.process_exit says why

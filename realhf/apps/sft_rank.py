@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from realhf.api.cli_args import RMConfig, SFTConfig
-from realhf.base.process_exit import exit_now
+from realhf.base.process_exit import run_then_exit
 
 
 def _job(kind: str):
@@ -69,4 +69,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())  # not sys.exit: realhf.base.process_exit says why
+    run_then_exit(main)  # not sys.exit: realhf.base.process_exit says why

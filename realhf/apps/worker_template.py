@@ -57,12 +57,12 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from typing import Dict, Optional
 
 import msgpack
 
 from realhf.base.process import die_with_parent, set_command_line
+from realhf.base.process_exit import run_then_exit
 
 # Imported before the first fork: what every worker imports (its entry point, the config loading).
 BASE_MODULES = ("realhf.apps.remote",)
@@ -104,53 +104,48 @@ def _cuda_initialised() -> bool:
 
 
 def _child(request: dict, template_fds: list) -> None:
-    """In the forked child: become the worker a fresh `python -m realhf.apps.remote` would be."""
-    code = 1
-    try:
-        os.setsid()
-        die_with_parent()
-        if os.getppid() == 1:  # the template died before PDEATHSIG was armed
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        for fd in template_fds:  # its channels, listening socket and wake-up pipe are not the worker's
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        if request.get("banner"):
-            os.write(log, request["banner"].encode())
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.environ.clear()
-        os.environ.update(request["env"])
-        if sys.path and sys.path[0] == _START_CWD:  # `-m` put the template's cwd first: a fresh worker's is its own
-            sys.path[0] = request["cwd"]
-        os.chdir(request["cwd"])
-        argv = ["worker", "--config", request["config"]]
-        set_command_line([request["python"], "-m", "realhf.apps.remote", *argv])
-        sys.argv = ["-m", *argv]
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:  # forked children would otherwise share one global RandomState
-            numpy.random.seed()
-        from realhf.apps.remote import main
+    """In the forked child: become the worker a fresh `python -m realhf.apps.remote` would be, and
+    end as it ends (its code, or the traceback and 1), without the interpreter's finalization."""
+    run_then_exit(lambda: _become_worker(request, template_fds))
 
-        code = main(argv)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
-        traceback.print_exc()
-        code = 1
-    from realhf.base.process_exit import exit_now
 
-    exit_now(code)
+def _become_worker(request: dict, template_fds: list) -> int:
+    os.setsid()
+    die_with_parent()
+    if os.getppid() == 1:  # the template died before PDEATHSIG was armed
+        os._exit(1)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for fd in template_fds:  # its channels, listening socket and wake-up pipe are not the worker's
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if request.get("banner"):
+        os.write(log, request["banner"].encode())
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if sys.path and sys.path[0] == _START_CWD:  # `-m` put the template's cwd first: a fresh worker's is its own
+        sys.path[0] = request["cwd"]
+    os.chdir(request["cwd"])
+    argv = ["worker", "--config", request["config"]]
+    set_command_line([request["python"], "-m", "realhf.apps.remote", *argv])
+    sys.argv = ["-m", *argv]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # forked children would otherwise share one global RandomState
+        numpy.random.seed()
+    from realhf.apps.remote import main
+
+    return main(argv)
 
 
 # What a process reads from its environment as it starts or imports torch and transformers: a

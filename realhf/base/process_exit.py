@@ -18,9 +18,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Callable, Optional
 
 THREADS_JOIN_S = 10.0  # how long the process waits for its non-daemon threads, all together
@@ -53,12 +55,20 @@ def exit_now(code: int, threads_join_s: float = THREADS_JOIN_S) -> None:
 
 
 def run_then_exit(main: Callable[[], Optional[int]]) -> None:
-    """`exit_now` with the code of `main()`: what it returns, or what its SystemExit carries,
-    read as the interpreter reads it (None is 0; anything but an int is printed, and 1)."""
+    """`exit_now` with the code of `main()`, read as the interpreter reads it: what it returns
+    or its SystemExit carries (None is 0; anything but an int is printed, and 1); an exception
+    that escapes is printed with its traceback, and 1 (a KeyboardInterrupt: 130, as a shell
+    reports a process ended by Ctrl-C)."""
     try:
         code = main()
     except SystemExit as e:
         code = e.code
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 128 + signal.SIGINT
+    except BaseException:  # noqa: BLE001 - as the interpreter would, without its finalization
+        traceback.print_exc()
+        code = 1
     if code is None:
         code = 0
     elif not isinstance(code, int):

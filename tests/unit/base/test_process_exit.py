@@ -120,6 +120,9 @@ ENTRY_PROGRAM = textwrap.dedent(
         ("training/main_async_ppo.py", ["no_such_key=1"], 2),
         ("training/main_sft.py", ["no_such_key=1"], 2),
         ("training/main_rm.py", ["no_such_key=1"], 2),
+        ("realhf/apps/remote.py", ["worker"], 2),  # argparse's SystemExit: --config missing
+        ("realhf/apps/remote.py", ["worker", "--config", "/no/such/worker.yaml"], 1),  # an escaping exception
+        ("realhf/apps/sft_rank.py", [], 2),
     ],
 )
 def test_the_entry_points_exit_with_their_code_whatever_a_daemon_thread_does(tmp_path, entry, args, code):
@@ -130,3 +133,24 @@ def test_the_entry_points_exit_with_their_code_whatever_a_daemon_thread_does(tmp
     )
     assert proc.returncode == code, proc.stderr[-2000:]
     assert "terminate called" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "body, code, stderr",
+    [
+        ("return None", 0, ""),
+        ("return 4", 4, ""),
+        ("raise SystemExit('bad key x')", 1, "bad key x\n"),
+        ("raise ValueError('broken config')", 1, "ValueError: broken config\n"),
+        ("raise KeyboardInterrupt", 130, "KeyboardInterrupt\n"),
+    ],
+)
+def test_run_then_exit_reads_the_outcome_as_the_interpreter_would(tmp_path, body, code, stderr):
+    script = tmp_path / "main.py"
+    script.write_text(
+        f"from realhf.base.process_exit import run_then_exit\ndef main():\n    {body}\nrun_then_exit(main)\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.endswith(stderr)) == (code, True), proc.stderr[-2000:]
+    if code == 1 and "Error" in stderr:
+        assert "Traceback (most recent call last)" in proc.stderr
