@@ -89,10 +89,10 @@ def test_a_killed_manager_is_restarted_and_continues_its_accounting(tmp_path, no
     ]
     print(f"running at the kills: {running}; taken over: {took_over}")
     assert took_over == running and min(running) > 0
-    # The rollout workers waited for the new manager: none failed or was restarted.
-    for i in range(2):
-        log = run.log(f"rollout_worker-{i}")
-        assert "realhf launcher: restart" not in log, log[-3000:]
+    # The rollout worker (SMALL_RUN has one) waited for the new manager: it neither failed nor
+    # was restarted.
+    log = run.log("rollout_worker-0")
+    assert "realhf launcher: restart" not in log, log[-3000:]
     assert metrics[-1]["manager_starts"] == 3
     # What each kill cost: groups wasted from the step before it to 5 steps after (the run's own
     # staleness drops included), against one step's groups.
